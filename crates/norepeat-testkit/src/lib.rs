@@ -1,1 +1,40 @@
-//! testkit
+//! Real services for norepeat's tests.
+//!
+//! Everything here starts genuine processes or connections — no mocks:
+//!
+//! * [`RedisServer`]: a private `redis-server` on a free loopback port, killed on drop.
+//! * [`RedisCluster`]: a 6-node (3 masters, 3 replicas) Redis Cluster, with failover helpers.
+//! * [`PgDatabase`]: a freshly created PostgreSQL database, dropped on drop.
+//! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
+//! * [`ShopProcess`]: a built `serve` binary started on a free port.
+//! * [`free_port`]: a currently free loopback TCP port.
+//!
+//! Helpers in this crate panic with a descriptive message when the test
+//! environment is broken (no `redis-server` binary, PostgreSQL unreachable, …):
+//! a test that cannot get its services cannot meaningfully continue.
+//!
+//! ```no_run
+//! use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
+//! use std::time::Duration;
+//!
+//! # async fn demo() {
+//! let redis = RedisServer::start().await;
+//! let proxy = TcpProxy::start(redis.addr()).await;
+//! proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
+//! let client = redis::Client::open(proxy.url_for_redis()).expect("valid url");
+//! # }
+//! ```
+
+mod cluster;
+mod pg;
+mod proxy;
+mod redis_server;
+mod shop;
+mod util;
+
+pub use cluster::RedisCluster;
+pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
+pub use proxy::{ProxyMode, TcpProxy};
+pub use redis_server::RedisServer;
+pub use shop::ShopProcess;
+pub use util::free_port;

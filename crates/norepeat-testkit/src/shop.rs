@@ -1,0 +1,216 @@
+//! Runs a built server binary (`BIN serve --listen 127.0.0.1:0`) for end-to-end tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+/// How long the binary gets to print its `listening on` line.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The marker searched for in stdout.
+const LISTENING_MARKER: &str = "listening on http://";
+
+/// A running server binary started as `BIN serve --listen 127.0.0.1:0`.
+///
+/// [`start`](Self::start) waits until the process prints a line containing
+/// `listening on http://HOST:PORT` on stdout; all other output (stdout and
+/// stderr) is forwarded to the test's stderr by background tasks. The process
+/// is SIGKILLed on drop.
+///
+/// ```ignore
+/// use norepeat_testkit::{RedisServer, ShopProcess};
+///
+/// let redis = RedisServer::start().await;
+/// let shop = ShopProcess::start(
+///     env!("CARGO_BIN_EXE_norepeat"),
+///     vec![("NOREPEAT_REDIS_URL".to_owned(), redis.url())],
+/// )
+/// .await;
+/// let health = format!("{}/health", shop.base_url());
+/// ```
+#[derive(Debug)]
+pub struct ShopProcess {
+    child: Option<Child>,
+    base_url: String,
+    bin: PathBuf,
+}
+
+impl ShopProcess {
+    /// Starts `bin serve --listen 127.0.0.1:0` with the extra environment
+    /// variables `env` and waits (up to 60 s) for its `listening on` line.
+    ///
+    /// # Panics
+    ///
+    /// Panics when the binary cannot be spawned, exits, or does not announce
+    /// its address in time.
+    pub async fn start(bin: impl AsRef<Path>, env: Vec<(String, String)>) -> ShopProcess {
+        Self::start_with_args(bin, Vec::new(), env).await
+    }
+
+    /// Like [`start`](Self::start), appending `extra_args` after
+    /// `serve --listen 127.0.0.1:0`.
+    ///
+    /// # Panics
+    ///
+    /// Same as [`start`](Self::start).
+    pub async fn start_with_args(
+        bin: impl AsRef<Path>,
+        extra_args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> ShopProcess {
+        let bin = bin.as_ref().to_path_buf();
+        let mut child = Command::new(&bin)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&extra_args)
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("norepeat-testkit: cannot spawn {}: {e}", bin.display()));
+        let name = bin
+            .file_name()
+            .map_or_else(|| "server".to_owned(), |n| n.to_string_lossy().into_owned());
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_lines(stderr, format!("[{name} stderr]")));
+        }
+        let stdout = child
+            .stdout
+            .take()
+            .expect("norepeat-testkit: stdout was configured as piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let base_url = loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let line = match tokio::time::timeout(remaining, lines.next_line()).await {
+                Ok(Ok(Some(line))) => line,
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    let status = wait_briefly(&mut child).await;
+                    panic!(
+                        "norepeat-testkit: {} closed stdout before printing `{LISTENING_MARKER}...` \
+                         (exit status: {status})",
+                        bin.display()
+                    );
+                }
+                Err(_) => {
+                    let _ = child.start_kill();
+                    panic!(
+                        "norepeat-testkit: {} did not print `{LISTENING_MARKER}...` within {STARTUP_TIMEOUT:?}",
+                        bin.display()
+                    );
+                }
+            };
+            eprintln!("[{name} stdout] {line}");
+            if let Some(url) = parse_listening(&line) {
+                break url;
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        let prefix = format!("[{name} stdout]");
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{prefix} {line}");
+            }
+        });
+        tracing::debug!(%base_url, "server process is listening");
+        ShopProcess {
+            child: Some(child),
+            base_url,
+            bin,
+        }
+    }
+
+    /// `http://HOST:PORT` as announced by the process (no trailing slash).
+    pub fn base_url(&self) -> String {
+        self.base_url.clone()
+    }
+
+    /// The OS process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// True while the process has not exited or been killed.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// SIGKILLs the process and reaps it. Does nothing if it already ended.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            if let Err(e) = child.start_kill() {
+                tracing::debug!(bin = %self.bin.display(), error = %e, "kill failed");
+            }
+            // SIGKILL is immediate; poll briefly so no zombie is left behind.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                match child.try_wait() {
+                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                    Ok(Some(_)) | Err(_) => return,
+                }
+            }
+            tracing::warn!(bin = %self.bin.display(), "process did not exit after SIGKILL");
+        }
+    }
+}
+
+impl Drop for ShopProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Extracts `http://HOST:PORT` from a line containing `listening on http://...`.
+fn parse_listening(line: &str) -> Option<String> {
+    let start = line.find(LISTENING_MARKER)? + "listening on ".len();
+    let url: String = line[start..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != '\u{1b}' && *c != '"' && *c != '\'')
+        .collect();
+    let url = url.trim_end_matches(['/', ',', '.', ';']).to_owned();
+    (url.len() > "http://".len()).then_some(url)
+}
+
+/// Gives an exiting child a moment to report its status.
+async fn wait_briefly(child: &mut Child) -> String {
+    match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(e)) => format!("unknown ({e})"),
+        Err(_) => "still running".to_owned(),
+    }
+}
+
+/// Forwards every line of `reader` to stderr with `prefix`.
+async fn forward_lines(reader: impl AsyncRead + Unpin, prefix: String) {
+    let mut lines = BufReader::new(reader).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        eprintln!("{prefix} {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_listening;
+
+    #[test]
+    fn parses_listening_lines() {
+        assert_eq!(
+            parse_listening("listening on http://127.0.0.1:4321").as_deref(),
+            Some("http://127.0.0.1:4321")
+        );
+        assert_eq!(
+            parse_listening("2024 INFO shop: listening on http://127.0.0.1:80/ extra").as_deref(),
+            Some("http://127.0.0.1:80")
+        );
+        assert_eq!(parse_listening("starting"), None);
+    }
+}

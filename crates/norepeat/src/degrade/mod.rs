@@ -1,0 +1,60 @@
+//! Surviving store faults: time budgets, a circuit breaker, failure
+//! policies per route, a bounded local fallback, lease renewal.
+//!
+//! Redis goes away: restarts, stalls, full memory, failovers. A guard must
+//! then neither hang nor take its routes down with it. The pieces, composed
+//! as stores in front of stores (the shape of a cache in front of a store):
+//!
+//! - [`Resilient`] gives every call a time budget (default 50 ms) and puts a
+//!   [`Breaker`] in front: after repeated failures it opens and the store is
+//!   not asked at all (no timeout paid) until a single probe after a
+//!   cool-down succeeds.
+//! - [`Fallback`] answers from a bounded, expiring [`MemoryStore`] whenever
+//!   the primary fails, so each instance still catches its own repeats during
+//!   an outage.
+//! - [`FailurePolicy`] per route: `FailOpen` admits (deciding against the
+//!   fallback when there is one), `FailClosed` answers 503
+//!   `guard_unavailable` with `Retry-After`.
+//!
+//! # What an outage means for guarantees
+//! While the primary store is unavailable, a fail-open route only catches
+//! repeats that reach *the same instance*; a repeat sent to another instance
+//! gets through the door. The database's unique business keys and
+//! conditional updates are the backstop that keeps the *effect* single.
+//!
+//! ```
+//! use norepeat::degrade::{Fallback, Resilient};
+//! use norepeat::store::{MemoryStore, Store};
+//! use std::time::Duration;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let primary = MemoryStore::new(1_000); // a RedisStore in production
+//! let store = Fallback::new(
+//!     Resilient::new(primary).timeout(Duration::from_millis(50)),
+//!     MemoryStore::new(10_000),
+//! );
+//! assert!(store.put_if_absent("k", b"1", Duration::from_secs(1)).await.unwrap().is_none());
+//! # }
+//! ```
+//!
+//! [`MemoryStore`]: crate::store::MemoryStore
+
+mod breaker;
+mod fallback;
+mod resilient;
+
+pub use breaker::{Breaker, BreakerState};
+pub use fallback::Fallback;
+pub use resilient::Resilient;
+
+/// What a guarded route does when its store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Admit the request (deciding against the local fallback, if the store
+    /// has one). The default for tokens and fingerprints: the database is
+    /// the backstop.
+    #[default]
+    FailOpen,
+    /// Refuse with 503 `guard_unavailable` and `Retry-After`: for routes
+    /// (payments) that must not run when they cannot be sure.
+    FailClosed,
+}

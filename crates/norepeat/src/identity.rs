@@ -1,0 +1,102 @@
+//! Who is calling: a pluggable extractor.
+//!
+//! Guards scope their keys by the caller. [`Identify`] turns a request's
+//! head into a caller id (tenant and user, as your application sees it), or
+//! `None`, which a guard answers with 401 `unauthenticated`. Any
+//! `Fn(&http::request::Parts) -> Option<String>` is an extractor.
+//!
+//! ```
+//! use norepeat::identity::{Identify, UserHeader};
+//! let req = http::Request::builder().header("x-user-id", "u1").body(()).unwrap();
+//! let (parts, _) = req.into_parts();
+//! assert_eq!(UserHeader::default().identify(&parts).as_deref(), Some("u1"));
+//! // A closure works too: here, tenant and user from two headers.
+//! let by_tenant = |p: &http::request::Parts| {
+//!     Some(format!("{}/{}", p.headers.get("x-tenant")?.to_str().ok()?,
+//!                           p.headers.get("x-user-id")?.to_str().ok()?))
+//! };
+//! assert_eq!(by_tenant.identify(&parts), None);
+//! ```
+
+use http::HeaderName;
+use http::request::Parts;
+
+/// Extracts the caller's id from a request's head.
+pub trait Identify: Send + Sync + 'static {
+    /// The caller's id, or `None` when the request carries no valid one.
+    fn identify(&self, parts: &Parts) -> Option<String>;
+}
+
+impl<F> Identify for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn identify(&self, parts: &Parts) -> Option<String> {
+        self(parts)
+    }
+}
+
+/// Takes the caller from a header holding 1 to 64 visible ASCII characters
+/// (default `X-User-Id`). Anything else (missing, empty, longer, not
+/// ASCII, not UTF-8) is no identity.
+///
+/// This trusts the header: put it behind an authentication layer that sets
+/// it, never straight on the internet.
+#[derive(Debug, Clone)]
+pub struct UserHeader {
+    name: HeaderName,
+}
+
+impl Default for UserHeader {
+    fn default() -> Self {
+        Self::new(HeaderName::from_static("x-user-id"))
+    }
+}
+
+impl UserHeader {
+    /// Reads the caller from header `name`.
+    #[must_use]
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+/// Whether `s` is 1 to `max` visible ASCII characters (`!` to `~`).
+#[must_use]
+pub fn is_visible_ascii(s: &[u8], max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && s.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+impl Identify for UserHeader {
+    fn identify(&self, parts: &Parts) -> Option<String> {
+        let v = parts.headers.get(&self.name)?.as_bytes();
+        if !is_visible_ascii(v, 64) {
+            return None;
+        }
+        // Visible ASCII is valid UTF-8.
+        std::str::from_utf8(v).ok().map(str::to_owned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(v: &[u8]) -> Parts {
+        let mut req = http::Request::new(());
+        req.headers_mut()
+            .insert("x-user-id", http::HeaderValue::from_bytes(v).unwrap());
+        req.into_parts().0
+    }
+
+    #[test]
+    fn rejects_what_is_not_an_id() {
+        let id = UserHeader::default();
+        assert_eq!(id.identify(&parts(b"u1")).as_deref(), Some("u1"));
+        assert_eq!(id.identify(&parts(&[b'a'; 64])).map(|s| s.len()), Some(64));
+        assert_eq!(id.identify(&parts(&[b'a'; 65])), None);
+        assert_eq!(id.identify(&parts(b"a b")), None);
+        assert_eq!(id.identify(&parts(b"\xff\xfe")), None);
+        assert_eq!(id.identify(&http::Request::new(()).into_parts().0), None);
+    }
+}

@@ -1,0 +1,235 @@
+//! Rejections as RFC 9457 `application/problem+json` responses.
+//!
+//! Every answer a guard gives instead of calling the handler is a
+//! [`Problem`]: a status, a stable machine-readable `code`, a title, a
+//! detail message you can configure, and for some a `Retry-After`. The
+//! problem also rides in the response's extensions, so an outer layer can
+//! log or reshape it.
+//!
+//! ```
+//! use norepeat::problem::{Problem, Code};
+//! let p = Problem::new(Code::DuplicateSubmission).retry_after_secs(3);
+//! let res = p.to_response();
+//! assert_eq!(res.status(), 409);
+//! assert_eq!(res.headers()["retry-after"], "3");
+//! assert_eq!(res.headers()["content-type"], "application/problem+json");
+//! ```
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// The machine-readable reason of a rejection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// 400: the request body is not valid for the guard (malformed JSON).
+    InvalidRequest,
+    /// 401: no (or a malformed) caller identity.
+    Unauthenticated,
+    /// 400: a token route was called without a token.
+    MissingToken,
+    /// 409: a used, expired, unknown or foreign token; or a fingerprint seen
+    /// within its window.
+    DuplicateSubmission,
+    /// 413: the body is larger than the guard reads.
+    PayloadTooLarge,
+    /// 400: an `Idempotency-Key` is required and missing.
+    MissingIdempotencyKey,
+    /// 400: the `Idempotency-Key` is empty, too long or not visible ASCII.
+    InvalidIdempotencyKey,
+    /// 409: the same `Idempotency-Key` is still being processed.
+    IdempotencyKeyInUse,
+    /// 422: the same `Idempotency-Key` was used with another request.
+    IdempotencyKeyMismatch,
+    /// 429: over the rate.
+    RateLimited,
+    /// 503: the store is unavailable on a route that fails closed.
+    GuardUnavailable,
+}
+
+impl Code {
+    /// The code as it appears in the `code` member.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidRequest => "invalid_request",
+            Code::Unauthenticated => "unauthenticated",
+            Code::MissingToken => "missing_token",
+            Code::DuplicateSubmission => "duplicate_submission",
+            Code::PayloadTooLarge => "payload_too_large",
+            Code::MissingIdempotencyKey => "missing_idempotency_key",
+            Code::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Code::IdempotencyKeyInUse => "idempotency_key_in_use",
+            Code::IdempotencyKeyMismatch => "idempotency_key_mismatch",
+            Code::RateLimited => "rate_limited",
+            Code::GuardUnavailable => "guard_unavailable",
+        }
+    }
+
+    /// The HTTP status this code is answered with.
+    #[must_use]
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Code::InvalidRequest
+            | Code::MissingToken
+            | Code::MissingIdempotencyKey
+            | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::DuplicateSubmission | Code::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Code::GuardUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// A short, human-readable summary (the `title` member).
+    #[must_use]
+    pub const fn title(self) -> &'static str {
+        match self {
+            Code::InvalidRequest => "Invalid request",
+            Code::Unauthenticated => "Unauthenticated",
+            Code::MissingToken => "Missing repeat token",
+            Code::DuplicateSubmission => "Duplicate submission",
+            Code::PayloadTooLarge => "Payload too large",
+            Code::MissingIdempotencyKey => "Missing Idempotency-Key",
+            Code::InvalidIdempotencyKey => "Invalid Idempotency-Key",
+            Code::IdempotencyKeyInUse => "Idempotency-Key in use",
+            Code::IdempotencyKeyMismatch => "Idempotency-Key reused with another request",
+            Code::RateLimited => "Too many requests",
+            Code::GuardUnavailable => "Guard unavailable",
+        }
+    }
+}
+
+/// An RFC 9457 problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The reason.
+    pub code: Code,
+    /// The `detail` member.
+    pub detail: Cow<'static, str>,
+    /// Whole seconds for `Retry-After`, if any (at least 1).
+    pub retry_after: Option<u64>,
+    /// Extra headers (for example `RateLimit`).
+    pub headers: Vec<(header::HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    /// A problem with the code's title as its detail.
+    #[must_use]
+    pub fn new(code: Code) -> Self {
+        Self {
+            code,
+            detail: Cow::Borrowed(code.title()),
+            retry_after: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sets the `detail` message.
+    #[must_use]
+    pub fn detail(mut self, detail: impl Into<Cow<'static, str>>) -> Self {
+        self.detail = detail.into();
+        self
+    }
+
+    /// Sets `Retry-After` in whole seconds (at least 1).
+    #[must_use]
+    pub fn retry_after_secs(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+
+    /// Sets `Retry-After` from a duration, rounded up to whole seconds.
+    #[must_use]
+    pub fn retry_after(self, d: Duration) -> Self {
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        self.retry_after_secs(secs)
+    }
+
+    /// Adds a header to the response.
+    #[must_use]
+    pub fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// The JSON body.
+    #[must_use]
+    pub fn body(&self) -> Bytes {
+        let status = self.code.status();
+        let v = serde_json::json!({
+            "type": format!("https://norepeat.dev/problems/{}", self.code.as_str()),
+            "title": self.code.title(),
+            "status": status.as_u16(),
+            "detail": self.detail,
+            "code": self.code.as_str(),
+        });
+        Bytes::from(v.to_string())
+    }
+
+    /// The response: status, `application/problem+json`, `Retry-After` if
+    /// set, and the problem itself in the extensions.
+    #[must_use]
+    pub fn to_response(&self) -> Response<Full<Bytes>> {
+        let mut res = Response::new(Full::new(self.body()));
+        *res.status_mut() = self.code.status();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(s) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        for (k, v) in &self.headers {
+            h.append(k.clone(), v.clone());
+        }
+        res.extensions_mut().insert(self.clone());
+        res
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code.as_str(),
+            self.code.status(),
+            self.detail
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_every_member() {
+        let p = Problem::new(Code::IdempotencyKeyMismatch).detail("other body");
+        let v: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+        assert_eq!(v["status"], 422);
+        assert_eq!(v["code"], "idempotency_key_mismatch");
+        assert_eq!(v["detail"], "other body");
+        assert!(
+            v["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("idempotency_key_mismatch")
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one() {
+        let p = Problem::new(Code::RateLimited).retry_after(Duration::from_millis(1));
+        assert_eq!(p.retry_after, Some(1));
+        let p = Problem::new(Code::RateLimited).retry_after(Duration::from_millis(2001));
+        assert_eq!(p.retry_after, Some(3));
+    }
+}

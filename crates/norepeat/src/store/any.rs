@@ -1,0 +1,129 @@
+//! A store chosen at run time.
+
+use super::{MemoryStore, RateDecision, Store, StoreError};
+use bytes::Bytes;
+use std::time::Duration;
+
+/// One of the built-in stores, chosen at run time: from a URL with
+/// [`AnyStore::from_url`], or by wrapping one.
+///
+/// Dispatch is a `match`, not a boxed trait object, so no call allocates.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// use norepeat::store::{AnyStore, Store};
+/// let store = AnyStore::from_url(None).await?; // no URL: in memory
+/// assert_eq!(store.kind(), "memory");
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum AnyStore {
+    /// In process.
+    Memory(MemoryStore),
+    /// One Redis.
+    #[cfg(feature = "redis")]
+    Redis(super::RedisStore),
+    /// A Redis Cluster.
+    #[cfg(feature = "redis")]
+    Cluster(super::ClusterStore),
+}
+
+impl AnyStore {
+    /// `None`: a [`MemoryStore`] of 100,000 entries. `redis://...`: one Redis.
+    /// `redis+cluster://host:port,host:port`: a Redis Cluster.
+    ///
+    /// # Errors
+    /// When the URL is not understood or the store cannot be reached.
+    pub async fn from_url(url: Option<&str>) -> Result<Self, StoreError> {
+        match url {
+            None => Ok(Self::Memory(MemoryStore::default())),
+            #[cfg(feature = "redis")]
+            Some(u) if u.starts_with("redis+cluster://") => {
+                let nodes: Vec<String> = u["redis+cluster://".len()..]
+                    .split(',')
+                    .filter(|n| !n.is_empty())
+                    .map(|n| format!("redis://{n}"))
+                    .collect();
+                Ok(Self::Cluster(super::ClusterStore::connect(&nodes).await?))
+            }
+            #[cfg(feature = "redis")]
+            Some(u) if u.starts_with("redis://") || u.starts_with("rediss://") => {
+                Ok(Self::Redis(super::RedisStore::connect(u).await?))
+            }
+            Some(u) => Err(StoreError::Protocol(format!(
+                "unsupported store URL {u:?}: expected redis:// or redis+cluster://"
+            ))),
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $e,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($s) => $e,
+            #[cfg(feature = "redis")]
+            AnyStore::Cluster($s) => $e,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        dispatch!(self, s => s.put_if_absent(key, value, ttl).await)
+    }
+    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.delete_if_equals(key, expected).await)
+    }
+    async fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.expire_if_equals(key, expected, ttl).await)
+    }
+    async fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.replace_if_equals(key, expected, value, ttl).await)
+    }
+    async fn fixed_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        dispatch!(self, s => s.fixed_window(key, limit, window).await)
+    }
+    async fn sliding_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        dispatch!(self, s => s.sliding_window(key, limit, window).await)
+    }
+    async fn gcra(
+        &self,
+        key: &str,
+        emission: Duration,
+        burst: u64,
+    ) -> Result<RateDecision, StoreError> {
+        dispatch!(self, s => s.gcra(key, emission, burst).await)
+    }
+    fn kind(&self) -> &'static str {
+        dispatch!(self, s => s.kind())
+    }
+}

@@ -1,0 +1,48 @@
+-- Sliding window from two weighted fixed windows, kept in one hash so the
+-- operation touches one key (one cluster slot). Clock: Redis TIME, so every
+-- instance sharing the store agrees on the window.
+-- KEYS[1]  the limiter's hash: fields i (window index), c (current), p (previous)
+-- ARGV[1]  limit (requests per window)
+-- ARGV[2]  window, in microseconds
+-- Returns {allowed (1/0), remaining, reset in microseconds}.
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local index = math.floor(now / window)
+local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
+local i = tonumber(v[1])
+local c = tonumber(v[2]) or 0
+local p = tonumber(v[3]) or 0
+if i == nil or i < index - 1 then
+  c = 0; p = 0
+elseif i == index - 1 then
+  p = c; c = 0
+end
+local elapsed = now - index * window
+local share = (window - elapsed) / window
+local allowed = 0
+local reset
+if p * share + c + 1 <= limit then
+  allowed = 1
+  c = c + 1
+  reset = window - elapsed
+else
+  local room = limit - 1 - c
+  if room >= 0 and p > 0 then
+    reset = math.ceil(window * (1 - room / p)) - elapsed
+  else
+    local weight = 0
+    if c > 0 then
+      weight = math.ceil(window * (1 - (limit - 1) / c))
+      if weight < 0 then weight = 0 end
+    end
+    reset = window - elapsed + weight
+  end
+  if reset < 1 then reset = 1 end
+end
+redis.call('HSET', KEYS[1], 'i', string.format('%.0f', index), 'c', c, 'p', p)
+redis.call('PEXPIRE', KEYS[1], math.ceil(2 * window / 1000))
+local remaining = math.floor(limit - (p * share + c))
+if remaining < 0 then remaining = 0 end
+return {allowed, remaining, reset}

@@ -1,0 +1,330 @@
+//! The in-process store: bounded, every entry expiring.
+
+use super::{RateDecision, Store, StoreError};
+use crate::ratelimit::algorithm::{self, FixedState, SlidingState};
+use bytes::Bytes;
+use moka::ops::compute::Op;
+use moka::sync::Cache;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one key holds in memory.
+#[derive(Clone, Debug)]
+enum Value {
+    Bytes(Bytes),
+    Gcra(u64),
+    Fixed(FixedState),
+    Sliding(SlidingState),
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    value: Value,
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn live(self, now: Instant) -> Option<Self> {
+        (self.expires_at > now).then_some(self)
+    }
+}
+
+struct PerEntryTtl;
+
+impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
+    fn expire_after_create(&self, _: &Arc<str>, e: &Entry, now: Instant) -> Option<Duration> {
+        Some(e.expires_at.saturating_duration_since(now))
+    }
+    fn expire_after_update(
+        &self,
+        _: &Arc<str>,
+        e: &Entry,
+        now: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(e.expires_at.saturating_duration_since(now))
+    }
+}
+
+/// A bounded in-memory [`Store`]: the embedded default, and the local
+/// fallback that keeps catching one instance's own repeats while Redis is
+/// away.
+///
+/// Each operation runs under moka's per-key lock, so it is atomic against
+/// every other operation on the same key. Entries expire at their own time
+/// to live; when `capacity` entries are live, the least useful are evicted
+/// early (a guard then forgets a window sooner than asked, it never
+/// remembers one longer). It is shared by clones, not across processes.
+///
+/// ```
+/// use norepeat::store::{MemoryStore, Store};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = MemoryStore::new(100_000);
+/// assert!(store.put_if_absent("key", b"1", Duration::from_secs(1)).await?.is_none());
+/// assert!(store.put_if_absent("key", b"2", Duration::from_secs(1)).await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    cache: Cache<Arc<str>, Entry>,
+    origin: Instant,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("entries", &self.cache.entry_count())
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    /// 100,000 entries.
+    fn default() -> Self {
+        Self::new(100_000)
+    }
+}
+
+impl MemoryStore {
+    /// A store that holds at most `capacity` live entries.
+    #[must_use]
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            cache: Cache::builder()
+                .max_capacity(capacity)
+                .expire_after(PerEntryTtl)
+                .build(),
+            origin: Instant::now(),
+        }
+    }
+
+    /// Live entries (approximate: moka counts lazily).
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.entry_count()
+    }
+
+    /// Whether no entry is live.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `f` on the live entry under `key` (if any) under the key's lock.
+    fn compute<T>(&self, key: &str, f: impl FnOnce(Option<Entry>, Instant) -> (Op<Entry>, T)) -> T {
+        let now = Instant::now();
+        let mut out = None;
+        self.cache
+            .entry(Arc::from(key))
+            .and_compute_with(|current| {
+                let current = current.and_then(|e| e.into_value().live(now));
+                let (op, result) = f(current, now);
+                out = Some(result);
+                op
+            });
+        // moka runs the closure exactly once per call.
+        out.expect("and_compute_with runs its closure")
+    }
+
+    fn with_bytes<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(Option<&Bytes>, Instant) -> (Op<Entry>, T),
+    ) -> T {
+        self.compute(key, |cur, now| match cur {
+            Some(Entry {
+                value: Value::Bytes(b),
+                ..
+            }) => f(Some(&b), now),
+            // A key of another kind is never equal to bytes: leave it alone.
+            Some(_) => f(Some(&Bytes::new()), now),
+            None => f(None, now),
+        })
+    }
+
+    fn rate(
+        &self,
+        key: &str,
+        step: impl FnOnce(Option<Value>, u64) -> (Value, Duration, RateDecision),
+    ) -> RateDecision {
+        let now_us = self.now_us();
+        self.compute(key, |cur, now| {
+            let (value, ttl, decision) = step(cur.map(|e| e.value), now_us);
+            (
+                Op::Put(Entry {
+                    value,
+                    expires_at: now + ttl,
+                }),
+                decision,
+            )
+        })
+    }
+}
+
+fn bytes_entry(value: &[u8], now: Instant, ttl: Duration) -> Entry {
+    Entry {
+        value: Value::Bytes(Bytes::copy_from_slice(value)),
+        expires_at: now + ttl.max(Duration::from_millis(1)),
+    }
+}
+
+impl Store for MemoryStore {
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.with_bytes(key, |cur, now| match cur {
+            Some(existing) => (Op::Nop, Some(existing.clone())),
+            None => (Op::Put(bytes_entry(value, now, ttl)), None),
+        }))
+    }
+
+    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.with_bytes(key, |cur, _| match cur {
+            Some(v) if v.as_ref() == expected => (Op::Remove, true),
+            _ => (Op::Nop, false),
+        }))
+    }
+
+    async fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_bytes(key, |cur, now| match cur {
+            Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(expected, now, ttl)), true),
+            _ => (Op::Nop, false),
+        }))
+    }
+
+    async fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_bytes(key, |cur, now| match cur {
+            Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(value, now, ttl)), true),
+            _ => (Op::Nop, false),
+        }))
+    }
+
+    async fn fixed_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        let window_us = micros(window);
+        Ok(self.rate(key, |cur, now| {
+            let state = match cur {
+                Some(Value::Fixed(s)) => Some(s),
+                _ => None,
+            };
+            let (s, d) = algorithm::fixed_window(state, now, limit, window_us);
+            let ttl = Duration::from_micros(s.window_end.saturating_sub(now));
+            (Value::Fixed(s), ttl, d)
+        }))
+    }
+
+    async fn sliding_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        let window_us = micros(window);
+        Ok(self.rate(key, |cur, now| {
+            let state = match cur {
+                Some(Value::Sliding(s)) => Some(s),
+                _ => None,
+            };
+            let (s, d) = algorithm::sliding_window(state, now, limit, window_us);
+            (Value::Sliding(s), Duration::from_micros(2 * window_us), d)
+        }))
+    }
+
+    async fn gcra(
+        &self,
+        key: &str,
+        emission: Duration,
+        burst: u64,
+    ) -> Result<RateDecision, StoreError> {
+        let emission_us = micros(emission);
+        Ok(self.rate(key, |cur, now| {
+            let tat = match cur {
+                Some(Value::Gcra(t)) => Some(t),
+                _ => None,
+            };
+            let (tat, d) = algorithm::gcra(tat, now, emission_us, burst);
+            let ttl = Duration::from_micros(tat.saturating_sub(now).max(1));
+            (Value::Gcra(tat), ttl, d)
+        }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn entries_expire() {
+        let s = MemoryStore::new(10);
+        assert!(
+            s.put_if_absent("k", b"a", Duration::from_millis(20))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(
+            s.put_if_absent("k", b"b", Duration::from_millis(20))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn compare_operations_check_the_owner() {
+        let s = MemoryStore::new(10);
+        let ttl = Duration::from_secs(5);
+        s.put_if_absent("k", b"a", ttl).await.unwrap();
+        assert!(!s.expire_if_equals("k", b"b", ttl).await.unwrap());
+        assert!(s.expire_if_equals("k", b"a", ttl).await.unwrap());
+        assert!(!s.replace_if_equals("k", b"b", b"c", ttl).await.unwrap());
+        assert!(s.replace_if_equals("k", b"a", b"c", ttl).await.unwrap());
+        assert!(!s.delete_if_equals("k", b"a").await.unwrap());
+        assert!(s.delete_if_equals("k", b"c").await.unwrap());
+        assert!(!s.delete_if_equals("k", b"c").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn capacity_is_bounded() {
+        let s = MemoryStore::new(100);
+        for i in 0..1_000 {
+            s.put_if_absent(&format!("k{i}"), b"v", Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        assert!(s.len() <= 100, "{} entries", s.len());
+    }
+}

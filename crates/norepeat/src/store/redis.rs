@@ -1,0 +1,304 @@
+//! Redis and Redis Cluster backends.
+
+use super::{RateDecision, Store, StoreError, ttl_ms};
+use bytes::Bytes;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Lua scripts, each hashed once; `Script` runs them by EVALSHA and loads
+/// them again when a (restarted or newly promoted) server answers NOSCRIPT.
+struct Scripts {
+    release: Script,
+    renew: Script,
+    replace: Script,
+    fixed_window: Script,
+    sliding_window: Script,
+    gcra: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            release: Script::new(include_str!("lua/release.lua")),
+            renew: Script::new(include_str!("lua/renew.lua")),
+            replace: Script::new(include_str!("lua/replace.lua")),
+            fixed_window: Script::new(include_str!("lua/fixed_window.lua")),
+            sliding_window: Script::new(include_str!("lua/sliding_window.lua")),
+            gcra: Script::new(include_str!("lua/gcra.lua")),
+        }
+    }
+}
+
+fn map_err(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout(Duration::ZERO)
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        StoreError::Connection(e.to_string())
+    } else if e.code().is_some() {
+        StoreError::Server(e.to_string())
+    } else if e.is_cluster_error() {
+        StoreError::Connection(e.to_string())
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
+}
+
+fn decision(v: (i64, i64, i64)) -> RateDecision {
+    RateDecision {
+        allowed: v.0 == 1,
+        remaining: u64::try_from(v.1).unwrap_or(0),
+        reset: Duration::from_micros(u64::try_from(v.2).unwrap_or(0)),
+    }
+}
+
+/// The operations, shared by the single-node and cluster stores.
+#[derive(Clone)]
+struct Backend<C> {
+    con: C,
+    scripts: Arc<Scripts>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let mut con = self.con.clone();
+        let old: Option<Vec<u8>> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(ttl))
+            .arg("GET")
+            .query_async(&mut con)
+            .await
+            .map_err(map_err)?;
+        Ok(old.map(Bytes::from))
+    }
+
+    async fn eval_bool(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<bool, StoreError> {
+        let mut con = self.con.clone();
+        let mut inv = script.key(key);
+        for a in args {
+            inv.arg(*a);
+        }
+        let n: i64 = inv.invoke_async(&mut con).await.map_err(map_err)?;
+        Ok(n == 1)
+    }
+
+    async fn eval_rate(
+        &self,
+        script: &Script,
+        key: &str,
+        a: u64,
+        b: u64,
+    ) -> Result<RateDecision, StoreError> {
+        let mut con = self.con.clone();
+        let v: (i64, i64, i64) = script
+            .key(key)
+            .arg(a)
+            .arg(b)
+            .invoke_async(&mut con)
+            .await
+            .map_err(map_err)?;
+        Ok(decision(v))
+    }
+}
+
+macro_rules! impl_store {
+    ($ty:ty, $kind:literal) => {
+        impl Store for $ty {
+            async fn put_if_absent(
+                &self,
+                key: &str,
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<Option<Bytes>, StoreError> {
+                self.0.put_if_absent(key, value, ttl).await
+            }
+
+            async fn delete_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+            ) -> Result<bool, StoreError> {
+                self.0
+                    .eval_bool(&self.0.scripts.release, key, &[expected])
+                    .await
+            }
+
+            async fn expire_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let ms = ttl_ms(ttl).to_string();
+                self.0
+                    .eval_bool(&self.0.scripts.renew, key, &[expected, ms.as_bytes()])
+                    .await
+            }
+
+            async fn replace_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let ms = ttl_ms(ttl).to_string();
+                self.0
+                    .eval_bool(
+                        &self.0.scripts.replace,
+                        key,
+                        &[expected, value, ms.as_bytes()],
+                    )
+                    .await
+            }
+
+            async fn fixed_window(
+                &self,
+                key: &str,
+                limit: u64,
+                window: Duration,
+            ) -> Result<RateDecision, StoreError> {
+                self.0
+                    .eval_rate(&self.0.scripts.fixed_window, key, limit, ttl_ms(window))
+                    .await
+            }
+
+            async fn sliding_window(
+                &self,
+                key: &str,
+                limit: u64,
+                window: Duration,
+            ) -> Result<RateDecision, StoreError> {
+                let us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
+                self.0
+                    .eval_rate(&self.0.scripts.sliding_window, key, limit, us)
+                    .await
+            }
+
+            async fn gcra(
+                &self,
+                key: &str,
+                emission: Duration,
+                burst: u64,
+            ) -> Result<RateDecision, StoreError> {
+                let us = u64::try_from(emission.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                self.0
+                    .eval_rate(&self.0.scripts.gcra, key, us, burst.max(1))
+                    .await
+            }
+
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+        }
+    };
+}
+
+/// One Redis server, through a [`ConnectionManager`] that multiplexes every
+/// call over one connection and reconnects after a failure.
+///
+/// Cheap to clone; clones share the connection.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = norepeat::store::RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore(Backend<ConnectionManager>);
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisStore")
+    }
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` (`redis://host:port/db`).
+    ///
+    /// # Errors
+    /// When the URL is invalid or the first connection fails.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(map_err)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let con = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(map_err)?;
+        Ok(Self::from_manager(con))
+    }
+
+    /// Wraps a connection manager you already have.
+    #[must_use]
+    pub fn from_manager(con: ConnectionManager) -> Self {
+        Self(Backend {
+            con,
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+}
+
+impl_store!(RedisStore, "redis");
+
+/// A Redis Cluster. Every key a guard writes carries one hash tag, so each
+/// operation touches a single slot; redirections (MOVED, ASK) and failovers
+/// are followed by the cluster client, and scripts are loaded again on a new
+/// master that answers NOSCRIPT.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = norepeat::store::ClusterStore::connect(&[
+///     "redis://127.0.0.1:7000", "redis://127.0.0.1:7001", "redis://127.0.0.1:7002",
+/// ]).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ClusterStore(Backend<ClusterConnection>);
+
+impl std::fmt::Debug for ClusterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterStore")
+    }
+}
+
+impl ClusterStore {
+    /// Connects to the cluster that `nodes` (`redis://host:port` each) belong to.
+    ///
+    /// # Errors
+    /// When no node can be reached or a URL is invalid.
+    pub async fn connect<S: AsRef<str>>(nodes: &[S]) -> Result<Self, StoreError> {
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(2))
+            .retries(6)
+            .build()
+            .map_err(map_err)?;
+        let con = client.get_async_connection().await.map_err(map_err)?;
+        Ok(Self(Backend {
+            con,
+            scripts: Arc::new(Scripts::new()),
+        }))
+    }
+}
+
+impl_store!(ClusterStore, "cluster");
