@@ -1,1 +1,91 @@
-fn main() {}
+//! `norepeat`: the demo shop and its commands.
+
+use clap::{Parser, Subcommand};
+use norepeat_shop::commands;
+use norepeat_shop::config::ShopConfig;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "norepeat",
+    version,
+    about = "A shop that stops duplicate submissions from becoming duplicate effects"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// `norepeat` with no command: serve with flags from the environment.
+#[derive(Parser)]
+struct ServeDefaults {
+    #[command(flatten)]
+    cfg: ShopConfig,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the shop (the default).
+    Serve(ShopConfig),
+    /// Run one reconciliation pass and print what it repaired.
+    Reconcile {
+        /// Run once and exit (the only mode).
+        #[arg(long)]
+        once: bool,
+        /// The database (`DATABASE_URL`).
+        #[arg(long = "database", env = "DATABASE_URL")]
+        database_url: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,norepeat=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("norepeat: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result: Result<ExitCode, String> = rt.block_on(async {
+        match cli.command {
+            None => {
+                let cfg = ServeDefaults::parse_from(["norepeat"]).cfg;
+                commands::serve::run(cfg).await.map_err(|e| e.to_string())?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(Command::Serve(cfg)) => {
+                commands::serve::run(cfg).await.map_err(|e| e.to_string())?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(Command::Reconcile {
+                once: _,
+                database_url,
+            }) => {
+                let db = norepeat_shop::db::Db::connect(database_url.as_deref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let report = db.reconcile().await.map_err(|e| e.to_string())?;
+                println!(
+                    "{}",
+                    serde_json::json!({"repaired": report.total(), "report": report})
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("norepeat: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The shop's state and router.
+
+use crate::config::ShopConfig;
+use crate::db::Db;
+use crate::error::ApiError;
+use crate::routes;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use norepeat::degrade::{Fallback, Resilient};
+use norepeat::guard::TokenGuard;
+use norepeat::store::{AnyStore, MemoryStore};
+use norepeat::token::TokenSigner;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// The store as every guard sees it: a time budget and a breaker in front
+/// of the configured store.
+pub type Primary = Resilient<AnyStore>;
+/// The store of fail-open routes: the primary with a local fallback.
+pub type OpenStore = Fallback<Primary>;
+
+/// Everything handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database.
+    pub db: Db,
+    /// The configuration.
+    pub cfg: Arc<ShopConfig>,
+    /// The primary store (for fail-closed routes).
+    pub primary: Primary,
+    /// The primary with the local fallback (for fail-open routes).
+    pub open: OpenStore,
+    /// Issues and consumes repeat tokens.
+    pub tokens: TokenGuard<OpenStore>,
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// Publishes order events.
+    pub events: crate::events::Events,
+}
+
+/// The process-wide metrics recorder (installed once).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (tests): then this
+            // handle renders an empty set, which is still valid output.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Why the shop could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database could not be opened or migrated.
+    #[error("database: {0}")]
+    Db(#[from] crate::db::DbError),
+    /// The guard store could not be reached.
+    #[error("store: {0}")]
+    Store(#[from] norepeat::store::StoreError),
+    /// The configuration is invalid.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The listener could not be bound.
+    #[error("listen: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl AppState {
+    /// Opens the database and the store named by `cfg`.
+    ///
+    /// # Errors
+    /// When either cannot be reached.
+    pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
+        let db = Db::connect(cfg.database_url.as_deref()).await?;
+        let store = AnyStore::from_url(cfg.redis_url.as_deref()).await?;
+        let events = crate::events::Events::start(&cfg, db.clone())
+            .await
+            .map_err(StartError::Config)?;
+        Self::with(db, store, cfg, events).await
+    }
+
+    /// Builds the state from an open database and store.
+    ///
+    /// # Errors
+    /// When the shared secret cannot be read.
+    pub async fn with(
+        db: Db,
+        store: AnyStore,
+        cfg: ShopConfig,
+        events: crate::events::Events,
+    ) -> Result<Self, StartError> {
+        let primary = Resilient::new(store)
+            .timeout(cfg.store_timeout())
+            .breaker(5, Duration::from_secs(1));
+        let open = Fallback::new(primary.clone(), MemoryStore::new(100_000));
+        let signer = TokenSigner::new(db.shared_secret().await?);
+        let tokens =
+            TokenGuard::new(open.clone(), signer).ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
+        Ok(Self {
+            db,
+            cfg: Arc::new(cfg),
+            primary,
+            open,
+            tokens,
+            metrics: metrics_handle(),
+            events,
+        })
+    }
+}
+
+/// The shop's router.
+pub fn app(state: AppState) -> Router {
+    routes::router(&state)
+        .fallback(|| async { ApiError::NotFound("No such route.".into()) })
+        .with_state(state)
+}

@@ -1,0 +1,3 @@
+//! The binary's commands.
+
+pub mod serve;

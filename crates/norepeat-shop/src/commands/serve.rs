@@ -1,0 +1,55 @@
+//! `norepeat serve`: run the shop.
+
+use crate::app::{AppState, StartError, app};
+use crate::config::ShopConfig;
+use std::io::Write;
+use std::time::Duration;
+
+/// Runs the shop until Ctrl-C.
+///
+/// # Errors
+/// When the database, the store or the listener cannot be opened.
+pub async fn run(cfg: ShopConfig) -> Result<(), StartError> {
+    let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+    let state = AppState::connect(cfg).await?;
+    spawn_reconciler(&state);
+    let addr = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}")?;
+        out.flush()?;
+    }
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// Runs a reconciliation pass every `NOREPEAT_RECONCILE_EVERY_S` seconds.
+fn spawn_reconciler(state: &AppState) {
+    let db = state.db.clone();
+    let events = state.events.clone();
+    let every = Duration::from_secs(state.cfg.reconcile_every_s.max(1));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match db.reconcile().await {
+                Ok(r) if r.total() > 0 => {
+                    tracing::warn!(
+                        repaired = r.total(),
+                        ?r,
+                        "reconciliation repaired half-done work"
+                    );
+                    metrics::counter!("shop_reconcile_repairs_total").increment(r.total() as u64);
+                    crate::events::kick(&events);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reconciliation pass failed"),
+            }
+        }
+    });
+}

@@ -1,0 +1,102 @@
+//! The shop's configuration, from flags and environment variables.
+
+use std::time::Duration;
+
+/// Which defences the shop runs with. Everything but `Full` exists only so
+/// `norepeat storm` can show what each layer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum Defence {
+    /// No guard, no unique key, stock read-then-write: the incident.
+    Naive,
+    /// The entry guard (tokens, fingerprints) over the naive database writes.
+    Guard,
+    /// The database's unique business key and conditional stock, no guard.
+    Db,
+    /// Every layer (the default).
+    #[default]
+    Full,
+}
+
+impl Defence {
+    /// Whether the entry guard is on.
+    #[must_use]
+    pub fn guard(self) -> bool {
+        matches!(self, Defence::Guard | Defence::Full)
+    }
+    /// Whether orders go through the safe database path.
+    #[must_use]
+    pub fn safe_db(self) -> bool {
+        matches!(self, Defence::Db | Defence::Full)
+    }
+    /// The name used in the storm's table.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Defence::Naive => "naive",
+            Defence::Guard => "guard",
+            Defence::Db => "db",
+            Defence::Full => "full",
+        }
+    }
+}
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShopConfig {
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    #[arg(long, env = "NOREPEAT_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// `redis://...` or `redis+cluster://host:port,...`; unset: in-process memory store.
+    #[arg(long = "redis", env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// `sqlite://PATH?mode=rwc` or `postgres://...`; unset: `./norepeat-shop.db`.
+    #[arg(long = "database", env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Shared secret for `/admin/*` (header `X-Admin-Token`); unset: admin routes answer 404.
+    #[arg(long, env = "NOREPEAT_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Fingerprint window of `POST /orders/quick`, in milliseconds.
+    #[arg(long, env = "NOREPEAT_FP_WINDOW_MS", default_value_t = 3000)]
+    pub fp_window_ms: u64,
+    /// Life of a repeat token, in seconds.
+    #[arg(long, env = "NOREPEAT_TOKEN_TTL_S", default_value_t = 60)]
+    pub token_ttl_s: u64,
+    /// Simulated latency of the fake payment provider, in milliseconds.
+    #[arg(long, env = "NOREPEAT_PAYMENT_LATENCY_MS", default_value_t = 0)]
+    pub payment_latency_ms: u64,
+    /// Per-user rate of `POST /flash-sale/{sku}` (`N/s`, `N/m`).
+    #[arg(long, env = "NOREPEAT_FLASH_RATE", default_value = "5/s")]
+    pub flash_rate: String,
+    /// Longest a request waits on the guard store, in milliseconds.
+    #[arg(long, env = "NOREPEAT_STORE_TIMEOUT_MS", default_value_t = 50)]
+    pub store_timeout_ms: u64,
+    /// `nats://...`: order events go through NATS JetStream; unset: in-process queue.
+    #[arg(long, env = "NATS_URL")]
+    pub nats_url: Option<String>,
+    /// Publish every order event this many times.
+    #[arg(long, env = "NOREPEAT_DUPLICATE_EVENTS", default_value_t = 1)]
+    pub duplicate_events: u32,
+    /// Seconds between reconciliation passes in each instance.
+    #[arg(long, env = "NOREPEAT_RECONCILE_EVERY_S", default_value_t = 120)]
+    pub reconcile_every_s: u64,
+    /// Which defences to run (all but `full` are for the storm demo).
+    #[arg(long, env = "NOREPEAT_DEFENCE", value_enum, default_value_t = Defence::Full)]
+    pub defence: Defence,
+    /// Naive mode only: pause between reading and writing stock, in milliseconds
+    /// (widens the race the incident is about).
+    #[arg(long, env = "NOREPEAT_NAIVE_GAP_MS", default_value_t = 5)]
+    pub naive_gap_ms: u64,
+}
+
+impl ShopConfig {
+    /// The fingerprint window.
+    #[must_use]
+    pub fn fp_window(&self) -> Duration {
+        Duration::from_millis(self.fp_window_ms.max(1))
+    }
+    /// The store time budget.
+    #[must_use]
+    pub fn store_timeout(&self) -> Duration {
+        Duration::from_millis(self.store_timeout_ms.max(1))
+    }
+}

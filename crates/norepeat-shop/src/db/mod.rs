@@ -1,0 +1,409 @@
+//! The shop's database layer: orders, stock, payments, the outbox, the points
+//! ledger and a shared secret, on SQLite or PostgreSQL.
+//!
+//! Every write that must be correct under concurrency from several processes is
+//! one conditional statement whose "rows affected" decides the outcome, backed by
+//! a unique key where a duplicate could otherwise slip in:
+//!
+//! * stock: `UPDATE stock SET available = available - q WHERE sku = ? AND available >= q`;
+//! * one order per `(user_id, biz_id)`: a unique index, plus `ON CONFLICT DO NOTHING`;
+//! * order and payment state machines: `UPDATE ... WHERE id = ? AND status = <from>`;
+//! * `order.paid` events: an outbox row written in the same transaction as the
+//!   state change (unique `event_id` = order id);
+//! * points: a ledger keyed by order id.
+//!
+//! [`Db::create_order_naive`] is the deliberate exception: the unprotected
+//! check-then-write baseline the storm demo uses to reproduce the incident.
+//!
+//! Transient errors (SQLite busy/locked, PostgreSQL serialization failures and
+//! deadlocks) are retried, whole transaction at a time, a bounded number of times.
+
+mod imp;
+mod types;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use types::{
+    CreateOutcome, DbError, NoticeOutcome, Order, OrderStatus, OutboxEvent, Payment,
+    PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+};
+
+/// The SQLite file used when no database URL is given (in the working directory).
+pub const DEFAULT_SQLITE_FILE: &str = "norepeat-shop.db";
+
+/// Products a fresh database is stocked with (sku, units), if absent.
+pub const SEED_STOCK: [(&str, i64); 3] = [("SKU-1", 100), ("SKU-2", 100), ("SKU-3", 100)];
+
+/// Points awarded per unit ordered when an order is paid.
+pub const POINTS_PER_UNIT: i64 = imp::POINTS_PER_UNIT;
+
+/// How long a SQLite connection waits for a lock before `SQLITE_BUSY`.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections per pool for a SQLite file (writers are serialised by SQLite anyway).
+const SQLITE_POOL_SIZE: u32 = 8;
+/// Connections per pool for PostgreSQL.
+const PG_POOL_SIZE: u32 = 10;
+/// Longest wait for a pooled connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts to migrate a SQLite database another process may be migrating too.
+const SQLITE_MIGRATE_ATTEMPTS: u32 = 20;
+
+static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// A connection pool to the shop's database. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub enum Db {
+    /// A SQLite file (or in-memory database).
+    Sqlite(SqlitePool),
+    /// A PostgreSQL database.
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to the concrete pool and `$imp` to the
+/// matching query module.
+macro_rules! dispatch {
+    ($self:expr, $imp:ident, $pool:ident => $body:expr) => {
+        match $self {
+            Db::Sqlite($pool) => {
+                use imp::sqlite as $imp;
+                $body
+            }
+            Db::Postgres($pool) => {
+                use imp::postgres as $imp;
+                $body
+            }
+        }
+    };
+}
+
+impl Db {
+    /// Connects, migrates and seeds.
+    ///
+    /// `url`: `None` means the SQLite file [`DEFAULT_SQLITE_FILE`] in the working
+    /// directory (created if missing). Otherwise `sqlite://PATH?mode=rwc`,
+    /// `sqlite::memory:` (one connection, kept open for the pool's life) or
+    /// `postgres://...` / `postgresql://...`.
+    ///
+    /// The embedded migrations are applied (on PostgreSQL under sqlx's advisory
+    /// lock; on SQLite retried while another process holds the write lock), then
+    /// `SKU-1`..`SKU-3` are stocked with 100 units each if absent. SQLite runs in
+    /// WAL mode with a 5 s busy timeout and foreign keys on. Safe to call from
+    /// two processes at once on the same database.
+    pub async fn connect(url: Option<&str>) -> Result<Db, DbError> {
+        let db = match url {
+            None => {
+                let opts = SqliteConnectOptions::new()
+                    .filename(DEFAULT_SQLITE_FILE)
+                    .create_if_missing(true);
+                Self::connect_sqlite(opts, false).await?
+            }
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Self::connect_postgres(url).await?
+            }
+            Some(url) if url.starts_with("sqlite:") => {
+                let memory = url.contains(":memory:") || url.contains("mode=memory");
+                let opts = SqliteConnectOptions::from_str(url)?;
+                Self::connect_sqlite(opts, memory).await?
+            }
+            Some(other) => {
+                let scheme = other.split(':').next().unwrap_or_default();
+                return Err(DbError::InvalidInput(format!(
+                    "unsupported database URL scheme {scheme:?} (expected sqlite: or postgres:)"
+                )));
+            }
+        };
+        dispatch!(&db, q, pool => q::seed(pool, &SEED_STOCK).await)?;
+        Ok(db)
+    }
+
+    async fn connect_postgres(url: &str) -> Result<Db, DbError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_POOL_SIZE)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await?;
+        // sqlx takes a session advisory lock around the run, so concurrent
+        // starters apply each migration exactly once.
+        POSTGRES_MIGRATOR.run(&pool).await?;
+        Ok(Db::Postgres(pool))
+    }
+
+    async fn connect_sqlite(opts: SqliteConnectOptions, memory: bool) -> Result<Db, DbError> {
+        let mut opts = opts.busy_timeout(SQLITE_BUSY_TIMEOUT).foreign_keys(true);
+        let pool_opts = if memory {
+            // Every connection to `sqlite::memory:` shares one database only
+            // while one connection stays open; a single, never-recycled
+            // connection also avoids shared-cache table locks.
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+        } else {
+            opts = opts
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal);
+            SqlitePoolOptions::new().max_connections(SQLITE_POOL_SIZE)
+        };
+        let pool_opts = pool_opts.acquire_timeout(ACQUIRE_TIMEOUT);
+        // Switching a fresh file to WAL needs an exclusive lock that the busy
+        // timeout does not cover: retry when another process is doing the same.
+        let pool = imp::retry(|| async { Ok(pool_opts.clone().connect_with(opts.clone()).await?) })
+            .await?;
+        // SQLite has no migration lock: if another process migrates the same
+        // file at once, one of us fails (busy, or the version row already
+        // exists); trying again sees the migration applied.
+        let mut attempt = 1;
+        loop {
+            match SQLITE_MIGRATOR.run(&pool).await {
+                Ok(()) => break,
+                Err(
+                    e @ (sqlx::migrate::MigrateError::Execute(_)
+                    | sqlx::migrate::MigrateError::ExecuteMigration(..)),
+                ) if attempt < SQLITE_MIGRATE_ATTEMPTS => {
+                    tracing::debug!(attempt, error = %e, "sqlite migration raced, retrying");
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Db::Sqlite(pool))
+    }
+
+    /// `"sqlite"` or `"postgres"`.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Closes the pool, waiting for connections in use to be returned.
+    pub async fn close(&self) {
+        match self {
+            Db::Sqlite(pool) => pool.close().await,
+            Db::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// Creates an order, safely: in one transaction, an existing order of
+    /// `(user, biz_id)` is returned as [`CreateOutcome::Existing`] with nothing
+    /// else done; otherwise stock is taken with a conditional decrement
+    /// ([`CreateOutcome::OutOfStock`] / [`CreateOutcome::UnknownSku`] if it
+    /// cannot be) and the order inserted. If a concurrent request inserted the
+    /// same `(user, biz_id)` first, the transaction is rolled back (stock given
+    /// back) and that order returned as `Existing`.
+    ///
+    /// `biz_id` `None` generates a fresh one (`biz_...`). A quantity below 1 is
+    /// [`DbError::InvalidInput`].
+    pub async fn create_order(
+        &self,
+        user: &str,
+        sku: &str,
+        quantity: i64,
+        biz_id: Option<&str>,
+    ) -> Result<CreateOutcome, DbError> {
+        check_quantity(quantity)?;
+        let biz_id = biz_id.map_or_else(|| imp::new_id("biz_"), str::to_owned);
+        dispatch!(self, q, pool => q::create_order(pool, user, sku, quantity, &biz_id).await)
+    }
+
+    /// The NAIVE path, only for the storm demo's baseline: no unique key (the
+    /// row is marked `naive` and left out of the unique index) and
+    /// check-then-write stock: read `available`, sleep `gap` (to widen the
+    /// race), write back `read - quantity`, insert the order. Oversells and
+    /// duplicates on purpose; never [`CreateOutcome::Existing`].
+    pub async fn create_order_naive(
+        &self,
+        user: &str,
+        sku: &str,
+        quantity: i64,
+        biz_id: Option<&str>,
+        gap: Duration,
+    ) -> Result<CreateOutcome, DbError> {
+        check_quantity(quantity)?;
+        let biz_id = biz_id.map_or_else(|| imp::new_id("biz_"), str::to_owned);
+        dispatch!(self, q, pool => q::create_order_naive(pool, user, sku, quantity, &biz_id, gap).await)
+    }
+
+    /// The user's orders, oldest first.
+    pub async fn orders_of(&self, user: &str) -> Result<Vec<Order>, DbError> {
+        dispatch!(self, q, pool => q::orders_of(pool, user).await)
+    }
+
+    /// One order by id.
+    pub async fn order(&self, order_id: &str) -> Result<Option<Order>, DbError> {
+        dispatch!(self, q, pool => q::order(pool, order_id).await)
+    }
+
+    /// Units available of `sku`, `None` if the sku is unknown.
+    pub async fn stock(&self, sku: &str) -> Result<Option<i64>, DbError> {
+        dispatch!(self, q, pool => q::stock(pool, sku).await)
+    }
+
+    /// Sets the units available of `sku`, creating the sku if needed. A
+    /// negative value is [`DbError::InvalidInput`].
+    pub async fn set_stock(&self, sku: &str, available: i64) -> Result<(), DbError> {
+        if available < 0 {
+            return Err(DbError::InvalidInput(format!(
+                "available must not be negative, got {available}"
+            )));
+        }
+        dispatch!(self, q, pool => q::set_stock(pool, sku, available).await)
+    }
+
+    /// Moves an order `from -> to` with one conditional update
+    /// (`WHERE order_id = ? AND status = from`).
+    ///
+    /// Returns [`Transition::Applied`] if it moved now,
+    /// [`Transition::AlreadyInState`] if it already was in `to`,
+    /// [`Transition::Invalid`] with the current state otherwise and
+    /// [`Transition::NotFound`] for an unknown order. A pair outside the table
+    /// (`UNPAID->PAID`, `PAID->COMPLETED`, `UNPAID->CANCELLED`) is
+    /// [`DbError::InvalidTransition`] without touching the database. Moving to
+    /// PAID also writes the order's `order.paid` outbox event in the same
+    /// transaction.
+    pub async fn transition_order(
+        &self,
+        order_id: &str,
+        from: OrderStatus,
+        to: OrderStatus,
+    ) -> Result<Transition, DbError> {
+        if !from.can_transition_to(to) {
+            return Err(DbError::InvalidTransition { from, to });
+        }
+        dispatch!(self, q, pool => q::transition_order(pool, order_id, from, to).await)
+    }
+
+    /// Creates a PENDING payment (`pay_...`) of `amount` for the user's order;
+    /// [`PaymentOutcome::OrderNotFound`] if the order is unknown or another
+    /// user's. The check and the insert are one statement.
+    pub async fn create_payment(
+        &self,
+        user: &str,
+        order_id: &str,
+        amount: i64,
+    ) -> Result<PaymentOutcome, DbError> {
+        dispatch!(self, q, pool => q::create_payment(pool, user, order_id, amount).await)
+    }
+
+    /// One payment by id.
+    pub async fn payment(&self, payment_id: &str) -> Result<Option<Payment>, DbError> {
+        dispatch!(self, q, pool => q::payment(pool, payment_id).await)
+    }
+
+    /// Applies the provider's notice (`success`: SUCCESS, else FAILED):
+    /// PENDING -> SUCCEEDED / FAILED with one conditional update. When
+    /// SUCCEEDED is applied, the same transaction moves the order UNPAID -> PAID
+    /// (conditionally) and writes its `order.paid` outbox event, so the event
+    /// cannot be lost.
+    ///
+    /// [`NoticeOutcome::Applied`] when the state changed now,
+    /// [`NoticeOutcome::AlreadyApplied`] if the payment already is in the
+    /// target state, [`NoticeOutcome::InvalidTransition`] if it is in the other
+    /// final state, [`NoticeOutcome::NotFound`] for an unknown payment. Any
+    /// number of concurrent identical notices, from any number of processes,
+    /// give exactly one `Applied`.
+    pub async fn apply_payment_notice(
+        &self,
+        payment_id: &str,
+        success: bool,
+    ) -> Result<NoticeOutcome, DbError> {
+        dispatch!(self, q, pool => q::apply_payment_notice(pool, payment_id, success).await)
+    }
+
+    /// One reconciliation pass: orders still UNPAID although a payment for them
+    /// SUCCEEDED are moved to PAID (conditional update, plus the outbox event),
+    /// and PAID/COMPLETED orders without an outbox event get one. Only the pass
+    /// whose statement changed a row reports it, so passes running at once (in
+    /// several processes) report each repair once in total.
+    pub async fn reconcile(&self) -> Result<ReconcileReport, DbError> {
+        dispatch!(self, q, pool => q::reconcile(pool).await)
+    }
+
+    /// Unpublished outbox events, oldest first, at most `limit`.
+    pub async fn pending_events(&self, limit: i64) -> Result<Vec<OutboxEvent>, DbError> {
+        dispatch!(self, q, pool => q::pending_events(pool, limit).await)
+    }
+
+    /// Marks an outbox event published (idempotent; unknown ids are ignored).
+    pub async fn mark_event_published(&self, event_id: &str) -> Result<(), DbError> {
+        dispatch!(self, q, pool => q::mark_event_published(pool, event_id).await)
+    }
+
+    /// Awards `points` to `user` for `order_id` once: true if awarded now,
+    /// false if that order's points were already awarded (one
+    /// `INSERT ... ON CONFLICT DO NOTHING` keyed by order id).
+    pub async fn award_points(
+        &self,
+        user: &str,
+        order_id: &str,
+        points: i64,
+    ) -> Result<bool, DbError> {
+        dispatch!(self, q, pool => q::award_points(pool, user, order_id, points).await)
+    }
+
+    /// The user's total points.
+    pub async fn points(&self, user: &str) -> Result<i64, DbError> {
+        dispatch!(self, q, pool => q::points(pool, user).await)
+    }
+
+    /// 32 random bytes shared by every instance using this database (for
+    /// signing repeat tokens): generated once by whoever asks first, then read
+    /// back, so all instances agree.
+    pub async fn shared_secret(&self) -> Result<[u8; 32], DbError> {
+        dispatch!(self, q, pool => q::shared_secret(pool).await)
+    }
+
+    /// Extra orders sharing a `(user_id, biz_id)` with an earlier one (the
+    /// storm's "duplicates").
+    pub async fn duplicates(&self) -> Result<i64, DbError> {
+        dispatch!(self, q, pool => q::scalar(pool, imp::DUPLICATES, None).await)
+    }
+
+    /// Number of orders (all users, safe and naive).
+    pub async fn orders_count(&self) -> Result<i64, DbError> {
+        dispatch!(self, q, pool => q::scalar(pool, imp::ORDERS_COUNT, None).await)
+    }
+
+    /// Units ordered of `sku` over all orders; compare with the stock you set
+    /// to find units oversold.
+    pub async fn units_ordered(&self, sku: &str) -> Result<i64, DbError> {
+        dispatch!(self, q, pool => q::scalar(pool, imp::UNITS_ORDERED, Some(sku)).await)
+    }
+
+    /// Test hook: sets a payment's status WITHOUT touching its order (simulates
+    /// a crash between the two writes, for reconciliation tests). Unknown ids
+    /// are ignored.
+    pub async fn force_payment_status_for_test(
+        &self,
+        payment_id: &str,
+        status: PaymentStatus,
+    ) -> Result<(), DbError> {
+        dispatch!(self, q, pool => q::force_payment_status(pool, payment_id, status).await)
+    }
+
+    /// Deletes all orders, payments, points and outbox rows (the storm resets
+    /// between scenarios). Stock and the shared secret are kept.
+    pub async fn reset_for_demo(&self) -> Result<(), DbError> {
+        dispatch!(self, q, pool => q::reset(pool).await)
+    }
+}
+
+fn check_quantity(quantity: i64) -> Result<(), DbError> {
+    if quantity < 1 {
+        return Err(DbError::InvalidInput(format!(
+            "quantity must be at least 1, got {quantity}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Plain data types of the database layer: rows, outcomes and errors.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// The life cycle of an order.
+///
+/// Allowed transitions: `UNPAID -> PAID`, `PAID -> COMPLETED`, `UNPAID -> CANCELLED`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OrderStatus {
+    /// Created, waiting for payment.
+    Unpaid,
+    /// Paid (a payment succeeded).
+    Paid,
+    /// Delivered / closed after payment.
+    Completed,
+    /// Cancelled before payment.
+    Cancelled,
+}
+
+impl OrderStatus {
+    /// The stored and serialised name: `UNPAID`, `PAID`, `COMPLETED` or `CANCELLED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unpaid => "UNPAID",
+            Self::Paid => "PAID",
+            Self::Completed => "COMPLETED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parses the stored name (exact, upper case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "UNPAID" => Some(Self::Unpaid),
+            "PAID" => Some(Self::Paid),
+            "COMPLETED" => Some(Self::Completed),
+            "CANCELLED" => Some(Self::Cancelled),
+            _ => None,
+        }
+    }
+
+    /// Whether `self -> to` is in the state machine's table.
+    pub fn can_transition_to(self, to: OrderStatus) -> bool {
+        matches!(
+            (self, to),
+            (Self::Unpaid, Self::Paid)
+                | (Self::Paid, Self::Completed)
+                | (Self::Unpaid, Self::Cancelled)
+        )
+    }
+}
+
+impl fmt::Display for OrderStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The life cycle of a payment: `PENDING -> SUCCEEDED` or `PENDING -> FAILED`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PaymentStatus {
+    /// Created, waiting for the provider's notice.
+    Pending,
+    /// The provider reported success.
+    Succeeded,
+    /// The provider reported failure.
+    Failed,
+}
+
+impl PaymentStatus {
+    /// The stored and serialised name: `PENDING`, `SUCCEEDED` or `FAILED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+        }
+    }
+
+    /// Parses the stored name (exact, upper case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "PENDING" => Some(Self::Pending),
+            "SUCCEEDED" => Some(Self::Succeeded),
+            "FAILED" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PaymentStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An order, serialised exactly as the HTTP contract:
+/// `{"orderId","bizId","userId","sku","quantity","status"}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Order {
+    /// Server-generated id (`ord_...`).
+    pub order_id: String,
+    /// The client's business id (or a generated `biz_...`); unique per user.
+    pub biz_id: String,
+    /// The buyer.
+    pub user_id: String,
+    /// The product.
+    pub sku: String,
+    /// Units ordered.
+    pub quantity: i64,
+    /// Current state.
+    pub status: OrderStatus,
+}
+
+/// A payment, serialised as `{"paymentId","orderId","amount","status"}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Payment {
+    /// Server-generated id (`pay_...`).
+    pub payment_id: String,
+    /// The order paid for.
+    pub order_id: String,
+    /// Amount in minor units (cents).
+    pub amount: i64,
+    /// Current state.
+    pub status: PaymentStatus,
+}
+
+/// What [`Db::create_order`](super::Db::create_order) did.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// A new order was written and stock taken.
+    Created(Order),
+    /// The user already has an order with this business id; nothing changed.
+    Existing(Order),
+    /// Not enough stock; nothing changed.
+    OutOfStock,
+    /// No such sku; nothing changed.
+    UnknownSku,
+}
+
+/// What [`Db::transition_order`](super::Db::transition_order) did.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub enum Transition {
+    /// The order moved to the target state now.
+    Applied,
+    /// The order already was in the target state (a repeat); nothing changed.
+    AlreadyInState,
+    /// The order is in another state that does not allow the transition.
+    Invalid {
+        /// The order's state as found.
+        current: OrderStatus,
+    },
+    /// No such order.
+    NotFound,
+}
+
+/// What [`Db::create_payment`](super::Db::create_payment) did.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub enum PaymentOutcome {
+    /// A new payment in state `PENDING`.
+    Created(Payment),
+    /// The order does not exist or belongs to another user.
+    OrderNotFound,
+}
+
+/// What [`Db::apply_payment_notice`](super::Db::apply_payment_notice) did.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub enum NoticeOutcome {
+    /// The payment changed state now (and, on success, the order became PAID).
+    Applied,
+    /// The payment already was in the notice's target state; nothing changed.
+    AlreadyApplied,
+    /// The payment is in the other final state (e.g. FAILED after SUCCEEDED).
+    InvalidTransition,
+    /// No such payment.
+    NotFound,
+}
+
+/// What one reconciliation pass repaired.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcileReport {
+    /// Orders moved UNPAID -> PAID because a payment for them had succeeded.
+    pub orders_marked_paid: Vec<String>,
+    /// PAID orders whose missing `order.paid` outbox event was added.
+    pub events_requeued: Vec<String>,
+}
+
+impl ReconcileReport {
+    /// Total number of repairs in this pass.
+    pub fn total(&self) -> usize {
+        self.orders_marked_paid.len() + self.events_requeued.len()
+    }
+}
+
+/// An unpublished `order.paid` event from the outbox.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxEvent {
+    /// The event id, equal to the order id (the message id for de-duplication).
+    pub event_id: String,
+    /// The buyer who earns the points.
+    pub user_id: String,
+    /// Points to award: 10 per unit ordered.
+    pub points: i64,
+}
+
+/// Errors of the database layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// An error from the driver or the database.
+    #[error("database error: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// Applying the embedded migrations failed.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The requested order transition is not in the state machine's table.
+    #[error("invalid order transition {from} -> {to}")]
+    InvalidTransition {
+        /// Source state asked for.
+        from: OrderStatus,
+        /// Target state asked for.
+        to: OrderStatus,
+    },
+    /// An argument the database layer refuses (quantity below 1, negative
+    /// stock, unsupported database URL).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The database holds something this code cannot read (e.g. an unknown status).
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+}
+
+impl DbError {
+    /// True for errors worth retrying the whole transaction for: SQLite
+    /// `SQLITE_BUSY`/`SQLITE_LOCKED`, PostgreSQL serialization failures,
+    /// deadlocks and lock-not-available.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Sqlx(e) => is_transient_sqlx(e),
+            Self::Migrate(
+                sqlx::migrate::MigrateError::Execute(e)
+                | sqlx::migrate::MigrateError::ExecuteMigration(e, _),
+            ) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(d) = e else {
+        return false;
+    };
+    if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // Extended result codes: the primary code is the low byte.
+        // 5 = SQLITE_BUSY (incl. BUSY_SNAPSHOT, BUSY_RECOVERY), 6 = SQLITE_LOCKED.
+        return d
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, 5 | 6));
+    }
+    // PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available.
+    d.code()
+        .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01" | "55P03"))
+}

@@ -1,0 +1,13 @@
+//! The norepeat demo shop: an order flow guarded by every layer of the
+//! `norepeat` library, with the `storm`, `bench` and `reconcile` commands.
+//!
+//! The binary is `norepeat`; its contract is `SHOP_API.md`. [`app::app`]
+//! builds the router, so tests drive it without a socket.
+
+pub mod app;
+pub mod commands;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod events;
+pub mod routes;

@@ -1,0 +1,61 @@
+//! Admin routes, behind `X-Admin-Token`.
+
+use super::body;
+use crate::app::AppState;
+use crate::error::{ApiError, unauthenticated};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::{post, put};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/stock/{sku}", put(set_stock))
+        .route("/admin/reconcile", post(reconcile))
+}
+
+/// Admin routes do not exist without a configured token; with one, the
+/// header must match it.
+fn check(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = s.cfg.admin_token.as_deref() else {
+        return Err(ApiError::NotFound("No such route.".into()));
+    };
+    let given = headers
+        .get("x-admin-token")
+        .map(axum::http::HeaderValue::as_bytes)
+        .unwrap_or_default();
+    let same = given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same { Ok(()) } else { Err(unauthenticated()) }
+}
+
+async fn set_stock(
+    State(s): State<AppState>,
+    Path(sku): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    check(&s, &headers)?;
+    if sku.is_empty() || sku.chars().count() > 64 {
+        return Err(ApiError::Invalid(
+            "The sku must be 1 to 64 characters.".into(),
+        ));
+    }
+    let m = body::object(&body::read(body).await?)?;
+    let available = body::integer(&m, "available", 0..=1_000_000_000)?;
+    s.db.set_stock(&sku, available).await?;
+    Ok(Json(json!({"sku": sku, "available": available})))
+}
+
+async fn reconcile(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    check(&s, &headers)?;
+    let report = s.db.reconcile().await?;
+    crate::events::kick(&s.events);
+    Ok(Json(json!({"repaired": report.total(), "report": report})))
+}

@@ -1,0 +1,38 @@
+//! The shop's routes, one module per resource.
+
+mod admin;
+mod body;
+mod orders;
+mod page;
+mod payments;
+mod points;
+mod stock;
+mod system;
+
+use crate::app::AppState;
+use crate::error::{ApiError, unauthenticated};
+use axum::Router;
+use axum::http::HeaderMap;
+use norepeat::identity::{Identify, UserHeader};
+
+/// Every route of the contract.
+pub fn router(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .merge(page::routes())
+        .merge(system::routes())
+        .merge(orders::routes(state))
+        .merge(stock::routes())
+        .merge(admin::routes())
+        .merge(payments::routes(state))
+        .merge(points::routes())
+}
+
+/// The caller, from `X-User-Id`.
+pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
+    let mut req = axum::http::Request::new(());
+    *req.headers_mut() = headers.clone();
+    let (parts, ()) = req.into_parts();
+    UserHeader::default()
+        .identify(&parts)
+        .ok_or_else(unauthenticated)
+}

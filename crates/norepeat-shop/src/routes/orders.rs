@@ -1,0 +1,145 @@
+//! Orders: the token route, the fingerprint route, reading.
+
+use super::{body, user};
+use crate::app::AppState;
+use crate::db::CreateOutcome;
+use crate::error::ApiError;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use serde_json::json;
+use std::time::Duration;
+
+pub(super) fn routes(state: &AppState) -> Router<AppState> {
+    let by_token = post(create_with_token);
+    let by_fingerprint = post(create_quick);
+    let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
+        let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
+        (
+            by_token.layer(NoRepeatLayer::token(state.tokens.clone())),
+            by_fingerprint.layer(
+                NoRepeatLayer::fingerprint(fingerprints)
+                    .route("/orders/quick")
+                    .max_body(body::MAX_BODY),
+            ),
+        )
+    } else {
+        (by_token, by_fingerprint)
+    };
+    Router::new()
+        .route("/repeat/token", get(issue_token))
+        .route("/orders", by_token.get(list))
+        .route("/orders/quick", by_fingerprint)
+        .route("/orders/{order_id}", get(one))
+}
+
+async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let t = s.tokens.issue(&user);
+    let body = json!({"repeatToken": t.token, "expiresIn": t.expires_in.as_secs()});
+    Ok((
+        [(axum::http::header::CACHE_CONTROL, "no-store")],
+        Json(body),
+    )
+        .into_response())
+}
+
+async fn create_with_token(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let bytes = body::read(body).await?;
+    place_order(&s, &user, &bytes).await
+}
+
+async fn create_quick(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let bytes = body::read(body).await?;
+    place_order(&s, &user, &bytes).await
+}
+
+/// What an order request asks for.
+pub(crate) struct OrderRequest {
+    pub(crate) sku: String,
+    pub(crate) quantity: i64,
+    pub(crate) biz_id: Option<String>,
+}
+
+impl OrderRequest {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        let m = body::object(bytes)?;
+        Ok(Self {
+            sku: body::string(&m, "sku", 64)?,
+            quantity: body::integer(&m, "quantity", 1..=100)?,
+            biz_id: body::opt_string(&m, "bizId", 128)?,
+        })
+    }
+}
+
+/// Validates and writes an order; answers as the contract says.
+pub(crate) async fn place_order(
+    s: &AppState,
+    user: &str,
+    bytes: &[u8],
+) -> Result<Response, ApiError> {
+    let req = OrderRequest::parse(bytes)?;
+    write_order(s, user, &req).await
+}
+
+pub(crate) async fn write_order(
+    s: &AppState,
+    user: &str,
+    req: &OrderRequest,
+) -> Result<Response, ApiError> {
+    let outcome = if s.cfg.defence.safe_db() {
+        s.db.create_order(user, &req.sku, req.quantity, req.biz_id.as_deref())
+            .await?
+    } else {
+        s.db.create_order_naive(
+            user,
+            &req.sku,
+            req.quantity,
+            req.biz_id.as_deref(),
+            Duration::from_millis(s.cfg.naive_gap_ms),
+        )
+        .await?
+    };
+    match outcome {
+        CreateOutcome::Created(o) => {
+            metrics::counter!("shop_orders_created_total").increment(1);
+            Ok((StatusCode::CREATED, Json(o)).into_response())
+        }
+        CreateOutcome::Existing(o) => {
+            metrics::counter!("shop_orders_replayed_total").increment(1);
+            let mut res = (StatusCode::OK, Json(o)).into_response();
+            res.headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(res)
+        }
+        CreateOutcome::OutOfStock => Err(ApiError::OutOfStock),
+        CreateOutcome::UnknownSku => Err(ApiError::NotFound(format!("No product {}.", req.sku))),
+    }
+}
+
+async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let orders = s.db.orders_of(&user).await?;
+    Ok(Json(json!({ "orders": orders })).into_response())
+}
+
+async fn one(State(s): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    match s.db.order(&id).await? {
+        Some(o) => Ok(Json(o).into_response()),
+        None => Err(ApiError::NotFound(format!("No order {id}."))),
+    }
+}
