@@ -1,0 +1,440 @@
+//! The entry guard against real Redis and the memory store: exactly one
+//! handler run per submission, owner-checked release, contract answers.
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use norepeat::fingerprint::Fingerprint;
+use norepeat::guard::{FingerprintGuard, NoRepeatLayer, ReleasePolicy, TokenGuard};
+use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
+use norepeat::token::TokenSigner;
+use norepeat_testkit::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// A route whose handler counts its runs.
+fn counting_route(layer: NoRepeatLayer<AnyStore>, runs: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/orders",
+        post(move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // Long enough for the concurrent copies to overlap.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                (StatusCode::CREATED, "created")
+            }
+        })
+        .layer(layer),
+    )
+}
+
+fn order(user: &str, body: &'static str) -> Request<Body> {
+    Request::post("/orders")
+        .header("x-user-id", user)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+async fn with_stores<F, Fut>(test: F)
+where
+    F: Fn(AnyStore) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(AnyStore::Memory(MemoryStore::default())).await;
+    let redis = RedisServer::start().await;
+    test(AnyStore::Redis(
+        RedisStore::connect(&redis.url()).await.unwrap(),
+    ))
+    .await;
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_identical_fingerprints_run_the_handler_once() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = counting_route(
+            NoRepeatLayer::fingerprint(
+                FingerprintGuard::new(store).window(Duration::from_secs(10)),
+            ),
+            Arc::clone(&runs),
+        );
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    app.oneshot(order("u1", r#"{"sku":"SKU-1","quantity":1}"#))
+                        .await
+                        .unwrap()
+                        .status()
+                })
+            })
+            .collect();
+        let mut created = 0;
+        let mut duplicates = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                StatusCode::CREATED => created += 1,
+                StatusCode::CONFLICT => duplicates += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+        assert_eq!((created, duplicates), (1, 999));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_uses_of_one_token_run_the_handler_once() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let tokens = TokenGuard::new(store, TokenSigner::random());
+        let token = tokens.issue("u1").token;
+        let app = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+        let tasks: Vec<_> = (0..1000)
+            .map(|i| {
+                let app = app.clone();
+                let token = token.clone();
+                tokio::spawn(async move {
+                    // Different bodies: only the token makes them repeats.
+                    let body = format!(r#"{{"sku":"SKU-1","quantity":{}}}"#, i % 100 + 1);
+                    let req = Request::post("/orders")
+                        .header("x-user-id", "u1")
+                        .header("repeat-token", token)
+                        .body(Body::from(body))
+                        .unwrap();
+                    app.oneshot(req).await.unwrap().status()
+                })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap());
+        }
+        assert_eq!(
+            statuses
+                .iter()
+                .filter(|s| **s == StatusCode::CREATED)
+                .count(),
+            1
+        );
+        assert_eq!(
+            statuses
+                .iter()
+                .filter(|s| **s == StatusCode::CONFLICT)
+                .count(),
+            999
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// The article's lost lock: A's key expires while A still runs, B takes
+/// it, A finishes and releases. B's key must survive A's release. A blind
+/// `DEL` would remove it, and the third request would pass.
+#[tokio::test]
+async fn a_late_release_never_deletes_the_next_owners_key() {
+    with_stores(|store| async move {
+        let guard = FingerprintGuard::new(store.clone())
+            .window(Duration::from_millis(100))
+            .release(ReleasePolicy::ReleaseOnCompletion);
+        let fp = Fingerprint([9; 32]);
+        let a = guard.acquire(&fp).await.expect("A takes the key");
+        tokio::time::sleep(Duration::from_millis(200)).await; // A's key expires
+        let b = guard.acquire(&fp).await.expect("B takes the expired key");
+        a.finish(true).await; // A releases: must not touch B's key
+        let c = guard.acquire(&fp).await;
+        assert!(c.is_err(), "B's key was deleted by A's release");
+        drop(b);
+        // B's lease was dropped: its key is released (owner-checked) shortly.
+        let mut released = false;
+        for _ in 0..50 {
+            if guard.acquire(&fp).await.is_ok() {
+                released = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(released, "a dropped lease releases its key");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn after_success_the_key_is_held_for_the_window_after_failure_released() {
+    with_stores(|store| async move {
+        let guard = FingerprintGuard::new(store).window(Duration::from_secs(10));
+        let ok = Fingerprint([1; 32]);
+        guard.acquire(&ok).await.unwrap().finish(true).await;
+        let dup = guard.acquire(&ok).await.unwrap_err();
+        assert_eq!(dup.code.as_str(), "duplicate_submission");
+        let secs = dup.retry_after.expect("Retry-After");
+        assert!((1..=10).contains(&secs), "retry after {secs}s");
+
+        let failed = Fingerprint([2; 32]);
+        guard.acquire(&failed).await.unwrap().finish(false).await;
+        assert!(
+            guard.acquire(&failed).await.is_ok(),
+            "a failed request can be retried at once"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_5xx_releases_the_fingerprint_so_a_retry_runs() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&runs);
+        let app = Router::new().route(
+            "/orders",
+            post(move || {
+                let r = Arc::clone(&r);
+                async move {
+                    if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        StatusCode::CREATED
+                    }
+                }
+            })
+            .layer(NoRepeatLayer::fingerprint(FingerprintGuard::new(store))),
+        );
+        let body = r#"{"sku":"SKU-1","quantity":1}"#;
+        let first = app.clone().oneshot(order("u1", body)).await.unwrap();
+        assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = app.clone().oneshot(order("u1", body)).await.unwrap();
+        assert_eq!(retry.status(), StatusCode::CREATED);
+        let again = app.oneshot(order("u1", body)).await.unwrap();
+        assert_eq!(again.status(), StatusCode::CONFLICT);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn key_order_ignored_fields_users_and_quantities() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = counting_route(
+            NoRepeatLayer::fingerprint(FingerprintGuard::new(store)),
+            Arc::clone(&runs),
+        );
+        let send = |user: &'static str, body: &'static str| {
+            let app = app.clone();
+            async move { app.oneshot(order(user, body)).await.unwrap().status() }
+        };
+        assert_eq!(
+            send(
+                "u1",
+                r#"{"sku":"SKU-1","quantity":1,"traceId":"a","meta":{"timestamp":1}}"#
+            )
+            .await,
+            StatusCode::CREATED
+        );
+        // Same request: other key order, other ignored fields at depth.
+        assert_eq!(
+            send(
+                "u1",
+                r#"{"meta":{"timestamp":2,"sign":"s"},"quantity":1,"sku":"SKU-1","random":7}"#
+            )
+            .await,
+            StatusCode::CONFLICT
+        );
+        // Another user, another quantity: different requests.
+        assert_eq!(
+            send("u2", r#"{"sku":"SKU-1","quantity":1,"meta":{}}"#).await,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            send("u1", r#"{"sku":"SKU-1","quantity":2,"meta":{}}"#).await,
+            StatusCode::CREATED
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    })
+    .await;
+}
+
+async fn problem(res: axum::response::Response) -> (StatusCode, serde_json::Value) {
+    let status = res.status();
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_contracts_4xx() {
+    let store = AnyStore::Memory(MemoryStore::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let fp = counting_route(
+        NoRepeatLayer::fingerprint(FingerprintGuard::new(store.clone())),
+        Arc::clone(&runs),
+    );
+    let tokens = TokenGuard::new(store, TokenSigner::random());
+    let tk = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+
+    let (s, p) = problem(fp.clone().oneshot(order("u1", r#"{"sku":"#)).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+
+    let (s, p) = problem(fp.clone().oneshot(order("u1", "")).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(100 * 1024));
+    let req = Request::post("/orders")
+        .header("x-user-id", "u1")
+        .header("content-type", "application/json")
+        .body(Body::from(big))
+        .unwrap();
+    let (s, p) = problem(fp.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (413, Some("payload_too_large"))
+    );
+
+    let long_user = "u".repeat(200);
+    let req = Request::post("/orders")
+        .header("x-user-id", long_user)
+        .body(Body::from("{}"))
+        .unwrap();
+    let (s, p) = problem(fp.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (401, Some("unauthenticated"))
+    );
+
+    let req = Request::post("/orders")
+        .header(
+            "x-user-id",
+            axum::http::HeaderValue::from_bytes(b"\xffu\xfe").unwrap(),
+        )
+        .body(Body::from("{}"))
+        .unwrap();
+    let (s, p) = problem(fp.oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (401, Some("unauthenticated"))
+    );
+
+    let req = Request::post("/orders")
+        .header("x-user-id", "u1")
+        .body(Body::from("{}"))
+        .unwrap();
+    let (s, p) = problem(tk.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (400, Some("missing_token"))
+    );
+
+    let req = Request::post("/orders")
+        .header("x-user-id", "u1")
+        .header("repeat-token", "t".repeat(10 * 1024))
+        .body(Body::from("{}"))
+        .unwrap();
+    let (s, p) = problem(tk.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), p["code"].as_str()),
+        (409, Some("duplicate_submission"))
+    );
+
+    let req = Request::post("/orders")
+        .header("x-user-id", "u1")
+        .header(
+            "repeat-token",
+            axum::http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+        )
+        .body(Body::from("{}"))
+        .unwrap();
+    let (s, _) = problem(tk.oneshot(req).await.unwrap()).await;
+    assert_eq!(s.as_u16(), 409);
+
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "no bad request reached the handler"
+    );
+}
+
+#[tokio::test]
+async fn a_token_is_good_for_its_user_only_and_via_the_query_too() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let tokens = TokenGuard::new(store, TokenSigner::random());
+        let t = tokens.issue("alice").token;
+        let app = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+        let as_bob = Request::post(format!("/orders?repeatToken={t}"))
+            .header("x-user-id", "bob")
+            .body(Body::from("{}"))
+            .unwrap();
+        assert_eq!(
+            app.clone().oneshot(as_bob).await.unwrap().status(),
+            StatusCode::CONFLICT
+        );
+        let as_alice = Request::post(format!("/orders?x=1&repeatToken={t}"))
+            .header("x-user-id", "alice")
+            .body(Body::from("{}"))
+            .unwrap();
+        assert_eq!(
+            app.oneshot(as_alice).await.unwrap().status(),
+            StatusCode::CREATED
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_body_reaches_the_handler_unchanged() {
+    let store = AnyStore::Memory(MemoryStore::default());
+    let app = Router::new().route(
+        "/orders",
+        post(|body: axum::body::Bytes| async move { body })
+            .layer(NoRepeatLayer::fingerprint(FingerprintGuard::new(store))),
+    );
+    let raw = r#"{ "b": 1,   "a": [1, 2], "traceId": "x" }"#;
+    let res = app.oneshot(order("u1", raw)).await.unwrap();
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(&body[..], raw.as_bytes());
+}
+
+#[tokio::test]
+async fn redis_keys_are_short_expire_and_are_released_by_their_owner() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    assert_eq!(store.kind(), "redis");
+    let guard = FingerprintGuard::new(store);
+    let fp = Fingerprint([3; 32]);
+    let lease = guard.acquire(&fp).await.unwrap();
+    let key = guard.key_of(&fp);
+    assert!(key.len() < 64);
+    let mut con = redis.connection().await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 3000, "ttl {ttl}");
+    lease.finish(false).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs every norepeat test against real services.
+#
+# On a fresh Debian machine, as root, it first installs what is missing
+# (redis-server, PostgreSQL, Chromium, Node.js, cargo-nextest) from Debian's
+# packages and crates.io, starts PostgreSQL and Redis if they are not running,
+# and installs the browser test's npm packages. Then it runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# 1. Packages.
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  log "installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi
+
+# 2. PostgreSQL running, reachable on 127.0.0.1:5432 by the test kit.
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432; }
+if ! pg_up; then
+  log "starting PostgreSQL"
+  for v in /etc/postgresql/*; do
+    pg_ctlcluster --skip-systemctl-redirect "$(basename "$v")" main start || true
+  done
+  for _ in $(seq 1 30); do pg_up && break; sleep 1; done
+fi
+if [ -z "${NOREPEAT_TEST_PG_ADMIN_URL:-}" ] \
+  && ! psql "postgres://postgres@127.0.0.1:5432/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+  # A stock Debian cluster asks for a password over TCP: give the postgres
+  # role one (local peer auth lets root do this) and tell the kit.
+  log "PostgreSQL wants a password over TCP: setting one for the postgres role"
+  su postgres -c "psql -qc \"ALTER ROLE postgres PASSWORD 'postgres'\"" >/dev/null
+  export NOREPEAT_TEST_PG_ADMIN_URL="postgres://postgres:postgres@127.0.0.1:5432/postgres"
+fi
+
+# 3. Redis: tests start private servers on free ports; the shared one on
+#    6379 is started for completeness (the README's examples use it).
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  log "starting Redis on 127.0.0.1:6379"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+
+# 4. The browser test's packages.
+if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; then
+  log "installing the browser test's npm packages"
+  (cd tests/browser && npm ci --no-audit --no-fund)
+fi
+
+# 5. The suite.
+log "cargo nextest run"
+cargo nextest run --workspace --all-features --no-fail-fast "$@"
+log "doc tests"
+cargo test --workspace --all-features --doc
