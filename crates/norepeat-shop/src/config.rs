@@ -88,6 +88,28 @@ pub struct ShopConfig {
     pub naive_gap_ms: u64,
 }
 
+impl Default for ShopConfig {
+    /// The documented defaults, ignoring flags and the environment.
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            redis_url: None,
+            database_url: None,
+            admin_token: None,
+            fp_window_ms: 3000,
+            token_ttl_s: 60,
+            payment_latency_ms: 0,
+            flash_rate: "5/s".into(),
+            store_timeout_ms: 50,
+            nats_url: None,
+            duplicate_events: 1,
+            reconcile_every_s: 120,
+            defence: Defence::Full,
+            naive_gap_ms: 5,
+        }
+    }
+}
+
 impl ShopConfig {
     /// The fingerprint window.
     #[must_use]

@@ -1,0 +1,511 @@
+//! The shop's HTTP contract, driven through the router (SQLite, memory store).
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use norepeat::store::{AnyStore, MemoryStore};
+use norepeat_shop::app::{AppState, app};
+use norepeat_shop::config::ShopConfig;
+use norepeat_shop::db::Db;
+use norepeat_shop::events::Events;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Shop {
+    app: Router,
+    _dir: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A temporary directory removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let p = std::env::temp_dir().join(format!("nr-shop-{}", rand::random::<u64>()));
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+async fn shop_with(cfg: ShopConfig) -> Shop {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
+    let db = Db::connect(Some(&url)).await.unwrap();
+    let state = AppState::with(
+        db,
+        AnyStore::Memory(MemoryStore::default()),
+        cfg,
+        Events::disabled(),
+    )
+    .await
+    .unwrap();
+    Shop {
+        app: app(state),
+        _dir: dir,
+    }
+}
+
+async fn shop() -> Shop {
+    shop_with(ShopConfig {
+        admin_token: Some("secret".into()),
+        ..ShopConfig::default()
+    })
+    .await
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Value,
+}
+
+impl Shop {
+    async fn send(&self, req: Request<Body>) -> Answer {
+        let res = self.app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status.is_client_error() || status.is_server_error() {
+            assert_eq!(
+                headers["content-type"], "application/problem+json",
+                "{body}"
+            );
+            assert_eq!(body["status"], status.as_u16(), "{body}");
+        }
+        assert!(!status.is_server_error(), "5xx: {body}");
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str, user: Option<&str>) -> Answer {
+        let mut b = Request::get(path);
+        if let Some(u) = user {
+            b = b.header("x-user-id", u);
+        }
+        self.send(b.body(Body::empty()).unwrap()).await
+    }
+
+    async fn post(&self, path: &str, user: &str, headers: &[(&str, &str)], body: Value) -> Answer {
+        let mut b = Request::post(path)
+            .header("x-user-id", user)
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        self.send(b.body(Body::from(body.to_string())).unwrap())
+            .await
+    }
+
+    async fn token(&self, user: &str) -> String {
+        let a = self.get("/repeat/token", Some(user)).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.body["expiresIn"], 60);
+        a.body["repeatToken"].as_str().unwrap().to_owned()
+    }
+
+    async fn stock(&self, sku: &str) -> i64 {
+        self.get(&format!("/stock/{sku}"), None).await.body["available"]
+            .as_i64()
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn the_token_flow() {
+    let s = shop().await;
+    let order = json!({"sku": "SKU-1", "quantity": 2, "note": "ignored"});
+    let a = s.post("/orders", "u1", &[], order.clone()).await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (400, Some("missing_token"))
+    );
+
+    let t = s.token("u1").await;
+    let a = s
+        .post("/orders", "u1", &[("repeat-token", &t)], order.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    for field in ["orderId", "bizId", "userId", "sku", "quantity", "status"] {
+        assert!(a.body.get(field).is_some(), "{field} missing: {}", a.body);
+    }
+    assert_eq!(a.body["userId"], "u1");
+    assert_eq!(a.body["status"], "UNPAID");
+    assert_eq!(s.stock("SKU-1").await, 98);
+
+    let again = s
+        .post("/orders", "u1", &[("repeat-token", &t)], order.clone())
+        .await;
+    assert_eq!(
+        (again.status.as_u16(), again.body["code"].as_str()),
+        (409, Some("duplicate_submission"))
+    );
+
+    let theirs = s.token("u2").await;
+    let a = s
+        .post("/orders", "u1", &[("repeat-token", &theirs)], order)
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert_eq!(s.stock("SKU-1").await, 98);
+}
+
+#[tokio::test]
+async fn a_known_biz_id_returns_the_existing_order() {
+    let s = shop().await;
+    let order = json!({"sku": "SKU-2", "quantity": 1, "bizId": "cart-42"});
+    let t1 = s.token("u1").await;
+    let first = s
+        .post("/orders", "u1", &[("repeat-token", &t1)], order.clone())
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let t2 = s.token("u1").await;
+    let second = s
+        .post("/orders", "u1", &[("repeat-token", &t2)], order.clone())
+        .await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.headers["idempotent-replayed"], "true");
+    assert_eq!(second.body["orderId"], first.body["orderId"]);
+    assert_eq!(s.stock("SKU-2").await, 99);
+    // Another user's equal bizId is another order.
+    let t3 = s.token("u2").await;
+    let other = s
+        .post("/orders", "u2", &[("repeat-token", &t3)], order)
+        .await;
+    assert_eq!(other.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn the_fingerprint_route() {
+    let s = shop().await;
+    let a = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 1, "traceId": "a"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    let dup = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"traceId": "b", "quantity": 1, "sku": "SKU-1"}),
+        )
+        .await;
+    assert_eq!(
+        (dup.status.as_u16(), dup.body["code"].as_str()),
+        (409, Some("duplicate_submission"))
+    );
+    let retry_after: u64 = dup.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3).contains(&retry_after));
+    let other = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 3}),
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_eq!(s.stock("SKU-1").await, 96);
+}
+
+#[tokio::test]
+async fn a_failed_quick_order_can_be_retried_at_once() {
+    let s = shop().await;
+    // Out of stock is a 4xx: the fingerprint is released, a retry is let in.
+    let a = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "SKU-3", "quantity": 100}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    let b = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "SKU-3", "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (b.status.as_u16(), b.body["code"].as_str()),
+        (409, Some("out_of_stock"))
+    );
+    let c = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "SKU-3", "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        c.body["code"], "out_of_stock",
+        "retry reached the handler again"
+    );
+}
+
+#[tokio::test]
+async fn validation_answers_invalid_request() {
+    let s = shop().await;
+    for body in [
+        json!({"sku": "SKU-1", "quantity": 0}),
+        json!({"sku": "SKU-1", "quantity": 101}),
+        json!({"sku": "SKU-1", "quantity": "1"}),
+        json!({"sku": "SKU-1", "quantity": 1.5}),
+        json!({"sku": "", "quantity": 1}),
+        json!({"sku": "x".repeat(65), "quantity": 1}),
+        json!({"sku": 5, "quantity": 1}),
+        json!({"quantity": 1}),
+        json!([1, 2]),
+        json!({"sku": "SKU-1", "quantity": 1, "bizId": 7}),
+    ] {
+        let a = s.post("/orders/quick", "u1", &[], body.clone()).await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{body}"
+        );
+    }
+    let a = s
+        .post(
+            "/orders/quick",
+            "u1",
+            &[],
+            json!({"sku": "NOPE", "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (404, Some("not_found"))
+    );
+}
+
+#[tokio::test]
+async fn malformed_requests_get_4xx_never_5xx() {
+    let s = shop().await;
+    let raw = |path: &str, user: &[u8], body: Vec<u8>| {
+        Request::post(path)
+            .header(
+                "x-user-id",
+                axum::http::HeaderValue::from_bytes(user).unwrap(),
+            )
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let t = s.token("u1").await;
+    let cases: Vec<(Request<Body>, u16, &str)> = vec![
+        (
+            raw("/orders/quick", b"u1", b"{\"sku\":".to_vec()),
+            400,
+            "invalid_request",
+        ),
+        (
+            raw("/orders/quick", b"u1", Vec::new()),
+            400,
+            "invalid_request",
+        ),
+        (
+            raw("/orders/quick", b"u1", vec![b'7'; 100 * 1024]),
+            413,
+            "payload_too_large",
+        ),
+        (
+            raw("/orders/quick", &[b'u'; 200], b"{}".to_vec()),
+            401,
+            "unauthenticated",
+        ),
+        (
+            raw("/orders/quick", b"\xff\xfe", b"{}".to_vec()),
+            401,
+            "unauthenticated",
+        ),
+        (
+            Request::post("/orders")
+                .header("x-user-id", "u1")
+                .header("repeat-token", &t)
+                .body(Body::from(vec![b' '; 100 * 1024]))
+                .unwrap(),
+            413,
+            "payload_too_large",
+        ),
+        (
+            Request::post("/orders")
+                .header("x-user-id", "u1")
+                .header("repeat-token", "x".repeat(10 * 1024))
+                .body(Body::from("{}"))
+                .unwrap(),
+            409,
+            "duplicate_submission",
+        ),
+        (
+            raw("/payments/callback", b"u1", b"nope".to_vec()),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let what = format!("{} {}", req.method(), req.uri());
+        let a = s.send(req).await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (status, Some(code)),
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn identity_is_required_where_the_contract_says() {
+    let s = shop().await;
+    for path in ["/repeat/token", "/orders", "/points"] {
+        let a = s.get(path, None).await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (401, Some("unauthenticated")),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reading_orders_and_stock() {
+    let s = shop().await;
+    let a = s
+        .post(
+            "/orders/quick",
+            "u9",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 1}),
+        )
+        .await;
+    let id = a.body["orderId"].as_str().unwrap().to_owned();
+    let list = s.get("/orders", Some("u9")).await;
+    assert_eq!(list.body["orders"].as_array().unwrap().len(), 1);
+    assert_eq!(s.get("/orders", Some("u8")).await.body["orders"], json!([]));
+    let one = s.get(&format!("/orders/{id}"), None).await;
+    assert_eq!(one.body["orderId"], id.as_str());
+    assert_eq!(
+        s.get("/orders/ord_nope", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        s.get("/stock/NOPE", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(s.get("/healthz", None).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn admin_routes_need_the_token() {
+    let s = shop().await;
+    let put = |token: Option<&str>, body: Value| {
+        let mut b = Request::put("/admin/stock/SKU-1").header("content-type", "application/json");
+        if let Some(t) = token {
+            b = b.header("x-admin-token", t);
+        }
+        b.body(Body::from(body.to_string())).unwrap()
+    };
+    assert_eq!(
+        s.send(put(None, json!({"available": 5}))).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        s.send(put(Some("wrong"), json!({"available": 5})))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        s.send(put(Some("secret"), json!({"available": -1})))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+    let ok = s.send(put(Some("secret"), json!({"available": 5}))).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(s.stock("SKU-1").await, 5);
+
+    let closed = shop_with(ShopConfig::default()).await;
+    assert_eq!(
+        closed
+            .send(put(Some("secret"), json!({"available": 5})))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_decisions() {
+    let s = shop().await;
+    s.post(
+        "/orders/quick",
+        "m1",
+        &[],
+        json!({"sku": "SKU-1", "quantity": 1}),
+    )
+    .await;
+    s.post(
+        "/orders/quick",
+        "m1",
+        &[],
+        json!({"sku": "SKU-1", "quantity": 1}),
+    )
+    .await;
+    let res = s
+        .app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let text = String::from_utf8(
+        axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(text.contains("norepeat_decisions_total"), "{text}");
+}
+
+#[tokio::test]
+async fn the_page_is_served() {
+    let s = shop().await;
+    let res = s
+        .app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+}

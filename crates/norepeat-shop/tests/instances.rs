@@ -1,0 +1,154 @@
+//! Two shop processes sharing Redis and PostgreSQL (and, when Redis is
+//! down, only PostgreSQL): one submission, one order.
+
+use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+
+async fn two_shops(redis: Option<&RedisServer>, pg: &PgDatabase) -> (ShopProcess, ShopProcess) {
+    // A debug build under 200 concurrent requests on two cores can take
+    // longer than the 50 ms default budget; past it the guard (rightly)
+    // fails open to each instance's local store. This test is about
+    // correctness across instances, so it gives the store time.
+    let mut env = vec![
+        ("DATABASE_URL".to_owned(), pg.url()),
+        ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+    ];
+    if let Some(r) = redis {
+        env.push(("REDIS_URL".to_owned(), r.url()));
+    }
+    let a = ShopProcess::start(BIN, env.clone()).await;
+    let b = ShopProcess::start(BIN, env).await;
+    (a, b)
+}
+
+async fn stock(http: &reqwest::Client, base: &str, sku: &str) -> i64 {
+    let v: Value = http
+        .get(format!("{base}/stock/{sku}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["available"].as_i64().unwrap()
+}
+
+async fn orders_of(http: &reqwest::Client, base: &str, user: &str) -> usize {
+    let v: Value = http
+        .get(format!("{base}/orders"))
+        .header("x-user-id", user)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["orders"].as_array().unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_duplicates_over_two_instances_make_one_order() {
+    let redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let (a, b) = two_shops(Some(&redis), &pg).await;
+    let http = reqwest::Client::new();
+    let before = stock(&http, &a.base_url(), "SKU-1").await;
+    let bases = [a.base_url(), b.base_url()];
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let http = http.clone();
+            let base = bases[i % 2].clone();
+            tokio::spawn(async move {
+                http.post(format!("{base}/orders/quick"))
+                    .header("x-user-id", "storm-user")
+                    .json(&json!({"sku": "SKU-1", "quantity": 1, "traceId": i}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 409),
+        "{statuses:?}"
+    );
+    assert_eq!(orders_of(&http, &a.base_url(), "storm-user").await, 1);
+    assert_eq!(stock(&http, &b.base_url(), "SKU-1").await, before - 1);
+
+    // A token issued by one instance is good once, on either.
+    let t: Value = http
+        .get(format!("{}/repeat/token", bases[0]))
+        .header("x-user-id", "tok-user")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = t["repeatToken"].as_str().unwrap().to_owned();
+    let mut created = 0;
+    for base in [&bases[1], &bases[0], &bases[1]] {
+        let s = http
+            .post(format!("{base}/orders"))
+            .header("x-user-id", "tok-user")
+            .header("repeat-token", &token)
+            .json(&json!({"sku": "SKU-2", "quantity": 1}))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if s == 201 {
+            created += 1;
+        } else {
+            assert_eq!(s, 409);
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_the_business_key_still_makes_one_order() {
+    let mut redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let (a, b) = two_shops(Some(&redis), &pg).await;
+    redis.kill();
+    let http = reqwest::Client::new();
+    let before = stock(&http, &a.base_url(), "SKU-3").await;
+    let bases = [a.base_url(), b.base_url()];
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let http = http.clone();
+            let base = bases[i % 2].clone();
+            tokio::spawn(async move {
+                http.post(format!("{base}/orders/quick"))
+                    .header("x-user-id", "biz-user")
+                    .json(&json!({"sku": "SKU-3", "quantity": 1, "bizId": "cart-7", "traceId": i}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(s == 200 || s == 201 || s == 409, "status {s}");
+    }
+    assert_eq!(orders_of(&http, &a.base_url(), "biz-user").await, 1);
+    assert_eq!(stock(&http, &b.base_url(), "SKU-3").await, before - 1);
+}
