@@ -3,6 +3,7 @@
 use crate::config::ShopConfig;
 use crate::db::Db;
 use crate::error::ApiError;
+use crate::outage::Outage;
 use crate::routes;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 /// The store as every guard sees it: a time budget and a breaker in front
 /// of the configured store.
-pub type Primary = Resilient<AnyStore>;
+pub type Primary = Resilient<Outage<AnyStore>>;
 /// The store of fail-open routes: the primary with a local fallback.
 pub type OpenStore = Fallback<Primary>;
 
@@ -36,6 +37,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Publishes order events.
     pub events: crate::events::Events,
+    /// Takes the store down for the storm's outage scenario.
+    pub outage: Outage<AnyStore>,
 }
 
 /// The process-wide metrics recorder (installed once).
@@ -94,7 +97,8 @@ impl AppState {
         cfg: ShopConfig,
         events: crate::events::Events,
     ) -> Result<Self, StartError> {
-        let primary = Resilient::new(store)
+        let outage = Outage::new(store);
+        let primary = Resilient::new(outage.clone())
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
         let open = Fallback::new(primary.clone(), MemoryStore::new(100_000));
@@ -109,6 +113,7 @@ impl AppState {
             tokens,
             metrics: metrics_handle(),
             events,
+            outage,
         })
     }
 }

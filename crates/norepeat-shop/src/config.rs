@@ -8,11 +8,12 @@ use std::time::Duration;
 pub enum Defence {
     /// No guard, no unique key, stock read-then-write: the incident.
     Naive,
-    /// The entry guard (tokens, fingerprints) over the naive database writes.
-    Guard,
-    /// The database's unique business key and conditional stock, no guard.
+    /// The database alone: unique business key and conditional stock update.
     Db,
-    /// Every layer (the default).
+    /// The entry guard (tokens, fingerprints) in front of the database, with
+    /// no local fallback: during a store outage it admits everything.
+    GuardDb,
+    /// Every layer (the default): guard, local fallback, database.
     #[default]
     Full,
 }
@@ -21,20 +22,25 @@ impl Defence {
     /// Whether the entry guard is on.
     #[must_use]
     pub fn guard(self) -> bool {
-        matches!(self, Defence::Guard | Defence::Full)
+        matches!(self, Defence::GuardDb | Defence::Full)
     }
     /// Whether orders go through the safe database path.
     #[must_use]
     pub fn safe_db(self) -> bool {
-        matches!(self, Defence::Db | Defence::Full)
+        !matches!(self, Defence::Naive)
+    }
+    /// Whether a store failure falls back to the instance's local memory.
+    #[must_use]
+    pub fn local_fallback(self) -> bool {
+        matches!(self, Defence::Full)
     }
     /// The name used in the storm's table.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Defence::Naive => "naive",
-            Defence::Guard => "guard",
             Defence::Db => "db",
+            Defence::GuardDb => "guard+db",
             Defence::Full => "full",
         }
     }

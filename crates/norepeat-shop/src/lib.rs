@@ -10,4 +10,5 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod outage;
 pub mod routes;

@@ -27,6 +27,8 @@ struct ServeDefaults {
 enum Command {
     /// Run the shop (the default).
     Serve(ShopConfig),
+    /// Replay the duplicate-submission incident and prove the fix.
+    Storm(commands::storm::StormArgs),
     /// Run one reconciliation pass and print what it repaired.
     Reconcile {
         /// Run once and exit (the only mode).
@@ -64,6 +66,25 @@ fn main() -> ExitCode {
             Some(Command::Serve(cfg)) => {
                 commands::serve::run(cfg).await.map_err(|e| e.to_string())?;
                 Ok(ExitCode::SUCCESS)
+            }
+            Some(Command::Storm(args)) => {
+                let json = args.json;
+                let (rows, clean) = commands::storm::run(args)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if json {
+                    println!("{}", serde_json::json!({ "rows": rows }));
+                } else {
+                    print!("{}", commands::storm::table(&rows));
+                    if !clean {
+                        println!("a defended row has duplicates or oversold units");
+                    }
+                }
+                Ok(if clean {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                })
             }
             Some(Command::Reconcile {
                 once: _,

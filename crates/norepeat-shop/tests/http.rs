@@ -1,5 +1,8 @@
 //! The shop's HTTP contract, driven through the router (SQLite, memory store).
 
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

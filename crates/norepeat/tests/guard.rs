@@ -1,6 +1,9 @@
 //! The entry guard against real Redis and the memory store: exactly one
 //! handler run per submission, owner-checked release, contract answers.
 
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

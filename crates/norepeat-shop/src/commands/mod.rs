@@ -1,3 +1,4 @@
 //! The binary's commands.
 
 pub mod serve;
+pub mod storm;

@@ -53,3 +53,55 @@ fn spawn_reconciler(state: &AppState) {
         }
     });
 }
+
+/// A shop served in this process (the storm's and the tests' instances).
+pub struct InProcess {
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    /// The instance's state (its store switch, its database).
+    pub state: AppState,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Serves `state` on a free loopback port.
+    ///
+    /// # Errors
+    /// When no port can be bound.
+    pub async fn start(state: AppState) -> Result<Self, StartError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base_url = format!("http://{}", listener.local_addr()?);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let router = app(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Ok(Self {
+            base_url,
+            state,
+            stop: Some(tx),
+            task,
+        })
+    }
+
+    /// Stops serving and waits for open requests to finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -36,6 +36,7 @@ mod layer;
 mod service;
 mod token;
 
+pub(crate) use fingerprint::store_failure;
 pub use fingerprint::{FingerprintGuard, Lease, ReleasePolicy};
 pub use layer::NoRepeatLayer;
 pub use service::{NoRepeat, ResponseBody};

@@ -54,17 +54,34 @@ pub fn fixed_window(
 
 /// Sliding window approximated by two fixed windows: the previous window's
 /// count is weighted by how much of it still overlaps the sliding window.
+/// Windows are aligned on multiples of `window` (on Redis: of Redis `TIME`).
 ///
-/// Error bound: the estimate assumes the previous window's requests were
-/// spread evenly. Over any window-long interval the number admitted is at
-/// most `2 * limit` in the worst case (all of the previous window's requests
-/// at its very end), and exact when traffic is even.
+/// Error bound. The estimate assumes the previous window's requests were
+/// spread evenly over it, so it errs both ways:
+/// - *Never more than `limit` per aligned window*: the current count alone
+///   must stay within `limit`.
+/// - *At most `2 * limit - 1` in any window-long interval* `[t, t + window)`
+///   (such an interval meets two aligned windows). This is reached: `limit`
+///   requests at the very end of one window, then `limit - 1` at the very
+///   end of the next, where the earlier ones weigh almost nothing. So the
+///   worst-case overshoot is `limit - 1`, just under the fixed window's.
+/// - *It can also refuse early*: requests made at the start of the previous
+///   window still weigh on the current one after they left the sliding
+///   interval.
+///
+/// With traffic spread evenly over the previous window, the estimate is the
+/// true count up to rounding.
+///
+/// A state from a later window than `now` (a clock read before the key's
+/// lock was taken, or a store clock that stepped back) is kept, and `now`
+/// is moved up to that window's start: counts are never lost.
 pub fn sliding_window(
     state: Option<SlidingState>,
     now: u64,
     limit: u64,
     window: u64,
 ) -> (SlidingState, RateDecision) {
+    let now = state.map_or(now, |s| now.max(s.index.saturating_mul(window)));
     let index = now / window;
     let mut s = match state {
         Some(s) if s.index == index => s,

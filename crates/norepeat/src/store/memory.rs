@@ -112,17 +112,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// Runs `f` on the live entry under `key` (if any) under the key's lock.
     fn compute<T>(&self, key: &str, f: impl FnOnce(Option<Entry>, Instant) -> (Op<Entry>, T)) -> T {
-        let now = Instant::now();
         let mut out = None;
         self.cache
             .entry(Arc::from(key))
             .and_compute_with(|current| {
+                let now = Instant::now();
                 let current = current.and_then(|e| e.into_value().live(now));
                 let (op, result) = f(current, now);
                 out = Some(result);
@@ -153,8 +149,11 @@ impl MemoryStore {
         key: &str,
         step: impl FnOnce(Option<Value>, u64) -> (Value, Duration, RateDecision),
     ) -> RateDecision {
-        let now_us = self.now_us();
         self.compute(key, |cur, now| {
+            // The clock is read under the key's lock, so calls on one key see
+            // time move forward in the order they run.
+            let now_us = u64::try_from(now.saturating_duration_since(self.origin).as_micros())
+                .unwrap_or(u64::MAX);
             let (value, ttl, decision) = step(cur.map(|e| e.value), now_us);
             (
                 Op::Put(Entry {

@@ -9,9 +9,12 @@ local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local index = math.floor(now / window)
 local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local i = tonumber(v[1])
+-- A state from a later window (Redis TIME stepped back, or a failover to a
+-- replica whose clock lags) is kept: move now up to its window's start.
+if i ~= nil and i * window > now then now = i * window end
+local index = math.floor(now / window)
 local c = tonumber(v[2]) or 0
 local p = tonumber(v[3]) or 0
 if i == nil or i < index - 1 then

@@ -1,0 +1,433 @@
+//! Rate limiting against real Redis, in memory, and as a tower layer over
+//! axum.
+
+// Helpers outside `#[test]` functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http::{Request, Response, StatusCode};
+use norepeat::degrade::{FailurePolicy, Fallback};
+use norepeat::ratelimit::{
+    Algorithm, ByClientIp, ByUser, Global, PeerAddr, Quota, RateLimitLayer, RateLimiter,
+};
+use norepeat::store::{MemoryStore, RateDecision, RedisStore, Store, StoreError};
+use norepeat_testkit::RedisServer;
+use std::num::NonZeroU32;
+use std::time::Duration;
+use tower::ServiceExt;
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::Gcra,
+];
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+// ---------------------------------------------------------------- Redis
+
+/// Two limiters on two connections, 40 concurrent attempts at a quota of
+/// 10 in a long window: exactly 10 get through, whatever the algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_quota_exactly() {
+    let redis = RedisServer::start().await;
+    for algorithm in ALGORITHMS {
+        let a = RateLimiter::new(
+            RedisStore::connect(&redis.url()).await.unwrap(),
+            Quota::per_minute(nz(10)),
+        )
+        .name("shared")
+        .algorithm(algorithm);
+        let b = RateLimiter::new(
+            RedisStore::connect(&redis.url()).await.unwrap(),
+            Quota::per_minute(nz(10)),
+        )
+        .name("shared")
+        .algorithm(algorithm);
+        let attempts = (0..40).map(|i| {
+            let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { l.check("u1").await.unwrap().allowed })
+        });
+        let admitted = join_all(attempts)
+            .await
+            .into_iter()
+            .filter(|r| *r.as_ref().unwrap())
+            .count();
+        assert_eq!(admitted, 10, "{algorithm:?}");
+        // Another key has its own quota.
+        assert!(a.check("u2").await.unwrap().allowed, "{algorithm:?}");
+    }
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+    assert_eq!(redis.dbsize().await, 6);
+}
+
+/// Every key the limiter writes expires, and no later than its state
+/// matters.
+#[tokio::test]
+async fn every_key_has_a_ttl() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let mut con = redis.connection().await;
+    for algorithm in ALGORITHMS {
+        let l = RateLimiter::new(store.clone(), Quota::per_second(nz(2)))
+            .name("ttl")
+            .algorithm(algorithm);
+        for _ in 0..5 {
+            l.check("u").await.unwrap();
+        }
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(l.store_key("u"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        // Fixed: one window; sliding: two windows; GCRA: until the burst is back.
+        assert!(pttl > 0 && pttl <= 2_000, "{algorithm:?}: PTTL {pttl}");
+    }
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}
+
+/// The Lua scripts and the memory versions agree on simple sequences.
+#[tokio::test]
+async fn lua_and_memory_agree() {
+    let redis = RedisServer::start().await;
+    let redis_store = RedisStore::connect(&redis.url()).await.unwrap();
+    for algorithm in ALGORITHMS {
+        let quota = Quota::per_minute(nz(3));
+        let on_redis = run(&redis_store, algorithm, quota).await;
+        let in_memory = run(&MemoryStore::new(100), algorithm, quota).await;
+        let brief = |v: &[RateDecision]| {
+            v.iter()
+                .map(|d| (d.allowed, d.remaining))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(brief(&on_redis), brief(&in_memory), "{algorithm:?}");
+        assert_eq!(
+            brief(&on_redis),
+            [(true, 2), (true, 1), (true, 0), (false, 0), (false, 0)],
+            "{algorithm:?}"
+        );
+        // The sliding window is aligned on the store's clock: Redis TIME there,
+        // the store's creation in memory, so its resets differ.
+        if algorithm == Algorithm::SlidingWindow {
+            continue;
+        }
+        for (r, m) in on_redis.iter().zip(&in_memory) {
+            let gap = r.reset.abs_diff(m.reset);
+            assert!(
+                gap < Duration::from_secs(1),
+                "{algorithm:?}: {r:?} vs {m:?}"
+            );
+        }
+    }
+
+    async fn run<S: Store + Clone>(
+        store: &S,
+        algorithm: Algorithm,
+        quota: Quota,
+    ) -> Vec<RateDecision> {
+        let l = RateLimiter::new(store.clone(), quota)
+            .name("agree")
+            .algorithm(algorithm);
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            out.push(l.check("u").await.unwrap());
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------- memory
+
+/// The in-memory limiter is bounded by its store's capacity.
+#[tokio::test]
+async fn memory_limiter_is_bounded() {
+    let store = MemoryStore::new(100);
+    let l = RateLimiter::new(store.clone(), Quota::per_minute(nz(5)));
+    for i in 0..2_000 {
+        l.check(&format!("client-{i}")).await.unwrap();
+    }
+    assert!(store.len() <= 100, "{} entries", store.len());
+}
+
+/// It forgets idle keys once their state has expired. moka keeps real time
+/// and sweeps expired entries with a timer wheel of about one-second
+/// buckets, so this test polls for up to a few seconds; no fake clock
+/// reaches into moka.
+#[tokio::test]
+async fn memory_limiter_forgets_idle_keys() {
+    let store = MemoryStore::new(1_000);
+    let quota = Quota::new(nz(1), Duration::from_millis(20)).unwrap();
+    for algorithm in ALGORITHMS {
+        let l = RateLimiter::new(store.clone(), quota).algorithm(algorithm);
+        for i in 0..10 {
+            l.check(&format!("k{i}")).await.unwrap();
+        }
+    }
+    assert_eq!(store.len(), 30);
+    let started = std::time::Instant::now();
+    while !store.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{} entries left",
+            store.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---------------------------------------------------------------- layer
+
+fn post_as(user: Option<&str>) -> Request<Body> {
+    let mut b = Request::post("/flash-sale/SKU-1");
+    if let Some(u) = user {
+        b = b.header("x-user-id", u);
+    }
+    b.body(Body::from(r#"{"quantity":1}"#)).unwrap()
+}
+
+fn app(layer: RateLimitLayer<impl Store + Clone>) -> Router {
+    Router::new().route(
+        "/flash-sale/{sku}",
+        post(|| async { (StatusCode::CREATED, "ordered") }).layer(layer),
+    )
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (Response<()>, serde_json::Value) {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let bytes: Bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (Response::from_parts(parts, ()), json)
+}
+
+fn header<'a>(res: &'a Response<()>, name: &str) -> &'a str {
+    res.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn layer_answers_429_with_headers_and_a_problem() {
+    let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_minute(nz(2))).name("flash");
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()));
+    for _ in 0..2 {
+        let (res, _) = send(&app, post_as(Some("u1"))).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    let (res, body) = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "content-type"), "application/problem+json");
+    // GCRA at 2/min: one more every 30 s.
+    assert_eq!(header(&res, "retry-after"), "30");
+    assert_eq!(header(&res, "ratelimit"), r#""flash";r=0;t=30"#);
+    assert_eq!(header(&res, "ratelimit-policy"), r#""flash";q=2;w=60"#);
+    assert_eq!(body["code"], "rate_limited");
+    assert_eq!(body["status"], 429);
+    assert!(body["title"].is_string() && body["detail"].is_string());
+    assert!(body["type"].as_str().unwrap().ends_with("rate_limited"));
+    // Someone else is not affected.
+    assert_eq!(
+        send(&app, post_as(Some("u2"))).await.0.status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn layer_refuses_a_request_without_a_user_and_counts_nothing() {
+    let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_minute(nz(1)));
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()));
+    let (res, body) = send(&app, post_as(None)).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(body["code"], "unauthenticated");
+    assert_eq!(
+        send(&app, post_as(Some("u1"))).await.0.status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn layer_can_send_the_headers_on_admitted_responses() {
+    let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_second(nz(5)))
+        .name("flash")
+        .algorithm(Algorithm::FixedWindow);
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()).headers_on_allowed(true));
+    let (res, _) = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(header(&res, "ratelimit"), r#""flash";r=4;t=1"#);
+    assert_eq!(header(&res, "ratelimit-policy"), r#""flash";q=5;w=1"#);
+}
+
+/// Per user and global together: all must admit; a caller over their own
+/// quota does not spend the global one.
+#[tokio::test]
+async fn several_quotas_per_route() {
+    let store = MemoryStore::default();
+    let per_user = RateLimiter::new(store.clone(), Quota::per_minute(nz(2))).name("user");
+    let global = RateLimiter::new(store, Quota::per_minute(nz(3))).name("all");
+    let app = app(RateLimitLayer::new(per_user, ByUser::default()).and(global, Global));
+    let status = |res: &Response<()>| res.status();
+    assert_eq!(
+        status(&send(&app, post_as(Some("u1"))).await.0),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        status(&send(&app, post_as(Some("u1"))).await.0),
+        StatusCode::CREATED
+    );
+    let (res, _) = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "ratelimit"), r#""user";r=0;t=30"#);
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        r#""user";q=2;w=60, "all";q=3;w=60"#
+    );
+    // The global quota still has one left for u2 ...
+    assert_eq!(
+        status(&send(&app, post_as(Some("u2"))).await.0),
+        StatusCode::CREATED
+    );
+    // ... and then none.
+    let (res, body) = send(&app, post_as(Some("u3"))).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["code"], "rate_limited");
+    assert_eq!(
+        header(&res, "ratelimit"),
+        r#""user";r=1;t=30, "all";r=0;t=20"#
+    );
+    assert_eq!(header(&res, "retry-after"), "20");
+}
+
+#[tokio::test]
+async fn layer_keys_by_client_ip() {
+    let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_minute(nz(1)));
+    let proxy = "10.0.0.1".parse().unwrap();
+    let app = app(RateLimitLayer::new(limiter, ByClientIp::new().trust(proxy)));
+    let from = |client: &str| {
+        let mut req = Request::post("/flash-sale/SKU-1")
+            .header("x-forwarded-for", format!("1.1.1.1, {client}"))
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:40000".parse().unwrap()));
+        req
+    };
+    assert_eq!(
+        send(&app, from("203.0.113.1")).await.0.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, from("203.0.113.1")).await.0.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, from("203.0.113.2")).await.0.status(),
+        StatusCode::CREATED
+    );
+    // Without the peer's address the key is unknown: a 400, not a 5xx.
+    let (res, body) = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(body["code"], "invalid_request");
+}
+
+// ---------------------------------------------------------------- outages
+
+/// A store that is always down.
+#[derive(Debug, Clone)]
+struct Down;
+
+fn down<T>() -> Result<T, StoreError> {
+    Err(StoreError::Connection("refused".into()))
+}
+
+impl Store for Down {
+    async fn put_if_absent(
+        &self,
+        _: &str,
+        _: &[u8],
+        _: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        down()
+    }
+    async fn delete_if_equals(&self, _: &str, _: &[u8]) -> Result<bool, StoreError> {
+        down()
+    }
+    async fn expire_if_equals(&self, _: &str, _: &[u8], _: Duration) -> Result<bool, StoreError> {
+        down()
+    }
+    async fn replace_if_equals(
+        &self,
+        _: &str,
+        _: &[u8],
+        _: &[u8],
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        down()
+    }
+    async fn fixed_window(&self, _: &str, _: u64, _: Duration) -> Result<RateDecision, StoreError> {
+        down()
+    }
+    async fn sliding_window(
+        &self,
+        _: &str,
+        _: u64,
+        _: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        down()
+    }
+    async fn gcra(&self, _: &str, _: Duration, _: u64) -> Result<RateDecision, StoreError> {
+        down()
+    }
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_answers_503() {
+    let limiter = RateLimiter::new(Down, Quota::per_second(nz(5)))
+        .on_store_failure(FailurePolicy::FailClosed);
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()));
+    let (res, body) = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), "1");
+    assert_eq!(body["code"], "guard_unavailable");
+}
+
+#[tokio::test]
+async fn fail_open_admits() {
+    let limiter = RateLimiter::new(Down, Quota::per_minute(nz(1)));
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()).headers_on_allowed(true));
+    for _ in 0..3 {
+        let (res, _) = send(&app, post_as(Some("u1"))).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        // No decision, so no RateLimit; the policy is still advertised.
+        assert!(res.headers().get("ratelimit").is_none());
+        assert_eq!(header(&res, "ratelimit-policy"), r#""default";q=1;w=60"#);
+    }
+}
+
+/// Fail-open to a local limiter: the Fallback store decides in memory while
+/// the primary is down, so each instance still enforces the quota.
+#[tokio::test]
+async fn fail_open_to_a_local_limiter() {
+    let store = Fallback::new(Down, MemoryStore::new(1_000));
+    let limiter = RateLimiter::new(store, Quota::per_minute(nz(1)));
+    let app = app(RateLimitLayer::new(limiter, ByUser::default()));
+    assert_eq!(
+        send(&app, post_as(Some("u1"))).await.0.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, post_as(Some("u1"))).await.0.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
