@@ -9,6 +9,8 @@
 //!
 //! - [`guard`]: stop the repeat at the door, within a window, with one-time
 //!   [`token`]s or request [`fingerprint`]s;
+//! - [`idempotency`]: let the repeat in and give it the first one's answer
+//!   (`Idempotency-Key` with stored-response replay);
 //! - [`degrade`]: keep deciding (or refuse, per route) when the store fails;
 //! - [`ratelimit`]: cap the flow of different requests;
 //! - [`store`]: Redis, Redis Cluster or memory, every change one atomic
@@ -31,6 +33,7 @@ mod body;
 pub mod degrade;
 pub mod fingerprint;
 pub mod guard;
+pub mod idempotency;
 pub mod identity;
 pub mod keys;
 pub mod problem;

@@ -1,0 +1,93 @@
+//! Business idempotency: `Idempotency-Key` with stored-response replay.
+//!
+//! The entry [`guard`](crate::guard) stops a repeat at the door. This module
+//! lets it in and gives it the first one's answer: a payment client that
+//! timed out does not know whether it paid, so it sends the same request
+//! again with the same key and gets the same answer, without paying twice.
+//! It follows Stripe's `Idempotency-Key` and the IETF draft
+//! `draft-ietf-httpapi-idempotency-key-header`.
+//!
+//! # The protocol
+//! Every step is one atomic store operation on one key, scoped by caller,
+//! method, route template and client key (so two users' equal keys never
+//! meet, and the key lands in one Redis Cluster slot):
+//!
+//! 1. **Claim**: `put_if_absent(key, in-progress record, lease)`. The record
+//!    holds a random owner and the request's fingerprint. When the key is
+//!    taken, the same round trip returns what holds it: a running request
+//!    (409, or wait) or a completed one (replay), after comparing
+//!    fingerprints (422 on a mismatch).
+//! 2. **Run** the handler, renewing the lease (owner-checked) every third of
+//!    it, so a slow handler keeps its claim and a dead process frees it.
+//! 3. **Complete**: `replace_if_equals(key, our exact in-progress bytes,
+//!    completed record, retention)`. This is the fence: a request whose
+//!    lease expired and whose key another request took cannot overwrite the
+//!    new owner's record. Or **release**: `delete_if_equals`, owner-checked,
+//!    when the response is not stored, so a retry runs again.
+//!
+//! Records are compact binary (version, state, owner, fingerprint; then
+//! status, allowed headers and the body as is), never JSON with base64.
+//!
+//! # Answers
+//!
+//! | situation | answer |
+//! |---|---|
+//! | first request with a key | the handler runs; its response is stored per the [`StorePolicy`] |
+//! | same key, same request, first one done | the stored status, allowed headers and body byte for byte, plus `Idempotent-Replayed: true`; the handler does not run |
+//! | same key, other request (body, query, method, route or caller differ) | 422 `idempotency_key_mismatch` |
+//! | same key, first one still running | 409 `idempotency_key_in_use` with `Retry-After: 1`; or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), a bounded wait, then the replay |
+//! | no key, where required | 400 `missing_idempotency_key` |
+//! | key empty, over 255 characters, repeated, or not visible ASCII | 400 `invalid_idempotency_key` |
+//! | no caller identity | 401 `unauthenticated` |
+//! | request body over 64 KiB | 413 `payload_too_large` |
+//! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
+//! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
+//! | response over the cap (1 MiB), with trailers, or `text/event-stream` | passed on whole, unstored; key released |
+//!
+//! A truncated body is never stored: a body is read up to the cap, and the
+//! moment it passes the cap, what was read is sent on followed by the rest.
+//! A response is stored only if the handler's body ended cleanly.
+//!
+//! # Compared with Stripe and the IETF draft
+//!
+//! | | norepeat | Stripe (API v1) | IETF draft |
+//! |---|---|---|---|
+//! | key | 1 to 255 visible ASCII; the draft's quoted form `"..."` accepted | up to 255 characters, V4 UUID suggested | a structured-field string; UUID suggested |
+//! | missing key | 400 `missing_idempotency_key` (or pass through, `required(false)`) | optional: the request just runs | 400 for an operation documented to need it |
+//! | same key, other request | 422 `idempotency_key_mismatch` | an `idempotency_error` (compares incoming parameters) | 422 |
+//! | same key, still running | 409 with `Retry-After`, or a bounded wait and the replay | 409 conflict, nothing saved | 409 |
+//! | what is replayed | status, allow-listed headers, body byte for byte, `Idempotent-Replayed: true` | status code and body | the stored response |
+//! | which responses are stored | configurable: 2xx and request-describing 4xx (default), all, or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
+//! | retention | 24 h default, configurable | keys may be pruned after at least 24 h | expiry policy is the server's, and should be published |
+//! | scope | caller + method + route + key | account + key | the resource |
+//! | lost claim (slow or dead owner) | lease with renewal; a stale completion is fenced out | not documented | not specified |
+//!
+//! # Example
+//! ```
+//! use axum::{Router, routing::post};
+//! use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
+//! use norepeat::store::MemoryStore;
+//! use std::time::Duration;
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::default())
+//!     .store_policy(StorePolicy::Default)
+//!     .wait_for_result(Some(Duration::from_secs(2)))
+//!     .route("/payments");
+//! let app: Router = Router::new().route("/payments", post(|| async { "paid" }).layer(layer));
+//! ```
+//!
+//! # Deployment caveat
+//! Idempotency is as durable as its store. With Redis, a failover that
+//! loses the last writes can forget a completed record, and a retry then
+//! runs again: keep the database's unique business keys as the backstop.
+//! The route fails closed by default for the same reason: without its
+//! store it cannot know whether a request already ran.
+
+mod body;
+mod layer;
+mod record;
+mod service;
+
+pub use body::Passthrough;
+pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};

@@ -1,0 +1,489 @@
+//! The tower service: claim, run, complete or release, replay.
+
+use super::body::{Collected, Passthrough, collect_capped};
+use super::layer::Config;
+use super::record::{self, Completed, Digest, Owner};
+use crate::body::{self as req_body, ReadError};
+use crate::fingerprint::RequestParts;
+use crate::guard::store_failure;
+use crate::identity::is_visible_ascii;
+use crate::keys::Mode;
+use crate::problem::{Code, Problem};
+use crate::store::{Store, StoreError};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{Either, Full};
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::Service;
+
+/// The response body of an idempotent service: the handler's body passed
+/// on (possibly after part of it was read), or a stored, replayed or
+/// rejection body.
+pub type ResponseBody<B> = Either<Passthrough<B>, Full<Bytes>>;
+
+/// The request header that carries the client's key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The response header that marks a replay.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The longest pause between two looks at a running request's record while
+/// waiting for its result.
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+/// A service made idempotent by an [`IdempotencyLayer`](super::IdempotencyLayer).
+pub struct Idempotency<S, G> {
+    inner: S,
+    cfg: Arc<Config<G>>,
+}
+
+impl<S: Clone, G> Clone for Idempotency<S, G> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+impl<S, G> std::fmt::Debug for Idempotency<S, G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").finish_non_exhaustive()
+    }
+}
+
+impl<S, G> Idempotency<S, G> {
+    pub(crate) fn new(inner: S, cfg: Arc<Config<G>>) -> Self {
+        Self { inner, cfg }
+    }
+}
+
+fn reject<B: Body>(p: &Problem) -> Response<ResponseBody<B>> {
+    p.to_response().map(Either::Right)
+}
+
+fn pass<B: Body>(res: Response<B>) -> Response<ResponseBody<B>> {
+    res.map(|b| Either::Left(Passthrough::new(b)))
+}
+
+impl<S, G, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, G>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    G: Store + Clone,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Error: Send,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone that was polled ready handles this request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let cfg = Arc::clone(&self.cfg);
+        Box::pin(async move { handle(&cfg, inner, req).await })
+    }
+}
+
+/// The client's key: `Ok(None)` when absent. The draft sends it as a
+/// structured-field string (`"abc"`); the quotes are dropped, so `"abc"` and
+/// `abc` are the same key.
+fn client_key(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = || {
+        Problem::new(Code::InvalidIdempotencyKey)
+            .detail("Idempotency-Key must be one value of 1 to 255 visible ASCII characters.")
+    };
+    if values.next().is_some() {
+        return Err(invalid());
+    }
+    let mut b = v.as_bytes();
+    if b.len() >= 2 && b[0] == b'"' && b[b.len() - 1] == b'"' {
+        b = &b[1..b.len() - 1];
+    }
+    if !is_visible_ascii(b, 255) {
+        return Err(invalid());
+    }
+    // Visible ASCII is valid UTF-8.
+    std::str::from_utf8(b).map(Some).map_err(|_| invalid())
+}
+
+async fn handle<S, G, ReqBody, ResBody>(
+    cfg: &Config<G>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    G: Store + Clone,
+    ReqBody: Body<Data = Bytes> + From<Bytes>,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
+    ResBody: Body,
+{
+    let (parts, body) = req.into_parts();
+    let Some(user) = cfg.identity.identify(&parts) else {
+        return Ok(reject(&Problem::new(Code::Unauthenticated).detail(
+            "A valid X-User-Id header (1 to 64 visible ASCII characters) is required.",
+        )));
+    };
+    let client_key = match client_key(&parts.headers) {
+        Ok(Some(k)) => k.to_owned(),
+        Ok(None) if cfg.required => {
+            return Ok(reject(&Problem::new(Code::MissingIdempotencyKey).detail(
+                "This operation needs an Idempotency-Key header; send a new random key (a UUID) per operation, and the same one on every retry of it.",
+            )));
+        }
+        Ok(None) => return Ok(pass(inner.call(Request::from_parts(parts, body)).await?)),
+        Err(p) => return Ok(reject(&p)),
+    };
+    let bytes = match req_body::read(body, cfg.max_request_body, &parts.headers).await {
+        Ok(b) => b,
+        Err(ReadError::TooLarge) => {
+            return Ok(reject(&Problem::new(Code::PayloadTooLarge).detail(
+                format!(
+                    "The request body is larger than {} bytes.",
+                    cfg.max_request_body
+                ),
+            )));
+        }
+        Err(ReadError::Broken(e)) => {
+            return Ok(reject(
+                &Problem::new(Code::InvalidRequest)
+                    .detail(format!("The request body could not be read: {e}")),
+            ));
+        }
+    };
+    let route = cfg
+        .route
+        .as_deref()
+        .unwrap_or_else(|| parts.uri.path())
+        .to_owned();
+    let route = route.as_str();
+    let method = parts.method.clone();
+    let method = method.as_str();
+    let key = cfg.keys.key(
+        Mode::Idempotency,
+        &[
+            user.as_bytes(),
+            method.as_bytes(),
+            route.as_bytes(),
+            client_key.as_bytes(),
+        ],
+    );
+    let fingerprint = fingerprint_of(cfg, &user, method, route, &parts, &bytes);
+
+    let claim = match claim(cfg, &key, &fingerprint).await {
+        Claim::Owned(c) => c,
+        Claim::Replay(done) => return Ok(replay(done)),
+        Claim::Reject(p) => return Ok(reject(&p)),
+        Claim::Unguarded => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return Ok(pass(inner.call(req).await?));
+        }
+    };
+    tracing::debug!(user, route, "idempotency key claimed");
+
+    let req = Request::from_parts(parts, ReqBody::from(bytes));
+    let res = match renewing(cfg, &claim, inner.call(req)).await {
+        Ok(res) => res,
+        Err(e) => {
+            claim.release().await;
+            return Err(e);
+        }
+    };
+    if !cfg.policy.stores(res.status()) || !storable_shape(&res, cfg.max_body) {
+        claim.release().await;
+        return Ok(pass(res));
+    }
+    let (head, body) = res.into_parts();
+    match renewing(cfg, &claim, collect_capped(body, cfg.max_body)).await {
+        Collected::Whole(body) => {
+            let headers = head
+                .headers
+                .iter()
+                .filter(|(n, _)| cfg.replayed_headers.contains(n));
+            let done = record::completed(&claim.owner, &fingerprint, head.status, headers, &body);
+            claim.complete(cfg, &done).await;
+            Ok(Response::from_parts(head, Either::Right(Full::new(body))))
+        }
+        Collected::Partial(rest) => {
+            tracing::debug!(
+                route,
+                "response not stored: over the cap, trailers or broken"
+            );
+            claim.release().await;
+            Ok(Response::from_parts(head, Either::Left(rest)))
+        }
+    }
+}
+
+/// 128 bits of the request's fingerprint: caller, method, route, query and
+/// canonical body. A body that claims to be JSON and is not is hashed as
+/// bytes: whether it is acceptable is the handler's call, not the layer's.
+fn fingerprint_of<G>(
+    cfg: &Config<G>,
+    user: &str,
+    method: &str,
+    route: &str,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Digest {
+    let mut request = RequestParts {
+        user,
+        method,
+        route,
+        query: parts.uri.query(),
+        json: req_body::looks_like_json(&parts.headers, body),
+        body,
+    };
+    let fp = cfg.fingerprinter.fingerprint(&request).or_else(|_| {
+        request.json = false;
+        cfg.fingerprinter.fingerprint(&request)
+    });
+    let mut out = [0; 16];
+    if let Ok(fp) = fp {
+        out.copy_from_slice(&fp.0[..16]);
+    }
+    out
+}
+
+/// Whether a response may be read to be stored: not an event stream (the
+/// client would wait for its end) and not announced as over the cap.
+fn storable_shape<B: Body>(res: &Response<B>, cap: usize) -> bool {
+    let streaming = res
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    !streaming && res.body().size_hint().lower() <= cap as u64
+}
+
+fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
+    metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "replayed")
+        .increment(1);
+    let mut res = Response::new(Either::Right(Full::new(done.body)));
+    *res.status_mut() = done.status;
+    let h = res.headers_mut();
+    for (name, value) in done.headers {
+        h.append(name, value);
+    }
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+enum Claim<G: Store + Clone> {
+    /// This request holds the key and runs the handler.
+    Owned(Claimed<G>),
+    /// The first request's stored response.
+    Replay(Completed),
+    /// 409, 422 or 503.
+    Reject(Problem),
+    /// The store failed and the route fails open.
+    Unguarded,
+}
+
+/// Takes the key, or learns in the same round trip what holds it. While
+/// waiting for a running request's result, the same call is repeated with
+/// backoff: it replays once the record completes, and takes the key itself
+/// if the first request released it.
+async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claim<G> {
+    let owner: Owner = rand::random();
+    let value = record::in_progress(&owner, fingerprint);
+    let deadline = cfg.wait.map(|w| Instant::now() + w);
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let existing = match cfg.store.put_if_absent(key, &value, cfg.lease).await {
+            Ok(None) => {
+                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
+                return Claim::Owned(Claimed {
+                    store: cfg.store.clone(),
+                    key: key.to_owned(),
+                    owner,
+                    value: Some(value),
+                });
+            }
+            Ok(Some(existing)) => existing,
+            Err(e) => return on_failure(cfg, &e),
+        };
+        let rec = match record::decode(&existing) {
+            Ok(r) => r,
+            Err(e) => return on_failure(cfg, &StoreError::Protocol(e.to_string())),
+        };
+        if rec.fingerprint != *fingerprint {
+            metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
+            return Claim::Reject(Problem::new(Code::IdempotencyKeyMismatch).detail(
+                "This Idempotency-Key was used with a different request; use a new key for a new operation.",
+            ));
+        }
+        if let Some(done) = rec.completed {
+            return Claim::Replay(done);
+        }
+        let now = Instant::now();
+        match deadline {
+            Some(d) if now < d => {
+                tokio::time::sleep(pause.min(d - now)).await;
+                pause = (pause * 2).min(MAX_POLL);
+            }
+            _ => {
+                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "in_use").increment(1);
+                return Claim::Reject(
+                    Problem::new(Code::IdempotencyKeyInUse)
+                        .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
+                        .retry_after_secs(1),
+                );
+            }
+        }
+    }
+}
+
+fn on_failure<G: Store + Clone>(cfg: &Config<G>, e: &StoreError) -> Claim<G> {
+    match store_failure("idempotency", cfg.failure, e) {
+        Ok(()) => Claim::Unguarded,
+        Err(p) => Claim::Reject(p),
+    }
+}
+
+/// A held key: its exact in-progress bytes are the proof of ownership for
+/// every later change. Dropped unsettled (the request future was dropped
+/// mid-handler), it releases the key in a short task.
+struct Claimed<G: Store + Clone> {
+    store: G,
+    key: String,
+    owner: Owner,
+    value: Option<Vec<u8>>,
+}
+
+impl<G: Store + Clone> Claimed<G> {
+    fn value(&self) -> &[u8] {
+        self.value.as_deref().unwrap_or_default()
+    }
+
+    /// Releases the key (owner-checked) so a retry runs the handler again.
+    async fn release(mut self) {
+        let Some(value) = self.value.take() else {
+            return;
+        };
+        if let Err(e) = self.store.delete_if_equals(&self.key, &value).await {
+            tracing::warn!(error = %e, "could not release an idempotency key; it frees itself when its lease ends");
+        }
+    }
+
+    /// Replaces our in-progress record with the completed one. Refused when
+    /// the lease was lost and another request took the key: its record is
+    /// left alone (the fence), and this response is still sent.
+    async fn complete(mut self, cfg: &Config<G>, done: &[u8]) {
+        let Some(value) = self.value.take() else {
+            return;
+        };
+        match self
+            .store
+            .replace_if_equals(&self.key, &value, done, cfg.retention)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
+                tracing::warn!(
+                    key = self.key,
+                    "idempotency lease lost before completion; response not stored"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not store an idempotent response; releasing the key");
+                if let Err(e) = self.store.delete_if_equals(&self.key, &value).await {
+                    tracing::warn!(error = %e, "could not release an idempotency key; it frees itself when its lease ends");
+                }
+            }
+        }
+    }
+}
+
+impl<G: Store + Clone> Drop for Claimed<G> {
+    fn drop(&mut self) {
+        let Some(value) = self.value.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let key = std::mem::take(&mut self.key);
+            rt.spawn(async move {
+                let _ = store.delete_if_equals(&key, &value).await;
+            });
+        }
+    }
+}
+
+/// Drives `work`, extending the lease every third of it while `work` runs.
+/// No task is spawned: renewal lives in this future and stops with it.
+async fn renewing<G, F>(cfg: &Config<G>, claim: &Claimed<G>, work: F) -> F::Output
+where
+    G: Store + Clone,
+    F: Future,
+{
+    if !cfg.renew {
+        return work.await;
+    }
+    let every = (cfg.lease / 3).max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(work);
+    let mut renew = true;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tick.tick(), if renew => {
+                match cfg.store.expire_if_equals(&claim.key, claim.value(), cfg.lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(key = claim.key, "idempotency lease lost while the handler runs");
+                        renew = false;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "lease renewal failed; will retry"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn keys_are_validated() {
+        assert_eq!(client_key(&headers(&[])).unwrap(), None);
+        assert_eq!(client_key(&headers(&[b"abc"])).unwrap(), Some("abc"));
+        assert_eq!(client_key(&headers(&[b"\"abc\""])).unwrap(), Some("abc"));
+        assert!(client_key(&headers(&[&[b'k'; 255]])).unwrap().is_some());
+        for bad in [&b""[..], b"\"\"", &[b'k'; 256], b"a b", b"\xc3\xa9"] {
+            assert!(client_key(&headers(&[bad])).is_err(), "{bad:?}");
+        }
+        assert!(client_key(&headers(&[b"a", b"b"])).is_err());
+    }
+}

@@ -1,0 +1,606 @@
+//! `Idempotency-Key` with replay, against the memory store and a real Redis.
+//!
+//! Every case that takes a store runs twice (module `memory` and `redis`);
+//! the Redis run also checks that no key was left without a time to live.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
+use http_body_util::BodyExt;
+use norepeat::degrade::{FailurePolicy, Resilient};
+use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
+use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::store::{MemoryStore, RedisStore, Store};
+use norepeat_testkit::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+type Runs = Arc<AtomicUsize>;
+
+/// A payment handler that counts its runs. Request headers steer it:
+/// `x-sleep-ms`, `x-status`, `x-big` (a body of that many bytes, exact
+/// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`.
+async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Response {
+    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let num = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
+    if let Some(ms) = num("x-sleep-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let status = num("x-status")
+        .and_then(|s| StatusCode::from_u16(u16::try_from(s).ok()?).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let common = [
+        ("set-cookie", "session=secret".to_owned()),
+        ("location", format!("/payments/p{n}")),
+        ("x-run", n.to_string()),
+    ];
+    if let Some(size) = num("x-big") {
+        let body = vec![b'x'; usize::try_from(size).unwrap()];
+        return (status, common, body).into_response();
+    }
+    if let Some(chunks) = num("x-stream") {
+        let stream = futures_util::stream::iter(
+            (0..chunks)
+                .map(|i| Ok::<_, std::io::Error>(Bytes::from(vec![b'a' + (i % 26) as u8; 1000]))),
+        );
+        return (status, common, Body::from_stream(stream)).into_response();
+    }
+    if headers.contains_key("x-sse") {
+        return (
+            status,
+            [("content-type", "text/event-stream")],
+            "data: hi\n\n",
+        )
+            .into_response();
+    }
+    let body = format!(r#"{{"paymentId":"p{n}","orderId":"o1","amount":1999,"status":"PENDING"}}"#);
+    (status, common, [("content-type", "application/json")], body).into_response()
+}
+
+fn app<G: Store + Clone>(layer: IdempotencyLayer<G>, runs: &Runs) -> Router {
+    Router::new()
+        .route("/payments", post(pay).layer(layer.route("/payments")))
+        .with_state(Arc::clone(runs))
+}
+
+fn payment(user: &str, key: Option<&[u8]>) -> http::request::Builder {
+    let mut b = Request::post("/payments")
+        .header("x-user-id", user)
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", HeaderValue::from_bytes(k).unwrap());
+    }
+    b
+}
+
+const BODY: &str = r#"{"orderId":"o1","amount":1999}"#;
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+    fn code(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        v["code"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Answer {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+async fn pay_with(app: &Router, user: &str, key: &str, body: &str) -> Answer {
+    send(
+        app,
+        payment(user, Some(key.as_bytes()))
+            .body(Body::from(body.to_owned()))
+            .unwrap(),
+    )
+    .await
+}
+
+async fn pay_steered(app: &Router, key: &str, header: (&str, &str)) -> Answer {
+    send(
+        app,
+        payment("u1", Some(key.as_bytes()))
+            .header(header.0, header.1)
+            .body(Body::from(BODY))
+            .unwrap(),
+    )
+    .await
+}
+
+macro_rules! both {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$case(norepeat::store::MemoryStore::default()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                let redis = norepeat_testkit::RedisServer::start().await;
+                let store = norepeat::store::RedisStore::connect(&redis.url()).await.unwrap();
+                super::$case(store).await;
+                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+            }
+        }
+    )*};
+}
+
+both!(
+    repeat_is_replayed_byte_for_byte_without_a_run,
+    other_request_same_key_is_422,
+    running_key_is_409_with_retry_after,
+    missing_and_invalid_keys_are_400,
+    keys_are_per_user,
+    hundred_concurrent_run_once_others_409,
+    hundred_concurrent_with_waiting_all_get_the_replay,
+    stale_completion_is_fenced_out,
+    renewal_keeps_a_slow_handlers_claim,
+    oversized_response_passes_through_unstored,
+    streaming_response_passes_through_whole,
+    small_stream_is_stored,
+    server_errors_release_the_key,
+    store_all_replays_server_errors,
+    request_describing_4xx_are_stored_moment_ones_not,
+    request_body_over_64k_is_413,
+    waiting_repeat_runs_itself_when_the_first_fails,
+);
+
+async fn repeat_is_replayed_byte_for_byte_without_a_run<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let first = pay_with(&app, "u1", "k-1", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    assert!(first.headers.contains_key("set-cookie"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Same request, fields in another order: the same request.
+    for body in [BODY, r#"{"amount":1999,"orderId":"o1"}"#] {
+        let again = pay_with(&app, "u1", "k-1", body).await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body, "byte for byte");
+        assert_eq!(again.headers["content-type"], "application/json");
+        assert_eq!(again.headers["location"], first.headers["location"]);
+        assert!(!again.headers.contains_key("set-cookie"), "never replayed");
+        assert!(
+            !again.headers.contains_key("x-run"),
+            "not on the allow-list"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a replay costs no run");
+
+    // The draft's quoted form is the same key.
+    let quoted = pay_with(&app, "u1", "\"k-1\"", BODY).await;
+    assert!(quoted.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn other_request_same_key_is_422<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    assert_eq!(pay_with(&app, "u1", "k", BODY).await.status, 201);
+    let other = pay_with(&app, "u1", "k", r#"{"orderId":"o1","amount":2000}"#).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.code(), "idempotency_key_mismatch");
+    assert_eq!(other.headers["content-type"], "application/problem+json");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(busy.status, StatusCode::CONFLICT);
+    assert_eq!(busy.code(), "idempotency_key_in_use");
+    assert_eq!(busy.headers["retry-after"], "1");
+    // A different request under the running key is a mismatch, not a wait.
+    let other = pay_with(&app, "u1", "k", r#"{"orderId":"o2","amount":1}"#).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
+    assert!(pay_with(&app, "u1", "k", BODY).await.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn missing_and_invalid_keys_are_400<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store.clone()), &runs);
+    let missing = send(&app, payment("u1", None).body(Body::from(BODY)).unwrap()).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.code(), "missing_idempotency_key");
+
+    let long = vec![b'k'; 256];
+    for bad in [&b""[..], &long, b"caf\xc3\xa9", b"a b", b"\"\""] {
+        let res = send(
+            &app,
+            payment("u1", Some(bad)).body(Body::from(BODY)).unwrap(),
+        )
+        .await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(res.code(), "invalid_idempotency_key");
+    }
+    let ok255 = String::from_utf8(vec![b'k'; 255]).unwrap();
+    assert_eq!(pay_with(&app, "u1", &ok255, BODY).await.status, 201);
+
+    let no_user = send(
+        &app,
+        Request::post("/payments")
+            .header("idempotency-key", "k")
+            .body(Body::from(BODY))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(no_user.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Optional keys: no key, no guard; every request runs.
+    let optional = self::app(IdempotencyLayer::new(store).required(false), &runs);
+    for _ in 0..2 {
+        let res = send(
+            &optional,
+            payment("u1", None).body(Body::from(BODY)).unwrap(),
+        )
+        .await;
+        assert_eq!(res.status, StatusCode::CREATED);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+async fn keys_are_per_user<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let a = pay_with(&app, "u1", "same", BODY).await;
+    let b = pay_with(&app, "u2", "same", BODY).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!b.replayed());
+    assert_ne!(a.body, b.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+async fn concurrent(app: &Router, n: usize) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { pay_steered(&app, "hot", ("x-sleep-ms", "800")).await })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn hundred_concurrent_run_once_others_409<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let answers = concurrent(&app, 100).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let created = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .count();
+    let busy = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT && a.code() == "idempotency_key_in_use")
+        .count();
+    assert_eq!((created, busy), (1, 99));
+}
+
+async fn hundred_concurrent_with_waiting_all_get_the_replay<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(10)));
+    let app = app(layer, &runs);
+    let answers = concurrent(&app, 100).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED));
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 99);
+}
+
+async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store)
+        .lease(Duration::from_millis(50))
+        .lease_renewal(false);
+    let app = app(layer, &runs);
+    let stale = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The first one's lease has run out: this one takes the key and completes.
+    let second = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert!(!second.replayed());
+    assert!(
+        std::str::from_utf8(&second.body)
+            .unwrap()
+            .contains("\"p2\"")
+    );
+    // The first one still answers its own client, but cannot overwrite.
+    let first = stale.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(std::str::from_utf8(&first.body).unwrap().contains("\"p1\""));
+    let replay = pay_with(&app, "u1", "k", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, second.body, "the new owner's record stands");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+async fn renewal_keeps_a_slow_handlers_claim<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(300));
+    let app = app(layer, &runs);
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "1200")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        pay_with(&app, "u1", "k", BODY).await.status,
+        StatusCode::CONFLICT
+    );
+    let first = slow.await.unwrap();
+    let replay = pay_with(&app, "u1", "k", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn oversized_response_passes_through_unstored<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store).max_body(1024), &runs);
+    for run in 1..=2 {
+        let big = pay_steered(&app, "k", ("x-big", "4096")).await;
+        assert_eq!(big.status, StatusCode::CREATED);
+        assert!(!big.replayed());
+        assert_eq!(big.body.len(), 4096, "passed through whole");
+        assert_eq!(runs.load(Ordering::SeqCst), run, "not stored: runs again");
+    }
+    // Exactly at the cap is stored.
+    let at_cap = pay_steered(&app, "k2", ("x-big", "1024")).await;
+    let again = pay_steered(&app, "k2", ("x-big", "1024")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, at_cap.body);
+}
+
+async fn streaming_response_passes_through_whole<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store).max_body(2500), &runs);
+    for run in 1..=2 {
+        let res = pay_steered(&app, "k", ("x-stream", "5")).await;
+        assert_eq!(res.status, StatusCode::CREATED);
+        assert!(!res.replayed());
+        let expected: Vec<u8> = (0..5u8).flat_map(|i| vec![b'a' + i; 1000]).collect();
+        assert_eq!(&res.body[..], &expected[..], "every chunk, in order");
+        assert_eq!(runs.load(Ordering::SeqCst), run);
+    }
+    // An event stream is never held back to be stored.
+    let sse = pay_steered(&app, "k-sse", ("x-sse", "1")).await;
+    assert_eq!(&sse.body[..], b"data: hi\n\n");
+    assert!(!pay_steered(&app, "k-sse", ("x-sse", "1")).await.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+async fn small_stream_is_stored<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store).max_body(2500), &runs);
+    let first = pay_steered(&app, "k", ("x-stream", "2")).await;
+    let again = pay_steered(&app, "k", ("x-stream", "2")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body.len(), 2000);
+    assert_eq!(again.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn server_errors_release_the_key<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let failed = pay_steered(&app, "k", ("x-status", "500")).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let retry = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran");
+    assert!(pay_with(&app, "u1", "k", BODY).await.replayed());
+}
+
+async fn store_all_replays_server_errors<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(
+        IdempotencyLayer::new(store).store_policy(StorePolicy::All),
+        &runs,
+    );
+    let failed = pay_steered(&app, "k", ("x-status", "500")).await;
+    let again = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(again.replayed());
+    assert_eq!(again.body, failed.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn request_describing_4xx_are_stored_moment_ones_not<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store.clone()), &runs);
+    pay_steered(&app, "k404", ("x-status", "404")).await;
+    let again = pay_with(&app, "u1", "k404", BODY).await;
+    assert_eq!(
+        (again.status, again.replayed()),
+        (StatusCode::NOT_FOUND, true)
+    );
+    for (i, s) in ["401", "403", "408", "409", "429"].into_iter().enumerate() {
+        let key = format!("k{s}");
+        pay_steered(&app, &key, ("x-status", s)).await;
+        let retry = pay_with(&app, "u1", &key, BODY).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{s} not stored");
+        assert_eq!(runs.load(Ordering::SeqCst), 1 + 2 * (i + 1));
+    }
+    // 2xx only: a 4xx is not kept either.
+    let strict = self::app(
+        IdempotencyLayer::new(store).store_policy(StorePolicy::SuccessOnly),
+        &runs,
+    );
+    pay_steered(&strict, "s400", ("x-status", "400")).await;
+    assert!(!pay_with(&strict, "u1", "s400", BODY).await.replayed());
+}
+
+async fn request_body_over_64k_is_413<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(70 * 1024));
+    let res = pay_with(&app, "u1", "k", &big).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(res.code(), "payload_too_large");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(5)));
+    let app = app(layer, &runs);
+    let failing = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(
+                &app,
+                payment("u1", Some(b"k"))
+                    .header("x-sleep-ms", "200")
+                    .header("x-status", "503")
+                    .body(Body::from(BODY))
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiter = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(
+        failing.await.unwrap().status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(waiter.status, StatusCode::CREATED);
+    assert!(!waiter.replayed(), "it ran the handler itself");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn replay_survives_a_process_restart() {
+    let redis = RedisServer::start().await;
+    let first = {
+        let runs = Runs::default();
+        let store = RedisStore::connect(&redis.url()).await.unwrap();
+        let app = app(IdempotencyLayer::new(store), &runs);
+        pay_with(&app, "u1", "k", BODY).await
+    };
+    // A new "process": new connection, new layer, new handler.
+    let runs = Runs::default();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let again = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The record lives in Redis for the retention period, 24 h by default.
+    let key = KeyBuilder::default().key(Mode::Idempotency, &[b"u1", b"POST", b"/payments", b"k"]);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    assert!(pttl > 23 * 3600 * 1000, "pttl {pttl}");
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+#[tokio::test]
+async fn store_down_fails_closed_with_503() {
+    let mut redis = RedisServer::start().await;
+    let store = Resilient::new(RedisStore::connect(&redis.url()).await.unwrap())
+        .timeout(Duration::from_millis(200));
+    let runs = Runs::default();
+    let closed = app(IdempotencyLayer::new(store.clone()), &runs);
+    let open = app(
+        IdempotencyLayer::new(store).on_store_failure(FailurePolicy::FailOpen),
+        &runs,
+    );
+    redis.kill();
+    let res = pay_with(&closed, "u1", "k", BODY).await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.code(), "guard_unavailable");
+    assert!(res.headers.contains_key("retry-after"));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Fail-open runs the handler, storing nothing.
+    assert_eq!(
+        pay_with(&open, "u1", "k", BODY).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn handler_error_releases_the_key() {
+    let store = MemoryStore::default();
+    let calls = Runs::default();
+    let svc = |fail: bool| {
+        let calls = Arc::clone(&calls);
+        tower::Layer::layer(
+            &IdempotencyLayer::new(store.clone()),
+            tower::service_fn(move |_req: Request<Body>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if fail {
+                        Err(std::io::Error::other("handler failed"))
+                    } else {
+                        Ok(http::Response::new(http_body_util::Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    }
+                }
+            }),
+        )
+    };
+    let req = || payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap();
+    assert!(svc(true).oneshot(req()).await.is_err());
+    let ok = svc(false).oneshot(req()).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert!(!ok.headers().contains_key("idempotent-replayed"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let replay = svc(false).oneshot(req()).await.unwrap();
+    assert!(replay.headers().contains_key("idempotent-replayed"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
