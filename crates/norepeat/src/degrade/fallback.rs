@@ -2,25 +2,78 @@
 
 use crate::store::{MemoryStore, RateDecision, Store, StoreError};
 use bytes::Bytes;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Answers from `local` whenever `primary` fails, so one instance keeps
 /// catching its own repeats (and keeps its tokens single-use) through an
 /// outage. Releases and renewals go to both, so a key taken during the outage
 /// is released where it lives.
 ///
+/// A key decided locally stays decided once the primary is back: until the
+/// last key written during an outage has expired, a key the primary admits
+/// is checked against the local store too, so a token consumed (or a
+/// fingerprint held) during the outage is not admitted a second time when
+/// the primary answers again with its data intact.
+///
 /// Use it for fail-open routes; a fail-closed route uses the primary alone.
 #[derive(Debug, Clone)]
 pub struct Fallback<S> {
     primary: S,
     local: MemoryStore,
+    origin: Instant,
+    /// Milliseconds after `origin` until which the local store may hold a
+    /// key written during an outage (0: never wrote one).
+    local_until: Arc<AtomicU64>,
 }
 
 impl<S: Store> Fallback<S> {
     /// `primary`, falling back to `local`.
     #[must_use]
     pub fn new(primary: S, local: MemoryStore) -> Self {
-        Self { primary, local }
+        Self {
+            primary,
+            local,
+            origin: Instant::now(),
+            local_until: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The primary admitted `key`: unless the local store holds it from an
+    /// outage. Then the primary's fresh key is taken back and the local value
+    /// answered, as the primary would have had it seen the outage.
+    async fn reconcile(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        if self.now_ms() >= self.local_until.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        // The memory store has no plain read: probe with a short-lived write.
+        match self
+            .local
+            .put_if_absent(key, value, ttl.min(Duration::from_millis(1)))
+            .await?
+        {
+            None => {
+                self.local.delete_if_equals(key, value).await?;
+                Ok(None)
+            }
+            Some(existing) => {
+                metrics::counter!("norepeat_fallback_hits_total").increment(1);
+                if let Err(e) = self.primary.delete_if_equals(key, value).await {
+                    tracing::debug!(error = %e, "could not take back a key decided during the outage; it expires with its window");
+                }
+                Ok(Some(existing))
+            }
+        }
     }
 
     /// The primary store.
@@ -51,9 +104,20 @@ impl<S: Store> Store for Fallback<S> {
         match self.primary.put_if_absent(key, value, ttl).await {
             Err(e) => {
                 self.degraded(&e);
-                self.local.put_if_absent(key, value, ttl).await
+                let until = self
+                    .now_ms()
+                    .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+                    .saturating_add(1);
+                self.local_until.fetch_max(until, Ordering::Relaxed);
+                let local = self.local.put_if_absent(key, value, ttl).await;
+                if let Ok(Some(_)) = &local {
+                    // A repeat caught by the local memory during an outage.
+                    metrics::counter!("norepeat_fallback_hits_total").increment(1);
+                }
+                local
             }
-            ok => ok,
+            Ok(None) => self.reconcile(key, value, ttl).await,
+            held => held,
         }
     }
 

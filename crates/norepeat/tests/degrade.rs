@@ -1,0 +1,805 @@
+//! Surviving store faults (issue 3), against a real `redis-server` from the
+//! test kit: killed, hanging, slow, out of memory; fail-open and fail-closed
+//! routes; tokens through an outage; lease renewal; dropped requests.
+//!
+//! Timing assertions are deliberately loose (the budget plus a generous
+//! margin); where possible the tests count instead of timing.
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::routing::post;
+use norepeat::degrade::{BreakerState, FailurePolicy, Fallback, Resilient};
+use norepeat::guard::{FingerprintGuard, NoRepeatLayer, ReleasePolicy, TokenGuard};
+use norepeat::store::{MemoryStore, RedisStore, Store, StoreError};
+use norepeat::token::TokenSigner;
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
+use std::time::{Duration, Instant};
+use tower::ServiceExt as _;
+
+const BUDGET: Duration = Duration::from_millis(50);
+/// What a request may take beyond the budget on a busy shared machine.
+const MARGIN: Duration = Duration::from_millis(250);
+
+type FailOpenStore = Fallback<Resilient<RedisStore>>;
+
+async fn redis_store(url: &str) -> RedisStore {
+    RedisStore::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// The fail-open store of the issue: Redis with a 50 ms budget and a breaker
+/// (3 failures, `cool_down`), a local memory store behind it.
+async fn fail_open_store(url: &str, cool_down: Duration) -> FailOpenStore {
+    Fallback::new(
+        Resilient::new(redis_store(url).await)
+            .timeout(BUDGET)
+            .breaker(3, cool_down),
+        MemoryStore::new(10_000),
+    )
+}
+
+/// Sleeps `x-sleep-ms`, then answers `x-status` (default 200).
+async fn handler(headers: HeaderMap) -> StatusCode {
+    let num = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    if let Some(ms) = num("x-sleep-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    num("x-status")
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK)
+}
+
+fn fingerprint_app<S: Store + Clone>(guard: FingerprintGuard<S>) -> Router {
+    Router::new().route(
+        "/orders",
+        post(handler).layer(NoRepeatLayer::fingerprint(guard)),
+    )
+}
+
+fn token_app<S: Store + Clone>(guard: TokenGuard<S>) -> Router {
+    Router::new().route("/orders", post(handler).layer(NoRepeatLayer::token(guard)))
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: serde_json::Value,
+    took: Duration,
+}
+
+fn order() -> axum::http::request::Builder {
+    Request::post("/orders")
+        .header("x-user-id", "u1")
+        .header("content-type", "application/json")
+}
+
+fn request(body: &str, sleep_ms: u64, status: u16) -> Request<Body> {
+    order()
+        .header("x-sleep-ms", sleep_ms.to_string())
+        .header("x-status", status.to_string())
+        .body(Body::from(body.to_owned()))
+        .expect("valid request")
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Answer {
+    let started = Instant::now();
+    let res = app.clone().oneshot(req).await.expect("infallible");
+    let took = started.elapsed();
+    let (parts, body) = res.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .expect("body reads");
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        took,
+    }
+}
+
+async fn post_order(app: &Router, n: u64) -> Answer {
+    send(
+        app,
+        request(&format!(r#"{{"item":"book","n":{n}}}"#), 0, 200),
+    )
+    .await
+}
+
+async fn redis_keys(redis: &RedisServer) -> Vec<String> {
+    let mut con = redis.connection().await;
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut con)
+        .await
+        .expect("KEYS")
+}
+
+async fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    let mut con = redis.connection().await;
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut con)
+        .await
+        .expect("PTTL")
+}
+
+async fn assert_every_key_expires(redis: &RedisServer) {
+    let left = redis.keys_without_ttl().await;
+    assert!(left.is_empty(), "keys without a TTL: {left:?}");
+}
+
+/// Polls `f` every 50 ms until it is true or `limit` has passed.
+async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + limit;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------- metrics --
+
+mod recorder {
+    //! A recorder that remembers which metric names were registered.
+
+    use metrics::{
+        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
+        Recorder, SharedString, Unit,
+    };
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    struct Nop;
+    impl CounterFn for Nop {
+        fn increment(&self, _: u64) {}
+        fn absolute(&self, _: u64) {}
+    }
+    impl GaugeFn for Nop {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, _: f64) {}
+    }
+    impl HistogramFn for Nop {
+        fn record(&self, _: f64) {}
+    }
+
+    #[derive(Default)]
+    pub struct Names(Mutex<BTreeSet<String>>);
+
+    impl Names {
+        fn add(&self, key: &Key) {
+            let mut label = String::new();
+            for l in key.labels() {
+                if l.key() == "outcome" {
+                    label = format!("{{outcome={}}}", l.value());
+                }
+            }
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .insert(format!("{}{label}", key.name()));
+        }
+
+        pub fn contains(&self, name: &str) -> bool {
+            self.0.lock().expect("not poisoned").contains(name)
+        }
+
+        pub fn all(&self) -> Vec<String> {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .cloned()
+                .collect()
+        }
+    }
+
+    struct Rec(Arc<Names>);
+
+    impl Recorder for Rec {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.0.add(key);
+            Counter::from_arc(Arc::new(Nop))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            self.0.add(key);
+            Gauge::from_arc(Arc::new(Nop))
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            self.0.add(key);
+            Histogram::from_arc(Arc::new(Nop))
+        }
+    }
+
+    /// The names registered since the first call (one recorder per process).
+    pub fn names() -> Arc<Names> {
+        static NAMES: OnceLock<Arc<Names>> = OnceLock::new();
+        NAMES
+            .get_or_init(|| {
+                let names = Arc::new(Names::default());
+                // Another test in this process may have installed it first.
+                let _ = metrics::set_global_recorder(Rec(Arc::clone(&names)));
+                names
+            })
+            .clone()
+    }
+}
+
+// ------------------------------------------------------------------ tests --
+
+/// Redis killed mid-run: a fail-open route keeps answering 2xx/409, never
+/// 5xx; a repeat on this instance is still caught (fallback); the breaker
+/// opens; after a restart the guard uses Redis again within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_fail_open_keeps_deciding() {
+    let names = recorder::names();
+    let mut redis = RedisServer::start().await;
+    let store = fail_open_store(&redis.url(), Duration::from_millis(500)).await;
+    let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
+    let app = fingerprint_app(guard);
+
+    // Healthy: decided in Redis.
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::OK);
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::CONFLICT);
+    assert_eq!(redis_keys(&redis).await.len(), 1);
+
+    redis.kill();
+    for n in 1..=20 {
+        let a = post_order(&app, n).await;
+        assert_eq!(
+            a.status,
+            StatusCode::OK,
+            "request {n} during the outage: {:?}",
+            a.body
+        );
+    }
+    // Repeats on this instance are still caught by the local fallback.
+    for n in [1, 5, 20] {
+        let a = post_order(&app, n).await;
+        assert_eq!(
+            a.status,
+            StatusCode::CONFLICT,
+            "repeat of {n}: {:?}",
+            a.body
+        );
+        assert_eq!(a.body["code"], "duplicate_submission");
+        assert!(a.headers.contains_key("retry-after"));
+    }
+    assert_eq!(store.primary().circuit().state(), BreakerState::Open);
+
+    // Back: within a few seconds a new fingerprint is decided in Redis again.
+    redis.restart().await;
+    let mut n = 100;
+    let back = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let (app, redis, store, n) = (&app, &redis, &store, n);
+        async move {
+            let a = post_order(app, n).await;
+            assert!(a.status.is_success(), "after restart: {:?}", a.body);
+            store.primary().circuit().state() == BreakerState::Closed
+                && !redis_keys(redis).await.is_empty()
+        }
+    })
+    .await;
+    assert!(back, "the guard did not use Redis again within 10 s");
+    // And Redis decides: a new fingerprint is written there, its repeat is a
+    // duplicate.
+    let held = redis_keys(&redis).await.len();
+    assert_eq!(post_order(&app, 999).await.status, StatusCode::OK);
+    assert_eq!(redis_keys(&redis).await.len(), held + 1);
+    assert_eq!(post_order(&app, 999).await.status, StatusCode::CONFLICT);
+    assert_every_key_expires(&redis).await;
+
+    // The metrics of issue 3, item 6.
+    for name in [
+        "norepeat_fallback_decisions_total",
+        "norepeat_fallback_hits_total",
+        "norepeat_breaker_open",
+        "norepeat_store_seconds",
+        "norepeat_store_errors_total",
+    ] {
+        assert!(
+            names.contains(name),
+            "{name} not registered: {:?}",
+            names.all()
+        );
+    }
+}
+
+/// A stalled Redis (hanging, or 300 ms a reply) costs each request at most
+/// the budget plus a margin; once the breaker is open, nothing at all.
+async fn stalled_redis_costs_at_most_the_budget(mode: ProxyMode) {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_secs(1)).await;
+    let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
+    let app = fingerprint_app(guard);
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::OK);
+
+    proxy.set_mode(mode);
+    let mut n = 0;
+    while store.primary().circuit().state() != BreakerState::Open {
+        n += 1;
+        assert!(n <= 10, "the breaker did not open after {n} stalled calls");
+        let a = post_order(&app, n).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+        assert!(
+            a.took <= BUDGET + MARGIN,
+            "request {n} waited {:?} on a stalled store",
+            a.took
+        );
+    }
+
+    // Open: the store is skipped, no budget is paid.
+    let started = Instant::now();
+    for i in 0..50 {
+        let a = post_order(&app, 1000 + i).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+        assert!(a.took <= BUDGET + MARGIN, "waited {:?}", a.took);
+    }
+    let total = started.elapsed();
+    assert!(
+        total < BUDGET * 50 / 2,
+        "50 calls with the breaker open took {total:?}"
+    );
+    // Repeats are still caught locally.
+    assert_eq!(post_order(&app, 1000).await.status, StatusCode::CONFLICT);
+
+    proxy.set_mode(ProxyMode::Pass);
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_redis_costs_at_most_the_budget() {
+    stalled_redis_costs_at_most_the_budget(ProxyMode::Swallow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_redis_costs_at_most_the_budget() {
+    stalled_redis_costs_at_most_the_budget(ProxyMode::Delay(Duration::from_millis(300))).await;
+}
+
+/// A slow Redis that becomes fast again is used again: the late answers of
+/// the timed-out calls are not taken for the answers of later calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_redis_recovers_with_consistent_answers() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_millis(200)).await;
+    let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
+    let app = fingerprint_app(guard);
+
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
+    for n in 0..5 {
+        assert_eq!(post_order(&app, n).await.status, StatusCode::OK);
+    }
+    assert_eq!(store.primary().circuit().state(), BreakerState::Open);
+    proxy.set_mode(ProxyMode::Pass);
+
+    let mut n = 100;
+    let back = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let (app, store, n) = (&app, &store, n);
+        async move {
+            assert!(post_order(app, n).await.status.is_success());
+            store.primary().circuit().state() == BreakerState::Closed
+        }
+    })
+    .await;
+    assert!(back, "the breaker did not close within 10 s");
+    // Each new fingerprint is admitted once, its repeat rejected, by Redis.
+    for m in 500..520 {
+        assert_eq!(
+            post_order(&app, m).await.status,
+            StatusCode::OK,
+            "first {m}"
+        );
+        assert_eq!(
+            post_order(&app, m).await.status,
+            StatusCode::CONFLICT,
+            "repeat {m}"
+        );
+    }
+    let held = redis_keys(&redis).await;
+    assert!(held.len() >= 20, "decided in Redis: {}", held.len());
+    assert_every_key_expires(&redis).await;
+}
+
+/// A fail-closed route answers 503 `guard_unavailable` with `Retry-After`
+/// while the store is down, and decides normally again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_route_answers_503_while_the_store_is_down() {
+    let mut redis = RedisServer::start().await;
+    let store = Resilient::new(redis_store(&redis.url()).await)
+        .timeout(BUDGET)
+        .breaker(3, Duration::from_millis(300));
+    let guard = FingerprintGuard::new(store.clone())
+        .window(Duration::from_secs(5))
+        .on_store_failure(FailurePolicy::FailClosed);
+    let app = fingerprint_app(guard);
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::OK);
+
+    redis.kill();
+    for n in 1..=10 {
+        let a = post_order(&app, n).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
+        assert_eq!(a.body["code"], "guard_unavailable");
+        let retry: u64 = a.headers["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!(retry >= 1);
+        assert_eq!(
+            a.headers["content-type"], "application/problem+json",
+            "{:?}",
+            a.headers
+        );
+    }
+    assert_eq!(store.circuit().state(), BreakerState::Open);
+
+    redis.restart().await;
+    let mut n = 100;
+    let back = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let (app, n) = (&app, n);
+        async move { post_order(app, n).await.status == StatusCode::OK }
+    })
+    .await;
+    assert!(back, "the fail-closed route did not come back within 10 s");
+    assert_eq!(post_order(&app, n).await.status, StatusCode::CONFLICT);
+    assert_every_key_expires(&redis).await;
+}
+
+/// Tokens keep working through an outage: issued and consumed exactly once
+/// on this instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_consumed_once_during_an_outage() {
+    let mut redis = RedisServer::start().await;
+    let store = fail_open_store(&redis.url(), Duration::from_millis(500)).await;
+    let guard = TokenGuard::new(store.clone(), TokenSigner::random());
+    let app = token_app(guard.clone());
+    let submit = |token: &str| {
+        Request::post("/orders")
+            .header("x-user-id", "u1")
+            .header("repeat-token", token)
+            .body(Body::empty())
+            .expect("valid request")
+    };
+
+    let before = guard.issue("u1");
+    assert_eq!(
+        send(&app, submit(&before.token)).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, submit(&before.token)).await.status,
+        StatusCode::CONFLICT
+    );
+
+    redis.kill();
+    for _ in 0..5 {
+        let t = guard.issue("u1");
+        let first = send(&app, submit(&t.token)).await;
+        assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+        let second = send(&app, submit(&t.token)).await;
+        assert_eq!(second.status, StatusCode::CONFLICT, "{:?}", second.body);
+        assert_eq!(second.body["code"], "duplicate_submission");
+        // And through the guard directly.
+        assert!(guard.consume("u1", &t.token).await.is_err());
+    }
+    // Concurrent uses of one token during the outage: exactly one wins.
+    let t = guard.issue("u1");
+    let tries: Vec<_> = (0..8)
+        .map(|_| {
+            let app = app.clone();
+            let req = submit(&t.token);
+            tokio::spawn(async move { send(&app, req).await.status })
+        })
+        .collect();
+    let mut ok = 0;
+    for h in tries {
+        match h.await.expect("task") {
+            StatusCode::OK => ok += 1,
+            StatusCode::CONFLICT => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(ok, 1, "one token, one use");
+    assert_eq!(store.primary().circuit().state(), BreakerState::Open);
+
+    redis.restart().await;
+    assert_every_key_expires(&redis).await;
+}
+
+/// A handler that runs three times its window keeps its key the whole time;
+/// right after, the key is held after a 2xx (`HoldOnSuccess`) and gone at
+/// once after a 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_is_renewed_while_the_handler_runs() {
+    let names = recorder::names();
+    let redis = RedisServer::start().await;
+    let window = Duration::from_millis(900);
+    // A roomy budget: this test is about renewal, not about timeouts.
+    let store = Fallback::new(
+        Resilient::new(redis_store(&redis.url()).await).timeout(Duration::from_millis(250)),
+        MemoryStore::new(1_000),
+    );
+    let guard = FingerprintGuard::new(store)
+        .window(window)
+        .release(ReleasePolicy::HoldOnSuccess);
+    let app = fingerprint_app(guard);
+    let run_ms = u64::try_from(window.as_millis()).expect("small") * 3;
+
+    let mut seen: Vec<String> = Vec::new();
+    for status in [200_u16, 500] {
+        let body = format!(r#"{{"long":{status}}}"#);
+        let started = Instant::now();
+        let running = tokio::spawn({
+            let (app, req) = (app.clone(), request(&body, run_ms, status));
+            async move { send(&app, req).await }
+        });
+        let mut key = None;
+        let until = Instant::now() + Duration::from_secs(2);
+        while key.is_none() && Instant::now() < until {
+            let mut keys = redis_keys(&redis).await;
+            keys.retain(|k| !seen.contains(k));
+            key = keys.pop();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let key = key.expect("the key never appeared");
+        seen.push(key.clone());
+        let mut checks = 0;
+        let mut duplicate_checked = false;
+        while !running.is_finished() {
+            let ttl = pttl(&redis, &key).await;
+            // The handler sleeps `run_ms` from after `started`: until then
+            // it cannot have finished (and released its key).
+            if started.elapsed() >= Duration::from_millis(run_ms) {
+                break;
+            }
+            assert!(
+                ttl > 0,
+                "key lost after {:?} of a {run_ms} ms handler (PTTL {ttl})",
+                started.elapsed()
+            );
+            checks += 1;
+            if !duplicate_checked && started.elapsed() > window + window / 3 {
+                let dup = send(&app, request(&body, 0, 200)).await;
+                assert_eq!(dup.status, StatusCode::CONFLICT, "{:?}", dup.body);
+                duplicate_checked = true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let done = running.await.expect("task");
+        assert_eq!(done.status.as_u16(), status);
+        assert!(done.took >= Duration::from_millis(run_ms));
+        assert!(checks >= 10, "only {checks} checks while the handler ran");
+        assert!(duplicate_checked, "no duplicate sent past the window");
+        let ttl = pttl(&redis, &key).await;
+        if status < 400 {
+            assert!(ttl > 0, "held after success, PTTL {ttl}");
+            assert_eq!(
+                send(&app, request(&body, 0, 200)).await.status,
+                StatusCode::CONFLICT
+            );
+        } else {
+            assert_eq!(ttl, -2, "released at once after a failure");
+        }
+    }
+    assert!(names.contains("norepeat_lease_renewals_total"));
+    assert_every_key_expires(&redis).await;
+}
+
+/// A dropped request future releases its key (or keeps it, per policy, never
+/// past its window) and leaves no task behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_request_leaves_no_task_and_no_key() {
+    let redis = RedisServer::start().await;
+    let store = fail_open_store(&redis.url(), Duration::from_millis(500)).await;
+    let window = Duration::from_secs(10);
+    let release = FingerprintGuard::new(store.clone()).window(window);
+    let hold = FingerprintGuard::new(store.clone())
+        .window(window)
+        .release(ReleasePolicy::HoldAlways);
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(handler).layer(NoRepeatLayer::fingerprint(release)),
+        )
+        .route(
+            "/hold",
+            post(handler).layer(NoRepeatLayer::fingerprint(hold).route("/hold")),
+        );
+    // Warm up: the connection and its tasks exist before the baseline.
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::OK);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let baseline = metrics.num_alive_tasks();
+    let mut before = redis_keys(&redis).await.len();
+
+    for round in 0..3 {
+        let req = request(&format!(r#"{{"dropped":{round}}}"#), 5_000, 200);
+        let out = tokio::time::timeout(Duration::from_millis(300), app.clone().oneshot(req)).await;
+        assert!(out.is_err(), "the handler sleeps 5 s");
+        let released = eventually(Duration::from_secs(2), || {
+            let redis = &redis;
+            async move { redis_keys(redis).await.len() == before }
+        })
+        .await;
+        assert!(released, "key of a dropped request not released");
+        let settled = eventually(Duration::from_secs(2), || {
+            let alive = metrics.num_alive_tasks();
+            async move { alive <= baseline }
+        })
+        .await;
+        assert!(
+            settled,
+            "tasks alive: {} (baseline {baseline})",
+            metrics.num_alive_tasks()
+        );
+        // Released: the user may retry at once.
+        let retry = send(&app, request(&format!(r#"{{"dropped":{round}}}"#), 0, 200)).await;
+        assert_eq!(retry.status, StatusCode::OK);
+        before += 1; // held after its success
+    }
+
+    // HoldAlways: the key stays, but never beyond its window.
+    let mut req = request(r#"{"held":1}"#, 5_000, 200);
+    *req.uri_mut() = "/hold".parse().expect("uri");
+    let out = tokio::time::timeout(Duration::from_millis(300), app.clone().oneshot(req)).await;
+    assert!(out.is_err());
+    let keys = redis_keys(&redis).await;
+    assert_eq!(keys.len(), before + 1, "{keys:?}");
+    for k in &keys {
+        let ttl = pttl(&redis, k).await;
+        let window_ms = i64::try_from(window.as_millis()).expect("small");
+        assert!(ttl > 0 && ttl <= window_ms, "{k}: PTTL {ttl}");
+    }
+    let settled = eventually(Duration::from_secs(2), || {
+        let alive = metrics.num_alive_tasks();
+        async move { alive <= baseline }
+    })
+    .await;
+    assert!(settled, "tasks alive: {}", metrics.num_alive_tasks());
+    assert_every_key_expires(&redis).await;
+}
+
+/// Redis answering errors (out of memory) is a failure, never "duplicate":
+/// fail-open admits (against the fallback), fail-closed answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_is_a_failure_not_a_duplicate() {
+    let names = recorder::names();
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let open_store = fail_open_store(&url, Duration::from_secs(30)).await;
+    let plain = Resilient::new(redis_store(&url).await).timeout(BUDGET);
+    let closed = Resilient::new(redis_store(&url).await)
+        .timeout(BUDGET)
+        .breaker(3, Duration::from_secs(30));
+    let open_app = fingerprint_app(FingerprintGuard::new(open_store.clone()));
+    let closed_app = fingerprint_app(
+        FingerprintGuard::new(closed.clone()).on_store_failure(FailurePolicy::FailClosed),
+    );
+    let plain_guard = FingerprintGuard::new(plain.clone());
+
+    // Held in Redis before memory runs out.
+    assert_eq!(post_order(&open_app, 0).await.status, StatusCode::OK);
+
+    redis.config_set("maxmemory-policy", "noeviction").await;
+    redis.config_set("maxmemory", "1").await;
+
+    // The store says so.
+    let err = plain
+        .put_if_absent("nr:test:oom", b"1", Duration::from_secs(5))
+        .await
+        .expect_err("OOM");
+    assert!(
+        matches!(err, StoreError::Server(ref m) if m.contains("OOM")),
+        "{err:?}"
+    );
+    // A guard without fallback admits without holding anything.
+    let fp = norepeat::fingerprint::Fingerprint([7; 32]);
+    let lease = plain_guard.acquire(&fp).await.expect("fail-open admits");
+    assert!(!lease.is_held());
+    lease.finish(true).await;
+    let degraded = "norepeat_decisions_total{outcome=admitted_degraded}";
+    assert!(names.contains(degraded), "{:?}", names.all());
+
+    // Fail-open: admitted (decided locally), not taken for a duplicate.
+    for n in 1..=5 {
+        let a = post_order(&open_app, n).await;
+        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    }
+    assert_eq!(post_order(&open_app, 3).await.status, StatusCode::CONFLICT);
+    assert_eq!(open_store.primary().circuit().state(), BreakerState::Open);
+
+    // Fail-closed: 503, never 409, even for the key Redis holds.
+    for n in [0, 1, 2, 3] {
+        let a = post_order(&closed_app, n).await;
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{n}: {:?}",
+            a.body
+        );
+        assert_eq!(a.body["code"], "guard_unavailable");
+        assert!(a.headers.contains_key("retry-after"));
+    }
+    assert_eq!(closed.circuit().state(), BreakerState::Open);
+
+    redis.config_set("maxmemory", "0").await;
+    assert_eq!(
+        redis_keys(&redis).await.len(),
+        1,
+        "nothing written during OOM"
+    );
+    assert_every_key_expires(&redis).await;
+}
+
+/// A token consumed on this instance while Redis was unreachable stays used
+/// once Redis is reachable again (with its data intact).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_used_during_a_partition_stays_used_after_it() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_millis(200)).await;
+    let guard = TokenGuard::new(store.clone(), TokenSigner::random());
+    let fp_guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
+    let fp = norepeat::fingerprint::Fingerprint([9; 32]);
+
+    proxy.set_mode(ProxyMode::Refuse);
+    let tokens: Vec<_> = (0..5).map(|_| guard.issue("u1")).collect();
+    for t in &tokens {
+        assert!(guard.consume("u1", &t.token).await.is_ok());
+    }
+    let lease = fp_guard.acquire(&fp).await.expect("admitted locally");
+    lease.finish(true).await;
+    assert_eq!(store.primary().circuit().state(), BreakerState::Open);
+
+    proxy.set_mode(ProxyMode::Pass);
+    let back = eventually(Duration::from_secs(10), || {
+        let (guard, store) = (&guard, &store);
+        async move {
+            let fresh = guard.issue("u1");
+            assert!(guard.consume("u1", &fresh.token).await.is_ok());
+            store.primary().circuit().state() == BreakerState::Closed
+        }
+    })
+    .await;
+    assert!(back, "Redis not used again within 10 s");
+    for t in &tokens {
+        let again = guard.consume("u1", &t.token).await;
+        assert!(
+            again.is_err(),
+            "a token used during the partition was used again"
+        );
+    }
+    let dup = fp_guard.acquire(&fp).await;
+    assert!(
+        dup.is_err(),
+        "a fingerprint held locally was admitted again"
+    );
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
