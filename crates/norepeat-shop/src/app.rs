@@ -9,6 +9,7 @@ use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use norepeat::degrade::{Fallback, Resilient};
 use norepeat::guard::TokenGuard;
+use norepeat::ratelimit::Quota;
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat::token::TokenSigner;
 use std::sync::{Arc, OnceLock};
@@ -97,11 +98,18 @@ impl AppState {
         cfg: ShopConfig,
         events: crate::events::Events,
     ) -> Result<Self, StartError> {
+        Quota::parse(&cfg.flash_rate).map_err(|e| {
+            StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
+        })?;
         let outage = Outage::new(store);
         let primary = Resilient::new(outage.clone())
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
-        let open = Fallback::new(primary.clone(), MemoryStore::new(100_000));
+        let open = if cfg.defence.local_fallback() {
+            Fallback::new(primary.clone(), MemoryStore::new(100_000))
+        } else {
+            Fallback::disabled(primary.clone())
+        };
         let signer = TokenSigner::new(db.shared_secret().await?);
         let tokens =
             TokenGuard::new(open.clone(), signer).ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
@@ -117,6 +125,19 @@ impl AppState {
         })
     }
 }
+
+impl AppState {
+    /// The per-user quota of `POST /flash-sale/{sku}` (validated at start).
+    #[must_use]
+    pub fn flash_quota(&self) -> Quota {
+        Quota::parse(&self.cfg.flash_rate).unwrap_or(Quota::per_second(DEFAULT_FLASH_RATE))
+    }
+}
+
+const DEFAULT_FLASH_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(5) {
+    Some(n) => n,
+    None => panic!("5 is not zero"),
+};
 
 /// The shop's router.
 pub fn app(state: AppState) -> Router {

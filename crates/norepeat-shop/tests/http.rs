@@ -512,3 +512,248 @@ async fn the_page_is_served() {
             .starts_with("text/html")
     );
 }
+
+#[tokio::test]
+async fn payments_replay_mismatch_and_key_rules() {
+    let s = shop().await;
+    let order = s
+        .post(
+            "/orders/quick",
+            "p1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 1}),
+        )
+        .await;
+    let order_id = order.body["orderId"].as_str().unwrap().to_owned();
+    let pay = json!({"orderId": order_id, "amount": 1999});
+
+    let a = s.post("/payments", "p1", &[], pay.clone()).await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (400, Some("missing_idempotency_key"))
+    );
+    for bad in ["", &"k".repeat(256), "a b"] {
+        let a = s
+            .post("/payments", "p1", &[("idempotency-key", bad)], pay.clone())
+            .await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (400, Some("invalid_idempotency_key")),
+            "{bad:?}"
+        );
+    }
+
+    let first = s
+        .post(
+            "/payments",
+            "p1",
+            &[("idempotency-key", "pay-1")],
+            pay.clone(),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body["status"], "PENDING");
+    assert_eq!(first.body["amount"], 1999);
+    let again = s
+        .post(
+            "/payments",
+            "p1",
+            &[("idempotency-key", "pay-1")],
+            pay.clone(),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.body, first.body);
+
+    let other = json!({"orderId": order_id, "amount": 2000});
+    let a = s
+        .post("/payments", "p1", &[("idempotency-key", "pay-1")], other)
+        .await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (422, Some("idempotency_key_mismatch"))
+    );
+
+    // Another user's order is not found; bad amounts are invalid.
+    let a = s
+        .post(
+            "/payments",
+            "p2",
+            &[("idempotency-key", "pay-x")],
+            pay.clone(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    for (i, amount) in [json!(0), json!(-5), json!("10"), json!(1.5)]
+        .into_iter()
+        .enumerate()
+    {
+        // Each with its own key: a 400 is stored and replayed for its key.
+        let key = format!("pay-bad-{i}");
+        let a = s
+            .post(
+                "/payments",
+                "p1",
+                &[("idempotency-key", &key)],
+                json!({"orderId": order_id, "amount": amount}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{amount}");
+    }
+
+    // The provider's notices: applied once, then already applied; a FAILED
+    // notice after success is an invalid transition.
+    let payment_id = first.body["paymentId"].as_str().unwrap().to_owned();
+    let notice = |status: &str| json!({"paymentId": payment_id, "status": status});
+    let a = s
+        .post("/payments/callback", "provider", &[], notice("SUCCESS"))
+        .await;
+    assert_eq!(a.body, json!({"result": "applied"}));
+    let a = s
+        .post("/payments/callback", "provider", &[], notice("SUCCESS"))
+        .await;
+    assert_eq!(a.body, json!({"result": "already_applied"}));
+    let a = s
+        .post("/payments/callback", "provider", &[], notice("FAILED"))
+        .await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (409, Some("invalid_transition"))
+    );
+    let a = s
+        .post(
+            "/payments/callback",
+            "provider",
+            &[],
+            json!({"paymentId": "pay_nope", "status": "SUCCESS"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    let o = s.get(&format!("/orders/{order_id}"), None).await;
+    assert_eq!(o.body["status"], "PAID");
+}
+
+#[tokio::test]
+async fn payments_fail_closed_when_the_store_is_down() {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
+    let db = Db::connect(Some(&url)).await.unwrap();
+    let state = AppState::with(
+        db,
+        AnyStore::Memory(MemoryStore::default()),
+        ShopConfig::default(),
+        Events::disabled(),
+    )
+    .await
+    .unwrap();
+    state.outage.set_down(true);
+    let s = Shop {
+        app: app(state),
+        _dir: dir,
+    };
+    let res = s
+        .app
+        .clone()
+        .oneshot(
+            Request::post("/payments")
+                .header("x-user-id", "p1")
+                .header("idempotency-key", "k1")
+                .body(Body::from(r#"{"orderId":"x","amount":1}"#))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+    let body: Value = serde_json::from_slice(
+        &axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(body["code"], "guard_unavailable");
+    // Fail-open routes keep working through the outage.
+    let a = s
+        .post(
+            "/orders/quick",
+            "p1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 1}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    let dup = s
+        .post(
+            "/orders/quick",
+            "p1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 1}),
+        )
+        .await;
+    assert_eq!(
+        dup.status,
+        StatusCode::CONFLICT,
+        "the local fallback still catches the repeat"
+    );
+}
+
+#[tokio::test]
+async fn the_flash_sale_is_rate_limited_per_user() {
+    let s = shop_with(ShopConfig {
+        flash_rate: "3/m".into(),
+        ..ShopConfig::default()
+    })
+    .await;
+    for i in 0..3 {
+        let a = s
+            .post("/flash-sale/SKU-2", "f1", &[], json!({"quantity": 1}))
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "request {i}");
+        assert!(a.headers.contains_key("ratelimit"));
+    }
+    let a = s
+        .post("/flash-sale/SKU-2", "f1", &[], json!({"quantity": 1}))
+        .await;
+    assert_eq!(
+        (a.status.as_u16(), a.body["code"].as_str()),
+        (429, Some("rate_limited"))
+    );
+    for h in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(a.headers.contains_key(h), "{h} missing");
+    }
+    // Another user has their own allowance.
+    let b = s
+        .post("/flash-sale/SKU-2", "f2", &[], json!({"quantity": 1}))
+        .await;
+    assert_eq!(b.status, StatusCode::CREATED);
+    let none = s
+        .send(
+            Request::post("/flash-sale/SKU-2")
+                .body(Body::from("{}"))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(none.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_bad_flash_rate_stops_the_start() {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
+    let db = Db::connect(Some(&url)).await.unwrap();
+    for rate in ["0/s", "five/s", "5/day"] {
+        let cfg = ShopConfig {
+            flash_rate: rate.into(),
+            ..ShopConfig::default()
+        };
+        let r = AppState::with(
+            db.clone(),
+            AnyStore::Memory(MemoryStore::default()),
+            cfg,
+            Events::disabled(),
+        )
+        .await;
+        assert!(r.is_err(), "{rate} accepted");
+    }
+}

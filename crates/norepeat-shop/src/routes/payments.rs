@@ -10,13 +10,28 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use norepeat::degrade::FailurePolicy;
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::ratelimit::{ByUser, RateLimitLayer, RateLimiter};
 use serde_json::json;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
-    let pay = post(create_payment);
-    let flash = post(flash_sale);
-    let _ = state;
+    // Payments fail closed: without the store the shop cannot be sure a
+    // retry is not a second payment, so it refuses (503) instead.
+    let pay = post(create_payment).layer(
+        IdempotencyLayer::new(state.primary.clone())
+            .route("/payments")
+            .on_store_failure(FailurePolicy::FailClosed),
+    );
+    let quota = state.flash_quota();
+    let flash = post(flash_sale).layer(
+        RateLimitLayer::new(
+            RateLimiter::new(state.open.clone(), quota).name("flash"),
+            ByUser::default(),
+        )
+        .headers_on_allowed(true),
+    );
     Router::new()
         .route("/payments", pay)
         .route("/payments/callback", post(callback))

@@ -26,6 +26,8 @@ pub struct Fallback<S> {
     /// Milliseconds after `origin` until which the local store may hold a
     /// key written during an outage (0: never wrote one).
     local_until: Arc<AtomicU64>,
+    /// Whether a failed primary call is answered locally.
+    enabled: bool,
 }
 
 impl<S: Store> Fallback<S> {
@@ -37,6 +39,19 @@ impl<S: Store> Fallback<S> {
             local,
             origin: Instant::now(),
             local_until: Arc::new(AtomicU64::new(0)),
+            enabled: true,
+        }
+    }
+
+    /// `primary` with the local fallback switched off: a failed call stays a
+    /// failure, and the route's [`FailurePolicy`](super::FailurePolicy)
+    /// decides (fail-open then admits without any memory). Useful to compare
+    /// (the shop's storm does) or to keep one store type for every route.
+    #[must_use]
+    pub fn disabled(primary: S) -> Self {
+        Self {
+            enabled: false,
+            ..Self::new(primary, MemoryStore::new(1))
         }
     }
 
@@ -102,6 +117,7 @@ impl<S: Store> Store for Fallback<S> {
         ttl: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
         match self.primary.put_if_absent(key, value, ttl).await {
+            Err(e) if !self.enabled => Err(e),
             Err(e) => {
                 self.degraded(&e);
                 let until = self
@@ -173,6 +189,7 @@ impl<S: Store> Store for Fallback<S> {
         window: Duration,
     ) -> Result<RateDecision, StoreError> {
         match self.primary.fixed_window(key, limit, window).await {
+            Err(e) if !self.enabled => Err(e),
             Err(e) => {
                 self.degraded(&e);
                 self.local.fixed_window(key, limit, window).await
@@ -188,6 +205,7 @@ impl<S: Store> Store for Fallback<S> {
         window: Duration,
     ) -> Result<RateDecision, StoreError> {
         match self.primary.sliding_window(key, limit, window).await {
+            Err(e) if !self.enabled => Err(e),
             Err(e) => {
                 self.degraded(&e);
                 self.local.sliding_window(key, limit, window).await
@@ -203,6 +221,7 @@ impl<S: Store> Store for Fallback<S> {
         burst: u64,
     ) -> Result<RateDecision, StoreError> {
         match self.primary.gcra(key, emission, burst).await {
+            Err(e) if !self.enabled => Err(e),
             Err(e) => {
                 self.degraded(&e);
                 self.local.gcra(key, emission, burst).await
