@@ -29,6 +29,8 @@ enum Command {
     Serve(ShopConfig),
     /// Replay the duplicate-submission incident and prove the fix.
     Storm(commands::storm::StormArgs),
+    /// Measure the guards against the store.
+    Bench(commands::bench::BenchArgs),
     /// Run one reconciliation pass and print what it repaired.
     Reconcile {
         /// Run once and exit (the only mode).
@@ -85,6 +87,10 @@ fn main() -> ExitCode {
                 } else {
                     ExitCode::FAILURE
                 })
+            }
+            Some(Command::Bench(args)) => {
+                commands::bench::run(args).await?;
+                Ok(ExitCode::SUCCESS)
             }
             Some(Command::Reconcile {
                 once: _,

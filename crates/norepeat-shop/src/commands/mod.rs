@@ -1,4 +1,5 @@
 //! The binary's commands.
 
+pub mod bench;
 pub mod serve;
 pub mod storm;

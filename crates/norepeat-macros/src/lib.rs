@@ -1,0 +1,1 @@
+//! The `#[norepeat::guard]` attribute (see the `norepeat` crate).
