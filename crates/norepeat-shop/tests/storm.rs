@@ -10,7 +10,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
 
 fn storm(extra: &[&str], env: &[(&str, String)]) -> (bool, Value) {
     let mut cmd = std::process::Command::new(BIN);
-    cmd.args(["storm", "--json", "--requests", "60"]).args(extra);
+    cmd.args(["storm", "--json", "--requests", "60"])
+        .args(extra);
     cmd.env_remove("REDIS_URL").env_remove("DATABASE_URL");
     for (k, v) in env {
         cmd.env(k, v);
@@ -27,15 +28,29 @@ fn check(json: &Value) {
     assert_eq!(rows.len(), 20, "5 scenarios x 4 defences");
     for r in rows {
         for field in [
-            "scenario", "defence", "sent", "expected", "created", "duplicates", "oversold", "rejected", "p50_ms",
+            "scenario",
+            "defence",
+            "sent",
+            "expected",
+            "created",
+            "duplicates",
+            "oversold",
+            "rejected",
+            "p50_ms",
             "p99_ms",
         ] {
             assert!(r.get(field).is_some(), "{field} missing in {r}");
         }
     }
     let naive: Vec<&Value> = rows.iter().filter(|r| r["defence"] == "naive").collect();
-    let with_dupes = naive.iter().filter(|r| r["duplicates"].as_u64().unwrap() > 0).count();
-    assert!(with_dupes >= 3, "naive rows should show the incident: {naive:?}");
+    let with_dupes = naive
+        .iter()
+        .filter(|r| r["duplicates"].as_u64().unwrap() > 0)
+        .count();
+    assert!(
+        with_dupes >= 3,
+        "naive rows should show the incident: {naive:?}"
+    );
     assert!(
         naive.iter().any(|r| r["oversold"].as_i64().unwrap() > 0),
         "some naive row should oversell: {naive:?}"
@@ -43,7 +58,10 @@ fn check(json: &Value) {
     for r in rows.iter().filter(|r| r["defence"] != "naive") {
         assert_eq!(r["duplicates"], 0, "{r}");
         assert_eq!(r["oversold"], 0, "{r}");
-        assert_eq!(r["created"], r["expected"], "every legitimate order is made: {r}");
+        assert_eq!(
+            r["created"], r["expected"],
+            "every legitimate order is made: {r}"
+        );
     }
 }
 
