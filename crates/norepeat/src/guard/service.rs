@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::Service;
+use tracing::Instrument;
 
 /// The response body of a guarded service: the inner body, or a rejection.
 pub type ResponseBody<B> = Either<B, Full<Bytes>>;
@@ -108,11 +109,9 @@ where
             "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
         )));
     };
-    let span = tracing::debug_span!("norepeat.token", user);
-    let decision = {
-        let _e = span.enter();
-        guard.consume(user, &token)
-    };
+    let decision = guard
+        .consume(user, &token)
+        .instrument(tracing::debug_span!("norepeat.decide", mode = "token", user));
     if let Err(p) = decision.await {
         return Ok(reject(&p));
     }
@@ -177,7 +176,13 @@ where
             ));
         }
     };
-    let lease = match guard.acquire(&fp).await {
+    let decision = guard.acquire(&fp).instrument(tracing::debug_span!(
+        "norepeat.decide",
+        mode = "fingerprint",
+        user,
+        route
+    ));
+    let lease = match decision.await {
         Ok(l) => l,
         Err(p) => {
             tracing::debug!(user, route, "fingerprint duplicate rejected");
