@@ -15,7 +15,10 @@
 //! - [`ratelimit`]: cap the flow of different requests;
 //! - [`store`]: Redis, Redis Cluster or memory, every change one atomic
 //!   operation;
-//! - [`keys`], [`identity`], [`problem`]: the shared vocabulary.
+//! - [`keys`], [`identity`], [`problem`]: the shared vocabulary;
+//! - [`guard()`](macro@guard) and [`once`]: `#[norepeat::guard(...)]` on any
+//!   `async fn`, refusing repeats within a window or running once per key
+//!   with the stored result given back to repeats.
 //!
 //! ```
 //! use axum::{Router, routing::post};
@@ -36,7 +39,135 @@ pub mod guard;
 pub mod idempotency;
 pub mod identity;
 pub mod keys;
+pub mod once;
 pub mod problem;
 pub mod ratelimit;
 pub mod store;
 pub mod token;
+
+/// Guards an `async fn` against repeats: one line, and every call is guarded.
+///
+/// ```text
+/// #[norepeat::guard(
+///     store = EXPR,                        // required: a value or place whose type is Store + Clone
+///     key = "TEMPLATE",                    // required: "{arg}", "{arg.field.0}", literal text, "{{" "}}"
+///     mode = window | once,                // default window
+///     window = "3s",                       // window mode: how long a key is held (default 3 s)
+///     retention = "24h",                   // once mode: how long the stored result is kept (default 24 h)
+///     lease = "30s",                       // once mode: life of an unrenewed claim (default 30 s)
+///     scope = "billing::charge",           // default: the fn's module path and name
+///     on_store_failure = fail_open | fail_closed, // default fail_open
+/// )]
+/// ```
+///
+/// Durations are a whole number and `ms`, `s`, `m`, `h` or `d`. The key
+/// template names the function's arguments (`self` included) and their
+/// fields; each `{...}` is formatted with `Display` (`{arg:?}` for `Debug`).
+/// The store key hashes the scope with the formatted key, so any characters
+/// are safe. The store expression is evaluated on each call, then cloned
+/// (`(EXPR).clone()`, so both `self.store` and a `&Store` argument work).
+///
+/// The function must return `Result<T, E>` with `E: From<`[`once::Rejected`]`>`:
+/// a refused call returns `Err(E::from(rejected))` without running the body.
+///
+/// - **`mode = window`** (the default): the first call with a key holds it
+///   for the window; a repeat within the window gets
+///   [`Rejected::Duplicate`](once::Rejected::Duplicate). After a success the
+///   key is held for the rest of the window; after an `Err`, a panic or a
+///   dropped future it is released at once, so a retry runs.
+/// - **`mode = once`**: the body runs at most once per key with success; its
+///   `Ok` value (`T: Serialize + DeserializeOwned`, JSON in the store) is
+///   kept for `retention` and every later call gets it back without running
+///   the body. A call while the first still runs gets
+///   [`Rejected::InProgress`](once::Rejected::InProgress). After an `Err`, a
+///   panic or a dropped future the claim is released: a failure is never
+///   remembered, so the next call (a redelivered message) runs again.
+/// - **`on_store_failure`**: `fail_open` runs the body unguarded (keep a
+///   unique key behind it); `fail_closed` refuses with
+///   [`Rejected::Unavailable`](once::Rejected::Unavailable).
+///
+/// See [`once`] for the runtime it expands to (usable without the macro).
+///
+/// # Calls from the same type are guarded too
+/// Spring's `@NoRepeatSubmit` is an aspect on a proxy: a call from another
+/// method of the same class skips the proxy, and the guard silently does
+/// nothing. This attribute rewrites the function's own body, so there is no
+/// way around it: `checkout` below calls `place` on `self`, and the second
+/// checkout with the same order is still refused.
+///
+/// ```
+/// use norepeat::once::Rejected;
+/// use norepeat::store::MemoryStore;
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// #[derive(Debug, PartialEq)]
+/// enum ShopError { Refused(Rejected) }
+/// impl From<Rejected> for ShopError {
+///     fn from(r: Rejected) -> Self { ShopError::Refused(r) }
+/// }
+///
+/// struct Order { user_id: String, biz_id: String }
+///
+/// struct Shop { store: MemoryStore, placed: AtomicU32 }
+///
+/// impl Shop {
+///     #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", window = "3s")]
+///     async fn place(&self, order: &Order) -> Result<u32, ShopError> {
+///         Ok(self.placed.fetch_add(1, Ordering::SeqCst) + 1)
+///     }
+///
+///     /// Not guarded itself: calls the guarded method on `self`.
+///     async fn checkout(&self, order: &Order) -> Result<u32, ShopError> {
+///         self.place(order).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let shop = Shop { store: MemoryStore::default(), placed: AtomicU32::new(0) };
+/// let order = Order { user_id: "u1".into(), biz_id: "cart-7".into() };
+/// assert_eq!(shop.checkout(&order).await, Ok(1));
+/// assert!(matches!(
+///     shop.checkout(&order).await,
+///     Err(ShopError::Refused(Rejected::Duplicate { .. }))
+/// ));
+/// assert_eq!(shop.placed.load(Ordering::SeqCst), 1);
+/// # }
+/// ```
+///
+/// # Once per key, with the stored result
+/// ```
+/// use norepeat::once::Rejected;
+/// use norepeat::store::MemoryStore;
+///
+/// #[derive(Debug)]
+/// struct Failed;
+/// impl From<Rejected> for Failed {
+///     fn from(_: Rejected) -> Self { Failed }
+/// }
+///
+/// #[norepeat::guard(store = store, key = "order:{order_id}", mode = once, retention = "7d")]
+/// async fn award_points(store: &MemoryStore, order_id: &str, points: i64) -> Result<i64, Failed> {
+///     Ok(points) // the effect, once per order
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::default();
+/// assert_eq!(award_points(&store, "o-1", 30).await.unwrap(), 30);
+/// // A redelivery does not run the body again: it gets the first answer.
+/// assert_eq!(award_points(&store, "o-1", 99).await.unwrap(), 30);
+/// # }
+/// ```
+///
+/// # Compile errors
+/// Wrong arguments are refused at compile time with a message on the
+/// offending token: an unknown option, a missing `store` or `key`, a key
+/// naming something that is not an argument, an invalid duration, an option
+/// of the other mode, or a function that is not `async`.
+///
+/// ```compile_fail
+/// # use norepeat::store::MemoryStore;
+/// # struct E; impl From<norepeat::once::Rejected> for E { fn from(_: norepeat::once::Rejected) -> Self { E } }
+/// #[norepeat::guard(store = store, key = "{id}", window = "3 parsecs")]
+/// async fn f(store: &MemoryStore, id: u64) -> Result<(), E> { Ok(()) }
+/// ```
+pub use norepeat_macros::guard;

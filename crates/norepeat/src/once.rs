@@ -1,0 +1,485 @@
+//! What [`#[norepeat::guard]`](crate::guard()) expands to: guard one call of any
+//! async function, by a key built from its arguments.
+//!
+//! Two modes:
+//!
+//! - **window** ([`Guarded::window`]): the first call with a key takes it for
+//!   the window (default 3 s, counted from the first call) and runs; a repeat
+//!   within the window is refused with [`Rejected::Duplicate`] and does not
+//!   run. A call that fails (`Err`, panic, or its future dropped) releases the
+//!   key at once, so a retry runs. The fingerprint guard's rules
+//!   ([`FingerprintGuard`], [`ReleasePolicy::HoldOnSuccess`]), keyed by the
+//!   key string instead of a request body.
+//! - **once** ([`Guarded::once`]): the key is claimed (`put_if_absent`) while
+//!   the body runs, the claim renewed while it runs longer than a third of
+//!   its lease; on `Ok(v)` the claim is replaced (owner-checked,
+//!   `replace_if_equals`) by `v` serialized as JSON, kept for the retention
+//!   (default 24 h). A later call with the key does not run: it gets `Ok(v)`
+//!   back, deserialized. A call arriving while the first still runs gets
+//!   [`Rejected::InProgress`]. On `Err`, panic or drop the claim is released
+//!   (owner-checked), so the next call runs again: a failure is never
+//!   remembered, only a success is.
+//!
+//! # What a guarded function returns
+//! Both modes need `Result<T, E>` with `E: From<`[`Rejected`]`>`, so a
+//! refusal is an ordinary error value of the function. The once mode also
+//! needs `T: Serialize + DeserializeOwned` (the stored result is JSON); use
+//! `Result<(), E>` when there is nothing to give back.
+//!
+//! # When the store fails
+//! [`FailurePolicy::FailOpen`] (the default) runs the body unguarded (in
+//! once mode its result is not stored): use it when something behind the
+//! function (a unique key) keeps the effect single anyway.
+//! [`FailurePolicy::FailClosed`] refuses with [`Rejected::Unavailable`].
+//!
+//! # Keys
+//! The store key hashes the *scope* (by default the function's module path
+//! and name) with the key string, through [`KeyBuilder`], so two functions
+//! using the same key template never collide and any characters are safe.
+//!
+//! ```
+//! use norepeat::once::{Guarded, Rejected};
+//! use norepeat::store::MemoryStore;
+//!
+//! #[derive(Debug, PartialEq)]
+//! enum Error { Rejected(Rejected) }
+//! impl From<Rejected> for Error {
+//!     fn from(r: Rejected) -> Self { Error::Rejected(r) }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::default();
+//! let once = Guarded::once("billing::charge");
+//! let first: Result<u32, Error> = once.run_once(&store, "order-1", async { Ok(42) }).await;
+//! // The body does not run again: the stored result comes back.
+//! let again: Result<u32, Error> = once.run_once(&store, "order-1", async { Ok(7) }).await;
+//! assert_eq!((first, again), (Ok(42), Ok(42)));
+//! # }
+//! ```
+//!
+//! [`FingerprintGuard`]: crate::guard::FingerprintGuard
+//! [`ReleasePolicy::HoldOnSuccess`]: crate::guard::ReleasePolicy::HoldOnSuccess
+
+use crate::degrade::FailurePolicy;
+use crate::fingerprint::Fingerprint;
+use crate::guard::{FingerprintGuard, ReleasePolicy};
+use crate::keys::{KeyBuilder, Mode};
+use crate::problem::Code;
+use crate::store::{Store, StoreError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::time::Duration;
+
+/// Why a guarded call did not run. A guarded function's error type converts
+/// from it (`E: From<Rejected>`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejected {
+    /// Window mode: the key was used within the window; retry after this.
+    #[error("duplicate call: the same key was used within its window; retry after {retry_after:?}")]
+    Duplicate {
+        /// Time left in the window (whole seconds, at least 1).
+        retry_after: Duration,
+    },
+    /// Once mode: another call with the key is running right now.
+    #[error("a call with the same key is in progress")]
+    InProgress,
+    /// The store failed and the policy fails closed.
+    #[error("the guard store is unavailable: {0}")]
+    Unavailable(String),
+    /// Once mode: a stored result is there but cannot be read as this
+    /// function's result type (the type changed since it was stored).
+    #[error("the stored result of this key cannot be read: {0}")]
+    Unreadable(String),
+}
+
+/// Which mode a [`Guarded`] runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GuardMode {
+    /// Refuse repeats within a window.
+    Window(Duration),
+    /// Run once per key and give later calls the stored result.
+    Once {
+        /// How long the stored result is kept.
+        retention: Duration,
+        /// How long a claim lives without renewal (after a crash, the time
+        /// before the key can run again).
+        lease: Duration,
+    },
+}
+
+/// One guarded call site: scope, mode and failure policy. Cheap to build
+/// (no allocation); the attribute builds one per call.
+#[derive(Debug, Clone)]
+pub struct Guarded {
+    scope: &'static str,
+    mode: GuardMode,
+    failure: FailurePolicy,
+    keys: KeyBuilder,
+}
+
+/// Default window: 3 s.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3);
+/// Default retention of a stored result: 24 h.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Default lease of an in-progress claim: 30 s (renewed while the body runs).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Window mode: a body running past the window keeps its key by renewal up
+/// to this many windows.
+const RENEW_WINDOWS: u32 = 10;
+
+/// Tag bytes of a once-mode value: a claim in progress, or a stored result.
+const CLAIM: u8 = b'P';
+const DONE: u8 = b'D';
+
+impl Guarded {
+    /// Window mode: repeats within `window` are refused.
+    #[must_use]
+    pub fn window(scope: &'static str, window: Duration) -> Self {
+        Self {
+            scope,
+            mode: GuardMode::Window(window.max(Duration::from_millis(1))),
+            failure: FailurePolicy::FailOpen,
+            keys: KeyBuilder::default(),
+        }
+    }
+
+    /// Once mode, with the default retention (24 h) and lease (30 s).
+    #[must_use]
+    pub fn once(scope: &'static str) -> Self {
+        Self {
+            scope,
+            mode: GuardMode::Once {
+                retention: DEFAULT_RETENTION,
+                lease: DEFAULT_LEASE,
+            },
+            failure: FailurePolicy::FailOpen,
+            keys: KeyBuilder::default(),
+        }
+    }
+
+    /// Once mode: how long a stored result is kept (and repeats answered
+    /// from it). No effect in window mode.
+    #[must_use]
+    pub fn retention(mut self, d: Duration) -> Self {
+        if let GuardMode::Once { retention, .. } = &mut self.mode {
+            *retention = d.max(Duration::from_millis(1));
+        }
+        self
+    }
+
+    /// Once mode: how long a claim lives without renewal. It is renewed every
+    /// third of it while the body runs; if the process dies, the key can run
+    /// again after at most this long. No effect in window mode.
+    #[must_use]
+    pub fn lease(mut self, d: Duration) -> Self {
+        if let GuardMode::Once { lease, .. } = &mut self.mode {
+            *lease = d.max(Duration::from_millis(3));
+        }
+        self
+    }
+
+    /// What to do when the store fails (default fail-open).
+    #[must_use]
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The key prefix (default `nr`).
+    #[must_use]
+    pub fn keys(mut self, keys: KeyBuilder) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// The mode.
+    #[must_use]
+    pub fn mode(&self) -> GuardMode {
+        self.mode
+    }
+
+    /// The store key of `key` in this scope and mode.
+    #[must_use]
+    pub fn store_key(&self, key: &str) -> String {
+        match self.mode {
+            GuardMode::Window(_) => self
+                .keys
+                .key_for_digest(Mode::Fingerprint, &self.fingerprint(key).0),
+            GuardMode::Once { .. } => self.keys.key(
+                Mode::Idempotency,
+                &[b"norepeat::once", self.scope.as_bytes(), key.as_bytes()],
+            ),
+        }
+    }
+
+    fn fingerprint(&self, key: &str) -> Fingerprint {
+        let mut h = blake3::Hasher::new();
+        crate::keys::feed_parts(
+            &mut h,
+            &[b"norepeat::window", self.scope.as_bytes(), key.as_bytes()],
+        );
+        Fingerprint(*h.finalize().as_bytes())
+    }
+
+    fn fingerprint_guard<S: Store + Clone>(&self, store: S) -> FingerprintGuard<S> {
+        let window = match self.mode {
+            GuardMode::Window(w) => w,
+            GuardMode::Once { lease, .. } => lease,
+        };
+        FingerprintGuard::new(store)
+            .window(window)
+            .release(ReleasePolicy::HoldOnSuccess)
+            .on_store_failure(self.failure)
+            .renew_up_to(window * RENEW_WINDOWS)
+            .keys(self.keys.clone())
+    }
+
+    /// Window mode: runs `body` unless `key` was used within the window.
+    /// (In once mode this behaves as a window of the lease's length; use
+    /// [`run_once`](Self::run_once) there.)
+    ///
+    /// # Errors
+    /// The body's error, or `E::from(`[`Rejected`]`)`: `Duplicate` within the
+    /// window, `Unavailable` when the store fails and the policy fails closed.
+    pub async fn run_window<S, T, E, F>(&self, store: &S, key: &str, body: F) -> Result<T, E>
+    where
+        S: Store + Clone,
+        E: From<Rejected>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let guard = self.fingerprint_guard(store.clone());
+        let lease = match guard.acquire(&self.fingerprint(key)).await {
+            Ok(lease) => lease,
+            Err(p) => {
+                return Err(E::from(match p.code {
+                    Code::GuardUnavailable => Rejected::Unavailable(p.detail.into_owned()),
+                    _ => Rejected::Duplicate {
+                        retry_after: Duration::from_secs(p.retry_after.unwrap_or(1)),
+                    },
+                }));
+            }
+        };
+        let every = guard_window(self.mode) / 3;
+        let max = guard_window(self.mode) * RENEW_WINDOWS;
+        let out = drive(body, every, max, || async {
+            lease.renew().await.unwrap_or(false)
+        })
+        .await;
+        lease.finish(out.is_ok()).await;
+        out
+    }
+
+    /// Once mode: runs `body` at most once per key with success; later calls
+    /// get the stored `Ok` value.
+    ///
+    /// # Errors
+    /// The body's error (after which the key is free again), or
+    /// `E::from(`[`Rejected`]`)`: `InProgress` while another call with the
+    /// key runs, `Unavailable` when the store fails and the policy fails
+    /// closed, `Unreadable` when the stored result does not deserialize.
+    pub async fn run_once<S, T, E, F>(&self, store: &S, key: &str, body: F) -> Result<T, E>
+    where
+        S: Store + Clone,
+        T: Serialize + DeserializeOwned,
+        E: From<Rejected>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let (retention, lease) = match self.mode {
+            GuardMode::Once { retention, lease } => (retention, lease),
+            GuardMode::Window(w) => (w, w),
+        };
+        let key = self.store_key(key);
+        let mut claim_value = Vec::with_capacity(17);
+        claim_value.push(CLAIM);
+        claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
+        match store.put_if_absent(&key, &claim_value, lease).await {
+            Ok(None) => {
+                metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
+            }
+            Ok(Some(existing)) => {
+                return match stored(&existing) {
+                    Ok(v) => Ok(v),
+                    Err(r) => Err(E::from(r)),
+                };
+            }
+            Err(e) => {
+                return match self.on_failure(&e) {
+                    Ok(()) => body.await,
+                    Err(r) => Err(E::from(r)),
+                };
+            }
+        }
+        let claim = Claim {
+            store: store.clone(),
+            key,
+            value: Some(claim_value),
+        };
+        let out = drive(body, lease / 3, Duration::MAX, || claim.renew(lease)).await;
+        claim.finish(out.as_ref().ok(), retention).await;
+        out
+    }
+
+    fn on_failure(&self, e: &StoreError) -> Result<(), Rejected> {
+        match crate::guard::store_failure("once", self.failure, e) {
+            Ok(()) => Ok(()),
+            Err(p) => Err(Rejected::Unavailable(format!("{}: {e}", p.detail))),
+        }
+    }
+}
+
+fn guard_window(mode: GuardMode) -> Duration {
+    match mode {
+        GuardMode::Window(w) => w,
+        GuardMode::Once { lease, .. } => lease,
+    }
+}
+
+/// What an existing once-mode value means for a repeat: its stored result,
+/// or a refusal.
+fn stored<T: DeserializeOwned>(existing: &[u8]) -> Result<T, Rejected> {
+    match existing.split_first() {
+        Some((&DONE, json)) => match serde_json::from_slice::<T>(json) {
+            Ok(v) => {
+                metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "replayed").increment(1);
+                Ok(v)
+            }
+            Err(e) => Err(Rejected::Unreadable(e.to_string())),
+        },
+        _ => {
+            metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "rejected", "reason" => "in_progress").increment(1);
+            Err(Rejected::InProgress)
+        }
+    }
+}
+
+/// Polls `body` to completion, calling `renew` every `every` until `max`
+/// has passed or a renewal reports the key lost.
+async fn drive<F, R, RF>(body: F, every: Duration, max: Duration, renew: R) -> F::Output
+where
+    F: Future,
+    R: Fn() -> RF,
+    RF: Future<Output = bool>,
+{
+    let every = every.max(Duration::from_millis(1));
+    let started = tokio::time::Instant::now();
+    let mut body = std::pin::pin!(body);
+    let mut renewing = true;
+    loop {
+        if !renewing {
+            return body.await;
+        }
+        tokio::select! {
+            out = &mut body => return out,
+            () = tokio::time::sleep(every) => {
+                if started.elapsed() >= max || !renew().await {
+                    renewing = false;
+                }
+            }
+        }
+    }
+}
+
+/// A once-mode claim. Dropped while still held (the body panicked or the
+/// call's future was dropped), it is released in a short task.
+struct Claim<S: Store + Clone> {
+    store: S,
+    key: String,
+    value: Option<Vec<u8>>,
+}
+
+impl<S: Store + Clone> Claim<S> {
+    async fn renew(&self, lease: Duration) -> bool {
+        let Some(value) = &self.value else {
+            return false;
+        };
+        // A failed renewal (store error) is retried at the next tick.
+        self.store
+            .expire_if_equals(&self.key, value, lease)
+            .await
+            .unwrap_or(true)
+    }
+
+    /// Stores the result (success) or releases the claim (failure).
+    async fn finish<T: Serialize>(mut self, ok: Option<&T>, retention: Duration) {
+        let Some(value) = self.value.take() else {
+            return;
+        };
+        let done = ok.map(|v| {
+            let mut out = vec![DONE];
+            serde_json::to_writer(&mut out, v).map(|()| out)
+        });
+        match done {
+            Some(Ok(done)) => {
+                match self
+                    .store
+                    .replace_if_equals(&self.key, &value, &done, retention)
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        key = %self.key,
+                        "once: the claim expired before the body finished; result not stored"
+                    ),
+                    Err(e) => tracing::warn!(
+                        key = %self.key, error = %e,
+                        "once: could not store the result; the claim expires with its lease"
+                    ),
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(key = %self.key, error = %e, "once: the result does not serialize; releasing the key");
+                self.release(&value).await;
+            }
+            None => self.release(&value).await,
+        }
+    }
+
+    async fn release(&self, value: &[u8]) {
+        if let Err(e) = self.store.delete_if_equals(&self.key, value).await {
+            tracing::warn!(key = %self.key, error = %e, "once: could not release a claim; it expires with its lease");
+        }
+    }
+}
+
+impl<S: Store + Clone> Drop for Claim<S> {
+    fn drop(&mut self) {
+        let Some(value) = self.value.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let key = std::mem::take(&mut self.key);
+            rt.spawn(async move {
+                let _ = store.delete_if_equals(&key, &value).await;
+            });
+        }
+    }
+}
+
+/// Parses a duration as the attribute writes it: a whole number and a unit,
+/// `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"3s"`, `"24h"`).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(norepeat::once::parse_duration("3s"), Some(Duration::from_secs(3)));
+/// assert_eq!(norepeat::once::parse_duration("3 parsecs"), None);
+/// ```
+#[must_use]
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n.checked_mul(1_000)?,
+        "m" | "min" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    (ms > 0).then(|| Duration::from_millis(ms))
+}

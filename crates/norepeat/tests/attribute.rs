@@ -1,0 +1,370 @@
+//! `#[norepeat::guard]` on async fns and methods, against the memory store
+//! and a real Redis: once per key with the stored result, release on
+//! failure, windows, the self-call case, failure policies, compile errors.
+
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use norepeat::degrade::Resilient;
+use norepeat::once::Rejected;
+use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
+use norepeat_testkit::RedisServer;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Error {
+    Refused(Rejected),
+    Failed,
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Refused(r)
+    }
+}
+
+struct Order {
+    user_id: String,
+    biz_id: String,
+}
+
+fn order(user: &str, biz: &str) -> Order {
+    Order {
+        user_id: user.into(),
+        biz_id: biz.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Receipt {
+    number: u32,
+    user: String,
+}
+
+/// A service whose guarded methods count the runs of their bodies.
+struct Shop<S> {
+    store: S,
+    runs: AtomicU32,
+    fail_next: AtomicBool,
+    panic_next: AtomicBool,
+    pause: Duration,
+}
+
+impl<S: Store + Clone> Shop<S> {
+    fn new(store: S) -> Self {
+        Self {
+            store,
+            runs: AtomicU32::new(0),
+            fail_next: AtomicBool::new(false),
+            panic_next: AtomicBool::new(false),
+            pause: Duration::from_millis(100),
+        }
+    }
+
+    fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    async fn body(&self, order: &Order) -> Result<Receipt, Error> {
+        let number = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(self.pause).await;
+        assert!(
+            !self.panic_next.swap(false, Ordering::SeqCst),
+            "injected panic"
+        );
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(Error::Failed);
+        }
+        Ok(Receipt {
+            number,
+            user: order.user_id.clone(),
+        })
+    }
+
+    #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", mode = once)]
+    async fn place_once(&self, order: &Order) -> Result<Receipt, Error> {
+        self.body(order).await
+    }
+
+    #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", window = "1s")]
+    async fn place_window(&self, order: &Order) -> Result<Receipt, Error> {
+        self.body(order).await
+    }
+
+    /// Not guarded: calls the guarded methods on `self`, the call Spring's
+    /// proxies would not see.
+    async fn checkout(&self, order: &Order, once: bool) -> Result<Receipt, Error> {
+        if once {
+            self.place_once(order).await
+        } else {
+            self.place_window(order).await
+        }
+    }
+}
+
+/// Runs `test` against a fresh memory store, then a fresh Redis.
+async fn with_stores<F, Fut>(test: F)
+where
+    F: Fn(AnyStore) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(AnyStore::Memory(MemoryStore::default())).await;
+    let redis = RedisServer::start().await;
+    test(AnyStore::Redis(
+        RedisStore::connect(&redis.url()).await.unwrap(),
+    ))
+    .await;
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_concurrent_calls_with_one_key_run_the_body_once() {
+    with_stores(|store| async move {
+        let shop = Arc::new(Shop::new(store));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let shop = Arc::clone(&shop);
+                tokio::spawn(async move { shop.place_once(&order("u1", "cart-1")).await })
+            })
+            .collect();
+        let mut ok = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(r) => ok.push(r),
+                Err(e) => assert_eq!(e, Error::Refused(Rejected::InProgress)),
+            }
+        }
+        assert_eq!(shop.runs(), 1);
+        assert!(!ok.is_empty());
+        let first = Receipt {
+            number: 1,
+            user: "u1".into(),
+        };
+        assert!(ok.iter().all(|r| *r == first), "{ok:?}");
+        // Later calls get the stored result without running the body.
+        for _ in 0..3 {
+            assert_eq!(
+                shop.place_once(&order("u1", "cart-1")).await,
+                Ok(first.clone())
+            );
+        }
+        assert_eq!(shop.runs(), 1);
+        // Another key runs.
+        let other = shop.place_once(&order("u1", "cart-2")).await.unwrap();
+        assert_eq!(other.number, 2);
+        assert_eq!(shop.runs(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_failed_call_releases_the_key_so_a_retry_runs() {
+    with_stores(|store| async move {
+        let shop = Shop::new(store);
+        shop.fail_next.store(true, Ordering::SeqCst);
+        assert_eq!(
+            shop.place_once(&order("u2", "cart-1")).await,
+            Err(Error::Failed)
+        );
+        // Released at once: the retry runs, and its success is kept.
+        let second = shop.place_once(&order("u2", "cart-1")).await.unwrap();
+        assert_eq!(second.number, 2);
+        assert_eq!(shop.place_once(&order("u2", "cart-1")).await, Ok(second));
+        assert_eq!(shop.runs(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_panic_or_a_dropped_call_releases_the_key() {
+    with_stores(|store| async move {
+        let shop = Arc::new(Shop::new(store));
+        shop.panic_next.store(true, Ordering::SeqCst);
+        let s = Arc::clone(&shop);
+        let panicked = tokio::spawn(async move { s.place_once(&order("u3", "c")).await }).await;
+        assert!(panicked.unwrap_err().is_panic());
+        // The release runs in a short task.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(shop.place_once(&order("u3", "c")).await.unwrap().number, 2);
+
+        // A call whose future is dropped mid-body (a timeout) releases too.
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(20),
+            shop.place_once(&order("u3", "d")),
+        )
+        .await;
+        assert!(dropped.is_err());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(shop.place_once(&order("u3", "d")).await.unwrap().number, 4);
+        assert_eq!(shop.runs(), 4);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_method_called_from_another_method_of_the_same_type_is_guarded() {
+    with_stores(|store| async move {
+        let shop = Shop::new(store);
+        // Once mode: the second checkout gets the first receipt.
+        let first = shop.checkout(&order("u4", "cart-1"), true).await.unwrap();
+        assert_eq!(shop.checkout(&order("u4", "cart-1"), true).await, Ok(first));
+        assert_eq!(shop.runs(), 1);
+        // Window mode: the second checkout is refused.
+        shop.checkout(&order("u4", "cart-2"), false).await.unwrap();
+        assert!(matches!(
+            shop.checkout(&order("u4", "cart-2"), false).await,
+            Err(Error::Refused(Rejected::Duplicate { .. }))
+        ));
+        assert_eq!(shop.runs(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn window_mode_rejects_repeats_within_the_window_and_admits_after() {
+    with_stores(|store| async move {
+        let shop = Arc::new(Shop::new(store));
+        let tasks: Vec<_> = (0..10)
+            .map(|_| {
+                let shop = Arc::clone(&shop);
+                tokio::spawn(async move { shop.place_window(&order("u5", "cart-1")).await })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => admitted += 1,
+                Err(Error::Refused(Rejected::Duplicate { retry_after })) => {
+                    assert!(retry_after >= Duration::from_secs(1));
+                }
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert_eq!(admitted, 1);
+        assert_eq!(shop.runs(), 1);
+        // Held after success for the rest of the window...
+        assert!(shop.place_window(&order("u5", "cart-1")).await.is_err());
+        // ...and free once it has passed.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(shop.place_window(&order("u5", "cart-1")).await.is_ok());
+        assert_eq!(shop.runs(), 2);
+
+        // A failure releases at once: the retry runs inside the window.
+        shop.fail_next.store(true, Ordering::SeqCst);
+        assert_eq!(
+            shop.place_window(&order("u5", "cart-9")).await,
+            Err(Error::Failed)
+        );
+        assert!(shop.place_window(&order("u5", "cart-9")).await.is_ok());
+        assert_eq!(shop.runs(), 4);
+    })
+    .await;
+}
+
+// Free functions, a store argument by reference, tuple fields, scope.
+
+#[norepeat::guard(store = store, key = "{pair.0}/{pair.1}", mode = once, scope = "tests::pairs", retention = "1m", lease = "5s")]
+async fn pairs(store: &MemoryStore, pair: (u32, &str), runs: &AtomicU32) -> Result<u32, Error> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + pair.0)
+}
+
+#[norepeat::guard(store = store, key = "{{literal}}-{id:?}", mode = once)]
+async fn unit(store: &MemoryStore, id: &str, runs: &AtomicU32) -> Result<(), Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Arguments taken by value are moved into the body as written.
+#[norepeat::guard(store = store, key = "{id}", window = "500ms")]
+async fn owned(store: MemoryStore, id: String) -> Result<String, Error> {
+    drop(store);
+    Ok(id)
+}
+
+#[tokio::test]
+async fn free_functions_tuple_fields_and_unit_results() {
+    let store = MemoryStore::default();
+    let runs = AtomicU32::new(0);
+    assert_eq!(pairs(&store, (10, "a"), &runs).await, Ok(10));
+    assert_eq!(pairs(&store, (10, "a"), &runs).await, Ok(10));
+    assert_eq!(pairs(&store, (10, "b"), &runs).await, Ok(11));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let key = norepeat::once::Guarded::once("tests::pairs").store_key("10/a");
+    assert!(
+        store
+            .put_if_absent(&key, b"x", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let runs = AtomicU32::new(0);
+    unit(&store, "x", &runs).await.unwrap();
+    unit(&store, "x", &runs).await.unwrap();
+    unit(&store, "y", &runs).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    assert_eq!(owned(store.clone(), "z".into()).await, Ok("z".to_owned()));
+    assert!(matches!(
+        owned(store.clone(), "z".into()).await,
+        Err(Error::Refused(Rejected::Duplicate { .. }))
+    ));
+}
+
+// Failure policies, against a Redis that is gone.
+
+struct Down<S> {
+    store: S,
+    runs: AtomicU32,
+}
+
+impl<S: Store + Clone> Down<S> {
+    #[norepeat::guard(store = self.store, key = "{id}", mode = once, on_store_failure = fail_open)]
+    async fn open(&self, id: u32) -> Result<u32, Error> {
+        Ok(self.runs.fetch_add(1, Ordering::SeqCst) + id)
+    }
+
+    #[norepeat::guard(store = self.store, key = "{id}", mode = once, on_store_failure = fail_closed)]
+    async fn closed(&self, id: u32) -> Result<u32, Error> {
+        Ok(self.runs.fetch_add(1, Ordering::SeqCst) + id)
+    }
+
+    #[norepeat::guard(store = self.store, key = "{id}", window = "2s", on_store_failure = fail_closed)]
+    async fn closed_window(&self, id: u32) -> Result<u32, Error> {
+        Ok(self.runs.fetch_add(1, Ordering::SeqCst) + id)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_failure_runs_unguarded_when_open_and_refuses_when_closed() {
+    let mut redis = RedisServer::start().await;
+    let store = Resilient::new(RedisStore::connect(&redis.url()).await.unwrap())
+        .timeout(Duration::from_millis(200));
+    redis.kill();
+    let down = Down {
+        store,
+        runs: AtomicU32::new(0),
+    };
+    // Fail-open: runs every time (nothing could be stored).
+    assert_eq!(down.open(1).await, Ok(1));
+    assert_eq!(down.open(1).await, Ok(2));
+    // Fail-closed: refuses without running.
+    assert!(matches!(
+        down.closed(1).await,
+        Err(Error::Refused(Rejected::Unavailable(_)))
+    ));
+    assert!(matches!(
+        down.closed_window(1).await,
+        Err(Error::Refused(Rejected::Unavailable(_)))
+    ));
+    assert_eq!(down.runs.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn wrong_arguments_are_compile_errors() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/*.rs");
+}

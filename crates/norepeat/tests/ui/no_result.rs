@@ -1,0 +1,16 @@
+use norepeat::once::Rejected;
+use norepeat::store::MemoryStore;
+
+struct E;
+impl From<Rejected> for E {
+    fn from(_: Rejected) -> Self {
+        E
+    }
+}
+
+#[norepeat::guard(store = store, key = "{id}")]
+async fn f(store: &MemoryStore, id: u64) {
+    let _ = (store, id);
+}
+
+fn main() {}
