@@ -39,14 +39,9 @@ impl AnyStore {
         match url {
             None => Ok(Self::Memory(MemoryStore::default())),
             #[cfg(feature = "redis")]
-            Some(u) if u.starts_with("redis+cluster://") => {
-                let nodes: Vec<String> = u["redis+cluster://".len()..]
-                    .split(',')
-                    .filter(|n| !n.is_empty())
-                    .map(|n| format!("redis://{n}"))
-                    .collect();
-                Ok(Self::Cluster(super::ClusterStore::connect(&nodes).await?))
-            }
+            Some(u) if u.starts_with(CLUSTER_SCHEME) => Ok(Self::Cluster(
+                super::ClusterStore::connect(&cluster_nodes(u)?).await?,
+            )),
             #[cfg(feature = "redis")]
             Some(u) if u.starts_with("redis://") || u.starts_with("rediss://") => {
                 Ok(Self::Redis(super::RedisStore::connect(u).await?))
@@ -56,6 +51,43 @@ impl AnyStore {
             ))),
         }
     }
+}
+
+const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// `redis+cluster://[user:password@]host:port,host:port[/]` as one
+/// `redis://[user:password@]host:port` per node: the credentials, written
+/// once before the first host, apply to every node.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn cluster_nodes(url: &str) -> Result<Vec<String>, StoreError> {
+    let bad = |why: &str| {
+        StoreError::Protocol(format!(
+            "invalid cluster URL {url:?}: {why} (expected redis+cluster://host:port,host:port)"
+        ))
+    };
+    let rest = url
+        .strip_prefix(CLUSTER_SCHEME)
+        .ok_or_else(|| bad("wrong scheme"))?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '?', '#']) {
+        return Err(bad(
+            "a path, query or database is not supported on a cluster",
+        ));
+    }
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{auth}{h}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(bad("no node"));
+    }
+    Ok(nodes)
 }
 
 macro_rules! dispatch {
@@ -125,5 +157,31 @@ impl Store for AnyStore {
     }
     fn kind(&self) -> &'static str {
         dispatch!(self, s => s.kind())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cluster_nodes;
+
+    #[test]
+    fn cluster_urls_become_one_url_per_node() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://10.0.0.1:7000, 10.0.0.2:7001,").unwrap(),
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7001"]
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:p%40ss@h1:7000,h2:7000/").unwrap(),
+            ["redis://u:p%40ss@h1:7000", "redis://u:p%40ss@h2:7000"]
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://,",
+            "redis+cluster://h:1/0",
+            "redis+cluster://h:1?x=1",
+            "redis://h:1",
+        ] {
+            assert!(cluster_nodes(bad).is_err(), "{bad}");
+        }
     }
 }

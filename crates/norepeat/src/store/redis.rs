@@ -37,6 +37,11 @@ fn map_err(e: RedisError) -> StoreError {
         StoreError::Timeout(Duration::ZERO)
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreError::Connection(e.to_string())
+    } else if is_cluster_reforming(&e) {
+        // The cluster client follows these itself (redirects, slot refresh,
+        // waits); one still here outlived its retries: the slot has no
+        // reachable master right now. An outage, not an answer.
+        StoreError::Connection(format!("cluster re-forming: {e}"))
     } else if e.code().is_some() {
         StoreError::Server(e.to_string())
     } else if e.is_cluster_error() {
@@ -44,6 +49,16 @@ fn map_err(e: RedisError) -> StoreError {
     } else {
         StoreError::Protocol(e.to_string())
     }
+}
+
+/// A redirection or a cluster in transition (failover, resharding): `MOVED`,
+/// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`. `READONLY` (a write that
+/// reached a demoted master) stays a server answer, as on one Redis.
+fn is_cluster_reforming(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+    )
 }
 
 fn decision(v: (i64, i64, i64)) -> RateDecision {
@@ -264,6 +279,29 @@ impl_store!(RedisStore, "redis");
 /// are followed by the cluster client, and scripts are loaded again on a new
 /// master that answers NOSCRIPT.
 ///
+/// What the client (redis-rs cluster-async) does during a failover, and how
+/// it is configured here:
+/// - `MOVED`/`ASK`: followed at once (a `MOVED` also refreshes the slot map).
+/// - `READONLY` (a write on a master demoted to replica): slot map refreshed,
+///   command retried on the new master.
+/// - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`: retried after a short backoff
+///   (10 ms rising to 500 ms here; the client's default waits 1.28 s before
+///   every such retry, longer than any guard's budget).
+/// - a refused or dropped connection: reconnected, retried, and the slot map
+///   refreshed.
+///
+/// At most 6 retries, and 2 s per call in all (connecting: 1 s). Put the
+/// store behind [`Resilient`](crate::degrade::Resilient) for a guard's much
+/// shorter budget and a breaker, and behind
+/// [`Fallback`](crate::degrade::Fallback) for fail-open routes: while a
+/// master's slots have no master (a few seconds, set by
+/// `cluster-node-timeout`), calls on them fail and the route's policy
+/// applies; calls on other slots are unaffected.
+///
+/// `NOSCRIPT`: Redis does not replicate `SCRIPT LOAD` (checked on 7.0), so a
+/// promoted replica may lack the scripts; the first call there loads them
+/// (`SCRIPT LOAD` on every node) and runs again.
+///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
 /// let store = norepeat::store::ClusterStore::connect(&[
@@ -291,6 +329,9 @@ impl ClusterStore {
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
             .retries(6)
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+            .retry_wait_formula(20, 2)
             .build()
             .map_err(map_err)?;
         let con = client.get_async_connection().await.map_err(map_err)?;

@@ -1,0 +1,85 @@
+//! The shop on a Redis Cluster (`REDIS_URL=redis+cluster://...`).
+
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use norepeat_testkit::{RedisCluster, ShopProcess};
+use serde_json::json;
+use std::path::PathBuf;
+
+const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+
+/// A temporary directory for one SQLite file, removed on drop.
+struct TempDb(PathBuf);
+
+impl TempDb {
+    fn new() -> TempDb {
+        let dir = std::env::temp_dir().join(format!("nr_cluster_{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDb(dir)
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}?mode=rwc", self.0.join("shop.db").display())
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Two shops on one cluster, each with its *own* SQLite file: no shared
+/// database backs the guard up, so one order out of 100 duplicates spread
+/// over both shows the cluster deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_shop_quick_order_duplicates_make_one_201() {
+    let cluster = RedisCluster::start().await;
+    let (db_a, db_b) = (TempDb::new(), TempDb::new());
+    let env = |db: &TempDb| {
+        vec![
+            ("REDIS_URL".to_owned(), cluster.url()),
+            ("DATABASE_URL".to_owned(), db.url()),
+            // A debug build under a burst on two cores can exceed the 50 ms
+            // default budget, and then (rightly) fail open to its local store.
+            ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+        ]
+    };
+    let a = ShopProcess::start(BIN, env(&db_a)).await;
+    let b = ShopProcess::start(BIN, env(&db_b)).await;
+    let http = reqwest::Client::new();
+    let bases = [a.base_url(), b.base_url()];
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let http = http.clone();
+            let base = bases[i % 2].clone();
+            tokio::spawn(async move {
+                http.post(format!("{base}/orders/quick"))
+                    .header("x-user-id", "cluster-user")
+                    .json(&json!({"sku": "SKU-1", "quantity": 1, "traceId": i}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        99,
+        "{statuses:?}"
+    );
+    let keys: u64 = cluster.keys_per_master().await.iter().map(|(_, n)| n).sum();
+    assert!(keys >= 1, "the guard wrote to the cluster");
+}
