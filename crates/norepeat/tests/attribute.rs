@@ -362,9 +362,3 @@ async fn store_failure_runs_unguarded_when_open_and_refuses_when_closed() {
     ));
     assert_eq!(down.runs.load(Ordering::SeqCst), 2);
 }
-
-#[test]
-fn wrong_arguments_are_compile_errors() {
-    let t = trybuild::TestCases::new();
-    t.compile_fail("tests/ui/*.rs");
-}
