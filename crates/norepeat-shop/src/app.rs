@@ -81,8 +81,20 @@ impl AppState {
     /// When either cannot be reached.
     pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
         let db = Db::connect(cfg.database_url.as_deref()).await?;
-        let store = AnyStore::from_url(cfg.redis_url.as_deref()).await?;
-        let events = crate::events::Events::start(&cfg, db.clone())
+        let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
+            Ok(s) => s,
+            // Degrade, don't block: a shop whose Redis is down at start
+            // serves with its guards' failure policies until Redis answers.
+            Err(e @ norepeat::store::StoreError::Connection(_)) => match cfg.redis_url.as_deref() {
+                Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                    tracing::error!(error = %e, "Redis unreachable at start: serving degraded until it answers");
+                    AnyStore::Redis(norepeat::store::RedisStore::connect_lazy(url)?)
+                }
+                _ => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let events = crate::events::Events::start(&cfg, db.clone(), store.clone())
             .await
             .map_err(StartError::Config)?;
         Self::with(db, store, cfg, events).await

@@ -213,14 +213,12 @@ pub fn kick(events: &Events) {
 
 impl Events {
     /// Starts the publisher and the consumer of this instance: on NATS
-    /// JetStream when `cfg.nats_url` is set, in process otherwise.
+    /// JetStream when `cfg.nats_url` is set, in process otherwise. `store` is
+    /// the guard store the points consumer's `#[guard]` uses.
     ///
     /// # Errors
-    /// When the queue or the guard store cannot be reached.
-    pub async fn start(cfg: &ShopConfig, db: Db) -> Result<Self, String> {
-        let store = AnyStore::from_url(cfg.redis_url.as_deref())
-            .await
-            .map_err(|e| format!("points guard store: {e}"))?;
+    /// When the queue cannot be reached.
+    pub async fn start(cfg: &ShopConfig, db: Db, store: AnyStore) -> Result<Self, String> {
         let points = Arc::new(Points::new(db.clone(), store, cfg.store_timeout()));
         let kick = Arc::new(Notify::new());
         let copies = cfg.duplicate_events.max(1);

@@ -105,4 +105,7 @@ impl<S: Store> Store for Outage<S> {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+    fn reconnect(&self) {
+        self.inner.reconnect();
+    }
 }

@@ -803,3 +803,49 @@ async fn token_used_during_a_partition_stays_used_after_it() {
     drop(proxy);
     assert_every_key_expires(&redis).await;
 }
+
+/// A connection whose replies were swallowed never answers again by itself
+/// (every later reply would belong to an abandoned request): after repeated
+/// timeouts the store replaces its connections, and once the network passes
+/// traffic again the guard uses Redis again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swallowed_connection_is_replaced_and_redis_used_again() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_millis(200)).await;
+    let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
+    let app = fingerprint_app(guard);
+    assert_eq!(post_order(&app, 0).await.status, StatusCode::OK);
+
+    proxy.set_mode(ProxyMode::Swallow);
+    for n in 1..6 {
+        assert_eq!(post_order(&app, n).await.status, StatusCode::OK);
+    }
+    assert_eq!(store.primary().circuit().state(), BreakerState::Open);
+    proxy.set_mode(ProxyMode::Pass);
+
+    let mut n = 100;
+    let back = eventually(Duration::from_secs(15), || {
+        n += 1;
+        let (app, store, n) = (&app, &store, n);
+        async move {
+            assert!(post_order(app, n).await.status.is_success());
+            store.primary().circuit().state() == BreakerState::Closed
+        }
+    })
+    .await;
+    assert!(
+        back,
+        "the store never recovered from the swallowed connection"
+    );
+    let before = redis_keys(&redis).await.len();
+    assert_eq!(post_order(&app, 777).await.status, StatusCode::OK);
+    assert_eq!(
+        redis_keys(&redis).await.len(),
+        before + 1,
+        "Redis decides again"
+    );
+    assert_eq!(post_order(&app, 777).await.status, StatusCode::CONFLICT);
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}

@@ -233,4 +233,7 @@ impl<S: Store> Store for Fallback<S> {
     fn kind(&self) -> &'static str {
         self.primary.kind()
     }
+    fn reconnect(&self) {
+        self.primary.reconnect();
+    }
 }

@@ -5,6 +5,7 @@ use crate::store::{RateDecision, Store, StoreError};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Wraps a store: every call gets a time budget (default 50 ms) and goes
@@ -27,7 +28,14 @@ pub struct Resilient<S> {
     inner: S,
     budget: Duration,
     breaker: Arc<Breaker>,
+    /// Timeouts since the last answer; past [`RECONNECT_AFTER`] the store is
+    /// asked to reconnect.
+    timeouts: Arc<AtomicU32>,
 }
+
+/// Consecutive timed-out calls after which the store's connections are
+/// replaced: a connection whose replies stopped coming never heals itself.
+const RECONNECT_AFTER: u32 = 3;
 
 impl<S: Store> Resilient<S> {
     /// `inner` with the default budget and breaker.
@@ -37,6 +45,7 @@ impl<S: Store> Resilient<S> {
             inner,
             budget: Duration::from_millis(50),
             breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
+            timeouts: Arc::new(AtomicU32::new(0)),
         }
     }
 
@@ -87,6 +96,16 @@ impl<S: Store> Resilient<S> {
             tracing::debug!(error = %e, "store call failed");
         }
         self.breaker.record(result.is_ok());
+        match &result {
+            Err(StoreError::Timeout(_)) => {
+                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER {
+                    self.timeouts.store(0, Ordering::Relaxed);
+                    self.inner.reconnect();
+                }
+            }
+            Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
+            Err(_) => {}
+        }
         result
     }
 }
@@ -159,5 +178,8 @@ impl<S: Store> Store for Resilient<S> {
     }
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+    fn reconnect(&self) {
+        self.inner.reconnect();
     }
 }

@@ -109,9 +109,11 @@ where
             "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
         )));
     };
-    let decision = guard
-        .consume(user, &token)
-        .instrument(tracing::debug_span!("norepeat.decide", mode = "token", user));
+    let decision = guard.consume(user, &token).instrument(tracing::debug_span!(
+        "norepeat.decide",
+        mode = "token",
+        user
+    ));
     if let Err(p) = decision.await {
         return Ok(reject(&p));
     }
@@ -229,6 +231,8 @@ where
     let mut renewing = true;
     loop {
         tokio::select! {
+            // The handler first: most finish before the first renewal is due.
+            biased;
             out = &mut handler => return out,
             _ = tick.tick(), if renewing => {
                 if started.elapsed() + window > max {

@@ -158,6 +158,9 @@ impl Store for AnyStore {
     fn kind(&self) -> &'static str {
         dispatch!(self, s => s.kind())
     }
+    fn reconnect(&self) {
+        dispatch!(self, s => s.reconnect());
+    }
 }
 
 #[cfg(test)]

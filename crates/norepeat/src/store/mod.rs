@@ -155,6 +155,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short name for logs and metrics (`"memory"`, `"redis"`, `"cluster"`).
     fn kind(&self) -> &'static str;
+
+    /// Drops the store's connections and makes fresh ones. Called by
+    /// [`Resilient`](crate::degrade::Resilient) after repeated timeouts, the
+    /// sign of a connection whose replies will never come. The default does
+    /// nothing.
+    fn reconnect(&self) {}
 }
 
 impl<S: Store> Store for std::sync::Arc<S> {
@@ -216,6 +222,9 @@ impl<S: Store> Store for std::sync::Arc<S> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    fn reconnect(&self) {
+        (**self).reconnect();
     }
 }
 
