@@ -70,8 +70,10 @@ async function runFlow(browser, { broken, observed }) {
       const entry = { token: req.headers()['repeat-token'], status: null, code: null };
       posts.push(entry);
       req.response().then(async (res) => {
-        entry.status = res?.status() ?? null;
+        // The body first: `postsSettled` waits on `status`, so it must be
+        // set last or a reader may see a status without its code.
         entry.code = (await res?.json().catch(() => null))?.code ?? null;
+        entry.status = res?.status() ?? null;
         if (entry.code === 'duplicate_submission') observed.duplicate = true;
       }).catch(() => {});
     }

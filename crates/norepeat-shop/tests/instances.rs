@@ -155,3 +155,53 @@ async fn with_redis_down_the_business_key_still_makes_one_order() {
     assert_eq!(orders_of(&http, &a.base_url(), "biz-user").await, 1);
     assert_eq!(stock(&http, &b.base_url(), "SKU-3").await, before - 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flash_sale_rate_is_shared_by_both_instances() {
+    let redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let env = vec![
+        ("DATABASE_URL".to_owned(), pg.url()),
+        ("REDIS_URL".to_owned(), redis.url()),
+        ("NOREPEAT_FLASH_RATE".to_owned(), "3/m".to_owned()),
+        ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+    ];
+    let a = ShopProcess::start(BIN, env.clone()).await;
+    let b = ShopProcess::start(BIN, env).await;
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        let base = if i % 2 == 0 {
+            a.base_url()
+        } else {
+            b.base_url()
+        };
+        let res = http
+            .post(format!("{base}/flash-sale/SKU-1"))
+            .header("x-user-id", "flash-user")
+            .json(&json!({"quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 429 {
+            assert!(res.headers().contains_key("retry-after"));
+            assert!(res.headers().contains_key("ratelimit-policy"));
+            let body: Value = res.json().await.unwrap();
+            assert_eq!(body["code"], "rate_limited");
+            statuses.push(429);
+        } else {
+            statuses.push(res.status().as_u16());
+        }
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}

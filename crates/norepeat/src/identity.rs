@@ -67,14 +67,22 @@ pub fn is_visible_ascii(s: &[u8], max: usize) -> bool {
     !s.is_empty() && s.len() <= max && s.iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
-impl Identify for UserHeader {
-    fn identify(&self, parts: &Parts) -> Option<String> {
-        let v = parts.headers.get(&self.name)?.as_bytes();
+impl UserHeader {
+    /// The caller named in `headers`, if valid.
+    #[must_use]
+    pub fn user_in(&self, headers: &http::HeaderMap) -> Option<String> {
+        let v = headers.get(&self.name)?.as_bytes();
         if !is_visible_ascii(v, 64) {
             return None;
         }
         // Visible ASCII is valid UTF-8.
         std::str::from_utf8(v).ok().map(str::to_owned)
+    }
+}
+
+impl Identify for UserHeader {
+    fn identify(&self, parts: &Parts) -> Option<String> {
+        self.user_in(&parts.headers)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, unauthenticated};
 use axum::Router;
 use axum::http::HeaderMap;
-use norepeat::identity::{Identify, UserHeader};
+use norepeat::identity::UserHeader;
 
 /// Every route of the contract.
 pub fn router(state: &AppState) -> Router<AppState> {
@@ -29,10 +29,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
 
 /// The caller, from `X-User-Id`.
 pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
-    let mut req = axum::http::Request::new(());
-    *req.headers_mut() = headers.clone();
-    let (parts, ()) = req.into_parts();
     UserHeader::default()
-        .identify(&parts)
+        .user_in(headers)
         .ok_or_else(unauthenticated)
 }
