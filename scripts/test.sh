@@ -2,9 +2,10 @@
 # Runs every norepeat test against real services.
 #
 # On a fresh Debian machine, as root, it first installs what is missing
-# (redis-server, PostgreSQL, Chromium, Node.js, cargo-nextest) from Debian's
-# packages and crates.io, starts PostgreSQL and Redis if they are not running,
-# and installs the browser test's npm packages. Then it runs the whole suite.
+# (redis-server, PostgreSQL, NATS, Chromium, Node.js, cargo-nextest) from
+# Debian's packages and crates.io, starts PostgreSQL, Redis and NATS (with
+# JetStream) if they are not running, and installs the browser test's npm
+# packages. Then it runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ log() { printf '==> %s\n' "$*" >&2; }
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
+[ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null || missing+=(nats-server)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
@@ -54,13 +56,23 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
 fi
 
-# 4. The browser test's packages.
+# 4. NATS with JetStream on 127.0.0.1:4222 (the order-event tests).
+if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+  log "starting NATS with JetStream on 127.0.0.1:4222"
+  mkdir -p /var/lib/nats-server
+  nats=$(command -v nats-server || echo /usr/sbin/nats-server)
+  start-stop-daemon --start --oknodo --background --exec "$nats" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  for _ in $(seq 1 30); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 1; done
+fi
+
+# 5. The browser test's packages.
 if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; then
   log "installing the browser test's npm packages"
   (cd tests/browser && npm ci --no-audit --no-fund)
 fi
 
-# 5. The suite.
+# 6. The suite.
 log "cargo nextest run"
 cargo nextest run --workspace --all-features --no-fail-fast "$@"
 log "doc tests"
