@@ -10,5 +10,6 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod events;
+pub mod order_messages;
 pub mod outage;
 pub mod routes;

@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `double-click` | 2 or 3 identical submits with the same page token, at once, to one instance |
 //! | `retry-after-timeout` | the client framework times out and resends the identical request while the first still runs (and, for half, once more just after it answered) |
-//! | `redelivery` | a broker delivers the same order message three times to consumers on different instances |
+//! | `redelivery` | a broker delivers the same order message three times to the consumers of two instances (the shop's order-message consumer, `order_messages`; over HTTP against `--target` shops) |
 //! | `lb-failover` | the load balancer resends the same submit to the other instance |
 //! | `store-outage` | double clicks and resends to the other instance while the guard store dies half-way |
 //!
@@ -22,6 +22,7 @@ use crate::commands::serve::InProcess;
 use crate::config::{Defence, ShopConfig};
 use crate::db::Db;
 use crate::events::Events;
+use crate::order_messages::{ConsumeError, Delivered, OrderConsumer, OrderMessage};
 use indicatif::{ProgressBar, ProgressStyle};
 use norepeat::store::AnyStore;
 use serde::Serialize;
@@ -159,6 +160,11 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
             let ctx = RowCtx {
                 http: http.clone(),
                 bases: shops.bases.clone(),
+                consumers: shops
+                    .running
+                    .iter()
+                    .map(|r| OrderConsumer::new(r.state.clone()))
+                    .collect(),
                 prefix: format!("st{run_id}-{d_index}{s_index}"),
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
                 logical,
@@ -375,6 +381,8 @@ struct Counts {
 struct RowCtx {
     http: reqwest::Client,
     bases: Vec<String>,
+    /// The instances' order-message consumers (in-process shops only).
+    consumers: Vec<OrderConsumer>,
     prefix: String,
     sku: String,
     logical: usize,
@@ -424,6 +432,24 @@ async fn send(
             s
         }
         Err(_) => 599,
+    };
+    ctx.bar.inc(1);
+    Sample {
+        status,
+        ms: started.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// One delivery of an order message to an instance's consumer, as a status:
+/// 201 placed, 200 already placed (acknowledged), 409 refused or in
+/// progress elsewhere (not acknowledged: it comes again), 500 failed.
+async fn deliver(ctx: &RowCtx, consumer: &OrderConsumer, msg: &OrderMessage) -> Sample {
+    let started = Instant::now();
+    let status = match consumer.handle(msg).await {
+        Ok(Delivered::Placed(_)) => 201,
+        Ok(Delivered::AlreadyPlaced(_)) => 200,
+        Ok(Delivered::Refused) | Err(ConsumeError::Guard(_)) => 409,
+        Err(ConsumeError::Db(_)) => 500,
     };
     ctx.bar.inc(1);
     Sample {
@@ -484,9 +510,24 @@ async fn logical_order(
                 out.push(send(&ctx, &a, "/orders/quick", &user, None, &body).await);
             }
         }
+        "redelivery" if !ctx.consumers.is_empty() => {
+            // The order message, delivered to the consumers of two instances
+            // at once, and again after a missed ack: the shop's consumer path.
+            let msg = OrderMessage {
+                message_id: format!("b{i}"),
+                user_id: user.clone(),
+                sku: ctx.sku.clone(),
+                quantity: 1,
+            };
+            let n = ctx.consumers.len();
+            let (c1, c2) = (&ctx.consumers[i % n], &ctx.consumers[(i + 1) % n]);
+            let (s1, s2) = tokio::join!(deliver(&ctx, c1, &msg), deliver(&ctx, c2, &msg));
+            out.extend([s1, s2]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            out.push(deliver(&ctx, c2, &msg).await);
+        }
         "redelivery" => {
-            // The order message, delivered to consumers on two instances at
-            // once, and again after a missed ack.
+            // Against --target shops: the consumer calls the order API.
             let (s1, s2) = tokio::join!(
                 send(&ctx, &a, "/orders/quick", &user, None, &body),
                 send(&ctx, &b, "/orders/quick", &user, None, &body)
@@ -528,6 +569,7 @@ async fn drive(scenario: &'static str, ctx: &RowCtx, shops: &Shops) -> Vec<Sampl
     let ctx = Arc::new(RowCtx {
         http: ctx.http.clone(),
         bases: ctx.bases.clone(),
+        consumers: ctx.consumers.clone(),
         prefix: ctx.prefix.clone(),
         sku: ctx.sku.clone(),
         logical: ctx.logical,
