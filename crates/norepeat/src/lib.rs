@@ -7,7 +7,7 @@
 //! button stops none of these but the first. norepeat gives a back end the
 //! pieces to decide for itself:
 //!
-//! - [`guard`]: stop the repeat at the door, within a window, with one-time
+//! - [`guard`](mod@guard): stop the repeat at the door, within a window, with one-time
 //!   [`token`]s or request [`fingerprint`]s;
 //! - [`idempotency`]: let the repeat in and give it the first one's answer
 //!   (`Idempotency-Key` with stored-response replay);

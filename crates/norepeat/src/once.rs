@@ -1,4 +1,4 @@
-//! What [`#[norepeat::guard]`](crate::guard()) expands to: guard one call of any
+//! What [`#[norepeat::guard]`](macro@crate::guard) expands to: guard one call of any
 //! async function, by a key built from its arguments.
 //!
 //! Two modes:

@@ -1,6 +1,6 @@
 //! Business idempotency: `Idempotency-Key` with stored-response replay.
 //!
-//! The entry [`guard`](crate::guard) stops a repeat at the door. This module
+//! The entry [`guard`](mod@crate::guard) stops a repeat at the door. This module
 //! lets it in and gives it the first one's answer: a payment client that
 //! timed out does not know whether it paid, so it sends the same request
 //! again with the same key and gets the same answer, without paying twice.

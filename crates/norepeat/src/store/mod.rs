@@ -38,7 +38,7 @@ mod redis;
 pub use any::AnyStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use redis::{ClusterStore, RedisStore};
+pub use redis::{ClusterStore, DEFAULT_CONNECTIONS, RedisStore};
 
 use bytes::Bytes;
 use std::future::Future;
