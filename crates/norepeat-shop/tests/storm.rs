@@ -86,3 +86,41 @@ async fn storm_on_redis_and_postgres() {
     assert!(ok);
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_against_running_shops() {
+    let db = std::env::temp_dir().join(format!("nr-storm-target-{}.db", rand::random::<u64>()));
+    let env = vec![
+        (
+            "DATABASE_URL".to_owned(),
+            format!("sqlite://{}?mode=rwc", db.display()),
+        ),
+        ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
+        ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+    ];
+    // One shop process: the targets share its memory store (two processes
+    // would each have their own, which is what REDIS_URL is for).
+    let shop = norepeat_testkit::ShopProcess::start(BIN, env).await;
+    let base = shop.base_url();
+    let (ok, json) = tokio::task::spawn_blocking(move || {
+        storm(
+            &["--target", &base],
+            &[("NOREPEAT_ADMIN_TOKEN", "adm".to_owned())],
+        )
+    })
+    .await
+    .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "one row a scenario: {json}");
+    for r in rows {
+        assert_eq!(r["defence"], "target");
+        assert_eq!(r["duplicates"], 0, "{r}");
+        assert_eq!(r["oversold"], 0, "{r}");
+        assert_eq!(r["created"], r["expected"], "{r}");
+    }
+    assert!(ok);
+    drop(shop);
+    for s in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{s}", db.display()));
+    }
+}

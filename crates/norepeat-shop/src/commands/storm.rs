@@ -15,7 +15,11 @@
 //! | `store-outage` | double clicks and resends to the other instance while the guard store dies half-way |
 //!
 //! `created`, `duplicates` (orders beyond one per user and business id) and
-//! `oversold` (units ordered beyond the stock) are read from the database.
+//! `oversold` (units ordered beyond the stock) are read from the database
+//! (with `--target` and no `--database`, through `GET /orders`, which reads
+//! it). Against `--target` shops the storm cannot take their store down, so
+//! `store-outage` runs without the outage there, and `redelivery` reaches
+//! the shops over HTTP.
 
 use crate::app::AppState;
 use crate::commands::serve::InProcess;
