@@ -33,22 +33,39 @@ where
     }
 }
 
-/// Whether to canonicalise the body as JSON: its content type says JSON, or
-/// it has none (or a generic one) and starts like a JSON object or array.
-pub(crate) fn looks_like_json(headers: &HeaderMap, body: &[u8]) -> bool {
+/// How a body is fingerprinted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// The content type says JSON: canonicalise, and a body that does not
+    /// parse is the client's error.
+    Json,
+    /// No (or a generic) content type, and it starts like a JSON object or
+    /// array: canonicalise if it parses, else hash the bytes.
+    MaybeJson,
+    /// Anything else: hash the bytes.
+    Bytes,
+}
+
+/// Sniffs how to fingerprint a body, without parsing it (the fingerprint
+/// parses it once).
+pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
     let ct = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if ct.contains("json") {
-        return true;
+        return BodyKind::Json;
     }
-    let explicit_other =
-        !ct.is_empty() && !ct.starts_with("text/plain") && !ct.contains("x-www-form-urlencoded");
-    !explicit_other
+    let generic =
+        ct.is_empty() || ct.starts_with("text/plain") || ct.contains("x-www-form-urlencoded");
+    if generic
         && matches!(
             body.iter().find(|b| !b.is_ascii_whitespace()),
             Some(b'{' | b'[')
         )
-        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        BodyKind::MaybeJson
+    } else {
+        BodyKind::Bytes
+    }
 }

@@ -441,3 +441,36 @@ async fn redis_keys_are_short_expire_and_are_released_by_their_owner() {
         .unwrap();
     assert_eq!(exists, 0);
 }
+
+/// Without a JSON content type, a body that parses as JSON is still
+/// canonicalised (clients such as `curl -d` send no JSON type), and one that
+/// only starts like JSON is hashed as bytes rather than refused.
+#[tokio::test]
+async fn bodies_without_a_json_content_type() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = counting_route(
+        NoRepeatLayer::fingerprint(FingerprintGuard::new(AnyStore::Memory(
+            MemoryStore::default(),
+        ))),
+        Arc::clone(&runs),
+    );
+    let send = |body: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::post("/orders")
+                .header("x-user-id", "u1")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(Body::from(body))
+                .unwrap();
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    assert_eq!(send(r#"{"b":1,"a":2}"#).await, StatusCode::CREATED);
+    assert_eq!(
+        send(r#" {"a":2,"b":1,"traceId":"x"}"#).await,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(send("{not json").await, StatusCode::CREATED);
+    assert_eq!(send("{not json").await, StatusCode::CONFLICT);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

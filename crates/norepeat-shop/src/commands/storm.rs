@@ -161,7 +161,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
                 defence.map_or("target", Defence::name)
             ));
             let logical = ((args.requests as f64 / copies(scenario)).round() as usize).max(2);
-            let ctx = RowCtx {
+            let ctx = Arc::new(RowCtx {
                 http: http.clone(),
                 bases: shops.bases.clone(),
                 consumers: shops
@@ -173,7 +173,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
                 logical,
                 bar: bar.clone(),
-            };
+            });
             shops
                 .stock(&http, &ctx.sku, logical as i64, args.admin_token.as_deref())
                 .await?;
@@ -360,11 +360,12 @@ impl Shops {
             distinct.dedup();
             c.duplicates += biz_ids.len() - distinct.len();
         }
-        // Every storm order is for one unit.
-        c.oversold = (c.created as i64 - ctx.logical as i64).max(0);
-        if let Some(db) = &self.db {
-            c.oversold = (db.units_ordered(&ctx.sku).await? - ctx.logical as i64).max(0);
-        }
+        let units = match &self.db {
+            Some(db) => db.units_ordered(&ctx.sku).await?,
+            // Through the API: every storm order is for one unit.
+            None => c.created as i64,
+        };
+        c.oversold = (units - ctx.logical as i64).max(0);
         Ok(c)
     }
 
@@ -477,21 +478,13 @@ async fn token(ctx: &RowCtx, base: &str, user: &str) -> Option<String> {
 }
 
 /// Sends one logical order's copies as the scenario says.
-async fn logical_order(
-    scenario: &'static str,
-    ctx: Arc<RowCtx>,
-    i: usize,
-    shops_n: usize,
-) -> Vec<Sample> {
+async fn logical_order(scenario: &'static str, ctx: Arc<RowCtx>, i: usize) -> Vec<Sample> {
     let user = ctx.user(i);
     let body = ctx.body(i);
+    // The instance the client talks to, and the other one (the same one
+    // when there is only one).
     let a = ctx.base(i).to_owned();
-    let b = ctx.base(i + 1 % shops_n.max(1)).to_owned();
-    let b = if shops_n > 1 {
-        ctx.base(i + 1).to_owned()
-    } else {
-        b
-    };
+    let b = ctx.base(i + 1).to_owned();
     let mut out = Vec::new();
     match scenario {
         "double-click" => {
@@ -569,17 +562,7 @@ async fn logical_order(
     out
 }
 
-async fn drive(scenario: &'static str, ctx: &RowCtx, shops: &Shops) -> Vec<Sample> {
-    let ctx = Arc::new(RowCtx {
-        http: ctx.http.clone(),
-        bases: ctx.bases.clone(),
-        consumers: ctx.consumers.clone(),
-        prefix: ctx.prefix.clone(),
-        sku: ctx.sku.clone(),
-        logical: ctx.logical,
-        bar: ctx.bar.clone(),
-    });
-    let n = ctx.bases.len();
+async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
     let half = ctx.logical / 2;
     let mut tasks = Vec::new();
     for i in 0..ctx.logical {
@@ -588,8 +571,8 @@ async fn drive(scenario: &'static str, ctx: &RowCtx, shops: &Shops) -> Vec<Sampl
             tokio::time::sleep(Duration::from_millis(50)).await;
             shops.set_outage(true);
         }
-        let ctx = Arc::clone(&ctx);
-        tasks.push(tokio::spawn(logical_order(scenario, ctx, i, n)));
+        let ctx = Arc::clone(ctx);
+        tasks.push(tokio::spawn(logical_order(scenario, ctx, i)));
         // Orders arrive over time, not all in one instant.
         tokio::time::sleep(Duration::from_micros(500)).await;
     }

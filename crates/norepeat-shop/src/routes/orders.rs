@@ -15,8 +15,8 @@ use serde_json::json;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
-    let by_token = post(create_with_token);
-    let by_fingerprint = post(create_quick);
+    let by_token = post(create);
+    let by_fingerprint = post(create);
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
         (
@@ -48,17 +48,9 @@ async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Re
         .into_response())
 }
 
-async fn create_with_token(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let user = user(&headers)?;
-    let bytes = body::read(body).await?;
-    place_order(&s, &user, &bytes).await
-}
-
-async fn create_quick(
+/// `POST /orders` and `POST /orders/quick`: the same handler; the routes
+/// differ only in the guard layered in front.
+async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,

@@ -62,33 +62,18 @@ impl<S: Store> Fallback<S> {
     /// The primary admitted `key`: unless the local store holds it from an
     /// outage. Then the primary's fresh key is taken back and the local value
     /// answered, as the primary would have had it seen the outage.
-    async fn reconcile(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
+    async fn reconcile(&self, key: &str, value: &[u8]) -> Result<Option<Bytes>, StoreError> {
         if self.now_ms() >= self.local_until.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        // The memory store has no plain read: probe with a short-lived write.
-        match self
-            .local
-            .put_if_absent(key, value, ttl.min(Duration::from_millis(1)))
-            .await?
-        {
-            None => {
-                self.local.delete_if_equals(key, value).await?;
-                Ok(None)
-            }
-            Some(existing) => {
-                metrics::counter!("norepeat_fallback_hits_total").increment(1);
-                if let Err(e) = self.primary.delete_if_equals(key, value).await {
-                    tracing::debug!(error = %e, "could not take back a key decided during the outage; it expires with its window");
-                }
-                Ok(Some(existing))
-            }
+        let Some(existing) = self.local.peek(key) else {
+            return Ok(None);
+        };
+        metrics::counter!("norepeat_fallback_hits_total").increment(1);
+        if let Err(e) = self.primary.delete_if_equals(key, value).await {
+            tracing::debug!(error = %e, "could not take back a key decided during the outage; it expires with its window");
         }
+        Ok(Some(existing))
     }
 
     /// The primary store.
@@ -132,7 +117,7 @@ impl<S: Store> Store for Fallback<S> {
                 }
                 local
             }
-            Ok(None) => self.reconcile(key, value, ttl).await,
+            Ok(None) => self.reconcile(key, value).await,
             held => held,
         }
     }

@@ -2,7 +2,7 @@
 
 use super::layer::{Config, Kind};
 use super::{FingerprintGuard, TokenGuard};
-use crate::body::{self, ReadError};
+use crate::body::{self, BodyKind, ReadError};
 use crate::fingerprint::RequestParts;
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -162,15 +162,24 @@ where
         }
     };
     let route = cfg.route.as_deref().unwrap_or_else(|| parts.uri.path());
-    let request = RequestParts {
+    let kind = body::kind(&parts.headers, &bytes);
+    let mut request = RequestParts {
         user,
         method: parts.method.as_str(),
         route,
         query: parts.uri.query(),
-        json: body::looks_like_json(&parts.headers, &bytes),
+        json: kind != BodyKind::Bytes,
         body: &bytes,
     };
-    let fp = match guard.fingerprinter.fingerprint(&request) {
+    let fp = guard.fingerprinter.fingerprint(&request).or_else(|e| {
+        if kind == BodyKind::Json {
+            return Err(e);
+        }
+        // It only looked like JSON: its bytes are the request.
+        request.json = false;
+        guard.fingerprinter.fingerprint(&request)
+    });
+    let fp = match fp {
         Ok(fp) => fp,
         Err(e) => {
             return Ok(reject(

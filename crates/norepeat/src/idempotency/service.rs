@@ -251,7 +251,7 @@ fn fingerprint_of<G>(
         method,
         route,
         query: parts.uri.query(),
-        json: req_body::looks_like_json(&parts.headers, body),
+        json: req_body::kind(&parts.headers, body) != req_body::BodyKind::Bytes,
         body,
     };
     let fp = cfg.fingerprinter.fingerprint(&request).or_else(|_| {

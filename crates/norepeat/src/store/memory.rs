@@ -112,6 +112,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// The bytes held under `key`, if it is live (a key of a rate limiter
+    /// reads as absent). A plain read: no lock, no write.
+    pub(crate) fn peek(&self, key: &str) -> Option<Bytes> {
+        match self.cache.get(key)?.live(Instant::now())?.value {
+            Value::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// Runs `f` on the live entry under `key` (if any) under the key's lock.
     fn compute<T>(&self, key: &str, f: impl FnOnce(Option<Entry>, Instant) -> (Op<Entry>, T)) -> T {
         let mut out = None;
