@@ -118,7 +118,7 @@ impl AppState {
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
         let open = if cfg.defence.local_fallback() {
-            Fallback::new(primary.clone(), MemoryStore::new(100_000))
+            Fallback::new(primary.clone(), MemoryStore::default())
         } else {
             Fallback::disabled(primary.clone())
         };

@@ -292,7 +292,8 @@ async fn free_functions_tuple_fields_and_unit_results() {
     assert_eq!(pairs(&store, (10, "a"), &runs).await, Ok(10));
     assert_eq!(pairs(&store, (10, "b"), &runs).await, Ok(11));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let key = norepeat::once::Guarded::once("tests::pairs").store_key("10/a");
+    let key = norepeat::once::Guarded::once("tests::pairs")
+        .store_key(&norepeat::keys::key_from_parts(&["10", "/", "a"]));
     assert!(
         store
             .put_if_absent(&key, b"x", Duration::from_secs(1))
