@@ -63,8 +63,10 @@ pub mod token;
 /// Durations are a whole number and `ms`, `s`, `m`, `h` or `d`. The key
 /// template names the function's arguments (`self` included) and their
 /// fields; each `{...}` is formatted with `Display` (`{arg:?}` for `Debug`).
-/// The store key hashes the scope with the formatted key, so any characters
-/// are safe. The store expression is evaluated on each call, then cloned
+/// Each literal segment and each formatted argument is length-prefixed
+/// ([`keys::KeyParts`]), and the store key hashes the scope with the
+/// result, so any characters are safe: with `"{user}/{id}"`, user `a/b`
+/// with id `c` and user `a` with id `b/c` get different keys. The store expression is evaluated on each call, then cloned
 /// (`(EXPR).clone()`, so both `self.store` and a `&Store` argument work).
 ///
 /// The function must return `Result<T, E>` with `E: From<`[`once::Rejected`]`>`:
