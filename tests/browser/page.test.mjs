@@ -218,7 +218,7 @@ async function runFlow(browser, observed) {
   };
   const deliberate = []; // the token of each single, deliberate submit
   const lastToken = () => deliberate.push(posts.at(-1)?.token);
-  const query = { token: '?brokenTokenFlow=1', payment: '?brokenPaymentRetry=1' }[broken] ?? '';
+  const query = broken ? EXPECTED[broken].query : '';
 
   // 1. Load: a token is fetched, the stock and the points are shown.
   observed.stage = 'orders';
