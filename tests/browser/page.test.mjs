@@ -468,6 +468,36 @@ async function runFlow(browser, observed) {
     const n = await providerNotice(id);
     assert.deepEqual([n.status, n.body?.result], [200, 'already_applied'], `notice resent from the API: ${JSON.stringify(n.body)}`);
   }
+
+  // 13. A 503 (the shop could not guard the payment, so it made none; here
+  //     answered by the network layer) is retried with the same key.
+  const o4 = orders[3];
+  before = await paymentDecisions();
+  payFrom = w2.payPosts.length;
+  let refused = false;
+  await page2.route('**/payments', async (route) => {
+    if (route.request().method() !== 'POST' || refused) return route.fallback();
+    refused = true;
+    await route.fulfill({
+      status: 503,
+      contentType: 'application/problem+json',
+      headers: { 'Retry-After': '1' },
+      body: JSON.stringify({ type: 'about:blank', title: 'Service Unavailable', status: 503, detail: 'The guard store is down.', code: 'guard_unavailable' }),
+    });
+  });
+  await payButton(page2, o4.orderId).click();
+  await waitForPayment(page2, o4.orderId);
+  await page2.unroute('**/payments');
+  pr = await payResult(page2);
+  after = await paymentDecisions();
+  const refusedTries = w2.payPosts.slice(payFrom);
+  assert.deepEqual(refusedTries.map((p) => p.status), [503, 201], 'after a 503: the answers to the tries');
+  assert.deepEqual(refusedTries.map((p) => p.key), [pr.key, pr.key], 'after a 503: both tries carry the payment\'s one key');
+  assert.equal(pr.outcome, 'created', `after a 503: page says "${pr.text}"`);
+  assert.ok(pr.log.some((l) => l.kind === 'retry' && /^Try 1: 503 guard_unavailable/.test(l.text)), `after a 503: the log shows the retry (${JSON.stringify(pr.log)})`);
+  assert.equal(after.admitted - before.admitted, 1, 'after a 503: payments run by the shop');
+  log('503 guard_unavailable: retried after Retry-After with the same key, 1 payment run');
+
   await page2.close();
   points = 10 * (o1.quantity + o2.quantity + o3.quantity);
   await waitForPoints(page, points);
