@@ -268,8 +268,10 @@ impl<G> IdempotencyLayer<G> {
         self
     }
 
-    /// The route template in the key's scope and the fingerprint (default:
-    /// the request's path). Set it when the path holds ids.
+    /// The route template (`/orders/{id}/pay`), a label for logs and traces
+    /// only. The key's scope and the fingerprint always take the concrete
+    /// request path, so `/orders/1/pay` and `/orders/2/pay` with one key are
+    /// two records, never a replay of each other.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
         self.cfg.route = Some(template.into());
         self
