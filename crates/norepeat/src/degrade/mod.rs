@@ -42,7 +42,7 @@ mod breaker;
 mod fallback;
 mod resilient;
 
-pub use breaker::{Breaker, BreakerState};
+pub use breaker::{Breaker, BreakerState, Permit};
 pub use fallback::Fallback;
 pub use resilient::Resilient;
 
