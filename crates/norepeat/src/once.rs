@@ -341,12 +341,7 @@ impl Guarded {
     /// assert_eq!((first, again), (Ok(30), Ok(30)));
     /// # }
     /// ```
-    pub async fn run_once_detached<S, T, E, F>(
-        &self,
-        store: &S,
-        key: &str,
-        body: F,
-    ) -> Result<T, E>
+    pub async fn run_once_detached<S, T, E, F>(&self, store: &S, key: &str, body: F) -> Result<T, E>
     where
         S: Store + Clone,
         T: Serialize + DeserializeOwned + Send + 'static,

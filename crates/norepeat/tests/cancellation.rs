@@ -131,7 +131,10 @@ async fn fingerprint_a_dropped_request_holds_its_key_for_the_window() {
         let effects = Effects::default();
         let guard = FingerprintGuard::new(store).window(Duration::from_secs(2));
         let app = Router::new()
-            .route("/orders", post(effect).layer(NoRepeatLayer::fingerprint(guard)))
+            .route(
+                "/orders",
+                post(effect).layer(NoRepeatLayer::fingerprint(guard)),
+            )
             .with_state(Arc::clone(&effects));
         give_up(&app, post_to("/orders", None), &effects).await;
         for _ in 0..2 {

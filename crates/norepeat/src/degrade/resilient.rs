@@ -168,7 +168,8 @@ impl<S: Store> Resilient<S> {
         self.budget = Arc::new(Budget::new(self.budget.floor, ceiling, self.inner.kind()));
         let threshold = self.breaker.threshold();
         let cool_down = self.breaker.cool_down();
-        self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(self.budget.ceiling));
+        self.breaker =
+            Arc::new(Breaker::new(threshold, cool_down).probe_deadline(self.budget.ceiling));
         self
     }
 

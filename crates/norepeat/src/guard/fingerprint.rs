@@ -189,7 +189,11 @@ impl Owner {
     pub(crate) fn new(ttl: Duration) -> Self {
         let deadline = now_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(0));
         let random: u64 = rand::random_range(0..1_000_000);
-        Self((deadline % 9_000_000_000_000 * 1_000_000 + random).to_string().into_bytes())
+        Self(
+            (deadline % 9_000_000_000_000 * 1_000_000 + random)
+                .to_string()
+                .into_bytes(),
+        )
     }
 
     fn time_left(value: &[u8]) -> Option<Duration> {
@@ -268,7 +272,10 @@ impl<S: Store + Clone> Lease<S> {
     /// Renewal lives in this future and stops with it.
     pub async fn run<F: std::future::Future>(&self, work: F) -> F::Output {
         match &self.claim {
-            Some(c) => c.run(work, Renewal::up_to(self.window, self.renew_max)).await,
+            Some(c) => {
+                c.run(work, Renewal::up_to(self.window, self.renew_max))
+                    .await
+            }
             None => work.await,
         }
     }

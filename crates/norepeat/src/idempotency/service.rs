@@ -207,7 +207,16 @@ where
     // stop it, its result is stored, and a retry gets the replay (or 409
     // while it still runs). The claim is never freed early.
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    lease::detach(run_claimed(cfg, inner, req, claim, owner, fingerprint, route)).await
+    lease::detach(run_claimed(
+        cfg,
+        inner,
+        req,
+        claim,
+        owner,
+        fingerprint,
+        route,
+    ))
+    .await
 }
 
 /// Runs the handler under a held claim, then stores its response (complete)
@@ -335,11 +344,7 @@ enum Claimed<G: Store + Clone> {
 /// waiting for a running request's result, the same call is repeated with
 /// backoff: it replays once the record completes, and takes the key itself
 /// if the first request released it.
-async fn claim<G: Store + Clone>(
-    cfg: &Config<G>,
-    key: &str,
-    fingerprint: &Digest,
-) -> Claimed<G> {
+async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claimed<G> {
     let owner: Owner = rand::random();
     let value = record::in_progress(&owner, fingerprint);
     let deadline = cfg.wait.map(|w| Instant::now() + w);
