@@ -108,6 +108,11 @@ pub(crate) struct Config<G> {
 /// the route answers 503 `guard_unavailable` rather than run unprotected.
 /// See the [module docs](super) for every answer.
 ///
+/// The handler runs in a task of its own (`tokio::spawn`) once the key is
+/// claimed, so the inner service's future and response must be `Send +
+/// 'static` (an axum route's are): a client that gives up does not stop a
+/// request that started, and its response is stored for the retry.
+///
 /// ```
 /// use axum::{Router, body::Body, routing::post};
 /// use http::{Request, StatusCode};
