@@ -148,9 +148,10 @@ impl<S: Store> Resilient<S> {
         Self {
             inner,
             budget: Arc::new(Budget::new(FLOOR, CEILING, kind)),
-            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1)).probe_deadline(CEILING)),
+            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
             timeouts: Arc::new(AtomicU32::new(0)),
         }
+        .breaker(5, Duration::from_secs(1))
     }
 
     /// Sets the floor of the time budget (default 50 ms): the budget of a
@@ -158,7 +159,8 @@ impl<S: Store> Resilient<S> {
     #[must_use]
     pub fn timeout(mut self, floor: Duration) -> Self {
         self.budget = Arc::new(Budget::new(floor, self.budget.ceiling, self.inner.kind()));
-        self
+        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
+        self.breaker(threshold, cool_down)
     }
 
     /// Sets the ceiling of the time budget (default 1 s): the longest a call
@@ -166,19 +168,17 @@ impl<S: Store> Resilient<S> {
     #[must_use]
     pub fn max_timeout(mut self, ceiling: Duration) -> Self {
         self.budget = Arc::new(Budget::new(self.budget.floor, ceiling, self.inner.kind()));
-        let threshold = self.breaker.threshold();
-        let cool_down = self.breaker.cool_down();
-        self.breaker =
-            Arc::new(Breaker::new(threshold, cool_down).probe_deadline(self.budget.ceiling));
-        self
+        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
+        self.breaker(threshold, cool_down)
     }
 
     /// Replaces the breaker: opens after `threshold` consecutive failures,
     /// probes after `cool_down`.
     #[must_use]
     pub fn breaker(mut self, threshold: u32, cool_down: Duration) -> Self {
-        self.breaker =
-            Arc::new(Breaker::new(threshold, cool_down).probe_deadline(self.budget.ceiling));
+        // A probe reports just after its budget at the latest.
+        let deadline = self.budget.ceiling + self.budget.ceiling / 10;
+        self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
         self
     }
 
