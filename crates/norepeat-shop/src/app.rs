@@ -113,7 +113,10 @@ impl AppState {
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
         })?;
+        // The recorder first, so the store's budget gauge is recorded from the start.
+        let metrics = metrics_handle();
         let outage = Outage::new(store);
+        // `store_timeout` is the floor of the adaptive budget (up to 1 s).
         let primary = Resilient::new(outage.clone())
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
@@ -131,7 +134,7 @@ impl AppState {
             primary,
             open,
             tokens,
-            metrics: metrics_handle(),
+            metrics,
             events,
             outage,
         })
