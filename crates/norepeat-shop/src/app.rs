@@ -126,8 +126,8 @@ impl AppState {
             Fallback::disabled(primary.clone())
         };
         let signer = TokenSigner::new(db.shared_secret().await?);
-        let tokens =
-            TokenGuard::new(open.clone(), signer.clone()).ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
+        let tokens = TokenGuard::new(open.clone(), signer.clone())
+            .ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
         Ok(Self {
             db,
             cfg: Arc::new(cfg),

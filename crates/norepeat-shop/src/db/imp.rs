@@ -18,8 +18,8 @@ use futures_util::TryFutureExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::types::{
-    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent, Payment,
-    PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent,
+    Payment, PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
 };
 
 /// Attempts of one transaction before a transient error is returned.

@@ -33,8 +33,8 @@ use sqlx::sqlite::{
 };
 
 pub use types::{
-    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent, Payment,
-    PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent,
+    Payment, PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
 };
 
 /// The SQLite file used when no database URL is given (in the working directory).
