@@ -136,8 +136,8 @@ fn assert_not_payable(answer: &(u16, Value), payment_id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_forgets_still_makes_one_live_payment() {
-    let redis = RedisServer::start().await;
     for db in Database::each().await {
+        let redis = RedisServer::start().await;
         let (_shop, c) = shop(&db, &redis).await;
         let order = c.order("payer").await;
         let (s, p1) = c.pay("payer", "K1", &order, json!(1999)).await;
@@ -189,8 +189,8 @@ async fn a_store_that_forgets_still_makes_one_live_payment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amounts_owners_and_callbacks_are_checked() {
-    let redis = RedisServer::start().await;
     for db in Database::each().await {
+        let redis = RedisServer::start().await;
         let (_shop, c) = shop(&db, &redis).await;
         let order = c.order("owner").await;
         for (i, amount) in [json!(0), json!(10_000_001), json!(-1), json!(1.5)]
