@@ -50,7 +50,7 @@ async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Re
         .into_response())
 }
 
-/// `POST /orders/quick` (and the flash sale's shape): the order as asked.
+/// `POST /orders/quick`: the order as asked, its `bizId` (if any) the key.
 async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
