@@ -48,6 +48,9 @@ pub enum Code {
     RateLimited,
     /// 503: the store is unavailable on a route that fails closed.
     GuardUnavailable,
+    /// 401: a signed request (a webhook) whose signature is missing, wrong
+    /// or too old; see [`webhook`](crate::webhook).
+    InvalidSignature,
 }
 
 impl Code {
@@ -66,6 +69,7 @@ impl Code {
             Code::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Code::RateLimited => "rate_limited",
             Code::GuardUnavailable => "guard_unavailable",
+            Code::InvalidSignature => "invalid_signature",
         }
     }
 
@@ -77,7 +81,7 @@ impl Code {
             | Code::MissingToken
             | Code::MissingIdempotencyKey
             | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::Unauthenticated | Code::InvalidSignature => StatusCode::UNAUTHORIZED,
             Code::DuplicateSubmission | Code::IdempotencyKeyInUse => StatusCode::CONFLICT,
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -101,6 +105,7 @@ impl Code {
             Code::IdempotencyKeyMismatch => "Idempotency-Key reused with another request",
             Code::RateLimited => "Too many requests",
             Code::GuardUnavailable => "Guard unavailable",
+            Code::InvalidSignature => "Invalid signature",
         }
     }
 }
