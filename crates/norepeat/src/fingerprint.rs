@@ -17,13 +17,14 @@
 //!   first, and the fingerprint must not see another request than it does.
 //!
 //! One deliberate departure from RFC 8785, which reads every number as an
-//! IEEE 754 double: a number carrying more precision than a double holds
-//! (`9007199254740993`, an integer beyond 64 bits, `0.10000000000000000001`)
-//! or beyond its range (`1e400`) is kept exactly, as its shortest decimal
-//! (`1e400`, `12345678901234567890123`), instead of being rounded into
-//! another number's form. Two different numbers are therefore never one
-//! request, and every number a double holds exactly canonicalises as in RFC
-//! 8785. Any other body is hashed as bytes.
+//! IEEE 754 double: an integer a double cannot hold (`9007199254740993`, an
+//! id beyond 64 bits, `1e400`) is kept exactly, in the same layout
+//! (`12345678901234567890123` is `1.2345678901234567890123e+22`, not its
+//! double's `1.2345678901234568e+22`), instead of being rounded into its
+//! neighbour's form, so two different integers are never one request.
+//! Every integer a double holds, and every number with a fractional part,
+//! canonicalises as in RFC 8785 (`0.10000000000000001` is `0.1`, as a
+//! `%.17g` serialiser writes it). Any other body is hashed as bytes.
 //!
 //! ```
 //! use norepeat::fingerprint::{Fingerprinter, RequestParts};
@@ -283,6 +284,8 @@ mod tests {
             fp_of(r#"{"q":1234567890123456789012345678.9e2}"#)
         );
         assert_ne!(fp_of(r#"{"q":1e400}"#), fp_of(r#"{"q":1e401}"#));
+        // Fractions are doubles, as RFC 8785 reads them.
+        assert_eq!(fp_of(r#"{"q":0.1}"#), fp_of(r#"{"q":0.10000000000000001}"#));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use axum::extract::{Path, State};
+use super::body::Segment;
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -13,7 +14,7 @@ pub(super) fn routes() -> Router<AppState> {
 
 async fn stock(
     State(s): State<AppState>,
-    Path(sku): Path<String>,
+    Segment(sku): Segment,
 ) -> Result<Json<Value>, ApiError> {
     match s.db.stock(&sku).await? {
         Some(available) => Ok(Json(json!({"sku": sku, "available": available}))),
