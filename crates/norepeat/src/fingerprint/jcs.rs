@@ -389,6 +389,9 @@ fn canonical_number(text: &str) -> String {
         Some(f) => {
             let mut buf = ryu::Buffer::new();
             let shortest = decimal(buf.format_finite(f));
+            if shortest.digits.is_empty() {
+                return "0".to_owned(); // underflow to zero, as a double
+            }
             if !integer || shortest == exact {
                 ecmascript(&shortest)
             } else {
