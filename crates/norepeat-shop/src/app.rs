@@ -80,6 +80,12 @@ impl AppState {
     /// # Errors
     /// When either cannot be reached.
     pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
+        if cfg.callback_verifier().is_none() {
+            tracing::warn!(
+                "NOREPEAT_CALLBACK_SECRET is not set: payment callbacks are accepted unsigned, \
+                 so anyone who can reach POST /payments/callback can mark a payment paid"
+            );
+        }
         let db = Db::connect(cfg.database_url.as_deref()).await?;
         let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
             Ok(s) => s,
@@ -113,12 +119,6 @@ impl AppState {
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
         })?;
-        if cfg.callback_verifier().is_none() {
-            tracing::warn!(
-                "NOREPEAT_CALLBACK_SECRET is not set: payment callbacks are accepted unsigned, \
-                 so anyone who can reach POST /payments/callback can mark a payment paid"
-            );
-        }
         let outage = Outage::new(store);
         let primary = Resilient::new(outage.clone())
             .timeout(cfg.store_timeout())

@@ -14,7 +14,8 @@ const SECRET: &str = "whsec_test";
 /// Where the shop keeps its data for one test.
 enum Backing {
     Sqlite(std::path::PathBuf),
-    Postgres(PgDatabase),
+    /// Kept for its drop, which drops the database.
+    Postgres { _db: PgDatabase },
 }
 
 impl Drop for Backing {
@@ -50,7 +51,7 @@ async fn shop(backend: Backend, env: &[(&str, &str)]) -> Shop {
         Backend::Postgres => {
             let pg = PgDatabase::fresh().await;
             let url = pg.url();
-            (Backing::Postgres(pg), url)
+            (Backing::Postgres { _db: pg }, url)
         }
     };
     let mut vars = vec![("DATABASE_URL".to_owned(), url)];

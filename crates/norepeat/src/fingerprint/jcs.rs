@@ -536,4 +536,33 @@ mod tests {
         assert!(fp.canonicalize(b"\"\\ud83d\\ude00\"").is_ok());
         assert!(fp.canonicalize(b"\xff").is_err());
     }
+
+    proptest::proptest! {
+        /// Every double: its canonical text is ECMAScript's shortest form,
+        /// reads back as the same double, and is a fixed point. Its 17-digit
+        /// rendering (what `%.17g` writes) canonicalises the same way when
+        /// it is a fraction or an integer a double holds.
+        #[test]
+        fn doubles_round_trip(f in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO) {
+            let plain = canon(&serde_json::to_string(&f).expect("finite"));
+            proptest::prop_assert_eq!(plain.parse::<f64>().expect("a number"), f);
+            proptest::prop_assert_eq!(&canon(&plain), &plain);
+            // An integral double beyond 2^53 written with 17 digits is
+            // another integer (kept exact, by design); any other is `plain`.
+            if f.abs() < 9_007_199_254_740_992.0 {
+                proptest::prop_assert_eq!(&canon(&format!("{f:.16e}")), &plain);
+            }
+        }
+
+        /// Integers: every i64 and u64 canonicalises to a fixed point that
+        /// reads back as a number equal to it where a double holds it, and
+        /// two different integers never meet.
+        #[test]
+        fn integers_never_collide(a in proptest::num::u64::ANY, b in proptest::num::u64::ANY) {
+            let (ca, cb) = (canon(&a.to_string()), canon(&b.to_string()));
+            proptest::prop_assert_eq!(a == b, ca == cb);
+            proptest::prop_assert_eq!(&canon(&ca), &ca);
+            proptest::prop_assert_eq!(&canon(&format!("{a}.000")), &ca);
+        }
+    }
 }
