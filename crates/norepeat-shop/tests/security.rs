@@ -15,7 +15,9 @@ const SECRET: &str = "whsec_test";
 enum Backing {
     Sqlite(std::path::PathBuf),
     /// Kept for its drop, which drops the database.
-    Postgres { _db: PgDatabase },
+    Postgres {
+        _db: PgDatabase,
+    },
 }
 
 impl Drop for Backing {
@@ -170,9 +172,7 @@ async fn an_empty_admin_token_turns_admin_off() {
             .request("PUT", "/admin/stock/SKU-1", &h, r#"{"available":5}"#)
             .await;
         assert_eq!(a.code(), (404, "not_found"), "{headers:?}");
-        let a = s
-            .request("POST", "/admin/reconcile", headers, "")
-            .await;
+        let a = s.request("POST", "/admin/reconcile", headers, "").await;
         assert_eq!(a.code(), (404, "not_found"), "{headers:?}");
     }
     assert_eq!(s.get("/stock/SKU-1", "u1").await.body["available"], 100);
@@ -186,7 +186,10 @@ async fn an_admin_token_must_match_whole() {
             .request(
                 "PUT",
                 "/admin/stock/SKU-1",
-                &[("x-admin-token", given), ("content-type", "application/json")],
+                &[
+                    ("x-admin-token", given),
+                    ("content-type", "application/json"),
+                ],
                 r#"{"available":5}"#,
             )
             .await;
@@ -196,7 +199,10 @@ async fn an_admin_token_must_match_whole() {
         .request(
             "PUT",
             "/admin/stock/SKU-1",
-            &[("x-admin-token", "s3cret"), ("content-type", "application/json")],
+            &[
+                ("x-admin-token", "s3cret"),
+                ("content-type", "application/json"),
+            ],
             r#"{"available":5}"#,
         )
         .await;
@@ -221,7 +227,10 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
         ("forged", sign_callback("guessed", now, body.as_bytes())),
         // A notice captured and replayed six minutes later.
         ("stale", sign_callback(SECRET, now - 360, body.as_bytes())),
-        ("from the future", sign_callback(SECRET, now + 360, body.as_bytes())),
+        (
+            "from the future",
+            sign_callback(SECRET, now + 360, body.as_bytes()),
+        ),
         (
             "other body",
             sign_callback(SECRET, now, br#"{"paymentId":"x","status":"SUCCESS"}"#),
@@ -237,11 +246,18 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
         assert_eq!(a.code(), (401, "invalid_signature"), "{what}");
     }
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
-    assert_eq!(o.body["status"], "UNPAID", "a refused notice changed nothing");
+    assert_eq!(
+        o.body["status"], "UNPAID",
+        "a refused notice changed nothing"
+    );
 
     let good = sign_callback_now(SECRET, body.as_bytes());
     let a = s
-        .post_json("/payments/callback", &[("norepeat-signature", &good)], &body)
+        .post_json(
+            "/payments/callback",
+            &[("norepeat-signature", &good)],
+            &body,
+        )
         .await;
     assert_eq!(a.body, json!({"result": "applied"}));
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
@@ -289,14 +305,9 @@ async fn another_users_order_is_not_found(backend: Backend) {
             .map(|d| d.replace("ord_nope", "X")),
         "another user's order reads exactly as an unknown one"
     );
-    let anonymous = s
-        .request("GET", &format!("/orders/{id}"), &[], "")
-        .await;
+    let anonymous = s.request("GET", &format!("/orders/{id}"), &[], "").await;
     assert_eq!(anonymous.code(), (401, "unauthenticated"));
-    assert_eq!(
-        s.get("/orders", "mallory").await.body["orders"],
-        json!([])
-    );
+    assert_eq!(s.get("/orders", "mallory").await.body["orders"], json!([]));
     assert_eq!(s.get("/points", "mallory").await.body["points"], 0);
 }
 
@@ -320,7 +331,8 @@ async fn control_characters_are_refused(backend: Backend) {
         .unwrap()
         .to_owned();
     let order_id = s.order("u1").await;
-    let bodies: Vec<(&str, Vec<(&str, &str)>, String)> = vec![
+    type Headers<'a> = Vec<(&'a str, &'a str)>;
+    let bodies: Vec<(&str, Headers<'_>, String)> = vec![
         (
             "/orders/quick",
             user.to_vec(),
@@ -381,7 +393,13 @@ async fn control_characters_are_refused(backend: Backend) {
         assert_eq!(a.code(), (400, "invalid_request"), "{method} {path}");
     }
     // Nothing was written, and the shop still serves.
-    assert_eq!(s.get("/orders", "u1").await.body["orders"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        s.get("/orders", "u1").await.body["orders"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(s.get("/stock/SKU-1", "u1").await.body["available"], 99);
 }
 

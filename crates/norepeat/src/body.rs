@@ -83,8 +83,7 @@ pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
         return BodyKind::Json;
     }
     let e = essence(ct);
-    let generic =
-        e.is_empty() || e == "text/plain" || e == "application/x-www-form-urlencoded";
+    let generic = e.is_empty() || e == "text/plain" || e == "application/x-www-form-urlencoded";
     if generic
         && matches!(
             body.iter().find(|b| !b.is_ascii_whitespace()),

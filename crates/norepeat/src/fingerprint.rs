@@ -170,8 +170,7 @@ impl Fingerprinter {
     /// holds an object with a key given twice, a lone surrogate escape, or
     /// nests deeper than 128 levels.
     pub fn canonicalize(&self, body: &[u8]) -> Result<Vec<u8>, InvalidJson> {
-        let text = std::str::from_utf8(body)
-            .map_err(|e| InvalidJson(format!("not UTF-8: {e}")))?;
+        let text = std::str::from_utf8(body).map_err(|e| InvalidJson(format!("not UTF-8: {e}")))?;
         let mut p = jcs::Parser {
             s: text.as_bytes(),
             text,

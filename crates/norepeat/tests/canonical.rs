@@ -70,7 +70,11 @@ async fn one_and_one_point_zero_are_one_request() {
             r#"{"quantity":1e0,"sku":"S"}"#,
             r#"{ "sku" : "\u0053", "quantity" : 10E-1 }"#,
         ] {
-            assert_eq!(send(&app, JSON, retry).await.0, StatusCode::CONFLICT, "{retry}");
+            assert_eq!(
+                send(&app, JSON, retry).await.0,
+                StatusCode::CONFLICT,
+                "{retry}"
+            );
         }
         // Numbers a double cannot tell apart are still different requests.
         assert_eq!(
@@ -95,7 +99,10 @@ async fn duplicate_keys_are_an_invalid_request() {
         ] {
             let (status, problem) = send(&app, "application/json", body).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-            assert!(problem.contains("\"code\":\"invalid_request\""), "{problem}");
+            assert!(
+                problem.contains("\"code\":\"invalid_request\""),
+                "{problem}"
+            );
             assert!(problem.contains("duplicate key"), "{problem}");
         }
     })
@@ -107,16 +114,31 @@ async fn only_json_media_types_are_read_as_json() {
     let app = app(AnyStore::Memory(MemoryStore::default()));
     // A +json type is JSON: key order does not matter.
     let ct = "application/vnd.shop+json; charset=utf-8";
-    assert_eq!(send(&app, ct, r#"{"a":1,"b":2}"#).await.0, StatusCode::CREATED);
-    assert_eq!(send(&app, ct, r#"{"b":2,"a":1}"#).await.0, StatusCode::CONFLICT);
+    assert_eq!(
+        send(&app, ct, r#"{"a":1,"b":2}"#).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, ct, r#"{"b":2,"a":1}"#).await.0,
+        StatusCode::CONFLICT
+    );
     // NDJSON is a stream of values, not JSON: its bytes are the request.
     let ct = "application/x-ndjson";
-    assert_eq!(send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0, StatusCode::CREATED);
-    assert_eq!(send(&app, ct, "{\"d\":2,\"c\":1}\n").await.0, StatusCode::CREATED);
+    assert_eq!(
+        send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, ct, "{\"d\":2,\"c\":1}\n").await.0,
+        StatusCode::CREATED
+    );
     assert_eq!(
         send(&app, ct, "{\"c\":1}\n{\"c\":2}\n").await.0,
         StatusCode::CREATED,
         "two lines are not malformed JSON"
     );
-    assert_eq!(send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0, StatusCode::CONFLICT);
+    assert_eq!(
+        send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0,
+        StatusCode::CONFLICT
+    );
 }

@@ -193,8 +193,8 @@ mod tests {
 
     #[test]
     fn control_characters_are_refused() {
-        let m = object(br#"{"a":"x\u0000","b":"y\u007f","c":"z\n","d":"ok \u00e9"}"#)
-            .expect("valid");
+        let m =
+            object(br#"{"a":"x\u0000","b":"y\u007f","c":"z\n","d":"ok \u00e9"}"#).expect("valid");
         for f in ["a", "b", "c"] {
             assert!(string(&m, f, 64).is_err(), "{f}");
         }

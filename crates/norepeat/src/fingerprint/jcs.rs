@@ -274,7 +274,9 @@ impl Parser<'_> {
                             } else {
                                 hi
                             };
-                            out.push(char::from_u32(code).ok_or_else(|| err("lone surrogate", at))?);
+                            out.push(
+                                char::from_u32(code).ok_or_else(|| err("lone surrogate", at))?,
+                            );
                             continue;
                         }
                         _ => return Err(err("bad escape", self.pos)),
@@ -442,7 +444,6 @@ fn ecmascript(d: &Decimal) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
     fn canon(json: &str) -> String {
         let fp = super::super::Fingerprinter::ignoring::<[&str; 0], &str>([]);
@@ -492,7 +493,10 @@ mod tests {
             ("9007199254740993", "9007199254740993"),
             ("-18446744073709551617", "-18446744073709551617"),
             ("1e400", "1e+400"),
-            ("1234567890123456789012345", "1.234567890123456789012345e+24"),
+            (
+                "1234567890123456789012345",
+                "1.234567890123456789012345e+24",
+            ),
         ] {
             assert_eq!(canon(input), want, "{input}");
         }
@@ -523,9 +527,26 @@ mod tests {
     fn strict_reading() {
         let fp = super::super::Fingerprinter::default();
         for bad in [
-            "", " ", "{", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "-", "1e", "+1", "NaN",
-            "\"\\ud800\"", "\"\\udc00\"", "\"a\u{1}\"", "\"\\x\"", "[1] [2]", "tru",
-            "{\"a\" 1}", "{1:2}",
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "1e",
+            "+1",
+            "NaN",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"a\u{1}\"",
+            "\"\\x\"",
+            "[1] [2]",
+            "tru",
+            "{\"a\" 1}",
+            "{1:2}",
         ] {
             assert!(fp.canonicalize(bad.as_bytes()).is_err(), "{bad:?}");
         }
