@@ -52,14 +52,14 @@
 //! use norepeat::webhook::{WebhookLayer, WebhookVerifier, SIGNATURE_HEADER};
 //! use tower::ServiceExt;
 //!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let verifier = WebhookVerifier::new("whsec_shared");
 //! let app: Router = Router::new().route(
 //!     "/payments/callback",
 //!     post(|body: Bytes| async move { format!("got {} bytes", body.len()) })
 //!         .layer(WebhookLayer::new(verifier.clone())),
 //! );
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! # let app = app.clone();
+//!
 //! let body = r#"{"paymentId":"p-1","status":"SUCCESS"}"#;
 //! let signed = Request::post("/payments/callback")
 //!     .header(SIGNATURE_HEADER, verifier.sign_now(body.as_bytes()))
