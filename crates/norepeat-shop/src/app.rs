@@ -83,6 +83,12 @@ impl AppState {
     /// # Errors
     /// When either cannot be reached.
     pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
+        if cfg.callback_verifier().is_none() {
+            tracing::warn!(
+                "NOREPEAT_CALLBACK_SECRET is not set: payment callbacks are accepted unsigned, \
+                 so anyone who can reach POST /payments/callback can mark a payment paid"
+            );
+        }
         let db = Db::connect(cfg.database_url.as_deref()).await?;
         let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
             Ok(s) => s,

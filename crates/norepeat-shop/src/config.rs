@@ -58,9 +58,14 @@ pub struct ShopConfig {
     /// `sqlite://PATH?mode=rwc` or `postgres://...`; unset: `./norepeat-shop.db`.
     #[arg(long = "database", env = "DATABASE_URL")]
     pub database_url: Option<String>,
-    /// Shared secret for `/admin/*` (header `X-Admin-Token`); unset: admin routes answer 404.
+    /// Shared secret for `/admin/*` (header `X-Admin-Token`); unset or empty: admin routes answer 404.
     #[arg(long, env = "NOREPEAT_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
+    /// Shared secret of the payment provider: every `POST /payments/callback`
+    /// must carry a valid `Norepeat-Signature`; unset or empty: callbacks are
+    /// accepted unsigned (and the shop warns at start).
+    #[arg(long, env = "NOREPEAT_CALLBACK_SECRET", hide_env_values = true)]
+    pub callback_secret: Option<String>,
     /// Fingerprint window of `POST /orders/quick`, in milliseconds.
     #[arg(long, env = "NOREPEAT_FP_WINDOW_MS", default_value_t = 3000)]
     pub fp_window_ms: u64,
@@ -102,6 +107,7 @@ impl Default for ShopConfig {
             redis_url: None,
             database_url: None,
             admin_token: None,
+            callback_secret: None,
             fp_window_ms: 3000,
             token_ttl_s: 60,
             payment_latency_ms: 0,
@@ -121,6 +127,20 @@ impl ShopConfig {
     #[must_use]
     pub fn fp_window(&self) -> Duration {
         Duration::from_millis(self.fp_window_ms.max(1))
+    }
+    /// The admin token, if admin is on (set and not empty).
+    #[must_use]
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref().filter(|t| !t.is_empty())
+    }
+    /// The verifier of the payment provider's callbacks, if a (non-empty)
+    /// secret is set.
+    #[must_use]
+    pub fn callback_verifier(&self) -> Option<norepeat::webhook::WebhookVerifier> {
+        self.callback_secret
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(norepeat::webhook::WebhookVerifier::new)
     }
     /// The store time budget.
     #[must_use]

@@ -80,6 +80,16 @@ impl OrderConsumer {
     /// # Errors
     /// When the delivery must come again (see [`ConsumeError`]).
     pub async fn handle(&self, msg: &OrderMessage) -> Result<Delivered, ConsumeError> {
+        // A control character (NUL above all) is refused by PostgreSQL on
+        // every delivery: refuse the message once instead of redelivering a
+        // poison message forever.
+        let control = |s: &str| s.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}');
+        if [&msg.message_id, &msg.user_id, &msg.sku]
+            .iter()
+            .any(|s| control(s))
+        {
+            return Ok(Delivered::Refused);
+        }
         if self.state.cfg.defence.guard() {
             self.place_once(msg).await
         } else {

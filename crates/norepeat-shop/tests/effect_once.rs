@@ -171,6 +171,7 @@ async fn thirty_success_notices_apply_once_and_reconciliation_repairs_once() {
         assert_eq!(applied, 1, "{}", db.url());
         let (_, o) = json_of(
             http.get(format!("{}/orders/{order_id}", bases[0]))
+                .header("x-user-id", "payer")
                 .send()
                 .await
                 .unwrap(),
@@ -228,6 +229,7 @@ async fn thirty_success_notices_apply_once_and_reconciliation_repairs_once() {
         assert_eq!(marked(&r1) + marked(&r2), 1, "{r1} {r2}");
         let (_, o2) = json_of(
             http.get(format!("{}/orders/{order2_id}", bases[1]))
+                .header("x-user-id", "payer")
                 .send()
                 .await
                 .unwrap(),

@@ -408,10 +408,10 @@ async fn reading_orders_and_stock() {
     let list = s.get("/orders", Some("u9")).await;
     assert_eq!(list.body["orders"].as_array().unwrap().len(), 1);
     assert_eq!(s.get("/orders", Some("u8")).await.body["orders"], json!([]));
-    let one = s.get(&format!("/orders/{id}"), None).await;
+    let one = s.get(&format!("/orders/{id}"), Some("u9")).await;
     assert_eq!(one.body["orderId"], id.as_str());
     assert_eq!(
-        s.get("/orders/ord_nope", None).await.status,
+        s.get("/orders/ord_nope", Some("u9")).await.status,
         StatusCode::NOT_FOUND
     );
     assert_eq!(
@@ -630,7 +630,7 @@ async fn payments_replay_mismatch_and_key_rules() {
         )
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
-    let o = s.get(&format!("/orders/{order_id}"), None).await;
+    let o = s.get(&format!("/orders/{order_id}"), Some("p1")).await;
     assert_eq!(o.body["status"], "PAID");
 }
 

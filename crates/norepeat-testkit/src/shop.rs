@@ -9,6 +9,38 @@ use tokio::process::{Child, Command};
 
 /// How long the binary gets to print its `listening on` line.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The environment variable holding the payment provider's secret: when a
+/// shop runs with it, every `POST /payments/callback` must be signed (see
+/// [`sign_callback`]).
+pub const CALLBACK_SECRET_ENV: &str = "NOREPEAT_CALLBACK_SECRET";
+
+/// The `Norepeat-Signature` header value a payment provider holding `secret`
+/// puts on a callback whose raw body is `body`, sent at `timestamp` (unix
+/// seconds): `t=<timestamp>,v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>`.
+///
+/// Written apart from the library's `norepeat::webhook` on purpose, so a
+/// test signing with it checks the shop against the contract, not against
+/// itself.
+pub fn sign_callback(secret: &str, timestamp: u64, body: &[u8]) -> String {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
+        .expect("norepeat-testkit: HMAC takes keys of any length");
+    mac.update(format!("{timestamp}.").as_bytes());
+    mac.update(body);
+    format!(
+        "t={timestamp},v1={}",
+        hex::encode(mac.finalize().into_bytes())
+    )
+}
+
+/// [`sign_callback`] at the current time.
+pub fn sign_callback_now(secret: &str, body: &[u8]) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    sign_callback(secret, now, body)
+}
+
 /// The marker searched for in stdout.
 const LISTENING_MARKER: &str = "listening on http://";
 
@@ -200,6 +232,15 @@ async fn forward_lines(reader: impl AsyncRead + Unpin, prefix: String) {
 #[cfg(test)]
 mod tests {
     use super::parse_listening;
+
+    #[test]
+    fn signs_as_the_contract_says() {
+        // HMAC-SHA256("secret", "1700000000.{}"), computed with openssl.
+        assert_eq!(
+            super::sign_callback("secret", 1_700_000_000, b"{}"),
+            "t=1700000000,v1=b8569b78799ff9e3cbff0fc2d63a33a2b57f3282abd07c37ae5e8e7d79a5f163"
+        );
+    }
 
     #[test]
     fn parses_listening_lines() {

@@ -46,6 +46,32 @@ pub(crate) enum BodyKind {
     Bytes,
 }
 
+/// The media type's essence (`type/subtype`, lower case, no parameters).
+fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a media type is JSON: `application/json` or any `type/x+json`
+/// (RFC 6839 structured syntax suffix), parameters allowed. Not NDJSON
+/// (`application/x-ndjson`), not `application/json-seq`: a stream of values
+/// is not one JSON value.
+pub(crate) fn is_json(content_type: &str) -> bool {
+    let e = essence(content_type);
+    match e.split_once('/') {
+        Some((ty, sub)) => {
+            !ty.is_empty()
+                && (e == "application/json"
+                    || sub.strip_suffix("+json").is_some_and(|s| !s.is_empty()))
+        }
+        None => false,
+    }
+}
+
 /// Sniffs how to fingerprint a body, without parsing it (the fingerprint
 /// parses it once).
 pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
@@ -53,11 +79,11 @@ pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if ct.contains("json") {
+    if is_json(ct) {
         return BodyKind::Json;
     }
-    let generic =
-        ct.is_empty() || ct.starts_with("text/plain") || ct.contains("x-www-form-urlencoded");
+    let e = essence(ct);
+    let generic = e.is_empty() || e == "text/plain" || e == "application/x-www-form-urlencoded";
     if generic
         && matches!(
             body.iter().find(|b| !b.is_ascii_whitespace()),
@@ -67,5 +93,52 @@ pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
         BodyKind::MaybeJson
     } else {
         BodyKind::Bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_media_types() {
+        for ct in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/problem+json",
+            "application/vnd.api+json;v=2",
+            " application/merge-patch+json ",
+        ] {
+            assert!(is_json(ct), "{ct}");
+        }
+        for ct in [
+            "",
+            "application/x-ndjson",
+            "application/json-seq",
+            "application/jsonl",
+            "text/plain; note=json",
+            "application/+json",
+            "json",
+            "text/json5",
+            "application/jsonp",
+        ] {
+            assert!(!is_json(ct), "{ct}");
+        }
+    }
+
+    #[test]
+    fn ndjson_is_bytes() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-ndjson"),
+        );
+        assert_eq!(kind(&h, b"{\"a\":1}\n{\"a\":2}\n"), BodyKind::Bytes);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        assert_eq!(kind(&h, b"{}"), BodyKind::Json);
     }
 }

@@ -2,10 +2,29 @@
 //!
 //! A fingerprint is BLAKE3 over, in order and length-prefixed: the user,
 //! the method, the route template, the query parameters sorted, and the body.
-//! A JSON body is canonicalised first: object keys sorted at every depth and
-//! the ignored fields (default `traceId`, `timestamp`, `random`, `sign`)
-//! dropped at every depth, so `{"b":1,"a":2}` and `{"a":2,"b":1,"traceId":"x"}`
-//! are the same request. Any other body is hashed as bytes.
+//! A JSON body is canonicalised first, to its RFC 8785 (JSON Canonicalization
+//! Scheme) form with the ignored fields (default `traceId`, `timestamp`,
+//! `random`, `sign`; see [`Fingerprinter::ignoring`]) dropped at every depth:
+//!
+//! - object keys sorted by their UTF-16 code units, at every depth, so
+//!   `{"b":1,"a":2}` and `{"a":2,"b":1,"traceId":"x"}` are the same request;
+//! - numbers in their ECMAScript form, so `1`, `1.0` and `1e0` are the same
+//!   request (a client that re-serialises its retry is not refused as a
+//!   different one);
+//! - strings with the minimal escapes, so `"\u00e9"` and `"é"` are the same;
+//! - an object with a key given twice is refused ([`InvalidJson`]) rather
+//!   than read as "the last one wins": the handler's parser might keep the
+//!   first, and the fingerprint must not see another request than it does.
+//!
+//! One deliberate departure from RFC 8785, which reads every number as an
+//! IEEE 754 double: an integer a double cannot hold (`9007199254740993`, an
+//! id beyond 64 bits, `1e400`) is kept exactly, in the same layout
+//! (`12345678901234567890123` is `1.2345678901234567890123e+22`, not its
+//! double's `1.2345678901234568e+22`), instead of being rounded into its
+//! neighbour's form, so two different integers are never one request.
+//! Every integer a double holds, and every number with a fractional part,
+//! canonicalises as in RFC 8785 (`0.10000000000000001` is `0.1`, as a
+//! `%.17g` serialiser writes it). Any other body is hashed as bytes.
 //!
 //! ```
 //! use norepeat::fingerprint::{Fingerprinter, RequestParts};
@@ -22,8 +41,9 @@
 //! ```
 
 use crate::keys::feed_parts;
-use serde_json::Value;
 use std::sync::Arc;
+
+mod jcs;
 
 /// The fields left out of a JSON body's fingerprint unless configured
 /// otherwise: values that differ on every send of the same submission.
@@ -51,10 +71,11 @@ pub struct RequestParts<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
 
-/// The body claimed to be JSON and was not.
+/// The body claimed to be JSON and was not (or was ambiguous JSON: a key
+/// given twice in one object).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("request body is not valid JSON: {0}")]
-pub struct InvalidJson(String);
+pub struct InvalidJson(pub(crate) String);
 
 /// Computes fingerprints; holds the set of ignored fields.
 #[derive(Debug, Clone)]
@@ -71,7 +92,29 @@ impl Default for Fingerprinter {
 
 impl Fingerprinter {
     /// A fingerprinter that drops the JSON fields named in `fields`, at any
-    /// depth.
+    /// depth, in place of [`DEFAULT_IGNORED_FIELDS`].
+    ///
+    /// A field named here is ignored wherever it appears, whatever it
+    /// means there: with the default list, a business field called `sign`
+    /// or `timestamp` (a signed contract, a delivery time) does not tell two
+    /// requests apart, so two submissions differing only in it are taken as
+    /// one. Name only fields that really vary between sends of the same
+    /// submission; pass an empty list to ignore nothing.
+    ///
+    /// ```
+    /// use norepeat::fingerprint::{Fingerprinter, RequestParts};
+    /// let req = |body: &'static [u8]| RequestParts {
+    ///     user: "u1", method: "POST", route: "/contracts", query: None, json: true, body,
+    /// };
+    /// let a = req(br#"{"sign":"alice"}"#);
+    /// let b = req(br#"{"sign":"bob"}"#);
+    /// // The default list ignores `sign`: these two are one request...
+    /// let default = Fingerprinter::default();
+    /// assert_eq!(default.fingerprint(&a).unwrap(), default.fingerprint(&b).unwrap());
+    /// // ...a list without it tells them apart.
+    /// let mine = Fingerprinter::ignoring(["traceId"]);
+    /// assert_ne!(mine.fingerprint(&a).unwrap(), mine.fingerprint(&b).unwrap());
+    /// ```
     #[must_use]
     pub fn ignoring<I, F>(fields: I) -> Self
     where
@@ -99,10 +142,9 @@ impl Fingerprinter {
         );
         hash_query(&mut h, parts.query.unwrap_or(""));
         if parts.json {
-            let value: Value =
-                serde_json::from_slice(parts.body).map_err(|e| InvalidJson(e.to_string()))?;
+            let canonical = self.canonicalize(parts.body)?;
             h.update(b"J");
-            self.hash_value(&mut h, &value);
+            h.update(&canonical);
         } else {
             h.update(b"B");
             feed_parts(&mut h, &[parts.body]);
@@ -110,51 +152,35 @@ impl Fingerprinter {
         Ok(Fingerprint(*h.finalize().as_bytes()))
     }
 
-    fn is_ignored(&self, field: &str) -> bool {
-        self.ignored.iter().any(|f| &**f == field)
-    }
-
-    fn hash_value(&self, h: &mut blake3::Hasher, v: &Value) {
-        match v {
-            Value::Null => {
-                h.update(b"z");
-            }
-            Value::Bool(b) => {
-                h.update(if *b { b"t" } else { b"f" });
-            }
-            Value::Number(n) => {
-                let s = n.to_string();
-                h.update(b"n");
-                h.update(&(s.len() as u64).to_le_bytes());
-                h.update(s.as_bytes());
-            }
-            Value::String(s) => {
-                h.update(b"s");
-                h.update(&(s.len() as u64).to_le_bytes());
-                h.update(s.as_bytes());
-            }
-            Value::Array(items) => {
-                h.update(b"a");
-                h.update(&(items.len() as u64).to_le_bytes());
-                for item in items {
-                    self.hash_value(h, item);
-                }
-            }
-            Value::Object(map) => {
-                // serde_json's map is sorted unless a crate in the build turns
-                // on `preserve_order`; sort anyway (cheap on sorted input).
-                let mut fields: Vec<(&String, &Value)> =
-                    map.iter().filter(|(k, _)| !self.is_ignored(k)).collect();
-                fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                h.update(b"o");
-                h.update(&(fields.len() as u64).to_le_bytes());
-                for (k, v) in fields {
-                    h.update(&(k.len() as u64).to_le_bytes());
-                    h.update(k.as_bytes());
-                    self.hash_value(h, v);
-                }
-            }
-        }
+    /// The canonical form of a JSON body: RFC 8785 (JCS) text of the body
+    /// with the ignored fields dropped at every depth. This is what the
+    /// fingerprint hashes for a JSON body.
+    ///
+    /// ```
+    /// use norepeat::fingerprint::Fingerprinter;
+    /// let fp = Fingerprinter::default();
+    /// let c = fp.canonicalize(br#"{ "b": [1.0, 1e2, -0], "a": "\u00e9", "sign": "x" }"#).unwrap();
+    /// assert_eq!(c, r#"{"a":"é","b":[1,100,0]}"#.as_bytes());
+    /// // Duplicate keys are an error, not "the last one wins".
+    /// assert!(fp.canonicalize(br#"{"a":1,"a":2}"#).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidJson`] when the body is not one JSON value (RFC 8259, UTF-8),
+    /// holds an object with a key given twice, a lone surrogate escape, or
+    /// nests deeper than 128 levels.
+    pub fn canonicalize(&self, body: &[u8]) -> Result<Vec<u8>, InvalidJson> {
+        let text = std::str::from_utf8(body).map_err(|e| InvalidJson(format!("not UTF-8: {e}")))?;
+        let mut p = jcs::Parser {
+            s: text.as_bytes(),
+            text,
+            pos: 0,
+            ignored: &self.ignored,
+        };
+        let value = p.document()?;
+        let mut out = Vec::with_capacity(body.len());
+        value.write(&mut out);
+        Ok(out)
     }
 }
 
@@ -230,6 +256,49 @@ mod tests {
         assert_eq!(a, f.fingerprint(&same).unwrap());
         assert_ne!(a, f.fingerprint(&other_user).unwrap());
         assert_ne!(a, f.fingerprint(&other_route).unwrap());
+    }
+
+    #[test]
+    fn one_and_one_point_zero_are_one_request() {
+        assert_eq!(fp_of(r#"{"q":1}"#), fp_of(r#"{"q":1.0}"#));
+        assert_eq!(fp_of(r#"{"q":100}"#), fp_of(r#"{"q":1e2}"#));
+        assert_eq!(fp_of(r#"{"q":0}"#), fp_of(r#"{"q":-0.0}"#));
+        assert_eq!(fp_of(r#"{"q":"\u00e9"}"#), fp_of(r#"{"q":"é"}"#));
+        assert_ne!(fp_of(r#"{"q":1}"#), fp_of(r#"{"q":1.5}"#));
+    }
+
+    #[test]
+    fn big_integers_are_not_collapsed() {
+        // Both round to the same double (2^53); they are different numbers.
+        assert_ne!(
+            fp_of(r#"{"q":9007199254740993}"#),
+            fp_of(r#"{"q":9007199254740992}"#)
+        );
+        assert_ne!(
+            fp_of(r#"{"q":123456789012345678901234567890}"#),
+            fp_of(r#"{"q":123456789012345678901234567891}"#)
+        );
+        assert_eq!(
+            fp_of(r#"{"q":123456789012345678901234567890}"#),
+            fp_of(r#"{"q":1234567890123456789012345678.9e2}"#)
+        );
+        assert_ne!(fp_of(r#"{"q":1e400}"#), fp_of(r#"{"q":1e401}"#));
+        // Fractions are doubles, as RFC 8785 reads them.
+        assert_eq!(fp_of(r#"{"q":0.1}"#), fp_of(r#"{"q":0.10000000000000001}"#));
+    }
+
+    #[test]
+    fn duplicate_keys_are_an_error_at_any_depth() {
+        let f = Fingerprinter::default();
+        for body in [
+            r#"{"a":1,"a":1}"#,
+            r#"{"a":{"b":1,"b":2}}"#,
+            r#"[{"sign":1,"sign":2}]"#,
+            r#"{"a":1,"\u0061":2}"#,
+        ] {
+            assert!(f.canonicalize(body.as_bytes()).is_err(), "{body}");
+        }
+        assert!(f.canonicalize(br#"{"a":{"b":1},"b":{"a":1}}"#).is_ok());
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! - [`ratelimit`]: cap the flow of different requests;
 //! - [`store`]: Redis, Redis Cluster or memory, every change one atomic
 //!   operation;
+//! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
+//!   raw body, constant-time, with a replay window);
 //! - [`keys`], [`identity`], [`problem`]: the shared vocabulary;
 //! - [`guard()`](macro@guard) and [`once`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
@@ -45,6 +47,7 @@ pub mod problem;
 pub mod ratelimit;
 pub mod store;
 pub mod token;
+pub mod webhook;
 
 /// Guards an `async fn` against repeats: one line, and every call is guarded.
 ///

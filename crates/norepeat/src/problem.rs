@@ -51,6 +51,9 @@ pub enum Code {
     /// 409: a payment for an order that cannot take one (not awaiting
     /// payment, or it already has a live payment).
     OrderNotPayable,
+    /// 401: a signed request (a webhook) whose signature is missing, wrong
+    /// or too old; see [`webhook`](crate::webhook).
+    InvalidSignature,
 }
 
 impl Code {
@@ -70,6 +73,7 @@ impl Code {
             Code::RateLimited => "rate_limited",
             Code::GuardUnavailable => "guard_unavailable",
             Code::OrderNotPayable => "order_not_payable",
+            Code::InvalidSignature => "invalid_signature",
         }
     }
 
@@ -81,7 +85,7 @@ impl Code {
             | Code::MissingToken
             | Code::MissingIdempotencyKey
             | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::Unauthenticated | Code::InvalidSignature => StatusCode::UNAUTHORIZED,
             Code::DuplicateSubmission | Code::IdempotencyKeyInUse | Code::OrderNotPayable => {
                 StatusCode::CONFLICT
             }
@@ -108,6 +112,7 @@ impl Code {
             Code::RateLimited => "Too many requests",
             Code::GuardUnavailable => "Guard unavailable",
             Code::OrderNotPayable => "Order not payable",
+            Code::InvalidSignature => "Invalid signature",
         }
     }
 }

@@ -1,10 +1,10 @@
 //! Admin routes, behind `X-Admin-Token`.
 
-use super::body;
+use super::body::{self, Segment};
 use crate::app::AppState;
 use crate::error::{ApiError, unauthenticated};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{post, put};
 use axum::{Json, Router};
@@ -16,32 +16,43 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/admin/reconcile", post(reconcile))
 }
 
-/// Admin routes do not exist without a configured token; with one, the
-/// header must match it.
+/// Admin routes do not exist without a configured (non-empty) token; with
+/// one, the header must match it.
 fn check(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = s.cfg.admin_token.as_deref() else {
+    let Some(expected) = s.cfg.admin_token() else {
         return Err(ApiError::NotFound("No such route.".into()));
     };
     let given = headers
         .get("x-admin-token")
         .map(axum::http::HeaderValue::as_bytes)
         .unwrap_or_default();
-    let same = given.len() == expected.len()
-        && given
-            .iter()
-            .zip(expected.as_bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if same { Ok(()) } else { Err(unauthenticated()) }
+    if same_secret(given, expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(unauthenticated())
+    }
+}
+
+/// Compares two secrets in constant time, length included: both sides are
+/// hashed to 32 bytes first, so neither the position of the first difference
+/// nor the expected length shows in the time taken.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let a = Sha256::digest(given);
+    let b = Sha256::digest(expected);
+    bool::from(a.as_slice().ct_eq(b.as_slice()))
 }
 
 async fn set_stock(
     State(s): State<AppState>,
-    Path(sku): Path<String>,
+    sku: Result<Segment, ApiError>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
+    // Admin first: with admin off, even a malformed path is "no such route".
     check(&s, &headers)?;
+    let Segment(sku) = sku?;
     if sku.is_empty() || sku.chars().count() > 64 {
         return Err(ApiError::Invalid(
             "The sku must be 1 to 64 characters.".into(),
@@ -58,4 +69,17 @@ async fn reconcile(State(s): State<AppState>, headers: HeaderMap) -> Result<Json
     let report = s.db.reconcile().await?;
     crate::events::kick(&s.events);
     Ok(Json(json!({"repaired": report.total(), "report": report})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_secret;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cret", b"s3cre"));
+        assert!(!same_secret(b"", b"s3cret"));
+        assert!(!same_secret(b"s3creT", b"s3cret"));
+    }
 }

@@ -1,10 +1,19 @@
-//! Reading and validating JSON bodies.
+//! Reading and validating what a request carries: JSON bodies and path
+//! segments. Every string the shop stores or looks up passes through
+//! [`string`] or [`Segment`], which refuse control characters (U+0000 to
+//! U+001F, U+007F): PostgreSQL refuses NUL in text, and no sku, id or key
+//! needs any of them.
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use norepeat::problem::{Code, Problem};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+use std::fmt;
 
 /// Largest body the shop reads.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
@@ -22,9 +31,10 @@ pub(crate) async fn read(body: Body) -> Result<Bytes, ApiError> {
     }
 }
 
-/// Parses a JSON object.
+/// Parses a JSON object; a key given twice in any object of it is an error
+/// (not "the last one wins").
 pub(crate) fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(bytes) {
+    match serde_json::from_slice::<Strict>(bytes).map(|s| s.0) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::Invalid("The body must be a JSON object.".into())),
         Err(e) => Err(ApiError::Invalid(format!(
@@ -36,6 +46,9 @@ pub(crate) fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
 /// A required string field of 1 to `max` characters.
 pub(crate) fn string(m: &Map<String, Value>, field: &str, max: usize) -> Result<String, ApiError> {
     match m.get(field) {
+        Some(Value::String(s)) if has_control(s) => Err(ApiError::Invalid(format!(
+            "`{field}` must not contain control characters."
+        ))),
         Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= max => Ok(s.clone()),
         Some(Value::String(_)) => Err(ApiError::Invalid(format!(
             "`{field}` must be 1 to {max} characters."
@@ -77,5 +90,114 @@ pub(crate) fn integer(
             range.start(),
             range.end()
         )))
+    }
+}
+
+/// Whether a string carries a control character (U+0000 to U+001F, U+007F).
+pub(crate) fn has_control(s: &str) -> bool {
+    s.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
+}
+
+/// One path parameter (`/stock/{sku}`), percent-decoded, as UTF-8 without
+/// control characters: 400 `invalid_request` otherwise (axum's own `Path`
+/// answers plain text).
+#[derive(Debug, Clone)]
+pub(crate) struct Segment(pub(crate) String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(v) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::Invalid(format!("Invalid path: {}", e.body_text())))?;
+        if has_control(&v) {
+            return Err(ApiError::Invalid(
+                "A path segment must not contain control characters.".into(),
+            ));
+        }
+        Ok(Segment(v))
+    }
+}
+
+/// A `serde_json::Value` that refuses a key given twice in one object.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut m = Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let Strict(v) = map.next_value()?;
+            if m.contains_key(&k) {
+                return Err(de::Error::custom(format_args!("duplicate key `{k}`")));
+            }
+            m.insert(k, v);
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        assert!(object(br#"{"a":1,"a":2}"#).is_err());
+        assert!(object(br#"{"a":{"b":[{"c":1,"c":1}]}}"#).is_err());
+        assert!(object(br#"{"a":1,"\u0061":2}"#).is_err());
+        let m = object(br#"{"a":{"b":1},"b":[1,2.5,"x",null,true]}"#).expect("valid");
+        assert_eq!(m["b"][1], 2.5);
+    }
+
+    #[test]
+    fn control_characters_are_refused() {
+        let m =
+            object(br#"{"a":"x\u0000","b":"y\u007f","c":"z\n","d":"ok \u00e9"}"#).expect("valid");
+        for f in ["a", "b", "c"] {
+            assert!(string(&m, f, 64).is_err(), "{f}");
+        }
+        assert_eq!(string(&m, "d", 64).expect("fine"), "ok \u{e9}");
     }
 }

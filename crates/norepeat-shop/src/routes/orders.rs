@@ -1,11 +1,12 @@
 //! Orders: the token route, the fingerprint route, reading.
 
-use super::{body, user};
+use super::body::{self, Segment};
+use super::user;
 use crate::app::AppState;
 use crate::db::CreateOutcome;
 use crate::error::ApiError;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -198,9 +199,16 @@ async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response,
     Ok(Json(json!({ "orders": orders })).into_response())
 }
 
-async fn one(State(s): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+/// `GET /orders/{orderId}`: the caller's own order only; another user's is
+/// answered exactly as an unknown one, so ids cannot be probed.
+async fn one(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Segment(id): Segment,
+) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
     match s.db.order(&id).await? {
-        Some(o) => Ok(Json(o).into_response()),
-        None => Err(ApiError::NotFound(format!("No order {id}."))),
+        Some(o) if o.user_id == user => Ok(Json(o).into_response()),
+        _ => Err(ApiError::NotFound(format!("No order {id}."))),
     }
 }

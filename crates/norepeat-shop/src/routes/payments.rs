@@ -1,11 +1,12 @@
 //! Payments (Idempotency-Key), the provider's callback, the flash sale.
 
-use super::{body, user};
+use super::body::{self, Segment};
+use super::user;
 use crate::app::AppState;
 use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome};
 use crate::error::ApiError;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -67,8 +68,19 @@ async fn create_payment(
     }
 }
 
-async fn callback(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
-    let m = body::object(&body::read(body).await?)?;
+async fn callback(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = body::read(body).await?;
+    // The provider's signature, over the raw bytes, before anything else.
+    if let Some(verifier) = s.cfg.callback_verifier() {
+        verifier
+            .verify_headers(&headers, &bytes)
+            .map_err(|e| e.to_problem())?;
+    }
+    let m = body::object(&bytes)?;
     let payment_id = body::string(&m, "paymentId", 128)?;
     let success = match body::string(&m, "status", 16)?.as_str() {
         "SUCCESS" => true,
@@ -101,7 +113,7 @@ async fn callback(State(s): State<AppState>, body: Body) -> Result<Response, Api
 
 async fn flash_sale(
     State(s): State<AppState>,
-    Path(sku): Path<String>,
+    Segment(sku): Segment,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {

@@ -1,8 +1,9 @@
 //! Stock levels.
 
+use super::body::Segment;
 use crate::app::AppState;
 use crate::error::ApiError;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -11,10 +12,7 @@ pub(super) fn routes() -> Router<AppState> {
     Router::new().route("/stock/{sku}", get(stock))
 }
 
-async fn stock(
-    State(s): State<AppState>,
-    Path(sku): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+async fn stock(State(s): State<AppState>, Segment(sku): Segment) -> Result<Json<Value>, ApiError> {
     match s.db.stock(&sku).await? {
         Some(available) => Ok(Json(json!({"sku": sku, "available": available}))),
         None => Err(ApiError::NotFound(format!("No product {sku}."))),

@@ -1,0 +1,466 @@
+//! Issue 14: who may do what, and what input may reach the database.
+//! Against the shop binary, as a user runs it, on SQLite and on a fresh
+//! PostgreSQL database.
+
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use norepeat_testkit::{PgDatabase, ShopProcess, sign_callback, sign_callback_now};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const SECRET: &str = "whsec_test";
+
+/// Where the shop keeps its data for one test.
+enum Backing {
+    Sqlite(std::path::PathBuf),
+    /// Kept for its drop, which drops the database.
+    Postgres {
+        _db: PgDatabase,
+    },
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Backing::Sqlite(dir) = self {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+struct Shop {
+    base: String,
+    http: reqwest::Client,
+    _process: ShopProcess,
+    _backing: Backing,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The shop binary on `backend`, with the extra environment `env`.
+async fn shop(backend: Backend, env: &[(&str, &str)]) -> Shop {
+    let (backing, url) = match backend {
+        Backend::Sqlite => {
+            let dir = std::env::temp_dir().join(format!("nr-sec-{:016x}", rand::random::<u64>()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
+            (Backing::Sqlite(dir), url)
+        }
+        Backend::Postgres => {
+            let pg = PgDatabase::fresh().await;
+            let url = pg.url();
+            (Backing::Postgres { _db: pg }, url)
+        }
+    };
+    let mut vars = vec![("DATABASE_URL".to_owned(), url)];
+    vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let process = ShopProcess::start(env!("CARGO_BIN_EXE_norepeat"), vars).await;
+    Shop {
+        base: process.base_url(),
+        http: reqwest::Client::new(),
+        _process: process,
+        _backing: backing,
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    fn code(&self) -> (u16, &str) {
+        (
+            self.status.as_u16(),
+            self.body["code"].as_str().unwrap_or(""),
+        )
+    }
+}
+
+impl Shop {
+    async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut b = self.http.request(method, format!("{}{path}", self.base));
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let res = b.body(body).send().await.unwrap();
+        let status = res.status();
+        let ct = res
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let bytes = res.bytes().await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        assert!(!status.is_server_error(), "{path}: {status}: {body}");
+        if status.is_client_error() {
+            assert_eq!(
+                ct.as_deref(),
+                Some("application/problem+json"),
+                "{path}: {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+        Answer { status, body }
+    }
+
+    async fn get(&self, path: &str, user: &str) -> Answer {
+        self.request("GET", path, &[("x-user-id", user)], "").await
+    }
+
+    async fn post_json(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut h = vec![("content-type", "application/json")];
+        h.extend_from_slice(headers);
+        self.request("POST", path, &h, body.to_owned()).await
+    }
+
+    async fn order(&self, user: &str) -> String {
+        let a = self
+            .post_json(
+                "/orders/quick",
+                &[("x-user-id", user)],
+                r#"{"sku":"SKU-1","quantity":1}"#,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "{:?}", a.body);
+        a.body["orderId"].as_str().unwrap().to_owned()
+    }
+
+    async fn payment(&self, user: &str, order_id: &str) -> String {
+        let key = format!("pay-{order_id}");
+        let a = self
+            .post_json(
+                "/payments",
+                &[("x-user-id", user), ("idempotency-key", &key)],
+                &json!({"orderId": order_id, "amount": 1999}).to_string(),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "{:?}", a.body);
+        a.body["paymentId"].as_str().unwrap().to_owned()
+    }
+}
+
+const SIGNED: &[(&str, &str)] = &[("NOREPEAT_CALLBACK_SECRET", SECRET)];
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+// ---- Admin ---------------------------------------------------------------
+
+#[tokio::test]
+async fn an_empty_admin_token_turns_admin_off() {
+    let s = shop(Backend::Sqlite, &[("NOREPEAT_ADMIN_TOKEN", "")]).await;
+    for headers in [&[][..], &[("x-admin-token", "")][..]] {
+        let mut h = vec![("content-type", "application/json")];
+        h.extend_from_slice(headers);
+        let a = s
+            .request("PUT", "/admin/stock/SKU-1", &h, r#"{"available":5}"#)
+            .await;
+        assert_eq!(a.code(), (404, "not_found"), "{headers:?}");
+        let a = s.request("POST", "/admin/reconcile", headers, "").await;
+        assert_eq!(a.code(), (404, "not_found"), "{headers:?}");
+    }
+    assert_eq!(s.get("/stock/SKU-1", "u1").await.body["available"], 100);
+}
+
+#[tokio::test]
+async fn an_admin_token_must_match_whole() {
+    let s = shop(Backend::Sqlite, &[("NOREPEAT_ADMIN_TOKEN", "s3cret")]).await;
+    for given in ["", "s3cre", "s3cret!", "S3CRET"] {
+        let a = s
+            .request(
+                "PUT",
+                "/admin/stock/SKU-1",
+                &[
+                    ("x-admin-token", given),
+                    ("content-type", "application/json"),
+                ],
+                r#"{"available":5}"#,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{given:?}");
+    }
+    let a = s
+        .request(
+            "PUT",
+            "/admin/stock/SKU-1",
+            &[
+                ("x-admin-token", "s3cret"),
+                ("content-type", "application/json"),
+            ],
+            r#"{"available":5}"#,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+}
+
+// ---- Signed callbacks ----------------------------------------------------
+
+async fn callbacks_need_a_good_signature(backend: Backend) {
+    let s = shop(backend, SIGNED).await;
+    assert_eq!(
+        s.request("GET", "/healthz", &[], "").await.body["callbacks"],
+        "signed"
+    );
+    let order_id = s.order("buyer").await;
+    let payment_id = s.payment("buyer", &order_id).await;
+    let body = json!({"paymentId": payment_id, "status": "SUCCESS"}).to_string();
+    let now = unix_now();
+
+    let refused: Vec<(&str, String)> = vec![
+        ("unsigned", String::new()),
+        ("forged", sign_callback("guessed", now, body.as_bytes())),
+        // A notice captured and replayed six minutes later.
+        ("stale", sign_callback(SECRET, now - 360, body.as_bytes())),
+        (
+            "from the future",
+            sign_callback(SECRET, now + 360, body.as_bytes()),
+        ),
+        (
+            "other body",
+            sign_callback(SECRET, now, br#"{"paymentId":"x","status":"SUCCESS"}"#),
+        ),
+        ("garbage", "t=now,v1=zz".into()),
+    ];
+    for (what, sig) in &refused {
+        let mut h = vec![];
+        if !sig.is_empty() {
+            h.push(("norepeat-signature", sig.as_str()));
+        }
+        let a = s.post_json("/payments/callback", &h, &body).await;
+        assert_eq!(a.code(), (401, "invalid_signature"), "{what}");
+    }
+    let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
+    assert_eq!(
+        o.body["status"], "UNPAID",
+        "a refused notice changed nothing"
+    );
+
+    let good = sign_callback_now(SECRET, body.as_bytes());
+    let a = s
+        .post_json(
+            "/payments/callback",
+            &[("norepeat-signature", &good)],
+            &body,
+        )
+        .await;
+    assert_eq!(a.body, json!({"result": "applied"}));
+    let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
+    assert_eq!(o.body["status"], "PAID");
+}
+
+#[tokio::test]
+async fn callbacks_need_a_good_signature_sqlite() {
+    callbacks_need_a_good_signature(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn callbacks_need_a_good_signature_postgres() {
+    callbacks_need_a_good_signature(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn without_a_secret_callbacks_are_unsigned_and_health_says_so() {
+    let s = shop(Backend::Sqlite, &[]).await;
+    assert_eq!(
+        s.request("GET", "/healthz", &[], "").await.body["callbacks"],
+        "unsigned"
+    );
+    let order_id = s.order("buyer").await;
+    let payment_id = s.payment("buyer", &order_id).await;
+    let body = json!({"paymentId": payment_id, "status": "SUCCESS"}).to_string();
+    let a = s.post_json("/payments/callback", &[], &body).await;
+    assert_eq!(a.body, json!({"result": "applied"}));
+}
+
+// ---- Ownership -----------------------------------------------------------
+
+async fn another_users_order_is_not_found(backend: Backend) {
+    let s = shop(backend, &[]).await;
+    let id = s.order("alice").await;
+    let mine = s.get(&format!("/orders/{id}"), "alice").await;
+    assert_eq!(mine.body["orderId"], id.as_str());
+    let theirs = s.get(&format!("/orders/{id}"), "mallory").await;
+    assert_eq!(theirs.code(), (404, "not_found"));
+    let unknown = s.get("/orders/ord_nope", "mallory").await;
+    assert_eq!(
+        theirs.body["detail"].as_str().map(|d| d.replace(&id, "X")),
+        unknown.body["detail"]
+            .as_str()
+            .map(|d| d.replace("ord_nope", "X")),
+        "another user's order reads exactly as an unknown one"
+    );
+    let anonymous = s.request("GET", &format!("/orders/{id}"), &[], "").await;
+    assert_eq!(anonymous.code(), (401, "unauthenticated"));
+    assert_eq!(s.get("/orders", "mallory").await.body["orders"], json!([]));
+    assert_eq!(s.get("/points", "mallory").await.body["points"], 0);
+}
+
+#[tokio::test]
+async fn another_users_order_is_not_found_sqlite() {
+    another_users_order_is_not_found(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn another_users_order_is_not_found_postgres() {
+    another_users_order_is_not_found(Backend::Postgres).await;
+}
+
+// ---- Control characters --------------------------------------------------
+
+async fn control_characters_are_refused(backend: Backend) {
+    let s = shop(backend, &[("NOREPEAT_ADMIN_TOKEN", "admin")]).await;
+    let user = [("x-user-id", "u1")];
+    let token = s.get("/repeat/token", "u1").await.body["repeatToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let order_id = s.order("u1").await;
+    type Headers<'a> = Vec<(&'a str, &'a str)>;
+    let bodies: Vec<(&str, Headers<'_>, String)> = vec![
+        (
+            "/orders/quick",
+            user.to_vec(),
+            r#"{"sku":"SKU-1\u0000","quantity":1}"#.into(),
+        ),
+        (
+            "/orders/quick",
+            user.to_vec(),
+            r#"{"sku":"SKU-1","quantity":1,"bizId":"b\u001f"}"#.into(),
+        ),
+        (
+            "/orders",
+            vec![("x-user-id", "u1"), ("repeat-token", &token)],
+            r#"{"sku":"SKU-1","quantity":1,"bizId":"\u0000"}"#.into(),
+        ),
+        (
+            "/flash-sale/SKU-1",
+            user.to_vec(),
+            r#"{"quantity":1,"bizId":"x\u007f"}"#.into(),
+        ),
+        (
+            "/payments",
+            vec![("x-user-id", "u1"), ("idempotency-key", "k-nul")],
+            format!(r#"{{"orderId":"{order_id}\u0000","amount":1}}"#),
+        ),
+        (
+            "/payments/callback",
+            vec![],
+            r#"{"paymentId":"p\u0000","status":"SUCCESS"}"#.into(),
+        ),
+    ];
+    for (path, headers, body) in &bodies {
+        let a = s.post_json(path, headers, body).await;
+        assert_eq!(a.code(), (400, "invalid_request"), "{path} {body}");
+    }
+    for (method, path) in [
+        ("GET", "/orders/%00"),
+        ("GET", "/orders/ord%0A"),
+        ("GET", "/orders/%7F"),
+        ("GET", "/stock/%00"),
+        ("GET", "/stock/SKU-1%1B"),
+        ("GET", "/orders/%FF"),
+        ("PUT", "/admin/stock/%00"),
+        ("POST", "/flash-sale/%00"),
+    ] {
+        let a = s
+            .request(
+                method,
+                path,
+                &[
+                    ("x-user-id", "u1"),
+                    ("x-admin-token", "admin"),
+                    ("content-type", "application/json"),
+                ],
+                r#"{"available":1,"quantity":1}"#,
+            )
+            .await;
+        assert_eq!(a.code(), (400, "invalid_request"), "{method} {path}");
+    }
+    // Nothing was written, and the shop still serves.
+    assert_eq!(
+        s.get("/orders", "u1").await.body["orders"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(s.get("/stock/SKU-1", "u1").await.body["available"], 99);
+}
+
+#[tokio::test]
+async fn control_characters_are_refused_sqlite() {
+    control_characters_are_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn control_characters_are_refused_postgres() {
+    control_characters_are_refused(Backend::Postgres).await;
+}
+
+// ---- Canonical JSON --------------------------------------------------------
+
+#[tokio::test]
+async fn one_and_one_point_zero_are_the_same_submission() {
+    let s = shop(Backend::Sqlite, &[]).await;
+    let user = [("x-user-id", "u1")];
+    let a = s
+        .post_json("/orders/quick", &user, r#"{"sku":"SKU-2","quantity":1}"#)
+        .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    // A client that re-serialises its retry writes the number differently.
+    let b = s
+        .post_json("/orders/quick", &user, r#"{"quantity":1.0,"sku":"SKU-2"}"#)
+        .await;
+    assert_eq!(b.code(), (409, "duplicate_submission"));
+    assert_eq!(s.get("/stock/SKU-2", "u1").await.body["available"], 99);
+}
+
+#[tokio::test]
+async fn duplicate_keys_are_invalid() {
+    let s = shop(Backend::Sqlite, &[]).await;
+    let token = s.get("/repeat/token", "u1").await.body["repeatToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let body = r#"{"sku":"SKU-1","quantity":1,"quantity":100}"#;
+    let a = s
+        .post_json("/orders/quick", &[("x-user-id", "u1")], body)
+        .await;
+    assert_eq!(a.code(), (400, "invalid_request"), "fingerprint route");
+    let a = s
+        .post_json(
+            "/orders",
+            &[("x-user-id", "u1"), ("repeat-token", &token)],
+            body,
+        )
+        .await;
+    assert_eq!(a.code(), (400, "invalid_request"), "token route");
+    // Without a JSON content type the guard hashes bytes; the handler still
+    // refuses.
+    let a = s
+        .request(
+            "POST",
+            "/orders/quick",
+            &[("x-user-id", "u2")],
+            r#"{"sku":"SKU-1","sku":"SKU-2","quantity":1}"#,
+        )
+        .await;
+    assert_eq!(a.code(), (400, "invalid_request"), "no content type");
+    assert_eq!(s.get("/stock/SKU-1", "u1").await.body["available"], 100);
+}
