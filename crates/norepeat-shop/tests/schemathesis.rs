@@ -137,11 +137,12 @@ async fn fuzz(database: &str, database_url: String) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}\n{stderr}");
-    let cases = stdout
-        .lines()
-        .find(|l| l.contains(" generated"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse::<u64>().ok());
+    // The summary's line `  N generated, N passed`.
+    let cases = stdout.lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        let n = words.next()?.parse::<u64>().ok()?;
+        words.next()?.starts_with("generated").then_some(n)
+    });
     println!(
         "schemathesis on {database}: {} test cases, seed {SEED}, exit {:?}",
         cases.map_or_else(|| "?".to_owned(), |n| n.to_string()),
