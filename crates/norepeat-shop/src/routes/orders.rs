@@ -20,7 +20,7 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
         (
-            by_token.layer(NoRepeatLayer::token(state.tokens.clone())),
+            by_token.route_layer(NoRepeatLayer::token(state.tokens.clone())),
             by_fingerprint.layer(
                 NoRepeatLayer::fingerprint(fingerprints)
                     .route("/orders/quick")
