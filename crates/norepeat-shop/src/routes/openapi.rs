@@ -303,7 +303,7 @@ pub(crate) struct FlashSaleRequest {
     /// Units, 1 to 100.
     #[schema(minimum = 1, maximum = 100, example = 1)]
     quantity: i64,
-    /// As in [`OrderRequest`].
+    /// The client's business id, as in `POST /orders`: 1 to 128 characters.
     #[schema(min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F]+$")]
     biz_id: Option<String>,
 }
