@@ -190,8 +190,8 @@ pub(crate) struct UserId {
 pub(crate) struct RepeatTokenHeader {
     /// The repeat token from `GET /repeat/token` (or give it as the
     /// `repeatToken` query parameter). Without either, 400 `missing_token`.
-    #[param(rename = "Repeat-Token")]
-    repeat_token: Option<String>,
+    #[param(rename = "Repeat-Token", required = false)]
+    repeat_token: String,
 }
 
 /// Query parameter: the repeat token of `POST /orders`.
@@ -200,8 +200,8 @@ pub(crate) struct RepeatTokenHeader {
 #[allow(dead_code)]
 pub(crate) struct RepeatTokenQuery {
     /// The repeat token, when not in the `Repeat-Token` header.
-    #[param(rename = "repeatToken")]
-    repeat_token: Option<String>,
+    #[param(rename = "repeatToken", required = false)]
+    repeat_token: String,
 }
 
 /// Header parameter: the key of `POST /payments`.
@@ -238,8 +238,8 @@ pub(crate) struct Signature {
     /// `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + raw body)>`, with `t`
     /// within 300 s of now. Required when `NOREPEAT_CALLBACK_SECRET` is set;
     /// missing, wrong or stale: 401 `invalid_signature`.
-    #[param(rename = "Norepeat-Signature")]
-    norepeat_signature: Option<String>,
+    #[param(rename = "Norepeat-Signature", required = false)]
+    norepeat_signature: String,
 }
 
 /// Path parameter: a product.
