@@ -2,10 +2,10 @@
 # Runs every norepeat test against real services.
 #
 # On a fresh Debian machine, as root, it first installs what is missing
-# (redis-server, PostgreSQL, NATS, Chromium, Node.js, cargo-nextest) from
-# Debian's packages and crates.io, starts PostgreSQL, Redis and NATS (with
-# JetStream) if they are not running, and installs the browser test's npm
-# packages. Then it runs the whole suite.
+# (redis-server, PostgreSQL, NATS, Chromium, Node.js, Python, cargo-nextest,
+# Schemathesis) from Debian's packages, crates.io and PyPI, starts
+# PostgreSQL, Redis and NATS (with JetStream) if they are not running, and
+# installs the browser test's npm packages. Then it runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,8 @@ command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt-get update -q
@@ -72,7 +74,15 @@ if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; the
   (cd tests/browser && npm ci --no-audit --no-fund)
 fi
 
-# 6. The suite.
+# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/schemathesis.rs),
+#    in the git-ignored .venv/.
+if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
+  log "installing schemathesis into .venv/"
+  python3 -m venv .venv
+  .venv/bin/pip install -q 'schemathesis==4.32.5'
+fi
+
+# 7. The suite.
 log "cargo nextest run"
 cargo nextest run --workspace --all-features --no-fail-fast "$@"
 log "doc tests"

@@ -7,7 +7,7 @@ use serde::Serialize;
 /// The life cycle of an order.
 ///
 /// Allowed transitions: `UNPAID -> PAID`, `PAID -> COMPLETED`, `UNPAID -> CANCELLED`.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     /// Created, waiting for payment.
@@ -60,7 +60,7 @@ impl fmt::Display for OrderStatus {
 }
 
 /// The life cycle of a payment: `PENDING -> SUCCEEDED` or `PENDING -> FAILED`.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Hash, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PaymentStatus {
     /// Created, waiting for the provider's notice.
@@ -100,7 +100,7 @@ impl fmt::Display for PaymentStatus {
 
 /// An order, serialised exactly as the HTTP contract:
 /// `{"orderId","bizId","userId","sku","quantity","status"}`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Order {
     /// Server-generated id (`ord_...`).
@@ -118,7 +118,7 @@ pub struct Order {
 }
 
 /// A payment, serialised as `{"paymentId","orderId","amount","status"}`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Payment {
     /// Server-generated id (`pay_...`).
@@ -195,7 +195,7 @@ pub enum NoticeOutcome {
 }
 
 /// What one reconciliation pass repaired.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReconcileReport {
     /// Orders moved UNPAID -> PAID because a payment for them had succeeded.
@@ -210,7 +210,7 @@ pub struct ReconcileReport {
 }
 
 /// An order with more than one non-failed payment.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DuplicatePayments {
     /// The order.

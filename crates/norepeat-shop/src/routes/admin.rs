@@ -44,6 +44,21 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     bool::from(a.as_slice().ct_eq(b.as_slice()))
 }
 
+#[utoipa::path(
+    put,
+    path = "/admin/stock/{sku}",
+    operation_id = "setStock",
+    tag = "admin",
+    params(super::openapi::AdminToken, super::openapi::SkuPath),
+    request_body = super::openapi::StockUpdate,
+    responses(
+        (status = 200, description = "The new stock level.", body = super::openapi::Stock),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 413, response = super::openapi::TooLarge),
+    )
+)]
 async fn set_stock(
     State(s): State<AppState>,
     sku: Result<Segment, ApiError>,
@@ -64,6 +79,18 @@ async fn set_stock(
     Ok(Json(json!({"sku": sku, "available": available})))
 }
 
+#[utoipa::path(
+    post,
+    path = "/admin/reconcile",
+    operation_id = "reconcile",
+    tag = "admin",
+    params(super::openapi::AdminToken),
+    responses(
+        (status = 200, description = "What one reconciliation pass repaired.", body = super::openapi::ReconcileResult),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+    )
+)]
 async fn reconcile(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     check(&s, &headers)?;
     let report = s.db.reconcile().await?;

@@ -2,6 +2,7 @@
 
 mod admin;
 mod body;
+mod openapi;
 mod orders;
 mod page;
 mod payments;
@@ -25,6 +26,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(admin::routes())
         .merge(payments::routes(state))
         .merge(points::routes())
+        .route("/openapi.json", axum::routing::get(openapi::serve))
 }
 
 /// The caller, from `X-User-Id`.

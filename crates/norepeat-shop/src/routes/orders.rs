@@ -23,7 +23,7 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
         (
-            by_token.layer(NoRepeatLayer::token(state.tokens.clone())),
+            by_token.route_layer(NoRepeatLayer::token(state.tokens.clone())),
             by_fingerprint.layer(
                 NoRepeatLayer::fingerprint(fingerprints)
                     .route("/orders/quick")
@@ -40,6 +40,23 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
         .route("/orders/{order_id}", get(one))
 }
 
+#[utoipa::path(
+    get,
+    path = "/repeat/token",
+    operation_id = "issueToken",
+    tag = "orders",
+    description = "Issues a repeat token, good for one `POST /orders` by this user.",
+    params(super::openapi::UserId),
+    responses(
+        (status = 200, description = "A fresh token.", body = super::openapi::RepeatTokenBody,
+            headers(("Cache-Control" = String, description = "`no-store`")),
+            links(("placeOrder" = (operation_id = "createOrder", parameters(
+                ("header.Repeat-Token" = "$response.body#/repeatToken"),
+                ("header.X-User-Id" = "$request.header.X-User-Id")
+            ))))),
+        (status = 401, response = super::openapi::Unauthorized),
+    )
+)]
 async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let user = user(&headers)?;
     let t = s.tokens.issue(&user);
@@ -62,6 +79,35 @@ async fn create(
     place_order(&s, &user, &bytes).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders",
+    operation_id = "createOrder",
+    tag = "orders",
+    description = "Places an order guarded by a repeat token (header `Repeat-Token` or query \
+`repeatToken`): a used, expired, unknown or another user's token answers 409 `duplicate_submission`. \
+Without a `bizId`, the order's business key is derived from the token, so a replayed token makes one order even with the store down.",
+    params(
+        super::openapi::UserId,
+        super::openapi::RepeatTokenHeader,
+        super::openapi::RepeatTokenQuery
+    ),
+    request_body = super::openapi::OrderRequest,
+    responses(
+        (status = 201, description = "The new order.", body = crate::db::Order, links(
+            ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
+            ("payOrder" = (operation_id = "createPayment", parameters(("header.X-User-Id" = "$request.header.X-User-Id")), request_body = json!({"orderId": "$response.body#/orderId"})))
+        )),
+        (status = 200, description = "The user's existing order with this `bizId`: nothing new was written.",
+            body = crate::db::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 503, response = super::openapi::Unavailable),
+    )
+)]
 /// `POST /orders`: like [`create`], but an order without a `bizId` takes
 /// its business key from the repeat token, so the database makes the
 /// token's order single even when the door let a replay through (the store
@@ -193,12 +239,37 @@ pub(crate) async fn write_order(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/orders",
+    operation_id = "listOrders",
+    tag = "orders",
+    params(super::openapi::UserId),
+    responses(
+        (status = 200, description = "The caller's orders.", body = super::openapi::OrderList),
+        (status = 401, response = super::openapi::Unauthorized),
+    )
+)]
 async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let user = user(&headers)?;
     let orders = s.db.orders_of(&user).await?;
     Ok(Json(json!({ "orders": orders })).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/orders/{orderId}",
+    operation_id = "getOrder",
+    tag = "orders",
+    description = "One of the caller's orders; another user's answers 404.",
+    params(super::openapi::UserId, super::openapi::OrderIdPath),
+    responses(
+        (status = 200, description = "The order.", body = crate::db::Order),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+    )
+)]
 /// `GET /orders/{orderId}`: the caller's own order only; another user's is
 /// answered exactly as an unknown one, so ids cannot be probed.
 async fn one(

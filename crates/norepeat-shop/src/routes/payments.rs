@@ -39,6 +39,33 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
         .route("/flash-sale/{sku}", flash)
 }
 
+#[utoipa::path(
+    post,
+    path = "/payments",
+    operation_id = "createPayment",
+    tag = "payments",
+    description = "Pays for one of the caller's orders. The same `Idempotency-Key` (per user) and body \
+again replay the stored answer byte for byte with `Idempotent-Replayed: true`; another body answers 422; \
+while the first is running, 409 `idempotency_key_in_use`. Fails closed: 503 with the store down. \
+At most one live payment per order: otherwise 409 `order_not_payable` naming it in `paymentId`.",
+    params(super::openapi::UserId, super::openapi::IdempotencyKey),
+    request_body = super::openapi::PaymentRequest,
+    responses(
+        (status = 201, description = "The new payment, `PENDING` (or its replay).", body = crate::db::Payment,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
+            links(
+                ("notify" = (operation_id = "paymentCallback", request_body = json!({"paymentId": "$response.body#/paymentId"}))),
+                ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id"))))
+            )),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 422, response = super::openapi::KeyMismatch),
+        (status = 503, response = super::openapi::Unavailable),
+    )
+)]
 async fn create_payment(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -68,6 +95,25 @@ async fn create_payment(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/payments/callback",
+    operation_id = "paymentCallback",
+    tag = "payments",
+    description = "The payment provider's notice; may arrive many times, in any order. \
+With `NOREPEAT_CALLBACK_SECRET` set it must carry a valid `Norepeat-Signature`.",
+    params(super::openapi::Signature),
+    request_body = super::openapi::PaymentNotice,
+    responses(
+        (status = 200, description = "`applied` the first time it changes state, `already_applied` after.",
+            body = super::openapi::NoticeResult),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::TooLarge),
+    )
+)]
 async fn callback(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -111,6 +157,35 @@ async fn callback(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/flash-sale/{sku}",
+    operation_id = "flashSale",
+    tag = "shop",
+    description = "Orders under a per-user rate (`NOREPEAT_FLASH_RATE`), counted across instances.",
+    params(super::openapi::UserId, super::openapi::SkuPath),
+    request_body = super::openapi::FlashSaleRequest,
+    responses(
+        (status = 201, description = "The new order.", body = crate::db::Order,
+            headers(
+                ("RateLimit" = String, description = "`\"flash\";r=REMAINING;t=SECONDS`"),
+                ("RateLimit-Policy" = String, description = "`\"flash\";q=QUOTA;w=WINDOW`"),
+            ),
+            links(
+            ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
+            ("payOrder" = (operation_id = "createPayment", parameters(("header.X-User-Id" = "$request.header.X-User-Id")), request_body = json!({"orderId": "$response.body#/orderId"})))
+        )),
+        (status = 200, description = "The user's existing order with this `bizId`.", body = crate::db::Order,
+            headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 429, response = super::openapi::RateLimited),
+        (status = 503, response = super::openapi::Unavailable),
+    )
+)]
 async fn flash_sale(
     State(s): State<AppState>,
     Segment(sku): Segment,

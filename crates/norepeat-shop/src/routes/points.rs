@@ -13,6 +13,17 @@ pub(super) fn routes() -> Router<AppState> {
     Router::new().route("/points", get(points))
 }
 
+#[utoipa::path(
+    get,
+    path = "/points",
+    operation_id = "getPoints",
+    tag = "shop",
+    params(super::openapi::UserId),
+    responses(
+        (status = 200, description = "The caller's loyalty points.", body = super::openapi::Points),
+        (status = 401, response = super::openapi::Unauthorized),
+    )
+)]
 async fn points(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     let user = user(&headers)?;
     let points = s.db.points(&user).await?;

@@ -12,6 +12,18 @@ pub(super) fn routes() -> Router<AppState> {
     Router::new().route("/stock/{sku}", get(stock))
 }
 
+#[utoipa::path(
+    get,
+    path = "/stock/{sku}",
+    operation_id = "getStock",
+    tag = "shop",
+    params(super::openapi::SkuPath),
+    responses(
+        (status = 200, description = "The product's stock.", body = super::openapi::Stock),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 404, response = super::openapi::NotFound),
+    )
+)]
 async fn stock(State(s): State<AppState>, Segment(sku): Segment) -> Result<Json<Value>, ApiError> {
     match s.db.stock(&sku).await? {
         Some(available) => Ok(Json(json!({"sku": sku, "available": available}))),

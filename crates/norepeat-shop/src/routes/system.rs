@@ -12,6 +12,13 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "health",
+    tag = "system",
+    responses((status = 200, description = "The shop is up.", body = super::openapi::Health))
+)]
 async fn healthz(State(s): State<AppState>) -> Json<Value> {
     use norepeat::store::Store;
     Json(json!({
@@ -24,6 +31,13 @@ async fn healthz(State(s): State<AppState>) -> Json<Value> {
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "system",
+    responses((status = 200, description = "Prometheus text format.", body = String, content_type = "text/plain; version=0.0.4"))
+)]
 async fn metrics(
     State(s): State<AppState>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {

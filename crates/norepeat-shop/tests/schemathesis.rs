@@ -1,0 +1,182 @@
+//! Schemathesis fuzzes the shop from its own `GET /openapi.json`, on SQLite
+//! and on a fresh PostgreSQL database: every operation in examples,
+//! coverage, fuzzing and stateful phases (following the document's links:
+//! token -> order -> reading, payment -> callback), with `X-User-Id`,
+//! `Idempotency-Key` and `Repeat-Token` generated too. It must end with no
+//! 5xx, no response outside the document (status, content type, body
+//! schema, headers) and no error.
+//!
+//! Schemathesis comes from PyPI: `./scripts/test.sh` installs it into
+//! `.venv/` at the repository's root. `NOREPEAT_SCHEMATHESIS` names another
+//! executable. Without one the test fails, unless
+//! `NOREPEAT_SKIP_SCHEMATHESIS=1` asks to skip it (said loudly).
+
+// Test helpers unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use norepeat_testkit::{PgDatabase, ShopProcess};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// The time budget schemathesis gets (`--max-time`) per database.
+const BUDGET_S: u64 = 100;
+/// The most the whole run may take before it is killed and the test fails.
+const HARD_LIMIT: Duration = Duration::from_secs(170);
+/// Fixed seed: a failure is reproduced by running the same command.
+const SEED: &str = "14";
+/// The checks the run must pass: no 5xx; every answer as the document says
+/// (status, content type, body, headers); what the document forbids is
+/// refused (values, missing required headers, undocumented methods).
+/// `positive_data_acceptance` is left out: a valid-looking order without a
+/// repeat token (which may come in a header or the query, so neither is
+/// required) or a reused `Idempotency-Key` is rightly refused.
+const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,\
+response_schema_conformance,response_headers_conformance,negative_data_rejection,\
+missing_required_header,unsupported_method";
+
+/// The schemathesis executable, or why there is none.
+fn schemathesis() -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = match std::env::var_os("NOREPEAT_SCHEMATHESIS") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/schemathesis"),
+            PathBuf::from("schemathesis"),
+        ],
+    };
+    for c in &candidates {
+        let ok = std::process::Command::new(c)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(c.clone());
+        }
+    }
+    Err(format!(
+        "schemathesis not found (tried {candidates:?}). ./scripts/test.sh installs it into .venv/; \
+         by hand: python3 -m venv .venv && .venv/bin/pip install schemathesis"
+    ))
+}
+
+async fn fuzz(database: &str, database_url: String) {
+    let exe = match schemathesis() {
+        Ok(exe) => exe,
+        Err(why) if std::env::var("NOREPEAT_SKIP_SCHEMATHESIS").as_deref() == Ok("1") => {
+            eprintln!("!!! SKIPPED the schemathesis run on {database}: {why}");
+            println!("!!! SKIPPED the schemathesis run on {database}: {why}");
+            return;
+        }
+        Err(why) => panic!("{why} (NOREPEAT_SKIP_SCHEMATHESIS=1 skips this test)"),
+    };
+    let admin = format!("adm-{}", rand::random::<u64>());
+    let shop = ShopProcess::start(
+        env!("CARGO_BIN_EXE_norepeat"),
+        vec![
+            ("DATABASE_URL".into(), database_url),
+            ("NOREPEAT_ADMIN_TOKEN".into(), admin.clone()),
+        ],
+    )
+    .await;
+    let base = shop.base_url();
+    // Enough stock that generated orders are not all out of stock, so the
+    // stateful phase reaches payments and callbacks.
+    let http = reqwest::Client::new();
+    for sku in ["SKU-1", "SKU-2", "SKU-3"] {
+        let res = http
+            .put(format!("{base}/admin/stock/{sku}"))
+            .header("x-admin-token", &admin)
+            .json(&serde_json::json!({"available": 1_000_000_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "setting the stock of {sku}");
+    }
+
+    let work = std::env::temp_dir().join(format!("nr-schemathesis-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&work).unwrap();
+    let schema = format!("{base}/openapi.json");
+    let budget = BUDGET_S.to_string();
+    let args = [
+        "run",
+        schema.as_str(),
+        "--checks",
+        CHECKS,
+        "--phases",
+        "examples,coverage,fuzzing,stateful",
+        "--max-examples",
+        "50",
+        "--max-time",
+        budget.as_str(),
+        "--seed",
+        SEED,
+        // One worker: CPython 3.11.7's ast.parse is not thread-safe (it
+        // breaks Hypothesis with "AST constructor recursion depth mismatch").
+        "--workers",
+        "1",
+        "--request-timeout",
+        "10",
+        "--suppress-health-check",
+        "all",
+        "--generation-database",
+        "none",
+        "--no-color",
+    ];
+    eprintln!("[{database}] {} {}", exe.display(), args.join(" "));
+    let child = tokio::process::Command::new(&exe)
+        .args(args)
+        .current_dir(&work)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(HARD_LIMIT, child.wait_with_output()).await;
+    let _ = std::fs::remove_dir_all(&work);
+    let out = out
+        .unwrap_or_else(|_| panic!("[{database}] schemathesis ran over {HARD_LIMIT:?}"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\n{stderr}");
+    // The summary's line `  N generated, N passed`.
+    let cases = stdout.lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        let n = words.next()?.parse::<u64>().ok()?;
+        words.next()?.starts_with("generated").then_some(n)
+    });
+    println!(
+        "schemathesis on {database}: {} test cases, seed {SEED}, exit {:?}",
+        cases.map_or_else(|| "?".to_owned(), |n| n.to_string()),
+        out.status.code()
+    );
+    drop(shop);
+    assert!(
+        out.status.success(),
+        "[{database}] schemathesis found failures (see its report above)"
+    );
+    assert!(
+        cases.is_some_and(|n| n > 0),
+        "[{database}] schemathesis ran no test case"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_nothing_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("nr-st-sqlite-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
+    fuzz("sqlite", url).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_nothing_on_postgres() {
+    let db = PgDatabase::fresh().await;
+    fuzz("postgres", db.url()).await;
+    db.drop_now().await;
+}
