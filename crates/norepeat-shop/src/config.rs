@@ -66,6 +66,12 @@ pub struct ShopConfig {
     /// accepted unsigned (and the shop warns at start).
     #[arg(long, env = "NOREPEAT_CALLBACK_SECRET", hide_env_values = true)]
     pub callback_secret: Option<String>,
+    /// Serve `POST /demo/provider/notify`, a stand-in for the payment
+    /// provider that signs a notice with the callback secret and delivers it.
+    /// For the demo page only: it lets any caller mark a payment paid, so it
+    /// is off unless asked for.
+    #[arg(long, env = "NOREPEAT_DEMO_PROVIDER", default_value_t = false)]
+    pub demo_provider: bool,
     /// Fingerprint window of `POST /orders/quick`, in milliseconds.
     #[arg(long, env = "NOREPEAT_FP_WINDOW_MS", default_value_t = 3000)]
     pub fp_window_ms: u64,
@@ -108,6 +114,7 @@ impl Default for ShopConfig {
             database_url: None,
             admin_token: None,
             callback_secret: None,
+            demo_provider: false,
             fp_window_ms: 3000,
             token_ttl_s: 60,
             payment_latency_ms: 0,

@@ -288,6 +288,50 @@ async fn without_a_secret_callbacks_are_unsigned_and_health_says_so() {
     assert_eq!(a.body, json!({"result": "applied"}));
 }
 
+/// The page's stand-in for the provider signs with the shop's secret, and
+/// only when asked for: off, it is not there at all.
+#[tokio::test]
+async fn the_demo_provider_signs_and_is_off_by_default() {
+    let off = shop(Backend::Sqlite, SIGNED).await;
+    assert_eq!(
+        off.request("GET", "/healthz", &[], "").await.body["demoProvider"],
+        false
+    );
+    let order_id = off.order("buyer").await;
+    let payment_id = off.payment("buyer", &order_id).await;
+    let body = json!({"paymentId": payment_id, "status": "SUCCESS"}).to_string();
+    let a = off.post_json("/demo/provider/notify", &[], &body).await;
+    assert_eq!(a.code(), (404, "not_found"));
+    let o = off.get(&format!("/orders/{order_id}"), "buyer").await;
+    assert_eq!(o.body["status"], "UNPAID");
+
+    let on = shop(
+        Backend::Sqlite,
+        &[
+            ("NOREPEAT_CALLBACK_SECRET", SECRET),
+            ("NOREPEAT_DEMO_PROVIDER", "true"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        on.request("GET", "/healthz", &[], "").await.body["demoProvider"],
+        true
+    );
+    let order_id = on.order("buyer").await;
+    let payment_id = on.payment("buyer", &order_id).await;
+    let body = json!({"paymentId": payment_id, "status": "SUCCESS"}).to_string();
+    // Unsigned, straight to the callback: still refused.
+    let a = on.post_json("/payments/callback", &[], &body).await;
+    assert_eq!(a.code(), (401, "invalid_signature"));
+    // Through the demo provider: signed, applied once.
+    let a = on.post_json("/demo/provider/notify", &[], &body).await;
+    assert_eq!(a.body, json!({"result": "applied"}));
+    let a = on.post_json("/demo/provider/notify", &[], &body).await;
+    assert_eq!(a.body, json!({"result": "already_applied"}));
+    let o = on.get(&format!("/orders/{order_id}"), "buyer").await;
+    assert_eq!(o.body["status"], "PAID");
+}
+
 // ---- Ownership -----------------------------------------------------------
 
 async fn another_users_order_is_not_found(backend: Backend) {

@@ -2,6 +2,7 @@
 
 mod admin;
 mod body;
+mod demo;
 mod openapi;
 mod orders;
 mod page;
@@ -26,6 +27,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(admin::routes())
         .merge(payments::routes(state))
         .merge(points::routes())
+        .merge(demo::routes())
         .route("/openapi.json", axum::routing::get(openapi::serve))
 }
 

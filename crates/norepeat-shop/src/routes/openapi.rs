@@ -39,6 +39,7 @@ Identity is the `X-User-Id` header (a stand-in for real authentication). Every e
         stock::stock,
         payments::create_payment,
         payments::callback,
+        super::demo::notify,
         payments::flash_sale,
         points::points,
         admin::set_stock,
@@ -429,6 +430,7 @@ pub(crate) struct Points {
 
 /// The shop's health.
 #[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub(crate) struct Health {
     /// `ok`.
@@ -443,6 +445,8 @@ pub(crate) struct Health {
     defence: String,
     /// `signed` or `unsigned`: whether payment callbacks must be signed.
     callbacks: Option<String>,
+    /// Whether `POST /demo/provider/notify` is served (`NOREPEAT_DEMO_PROVIDER`).
+    demo_provider: Option<bool>,
 }
 
 /// An RFC 9457 problem (`application/problem+json`).

@@ -114,7 +114,7 @@ With `NOREPEAT_CALLBACK_SECRET` set it must carry a valid `Norepeat-Signature`."
         (status = 413, response = super::openapi::TooLarge),
     )
 )]
-async fn callback(
+pub(super) async fn callback(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,
