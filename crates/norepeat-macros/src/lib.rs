@@ -474,7 +474,10 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     // No `store = ...`: the process-wide store, or `Rejected::NoDefaultStore`
     // (as the function's error) when none was set.
     let (store_value, store_span) = match &args.store {
-        Some(store) => (quote_spanned!(store.span()=> (#store).clone()), store.span()),
+        Some(store) => (
+            quote_spanned!(store.span()=> (#store).clone()),
+            store.span(),
+        ),
         None => (
             quote! {
                 match ::norepeat::once::default_store() {

@@ -441,15 +441,16 @@ impl Guarded {
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut pause = Duration::from_millis(5);
         loop {
-            let existing =
-                match Claim::acquire(store, key.clone(), claim_value.clone(), lease).await {
-                    Ok(Acquired::Owned(claim)) => {
-                        metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
-                        return Ok(Claimed::Owned(claim));
-                    }
-                    Ok(Acquired::Held(existing)) => existing,
-                    Err(e) => return self.on_failure(&e).map(|()| Claimed::Unguarded),
-                };
+            let existing = match Claim::acquire(store, key.clone(), claim_value.clone(), lease)
+                .await
+            {
+                Ok(Acquired::Owned(claim)) => {
+                    metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
+                    return Ok(Claimed::Owned(claim));
+                }
+                Ok(Acquired::Held(existing)) => existing,
+                Err(e) => return self.on_failure(&e).map(|()| Claimed::Unguarded),
+            };
             if let Some(done) = stored(&existing) {
                 return done.map(Claimed::Done);
             }

@@ -195,9 +195,7 @@ where
     let fingerprint = match fingerprint_of(&cfg, &user, method, &path, &parts, &bytes) {
         Ok(fp) => fp,
         Err(e) => {
-            return Ok(reject(
-                &Problem::new(Code::InvalidRequest).detail(e),
-            ));
+            return Ok(reject(&Problem::new(Code::InvalidRequest).detail(e)));
         }
     };
 
@@ -306,14 +304,17 @@ fn fingerprint_of<G>(
         json: kind != req_body::BodyKind::Bytes,
         body,
     };
-    let fp = cfg.fingerprinter.fingerprint(&request).or_else(|e| {
-        if kind == req_body::BodyKind::Json {
-            return Err(e);
-        }
-        request.json = false;
-        cfg.fingerprinter.fingerprint(&request)
-    })
-    .map_err(|e| e.to_string())?;
+    let fp = cfg
+        .fingerprinter
+        .fingerprint(&request)
+        .or_else(|e| {
+            if kind == req_body::BodyKind::Json {
+                return Err(e);
+            }
+            request.json = false;
+            cfg.fingerprinter.fingerprint(&request)
+        })
+        .map_err(|e| e.to_string())?;
     let mut out = [0; 16];
     out.copy_from_slice(&fp.0[..16]);
     Ok(out)
