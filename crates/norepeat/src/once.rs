@@ -241,7 +241,7 @@ impl Guarded {
     /// let (first, second) = tokio::join!(
     ///     once.run_once(&store, "m-1", slow),
     ///     // Starts while the first runs: waits, then gets its result.
-    ///     once.run_once(&store, "m-1", async { Ok(2) }),
+    ///     once.run_once(&store, "m-1", async { Ok::<u32, E>(2) }),
     /// );
     /// assert_eq!((first, second), (Ok(1), Ok(1)));
     /// # }
