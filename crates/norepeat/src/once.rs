@@ -17,9 +17,21 @@
 //!   `replace_if_equals`) by `v` serialized as JSON, kept for the retention
 //!   (default 24 h). A later call with the key does not run: it gets `Ok(v)`
 //!   back, deserialized. A call arriving while the first still runs gets
-//!   [`Rejected::InProgress`]. On `Err` or panic the claim is released
+//!   [`Rejected::InProgress`], or, with a wait ([`Guarded::wait`], the
+//!   attribute's `wait = "2s"`), looks again with backoff until the first
+//!   call's result is stored and gets it (`InProgress` when the wait is
+//!   over; the key itself if the first call failed and freed it). On `Err`
+//!   or panic the claim is released
 //!   (owner-checked), so the next call runs again: a failure is never
 //!   remembered, only a success is.
+//!
+//! # Which store
+//! [`Guarded`] takes the store on each call. The attribute uses
+//! `store = EXPR` when given, else the process-wide store: set it once at
+//! start with [`set_default_store`], and every guarded function that names
+//! no store (a free function has no `self` to hold one) shares it. Before
+//! it is set, such a call returns [`Rejected::NoDefaultStore`] without
+//! running its body.
 //!
 //! # A call that is dropped
 //! Once the body has started, dropping the call's future never frees the
