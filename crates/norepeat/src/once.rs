@@ -235,7 +235,9 @@ impl Guarded {
     /// gets it, without running the body; if the running call failed and
     /// freed the key, it takes the key and runs the body itself; when the
     /// wait is over, [`Rejected::InProgress`]. No effect in window mode
-    /// (a repeat there is refused, not answered).
+    /// (a repeat there is refused, not answered). The pauses are
+    /// `tokio::time::sleep`: a waiting call needs a Tokio runtime with its
+    /// timer, as `#[tokio::main]` sets up.
     ///
     /// ```
     /// use norepeat::once::{Guarded, Rejected};
