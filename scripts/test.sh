@@ -3,9 +3,9 @@
 #
 # On a fresh Debian machine, as root, it first installs what is missing
 # (redis-server, PostgreSQL, NATS, Chromium, Node.js, Python, cargo-nextest,
-# Schemathesis) from Debian's packages, crates.io and PyPI, starts
-# PostgreSQL, Redis and NATS (with JetStream) if they are not running, and
-# installs the browser test's npm packages. Then it runs the whole suite.
+# cargo-hack, Schemathesis) from Debian's packages, crates.io and PyPI,
+# starts PostgreSQL, Redis and NATS (with JetStream) if they are not running,
+# and installs the browser test's npm packages. Then it runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,10 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"
   cargo install cargo-nextest --locked
+fi
+if ! cargo hack --version >/dev/null 2>&1; then
+  log "installing cargo-hack"
+  cargo install cargo-hack --locked
 fi
 
 # 2. PostgreSQL running, reachable on 127.0.0.1:5432 by the test kit.
@@ -83,6 +87,10 @@ if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
 fi
 
 # 7. The suite.
+# Every feature combination a user of the library can pick builds, without
+# a warning (clippy is a check plus lints; dev-dependencies left out).
+log "every feature combination of the library (cargo hack)"
+cargo hack clippy --feature-powerset --no-dev-deps -p norepeat -p norepeat-macros -- -D warnings
 log "cargo nextest run"
 cargo nextest run --workspace --all-features --no-fail-fast "$@"
 log "doc tests"

@@ -24,8 +24,11 @@ pub fn guard(attr: TokenStream, item: TokenStream) -> TokenStream {
     let original = TokenStream2::from(item.clone());
     // On an error, the function is kept as written, so the only error shown
     // is the attribute's (no cascade of "cannot find `f`" or unused imports).
+    // Its arguments may be used only by the attribute (a `store`, a key
+    // field): no "unused variable" warning follows the error.
     let fail = |e: syn::Error| {
         let mut out = e.to_compile_error();
+        out.extend(quote!(#[allow(unused_variables)]));
         out.extend(original.clone());
         TokenStream::from(out)
     };
@@ -43,7 +46,7 @@ pub fn guard(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-const OPTIONS: &str = "store, key, mode, window, retention, lease, scope, on_store_failure";
+const OPTIONS: &str = "store, key, mode, window, retention, lease, wait, scope, on_store_failure";
 
 /// One `name = value` of the attribute.
 enum Opt {
@@ -115,6 +118,7 @@ struct Args {
     window: Option<(u64, Span)>,
     retention: Option<(u64, Span)>,
     lease: Option<(u64, Span)>,
+    wait: Option<(u64, Span)>,
     scope: Option<LitStr>,
     fail_closed: bool,
 }
@@ -129,6 +133,7 @@ impl Parse for Args {
             window: None,
             retention: None,
             lease: None,
+            wait: None,
             scope: None,
             fail_closed: false,
         };
@@ -185,6 +190,7 @@ impl Parse for Args {
                         match which {
                             "window" => args.window = v,
                             "retention" => args.retention = v,
+                            "wait" => args.wait = v,
                             _ => args.lease = v,
                         }
                     }
@@ -200,7 +206,11 @@ impl Parse for Args {
             ));
         }
         if !once {
-            for (name, opt) in [("retention", args.retention), ("lease", args.lease)] {
+            for (name, opt) in [
+                ("retention", args.retention),
+                ("lease", args.lease),
+                ("wait", args.wait),
+            ] {
                 if let Some((_, span)) = opt {
                     return Err(syn::Error::new(
                         span,
@@ -394,12 +404,6 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             ));
         }
     };
-    let Some(store) = args.store else {
-        return Err(syn::Error::new(
-            Span::call_site(),
-            "missing `store = ...`: the store the guard keeps its keys in, such as `store = self.store`",
-        ));
-    };
     let Some(key) = args.key else {
         return Err(syn::Error::new(
             Span::call_site(),
@@ -450,7 +454,11 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             let d = millis(ms);
             quote!(.lease(#d))
         });
-        quote!(::norepeat::once::Guarded::once(#scope) #retention #lease)
+        let wait = args.wait.map(|(ms, _)| {
+            let d = millis(ms);
+            quote!(.wait(#d))
+        });
+        quote!(::norepeat::once::Guarded::once(#scope) #retention #lease #wait)
     } else {
         let window = args.window.map_or_else(
             || quote!(::norepeat::once::DEFAULT_WINDOW),
@@ -463,12 +471,32 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     } else {
         quote!(run_window)
     };
-    let store_span = store.span();
-    let store_value = quote_spanned!(store_span=> (#store).clone());
+    // No `store = ...`: the process-wide store, or `Rejected::NoDefaultStore`
+    // (as the function's error) when none was set.
+    let (store_value, store_span) = match &args.store {
+        Some(store) => (
+            quote_spanned!(store.span()=> (#store).clone()),
+            store.span(),
+        ),
+        None => (
+            quote! {
+                match ::norepeat::once::default_store() {
+                    ::core::result::Result::Ok(store) => store,
+                    ::core::result::Result::Err(rejected) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(rejected));
+                    }
+                }
+            },
+            Span::call_site(),
+        ),
+    };
     let run_call =
         quote_spanned!(store_span=> .#run(&__norepeat_store, &__norepeat_key, __norepeat_body));
 
-    let block = &func.block;
+    // The body's statements, not its block: a one-line body `{ Ok(1) }` as
+    // the async block's tail would be a block in a block ("unnecessary
+    // braces", and `cargo fix` would break the code).
+    let stmts = &func.block.stmts;
     let attrs = &func.attrs;
     let vis = &func.vis;
     Ok(quote! {
@@ -492,7 +520,7 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
                     let __norepeat_fake_return: #ret = loop {};
                     return __norepeat_fake_return;
                 }
-                #block
+                #(#stmts)*
             };
             #guarded
                 .on_store_failure(#policy)

@@ -25,14 +25,61 @@
 //! ```
 //! use axum::{Router, routing::post};
 //! use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+//! use norepeat::once::Rejected;
 //! use norepeat::store::MemoryStore;
 //!
-//! let guard = FingerprintGuard::new(MemoryStore::default());
+//! #[derive(Debug)]
+//! enum Error { Refused(Rejected) }
+//! impl From<Rejected> for Error {
+//!     fn from(r: Rejected) -> Self { Error::Refused(r) }
+//! }
+//!
+//! // A free function, guarded: it runs once per order; a repeat (a
+//! // redelivered message) gets the first result back, and one arriving while
+//! // the first still runs waits up to 2 s for it. No `store = ...`: it uses
+//! // the process-wide store set below.
+//! #[norepeat::guard(key = "{order_id}", mode = once, wait = "2s")]
+//! async fn award_points(order_id: u64, points: i64) -> Result<i64, Error> {
+//!     Ok(points)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::default(); // or RedisStore::connect("redis://...").await?
+//! norepeat::once::set_default_store(store.clone())?;
+//! assert_eq!(award_points(7, 30).await.unwrap(), 30);
+//! assert_eq!(award_points(7, 99).await.unwrap(), 30); // the stored result
+//!
+//! // An HTTP route, guarded by a tower layer on the same store.
+//! let guard = FingerprintGuard::new(store);
 //! let app: Router = Router::new().route(
 //!     "/orders/quick",
 //!     post(|| async { "created" }).layer(NoRepeatLayer::fingerprint(guard)),
 //! );
+//! # Ok(()) }
 //! ```
+//!
+//! # Add it
+//! ```toml
+//! [dependencies]
+//! norepeat = "0.1"
+//! axum = "0.8"                       # for the tower layers in an axum app
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `redis` | **on** | [`store::RedisStore`] (one Redis) and [`store::ClusterStore`] (Redis Cluster), and their `redis://` and `redis+cluster://` URLs in [`store::AnyStore::from_url`]; pulls in the `redis` crate |
+//!
+//! Every other part of the crate (the memory store, the guards, the
+//! layers, the attribute) is always there. `redis` is on by default because
+//! a guard is meant to be shared by every instance of a service, and Redis
+//! is the store that does that: `norepeat = "0.1"` is enough, and
+//! `features = ["redis"]` adds nothing. For one process, or for tests, with
+//! the in-memory store only and without the `redis` dependency:
+//! `norepeat = { version = "0.1", default-features = false }`. This table
+//! lists every feature of this version.
 
 mod body;
 pub mod degrade;
@@ -53,12 +100,14 @@ pub mod webhook;
 ///
 /// ```text
 /// #[norepeat::guard(
-///     store = EXPR,                        // required: a value or place whose type is Store + Clone
 ///     key = "TEMPLATE",                    // required: "{arg}", "{arg.field.0}", literal text, "{{" "}}"
+///     store = EXPR,                        // a value or place whose type is Store + Clone;
+///                                          // default: the process-wide store (once::set_default_store)
 ///     mode = window | once,                // default window
 ///     window = "3s",                       // window mode: how long a key is held (default 3 s)
 ///     retention = "24h",                   // once mode: how long the stored result is kept (default 24 h)
 ///     lease = "30s",                       // once mode: life of an unrenewed claim (default 30 s)
+///     wait = "2s",                         // once mode: how long a repeat waits for a running call (default 0)
 ///     scope = "billing::charge",           // default: the fn's module path and name
 ///     on_store_failure = fail_open | fail_closed, // default fail_open
 /// )]
@@ -70,8 +119,17 @@ pub mod webhook;
 /// Each literal segment and each formatted argument is length-prefixed
 /// ([`keys::KeyParts`]), and the store key hashes the scope with the
 /// result, so any characters are safe: with `"{user}/{id}"`, user `a/b`
-/// with id `c` and user `a` with id `b/c` get different keys. The store expression is evaluated on each call, then cloned
-/// (`(EXPR).clone()`, so both `self.store` and a `&Store` argument work).
+/// with id `c` and user `a` with id `b/c` get different keys.
+///
+/// # The store
+/// `store = EXPR` is evaluated on each call, then cloned (`(EXPR).clone()`,
+/// so both `self.store` and a `&Store` argument work). Without it, the
+/// function uses the process-wide store: set it once at start with
+/// [`once::set_default_store`] (any [`store::Store`], such as a
+/// `RedisStore` or a [`Resilient`](degrade::Resilient) around one), and
+/// every guarded function that names no store shares it. A call made before
+/// it is set returns `Err(E::from(`[`Rejected::NoDefaultStore`](once::Rejected::NoDefaultStore)`))`
+/// without running the body (never a panic, never an unguarded run).
 ///
 /// The function must return `Result<T, E>` with `E: From<`[`once::Rejected`]`>`:
 /// a refused call returns `Err(E::from(rejected))` without running the body.
@@ -86,7 +144,10 @@ pub mod webhook;
 ///   `Ok` value (`T: Serialize + DeserializeOwned`, JSON in the store) is
 ///   kept for `retention` and every later call gets it back without running
 ///   the body. A call while the first still runs gets
-///   [`Rejected::InProgress`](once::Rejected::InProgress). After an `Err` or
+///   [`Rejected::InProgress`](once::Rejected::InProgress), or with
+///   `wait = "2s"` waits up to that long (looking again with backoff) and
+///   gets the first call's result when it is stored, without running the
+///   body; after the wait, `InProgress`. After an `Err` or
 ///   a panic the claim is released: a failure is never remembered, so the
 ///   next call (a redelivered message) runs again. A dropped future never
 ///   frees the claim early (the body may have had its effect already): the
@@ -156,7 +217,7 @@ pub mod webhook;
 ///     fn from(_: Rejected) -> Self { Failed }
 /// }
 ///
-/// #[norepeat::guard(store = store, key = "order:{order_id}", mode = once, retention = "7d")]
+/// #[norepeat::guard(store = store, key = "order:{order_id}", mode = once, retention = "7d", wait = "2s")]
 /// async fn award_points(store: &MemoryStore, order_id: &str, points: i64) -> Result<i64, Failed> {
 ///     Ok(points) // the effect, once per order
 /// }
@@ -171,7 +232,7 @@ pub mod webhook;
 ///
 /// # Compile errors
 /// Wrong arguments are refused at compile time with a message on the
-/// offending token: an unknown option, a missing `store` or `key`, a key
+/// offending token: an unknown option, a missing `key`, a key
 /// naming something that is not an argument, an invalid duration, an option
 /// of the other mode, or a function that is not `async`.
 ///

@@ -17,9 +17,21 @@
 //!   `replace_if_equals`) by `v` serialized as JSON, kept for the retention
 //!   (default 24 h). A later call with the key does not run: it gets `Ok(v)`
 //!   back, deserialized. A call arriving while the first still runs gets
-//!   [`Rejected::InProgress`]. On `Err` or panic the claim is released
+//!   [`Rejected::InProgress`], or, with a wait ([`Guarded::wait`], the
+//!   attribute's `wait = "2s"`), looks again with backoff until the first
+//!   call's result is stored and gets it (`InProgress` when the wait is
+//!   over; the key itself if the first call failed and freed it). On `Err`
+//!   or panic the claim is released
 //!   (owner-checked), so the next call runs again: a failure is never
 //!   remembered, only a success is.
+//!
+//! # Which store
+//! [`Guarded`] takes the store on each call. The attribute uses
+//! `store = EXPR` when given, else the process-wide store: set it once at
+//! start with [`set_default_store`], and every guarded function that names
+//! no store (a free function has no `self` to hold one) shares it. Before
+//! it is set, such a call returns [`Rejected::NoDefaultStore`] without
+//! running its body.
 //!
 //! # A call that is dropped
 //! Once the body has started, dropping the call's future never frees the
@@ -84,7 +96,9 @@ use crate::guard::{FingerprintGuard, ReleasePolicy};
 use crate::keys::{KeyBuilder, Mode};
 use crate::lease::{Acquired, Claim, Renewal};
 use crate::problem::Code;
-use crate::store::{Store, StoreError};
+use crate::store::{RateDecision, Store, StoreError};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -111,6 +125,14 @@ pub enum Rejected {
     /// function's result type (the type changed since it was stored).
     #[error("the stored result of this key cannot be read: {0}")]
     Unreadable(String),
+    /// The attribute names no `store = ...` and no process-wide store was
+    /// set: call [`set_default_store`] at start. The body did not run
+    /// (whatever the failure policy: this is a mistake in the program, not
+    /// an outage).
+    #[error(
+        "no store: this guarded function names no `store = ...` and none was set; call `norepeat::once::set_default_store(store)` at start"
+    )]
+    NoDefaultStore,
 }
 
 /// Which mode a [`Guarded`] runs in.
@@ -137,6 +159,7 @@ pub struct Guarded {
     mode: GuardMode,
     failure: FailurePolicy,
     keys: KeyBuilder,
+    wait: Duration,
 }
 
 /// Default window: 3 s.
@@ -145,6 +168,9 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3);
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Default lease of an in-progress claim: 30 s (renewed while the body runs).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The longest pause between two looks at a running call's claim while
+/// waiting for its result.
+const MAX_POLL: Duration = Duration::from_millis(100);
 /// Window mode: a body running past the window keeps its key by renewal up
 /// to this many windows.
 const RENEW_WINDOWS: u32 = 10;
@@ -162,6 +188,7 @@ impl Guarded {
             mode: GuardMode::Window(window.max(Duration::from_millis(1))),
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
+            wait: Duration::ZERO,
         }
     }
 
@@ -176,6 +203,7 @@ impl Guarded {
             },
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
+            wait: Duration::ZERO,
         }
     }
 
@@ -197,6 +225,44 @@ impl Guarded {
         if let GuardMode::Once { lease, .. } = &mut self.mode {
             *lease = d.max(Duration::from_millis(3));
         }
+        self
+    }
+
+    /// Once mode: how long a call that finds the key in progress waits for
+    /// the running call's result (default zero: it gets
+    /// [`Rejected::InProgress`] at once). While it waits it looks again with
+    /// backoff (5 ms doubling up to 100 ms): once the result is stored it
+    /// gets it, without running the body; if the running call failed and
+    /// freed the key, it takes the key and runs the body itself; when the
+    /// wait is over, [`Rejected::InProgress`]. No effect in window mode
+    /// (a repeat there is refused, not answered). The pauses are
+    /// `tokio::time::sleep`: a waiting call needs a Tokio runtime with its
+    /// timer, as `#[tokio::main]` sets up.
+    ///
+    /// ```
+    /// use norepeat::once::{Guarded, Rejected};
+    /// use norepeat::store::MemoryStore;
+    /// use std::time::Duration;
+    /// # #[derive(Debug, PartialEq)] struct E;
+    /// # impl From<Rejected> for E { fn from(_: Rejected) -> Self { E } }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::default();
+    /// let once = Guarded::once("mail::send").wait(Duration::from_secs(2));
+    /// let slow = async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Ok::<u32, E>(1)
+    /// };
+    /// let (first, second) = tokio::join!(
+    ///     once.run_once(&store, "m-1", slow),
+    ///     // Starts while the first runs: waits, then gets its result.
+    ///     once.run_once(&store, "m-1", async { Ok::<u32, E>(2) }),
+    /// );
+    /// assert_eq!((first, second), (Ok(1), Ok(1)));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = d;
         self
     }
 
@@ -372,7 +438,10 @@ impl Guarded {
         }
     }
 
-    /// Once mode's claim: the key, or the stored result, or a refusal.
+    /// Once mode's claim: the key, or the stored result, or a refusal. A
+    /// key in progress is looked at again, with backoff, for up to the
+    /// wait: the call replays once the result is stored, and takes the key
+    /// itself if the running call released it.
     async fn claim<S, T>(&self, store: &S, key: &str) -> Result<Claimed<S, T>, Rejected>
     where
         S: Store + Clone,
@@ -383,13 +452,29 @@ impl Guarded {
         let mut claim_value = Vec::with_capacity(17);
         claim_value.push(CLAIM);
         claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
-        match Claim::acquire(store, key, claim_value, lease).await {
-            Ok(Acquired::Owned(claim)) => {
-                metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
-                Ok(Claimed::Owned(claim))
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let existing = match Claim::acquire(store, key.clone(), claim_value.clone(), lease)
+                .await
+            {
+                Ok(Acquired::Owned(claim)) => {
+                    metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
+                    return Ok(Claimed::Owned(claim));
+                }
+                Ok(Acquired::Held(existing)) => existing,
+                Err(e) => return self.on_failure(&e).map(|()| Claimed::Unguarded),
+            };
+            if let Some(done) = stored(&existing) {
+                return done.map(Claimed::Done);
             }
-            Ok(Acquired::Held(existing)) => stored(&existing).map(Claimed::Done),
-            Err(e) => self.on_failure(&e).map(|()| Claimed::Unguarded),
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "rejected", "reason" => "in_progress").increment(1);
+                return Err(Rejected::InProgress);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(MAX_POLL);
         }
     }
 
@@ -401,21 +486,18 @@ impl Guarded {
     }
 }
 
-/// What an existing once-mode value means for a repeat: its stored result,
-/// or a refusal.
-fn stored<T: DeserializeOwned>(existing: &[u8]) -> Result<T, Rejected> {
+/// What an existing once-mode value means for a repeat: its stored result
+/// (or `Unreadable`), or `None` while a call holds it in progress.
+fn stored<T: DeserializeOwned>(existing: &[u8]) -> Option<Result<T, Rejected>> {
     match existing.split_first() {
-        Some((&DONE, json)) => match serde_json::from_slice::<T>(json) {
+        Some((&DONE, json)) => Some(match serde_json::from_slice::<T>(json) {
             Ok(v) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "replayed").increment(1);
                 Ok(v)
             }
             Err(e) => Err(Rejected::Unreadable(e.to_string())),
-        },
-        _ => {
-            metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "rejected", "reason" => "in_progress").increment(1);
-            Err(Rejected::InProgress)
-        }
+        }),
+        _ => None,
     }
 }
 
@@ -478,4 +560,252 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         _ => return None,
     };
     (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// The process-wide store of [`#[norepeat::guard]`](macro@crate::guard)
+/// functions that name no `store = ...`: set once at start with
+/// [`set_default_store`], read with [`default_store`].
+///
+/// It holds any [`Store`] behind an `Arc` (cloning it is cheap); each call
+/// goes through one boxed future, a small price next to a store's round
+/// trip. It is a [`Store`] itself, so [`Guarded`] can use it without the
+/// attribute.
+#[derive(Clone)]
+pub struct DefaultStore(std::sync::Arc<dyn ErasedStore>);
+
+impl std::fmt::Debug for DefaultStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DefaultStore").field(&self.0.kind()).finish()
+    }
+}
+
+static DEFAULT_STORE: std::sync::OnceLock<DefaultStore> = std::sync::OnceLock::new();
+
+/// [`set_default_store`] was called before: the process-wide store is set
+/// once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the process-wide norepeat store is already set: set it once, at start")]
+pub struct AlreadySet;
+
+/// Sets the store used by every [`#[norepeat::guard]`](macro@crate::guard)
+/// function that names no `store = ...`, for the life of the process. Call
+/// it once, at start, before the first guarded call; until then such a call
+/// returns `Err(E::from(`[`Rejected::NoDefaultStore`]`))` without running
+/// its body.
+///
+/// A function with `store = ...` keeps using its own store. Wrap the store
+/// first if it needs to survive outages
+/// ([`Resilient`](crate::degrade::Resilient)).
+///
+/// # Errors
+/// [`AlreadySet`] when a store was set before (the first one stays).
+///
+/// ```
+/// use norepeat::once::Rejected;
+/// use norepeat::store::MemoryStore;
+///
+/// #[derive(Debug)]
+/// struct Failed;
+/// impl From<Rejected> for Failed {
+///     fn from(_: Rejected) -> Self { Failed }
+/// }
+///
+/// // No `store = ...`: the process-wide store.
+/// #[norepeat::guard(key = "{order_id}", mode = once)]
+/// async fn ship(order_id: u64) -> Result<u64, Failed> {
+///     Ok(order_id)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::once::AlreadySet> {
+/// norepeat::once::set_default_store(MemoryStore::default())?;
+/// assert_eq!(ship(7).await.unwrap(), 7);
+/// # Ok(()) }
+/// ```
+pub fn set_default_store<S: Store>(store: S) -> Result<(), AlreadySet> {
+    DEFAULT_STORE
+        .set(DefaultStore(std::sync::Arc::new(store)))
+        .map_err(|_| AlreadySet)
+}
+
+/// The process-wide store set by [`set_default_store`] (what a guarded
+/// function without `store = ...` uses).
+///
+/// # Errors
+/// [`Rejected::NoDefaultStore`] when none was set.
+pub fn default_store() -> Result<DefaultStore, Rejected> {
+    DEFAULT_STORE.get().cloned().ok_or(Rejected::NoDefaultStore)
+}
+
+/// [`Store`] as an object: each method returns a boxed future.
+trait ErasedStore: Send + Sync + 'static {
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>>;
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn expire_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn replace_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn fixed_window<'a>(
+        &'a self,
+        key: &'a str,
+        limit: u64,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn sliding_window<'a>(
+        &'a self,
+        key: &'a str,
+        limit: u64,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn gcra<'a>(
+        &'a self,
+        key: &'a str,
+        emission: Duration,
+        burst: u64,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn kind(&self) -> &'static str;
+    fn reconnect(&self);
+}
+
+impl<S: Store> ErasedStore for S {
+    fn put_if_absent<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>> {
+        Box::pin(Store::put_if_absent(self, key, value, ttl))
+    }
+    fn delete_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::delete_if_equals(self, key, expected))
+    }
+    fn expire_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::expire_if_equals(self, key, expected, ttl))
+    }
+    fn replace_if_equals<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::replace_if_equals(self, key, expected, value, ttl))
+    }
+    fn fixed_window<'a>(
+        &'a self,
+        key: &'a str,
+        limit: u64,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
+        Box::pin(Store::fixed_window(self, key, limit, window))
+    }
+    fn sliding_window<'a>(
+        &'a self,
+        key: &'a str,
+        limit: u64,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
+        Box::pin(Store::sliding_window(self, key, limit, window))
+    }
+    fn gcra<'a>(
+        &'a self,
+        key: &'a str,
+        emission: Duration,
+        burst: u64,
+    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
+        Box::pin(Store::gcra(self, key, emission, burst))
+    }
+    fn kind(&self) -> &'static str {
+        Store::kind(self)
+    }
+    fn reconnect(&self) {
+        Store::reconnect(self);
+    }
+}
+
+impl Store for DefaultStore {
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.0.put_if_absent(key, value, ttl).await
+    }
+    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
+        self.0.delete_if_equals(key, expected).await
+    }
+    async fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.expire_if_equals(key, expected, ttl).await
+    }
+    async fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.replace_if_equals(key, expected, value, ttl).await
+    }
+    async fn fixed_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        self.0.fixed_window(key, limit, window).await
+    }
+    async fn sliding_window(
+        &self,
+        key: &str,
+        limit: u64,
+        window: Duration,
+    ) -> Result<RateDecision, StoreError> {
+        self.0.sliding_window(key, limit, window).await
+    }
+    async fn gcra(
+        &self,
+        key: &str,
+        emission: Duration,
+        burst: u64,
+    ) -> Result<RateDecision, StoreError> {
+        self.0.gcra(key, emission, burst).await
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
 }

@@ -42,6 +42,7 @@
 //! | same key, same request, first one done | the stored status, allowed headers and body byte for byte, plus `Idempotent-Replayed: true`; the handler does not run |
 //! | same key, other request (body, query, method or caller differ) | 422 `idempotency_key_mismatch` |
 //! | same key, first one still running | 409 `idempotency_key_in_use` with `Retry-After: 1`; or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), a bounded wait, then the replay |
+//! | body declared JSON (by its `Content-Type`) that does not parse | 400 `invalid_request`, before any claim: nothing is stored, the handler does not run, and the key stays free for the corrected request |
 //! | no key, where required | 400 `missing_idempotency_key` |
 //! | key empty, over 255 characters, repeated, or not visible ASCII | 400 `invalid_idempotency_key` |
 //! | no caller identity | 401 `unauthenticated` |
@@ -49,6 +50,14 @@
 //! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
 //! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
 //! | response over the cap (1 MiB), with trailers, or `text/event-stream` | passed on whole, unstored; key released |
+//!
+//! Invalid JSON gets the same answer from both layers: the fingerprint
+//! [`NoRepeatLayer`](crate::guard::NoRepeatLayer) also answers 400
+//! `invalid_request`. A request that says it is JSON and is not cannot be
+//! compared with its repeats by content, and it is the client's mistake,
+//! not a result worth replaying for a day: the client learns at once and
+//! retries, corrected, with the same key. A body that only looks like JSON
+//! (no JSON content type) and does not parse is compared by its bytes.
 //!
 //! A truncated body is never stored: a body is read up to the cap, and the
 //! moment it passes the cap, what was read is sent on followed by the rest.

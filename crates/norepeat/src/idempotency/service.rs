@@ -189,7 +189,15 @@ where
             client_key.as_bytes(),
         ],
     );
-    let fingerprint = fingerprint_of(&cfg, &user, method, &path, &parts, &bytes);
+    // A body declared JSON that does not parse is the client's error: 400
+    // before any claim, as the fingerprint guard answers (one rule for both
+    // layers; the key stays free for the corrected request).
+    let fingerprint = match fingerprint_of(&cfg, &user, method, &path, &parts, &bytes) {
+        Ok(fp) => fp,
+        Err(e) => {
+            return Ok(reject(&Problem::new(Code::InvalidRequest).detail(e)));
+        }
+    };
 
     let (claim, owner) = match claim(&cfg, &key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
@@ -276,8 +284,9 @@ where
 }
 
 /// 128 bits of the request's fingerprint: caller, method, route, query and
-/// canonical body. A body that claims to be JSON and is not is hashed as
-/// bytes: whether it is acceptable is the handler's call, not the layer's.
+/// canonical body. The fingerprint guard's rule: a body whose content type
+/// says JSON must parse (else the error, answered 400); one that only looks
+/// like JSON and does not parse is hashed as bytes.
 fn fingerprint_of<G>(
     cfg: &Config<G>,
     user: &str,
@@ -285,24 +294,30 @@ fn fingerprint_of<G>(
     route: &str,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Digest {
+) -> Result<Digest, String> {
+    let kind = req_body::kind(&parts.headers, body);
     let mut request = RequestParts {
         user,
         method,
         route,
         query: parts.uri.query(),
-        json: req_body::kind(&parts.headers, body) != req_body::BodyKind::Bytes,
+        json: kind != req_body::BodyKind::Bytes,
         body,
     };
-    let fp = cfg.fingerprinter.fingerprint(&request).or_else(|_| {
-        request.json = false;
-        cfg.fingerprinter.fingerprint(&request)
-    });
+    let fp = cfg
+        .fingerprinter
+        .fingerprint(&request)
+        .or_else(|e| {
+            if kind == req_body::BodyKind::Json {
+                return Err(e);
+            }
+            request.json = false;
+            cfg.fingerprinter.fingerprint(&request)
+        })
+        .map_err(|e| e.to_string())?;
     let mut out = [0; 16];
-    if let Ok(fp) = fp {
-        out.copy_from_slice(&fp.0[..16]);
-    }
-    out
+    out.copy_from_slice(&fp.0[..16]);
+    Ok(out)
 }
 
 /// Whether a response may be read to be stored: not an event stream (the

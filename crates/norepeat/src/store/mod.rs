@@ -229,6 +229,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
 }
 
 /// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn ttl_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
