@@ -1,0 +1,714 @@
+//! Records in a SQL table: [`SqlStore`] on PostgreSQL (feature `postgres`)
+//! or SQLite (feature `sqlite`), through [sqlx](https://docs.rs/sqlx).
+//!
+//! Redis forgets: on a restart without persistence, on a failover that loses
+//! the last writes, on eviction. A record kept in the database that holds the
+//! effect lasts as long as the effect does. [`SqlStore`] is a
+//! [`KeyValueStore`]: the four conditional operations, with the semantics of
+//! the Redis store, on one table. It has no rate algorithms (counters are
+//! hot and disposable, a poor fit for a table), so it is not a
+//! [`Store`](super::Store) and a rate limiter over it does not compile.
+//!
+//! ```
+//! use norepeat::store::{KeyValueStore, SqliteStore};
+//! use sqlx::sqlite::SqlitePoolOptions;
+//! use std::time::Duration;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // One connection: every connection to `sqlite::memory:` is its own database.
+//! let pool = SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+//! let store = SqliteStore::new(pool);
+//! store.migrate().await?;
+//! let ttl = Duration::from_secs(30);
+//! assert_eq!(store.put_if_absent("order-7", b"owner-a", ttl).await?, None);
+//! assert_eq!(store.put_if_absent("order-7", b"owner-b", ttl).await?.as_deref(), Some(&b"owner-a"[..]));
+//! assert!(store.replace_if_equals("order-7", b"owner-a", b"done", ttl).await?);
+//! # Ok(()) }
+//! ```
+//!
+//! # The table
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS norepeat_keys (
+//!     key        TEXT   PRIMARY KEY,
+//!     value      BYTEA  NOT NULL,   -- BLOB on SQLite
+//!     expires_at BIGINT NOT NULL,   -- milliseconds since the Unix epoch, database clock
+//!     nonce      BIGINT NOT NULL    -- which put_if_absent call wrote the value
+//! );
+//! CREATE INDEX IF NOT EXISTS norepeat_keys_expires_at ON norepeat_keys (expires_at);
+//! ```
+//!
+//! The name is yours to choose ([`SqlStoreBuilder::table`], default
+//! [`DEFAULT_TABLE`]; `schema.table` works on PostgreSQL). Several stores
+//! may share a database under different tables.
+//!
+//! ## Migration
+//!
+//! [`SqlStore::migrate`] runs the DDL above, idempotently (`IF NOT EXISTS`),
+//! in one transaction; on PostgreSQL it first takes a transaction-scoped
+//! advisory lock, so instances starting together do not race on the
+//! catalogue. It does **not** use sqlx's migration history: an application
+//! that runs its own `sqlx::migrate!` against the same database keeps a
+//! `_sqlx_migrations` table that must list exactly the application's
+//! migrations (sqlx refuses to run when it finds an applied version it does
+//! not know), so a second migration set recorded there would break the
+//! application's migrator. Call [`SqlStore::migrate`] at start-up before or
+//! after your own migrations, or copy the DDL above into one of your own
+//! migration files and skip it.
+//!
+//! # Semantics, one statement each
+//!
+//! Each operation is one SQL statement, run on its own (autocommit), so it
+//! is atomic against every other operation on the key, from any process:
+//!
+//! | operation | statement |
+//! |---|---|
+//! | [`put_if_absent`](KeyValueStore::put_if_absent) | `INSERT ... ON CONFLICT (key) DO UPDATE SET value = CASE WHEN expired THEN new ELSE old END, ... RETURNING nonce = $mine, value` |
+//! | [`delete_if_equals`](KeyValueStore::delete_if_equals) | `DELETE ... WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`expire_if_equals`](KeyValueStore::expire_if_equals) | `UPDATE ... SET expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`replace_if_equals`](KeyValueStore::replace_if_equals) | `UPDATE ... SET value = $3, expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//!
+//! An expired row is absent: every statement tests `expires_at` itself, in
+//! the same statement that acts, so it never matters whether the reaper has
+//! come by yet. Nothing reads a row and then writes it in a second step.
+//!
+//! `put_if_absent` must say whether it stored its value or, if not, which
+//! value is there. `INSERT ... ON CONFLICT DO UPDATE` locks the conflicting
+//! row and sees its latest committed version (a `SELECT` in the same
+//! statement would see an older snapshot, and could miss a row another
+//! transaction inserted a moment ago). So the conflict branch always
+//! updates: it writes the new value if the old one has expired, and the old
+//! value back otherwise. `RETURNING` then shows only the row as it now is,
+//! and the `nonce` column tells the two cases apart: each call writes a
+//! fresh random 64-bit number with its value, and it stored its value
+//! exactly when the row carries its number. (Comparing values instead would
+//! misjudge a call that meets an equal live value; PostgreSQL 18's
+//! `RETURNING old.*` would do, but this has to work on older servers and on
+//! SQLite.) The price: a duplicate also rewrites the row (same content), a
+//! dead tuple for vacuum on PostgreSQL.
+//!
+//! **Clock.** Times are the database's clock, in milliseconds since the Unix
+//! epoch: `statement_timestamp()` on PostgreSQL (fixed for the statement,
+//! not the transaction start, so it stays right inside a long transaction),
+//! `julianday('now')` on SQLite (fixed for the statement too). Every
+//! instance of the application shares that one clock, as they share Redis's
+//! clock for Redis TTLs; the application servers' clocks play no part. TTLs
+//! are whole milliseconds, at least one.
+//!
+//! On PostgreSQL the statements run at `READ COMMITTED` (the default) and
+//! need no stronger level: each touches one row, and an `UPDATE`, `DELETE`
+//! or `ON CONFLICT` that waits on a concurrent writer re-checks its `WHERE`
+//! on the row's newest version. On SQLite a writing statement holds the
+//! database's write lock for its whole run; give the pool a busy timeout
+//! (sqlx's default is 5 s) and, for concurrency, WAL journal mode.
+//!
+//! # Reaping
+//!
+//! Expired rows are invisible but take space. [`SqlStore::reap_once`]
+//! deletes them in batches of [`SqlStoreBuilder::reap_batch`] rows (1000 by
+//! default), one short statement per batch, until a batch comes back short;
+//! [`SqlStore::spawn_reaper`] does that on an interval you set, in a task
+//! that stops when its [`Reaper`] handle is dropped. A batch is
+//!
+//! ```sql
+//! DELETE FROM t WHERE key IN (
+//!     SELECT key FROM t WHERE expires_at <= now LIMIT n FOR UPDATE SKIP LOCKED  -- SKIP LOCKED: PostgreSQL
+//! ) AND expires_at <= now
+//! ```
+//!
+//! so it is safe to run on every instance at once: two reapers skip each
+//! other's rows instead of queueing behind them, a row a caller is reviving
+//! (a `put_if_absent` over the expired row) is either locked and skipped or
+//! re-checked and kept, and no batch holds locks for long. Reaping never
+//! changes what an operation answers, only when the space comes back.
+//!
+//! # Compared with the references
+//!
+//! Two designs are the usual references for durable idempotency records:
+//! AWS Lambda Powertools' idempotency utility (records in DynamoDB) and
+//! Brandur Leach's "Implementing Stripe-like Idempotency Keys in Postgres".
+//!
+//! **Claiming a key (atomic phase one).**
+//! - Powertools: a conditional `PutItem` (`attribute_not_exists(id) OR
+//!   expiration < now OR (status = INPROGRESS AND in_progress_expiration <
+//!   now)`); on a failed condition it reads the existing item (newer
+//!   versions get it back from the same call) to replay it or to report
+//!   "in progress".
+//! - Brandur: an `INSERT` into `idempotency_keys` under a unique
+//!   `(user_id, idempotency_key)` inside a `SERIALIZABLE` transaction,
+//!   retried on serialization failure; a row with `locked_at` set is in
+//!   progress.
+//! - Here: one `INSERT ... ON CONFLICT DO UPDATE ... RETURNING`, which
+//!   stores the claim or returns the live record in the same round trip,
+//!   like Powertools' conditional put with the old item returned. It needs
+//!   only `READ COMMITTED`: the statement touches one row and takes its lock.
+//!
+//! **Expiry and takeover of an abandoned claim (recovery).**
+//! - Powertools: `in_progress_expiration` (the Lambda's remaining time)
+//!   lets a later request take over an in-progress record.
+//! - Brandur: `locked_at` older than a timeout lets a retry take the key
+//!   over, and it resumes from the key's `recovery_point`; a *completer*
+//!   process finds stalled keys and drives them to the end.
+//! - Here: a claim is a row with a short TTL (the lease), renewed by
+//!   `expire_if_equals` while its owner works; when the owner dies the row
+//!   expires and the next `put_if_absent` takes it over, in the statement
+//!   that sees it expired. Owner checks (`... WHERE value = $expected`) make
+//!   a late, taken-over owner unable to renew, complete or release the new
+//!   owner's claim. There are no recovery points and no completer: a claim
+//!   that dies re-runs from the start, which is right when the effect and
+//!   the completed record commit together (see below) and wrong for an
+//!   effect that was made elsewhere and not recorded.
+//!
+//! **Completion (the last atomic phase).**
+//! - Powertools: an `UpdateItem` to `COMPLETED` with the response, a
+//!   separate write after the handler's effect in another system.
+//! - Brandur: the last phase's transaction writes the response and
+//!   `recovery_point = finished` together with the local effects of that
+//!   phase.
+//! - Here: `replace_if_equals` swaps the claim for the completed record,
+//!   only while the claim is still ours.
+//!
+//! **Reaping.**
+//! - Powertools: DynamoDB's TTL deletes expired items in the background,
+//!   often long after expiry; the conditions compare `expiration` to now
+//!   themselves, so a late deletion changes nothing.
+//! - Brandur: a reaper deletes keys older than a fixed age (72 hours).
+//! - Here: every statement treats `expires_at <= now` as absent (as
+//!   Powertools does), and [`SqlStore::reap_once`] deletes in bounded
+//!   batches with `SKIP LOCKED`, on every instance if you like.
+//!
+//! **Under a crash.**
+//! - Powertools: effect and record live in different systems. A crash after
+//!   the effect and before `COMPLETED` leaves the record in progress until
+//!   it expires, then a retry runs the effect again; a crash after the claim
+//!   and before the effect costs only the wait.
+//! - Brandur: every phase is a transaction that moves the recovery point
+//!   with its local effects, so a crash leaves the key at a recovery point
+//!   from which a retry or the completer continues; foreign calls (Stripe)
+//!   between phases rely on the foreign service's own idempotency key.
+//! - Here, the store alone (this part): each operation is atomic and
+//!   durable once it returns. A crash between the effect and the completion
+//!   leaves the claim to expire and a retry runs again, the same guarantee
+//!   as Powertools, unless the effect and the completion commit together.
+//!
+//! ## Transactional completion
+//!
+//! *To be written with the transactional API (issue 17, part 2): the
+//! handler's writes and the completion of its record in one database
+//! transaction, so that a crash or a dropped future leaves either no effect
+//! with the claim still open (the lease frees it and a retry runs once) or
+//! the effect with its completed record; never the effect with the key
+//! free. This is Brandur's "atomic phase" with a single phase, and the
+//! point where this design goes past Powertools.*
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use super::{KeyValueStore, StoreError};
+use sqlx::{AssertSqlSafe, Pool};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[cfg(feature = "postgres")]
+pub use sqlx::Postgres;
+#[cfg(feature = "sqlite")]
+pub use sqlx::Sqlite;
+
+/// The table a [`SqlStore`] uses unless told otherwise: `norepeat_keys`.
+pub const DEFAULT_TABLE: &str = "norepeat_keys";
+
+/// How many expired rows one reaper statement deletes by default.
+pub const DEFAULT_REAP_BATCH: u32 = 1000;
+
+/// A store on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub type PgStore = SqlStore<sqlx::Postgres>;
+
+/// A store on SQLite.
+#[cfg(feature = "sqlite")]
+pub type SqliteStore = SqlStore<sqlx::Sqlite>;
+
+mod sealed {
+    /// What differs between the databases, kept out of the public API.
+    pub trait Sealed: sqlx::Database {
+        /// The store's [`kind`](crate::store::KeyValueStore::kind).
+        const KIND: &'static str;
+        /// An SQL expression: now, in milliseconds since the Unix epoch, on
+        /// the database's clock, fixed for the statement.
+        const NOW_MS: &'static str;
+        /// Appended to the reaper's inner `SELECT`.
+        const REAP_LOCK: &'static str;
+        /// The DDL, in order, for `table` and its expiry index `index`.
+        fn ddl(table: &str, index: &str) -> Vec<String>;
+    }
+}
+
+/// A database [`SqlStore`] runs on: [`Postgres`] (feature `postgres`) or
+/// [`Sqlite`] (feature `sqlite`). Sealed.
+pub trait SqlBackend: sealed::Sealed {}
+
+impl<DB: sealed::Sealed> SqlBackend for DB {}
+
+/// Why a [`SqlStoreBuilder`] refused its settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SqlConfigError {
+    /// The table name is not `name` or `schema.name`, each part a lowercase
+    /// ASCII letter or `_` followed by up to 62 lowercase letters, digits or
+    /// `_`. (The name is written into SQL, so it is checked, not quoted.)
+    #[error(
+        "invalid table name {0:?}: expected `name` or `schema.name`, lowercase ASCII letters, digits and `_`, not starting with a digit, at most 63 characters each"
+    )]
+    InvalidTable(String),
+    /// The reaper's batch size is zero.
+    #[error("the reaper's batch size must be at least 1")]
+    ZeroBatch,
+}
+
+fn valid_identifier(part: &str) -> bool {
+    let mut chars = part.chars();
+    matches!(chars.next(), Some('a'..='z' | '_'))
+        && part.len() <= 63
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+/// The statements of one store, built once for its table.
+#[derive(Debug)]
+struct Statements {
+    put: Arc<str>,
+    delete: Arc<str>,
+    expire: Arc<str>,
+    replace: Arc<str>,
+    reap: Arc<str>,
+    ddl: Vec<Arc<str>>,
+}
+
+impl Statements {
+    fn new<DB: SqlBackend>(table: &str) -> Self {
+        let now = DB::NOW_MS;
+        let index = format!(
+            "{}_expires_at",
+            table.rsplit('.').next().unwrap_or(table)
+        );
+        let s = |sql: String| Arc::<str>::from(sql);
+        Self {
+            put: s(format!(
+                "INSERT INTO {table} AS t (key, value, expires_at, nonce) \
+                 VALUES ($1, $2, {now} + $3, $4) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 value = CASE WHEN t.expires_at <= {now} THEN excluded.value ELSE t.value END, \
+                 expires_at = CASE WHEN t.expires_at <= {now} THEN excluded.expires_at ELSE t.expires_at END, \
+                 nonce = CASE WHEN t.expires_at <= {now} THEN excluded.nonce ELSE t.nonce END \
+                 RETURNING nonce = $4, value"
+            )),
+            delete: s(format!(
+                "DELETE FROM {table} WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            expire: s(format!(
+                "UPDATE {table} SET expires_at = {now} + $3 \
+                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            replace: s(format!(
+                "UPDATE {table} SET value = $3, expires_at = {now} + $4 \
+                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            reap: s(format!(
+                "DELETE FROM {table} WHERE key IN (\
+                 SELECT key FROM {table} WHERE expires_at <= {now} LIMIT $1{lock}\
+                 ) AND expires_at <= {now}",
+                lock = DB::REAP_LOCK
+            )),
+            ddl: DB::ddl(table, &index).into_iter().map(s).collect(),
+        }
+    }
+}
+
+/// Statement text for sqlx. The text was built from a checked table name
+/// and constants only; every value is a bound parameter.
+fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(s))
+}
+
+/// A TTL in milliseconds, at least 1, and small enough that `now + ttl`
+/// cannot overflow a `BIGINT` (a cap of about 285,000 years).
+fn ttl_millis(ttl: Duration) -> i64 {
+    const CAP: u64 = 1 << 53;
+    i64::try_from(super::ttl_ms(ttl).min(CAP)).unwrap_or(i64::MAX)
+}
+
+fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
+    match e {
+        sqlx::Error::PoolTimedOut => StoreError::Timeout(acquire_timeout),
+        sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Configuration(_) => StoreError::Connection(e.to_string()),
+        sqlx::Error::Database(_) => StoreError::Server(e.to_string()),
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+/// A [`KeyValueStore`] on one SQL table: PostgreSQL ([`PgStore`], feature
+/// `postgres`) or SQLite ([`SqliteStore`], feature `sqlite`).
+///
+/// Every operation is one statement with the semantics of the Redis store
+/// (see the [module docs](self)). It holds a sqlx pool and is cheap to
+/// clone; clones share the pool. Run [`migrate`](Self::migrate) once before
+/// use, and a [reaper](Self::spawn_reaper) to reclaim expired rows.
+///
+/// ```no_run
+/// use norepeat::store::PgStore;
+/// use std::time::Duration;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/shop").await?;
+/// let store = PgStore::builder(pool).table("idempotency_records").build()?;
+/// store.migrate().await?;
+/// let _reaper = store.spawn_reaper(Duration::from_secs(60)); // stops when dropped
+/// # Ok(()) }
+/// ```
+pub struct SqlStore<DB: SqlBackend> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: SqlBackend> {
+    pool: Pool<DB>,
+    table: String,
+    reap_batch: u32,
+    sql: Statements,
+}
+
+impl<DB: SqlBackend> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: SqlBackend> fmt::Debug for SqlStore<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("kind", &DB::KIND)
+            .field("table", &self.inner.table)
+            .field("reap_batch", &self.inner.reap_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlBackend> SqlStore<DB> {
+    /// A store on `pool` with the default table ([`DEFAULT_TABLE`]) and
+    /// reaper batch ([`DEFAULT_REAP_BATCH`]).
+    #[must_use]
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_REAP_BATCH)
+    }
+
+    /// A builder, to choose the table or the reaper's batch size.
+    #[must_use]
+    pub fn builder(pool: Pool<DB>) -> SqlStoreBuilder<DB> {
+        SqlStoreBuilder {
+            pool,
+            table: DEFAULT_TABLE.to_owned(),
+            reap_batch: DEFAULT_REAP_BATCH,
+        }
+    }
+
+    fn build(pool: Pool<DB>, table: String, reap_batch: u32) -> Self {
+        let sql = Statements::new::<DB>(&table);
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                table,
+                reap_batch,
+                sql,
+            }),
+        }
+    }
+
+    /// The pool the store runs on.
+    #[must_use]
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The table the store keeps its rows in.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        map_err(e, self.inner.pool.options().get_acquire_timeout())
+    }
+}
+
+/// Settings of a [`SqlStore`]: its table and its reaper's batch size.
+///
+/// ```
+/// use norepeat::store::SqliteStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:")?;
+/// let store = SqliteStore::builder(pool.clone()).table("claims").reap_batch(500).build()?;
+/// assert_eq!(store.table(), "claims");
+/// assert!(SqliteStore::builder(pool).table("claims; DROP TABLE x").build().is_err());
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct SqlStoreBuilder<DB: SqlBackend> {
+    pool: Pool<DB>,
+    table: String,
+    reap_batch: u32,
+}
+
+impl<DB: SqlBackend> fmt::Debug for SqlStoreBuilder<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStoreBuilder")
+            .field("kind", &DB::KIND)
+            .field("table", &self.table)
+            .field("reap_batch", &self.reap_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlBackend> SqlStoreBuilder<DB> {
+    /// The table's name: `name` or `schema.name`, lowercase ASCII letters,
+    /// digits and `_` (default [`DEFAULT_TABLE`]). Checked by
+    /// [`build`](Self::build).
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How many expired rows one reaper statement deletes (default
+    /// [`DEFAULT_REAP_BATCH`]). Smaller batches hold locks for less time.
+    pub fn reap_batch(mut self, rows: u32) -> Self {
+        self.reap_batch = rows;
+        self
+    }
+
+    /// The store.
+    ///
+    /// # Errors
+    /// [`SqlConfigError::InvalidTable`] for a table name that is not a plain
+    /// identifier (or two joined by a dot), [`SqlConfigError::ZeroBatch`]
+    /// for a batch of zero rows.
+    pub fn build(self) -> Result<SqlStore<DB>, SqlConfigError> {
+        let parts: Vec<&str> = self.table.split('.').collect();
+        if parts.len() > 2 || !parts.iter().all(|p| valid_identifier(p)) {
+            return Err(SqlConfigError::InvalidTable(self.table));
+        }
+        if self.reap_batch == 0 {
+            return Err(SqlConfigError::ZeroBatch);
+        }
+        Ok(SqlStore::build(self.pool, self.table, self.reap_batch))
+    }
+}
+
+/// A running reaper, from [`SqlStore::spawn_reaper`]. The task stops when
+/// this handle is dropped (or [`stop`](Self::stop)ped); a batch cut off
+/// mid-statement is rolled back by the database, never half applied.
+#[derive(Debug)]
+#[must_use = "the reaper stops when its handle is dropped"]
+pub struct Reaper {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reaper {
+    /// Stops the reaper (the same as dropping the handle).
+    pub fn stop(self) {}
+
+    fn spawn<F, Fut>(every: Duration, kind: &'static str, mut reap: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<u64, StoreError>> + Send,
+    {
+        let every = every.max(Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match reap().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::debug!(store = kind, rows = n, "reaped expired rows");
+                        metrics::counter!("norepeat_reaped_rows_total", "store" => kind)
+                            .increment(n);
+                    }
+                    Err(e) => tracing::warn!(store = kind, error = %e, "reaper failed; retrying next interval"),
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The operations, written once and compiled for each database (their
+/// sqlx types differ; the statements come from [`Statements`]).
+macro_rules! impl_sql_store {
+    ($db:ty) => {
+        impl SqlStore<$db> {
+            /// Creates the table and its expiry index if they do not exist
+            /// (see [Migration](self#migration)). Safe to run on every
+            /// start, from every instance at once.
+            ///
+            /// # Errors
+            /// When the database refuses the DDL or cannot be reached.
+            pub async fn migrate(&self) -> Result<(), StoreError> {
+                let mut tx = self.inner.pool.begin().await.map_err(|e| self.err(e))?;
+                for ddl in &self.inner.sql.ddl {
+                    sqlx::query(sql(ddl))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                tx.commit().await.map_err(|e| self.err(e))
+            }
+
+            /// Deletes every row that has expired, in batches (see
+            /// [Reaping](self#reaping)), and returns how many it deleted.
+            /// For a test, a cron job, or a process that schedules its own
+            /// maintenance.
+            ///
+            /// # Errors
+            /// When a batch fails; batches before it stay deleted.
+            pub async fn reap_once(&self) -> Result<u64, StoreError> {
+                let batch = self.inner.reap_batch;
+                let mut total = 0;
+                loop {
+                    let done = sqlx::query(sql(&self.inner.sql.reap))
+                        .bind(i64::from(batch))
+                        .execute(&self.inner.pool)
+                        .await
+                        .map_err(|e| self.err(e))?
+                        .rows_affected();
+                    total += done;
+                    if done < u64::from(batch) {
+                        return Ok(total);
+                    }
+                }
+            }
+
+            /// Runs [`reap_once`](Self::reap_once) every `every` (the first
+            /// run at once) in a spawned task, until the returned handle is
+            /// dropped. Failures are logged and retried at the next
+            /// interval. Must be called within a tokio runtime.
+            pub fn spawn_reaper(&self, every: Duration) -> Reaper {
+                let store = self.clone();
+                Reaper::spawn(every, <$db as sealed::Sealed>::KIND, move || {
+                    let store = store.clone();
+                    async move { store.reap_once().await }
+                })
+            }
+        }
+
+        impl KeyValueStore for SqlStore<$db> {
+            async fn put_if_absent(
+                &self,
+                key: &str,
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<Option<bytes::Bytes>, StoreError> {
+                let nonce: i64 = rand::random();
+                let (stored, current): (bool, Vec<u8>) =
+                    sqlx::query_as(sql(&self.inner.sql.put))
+                        .bind(key)
+                        .bind(value)
+                        .bind(ttl_millis(ttl))
+                        .bind(nonce)
+                        .fetch_one(&self.inner.pool)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                Ok((!stored).then(|| bytes::Bytes::from(current)))
+            }
+
+            async fn delete_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.delete))
+                    .bind(key)
+                    .bind(expected)
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn expire_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.expire))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(ttl_millis(ttl))
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn replace_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.replace))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            fn kind(&self) -> &'static str {
+                <$db as sealed::Sealed>::KIND
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+impl_sql_store!(sqlx::Postgres);
+#[cfg(feature = "sqlite")]
+impl_sql_store!(sqlx::Sqlite);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for ok in ["norepeat_keys", "_t", "app.keys_2", "a"] {
+            assert!(ok.split('.').all(valid_identifier), "{ok}");
+        }
+        for bad in ["", "Keys", "1t", "t-1", "t;drop", "a b", "\"t\"", &"x".repeat(64)] {
+            assert!(!bad.split('.').all(valid_identifier), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ttl_is_at_least_a_millisecond_and_capped() {
+        assert_eq!(ttl_millis(Duration::ZERO), 1);
+        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(ttl_millis(Duration::MAX), 1 << 53);
+    }
+}
