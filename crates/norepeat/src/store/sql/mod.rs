@@ -369,6 +369,16 @@ fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
 /// let _reaper = store.spawn_reaper(Duration::from_secs(60)); // stops when dropped
 /// # Ok(()) }
 /// ```
+///
+/// It has no rate algorithms, so a rate limiter over it is refused when the
+/// program is compiled (`RateLimiter` requires [`Store`](super::Store)):
+///
+/// ```compile_fail,E0277
+/// use norepeat::ratelimit::{Quota, RateLimiter};
+/// use norepeat::store::SqliteStore;
+/// let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+/// let limiter = RateLimiter::new(SqliteStore::new(pool), Quota::parse("5/s").unwrap());
+/// ```
 pub struct SqlStore<DB: SqlBackend> {
     inner: Arc<Inner<DB>>,
 }
