@@ -70,14 +70,20 @@ mod cases {
         lapse().await;
         assert_eq!(s.put_if_absent("same", b"v", LONG).await.unwrap(), None);
         // Values are bytes: empty and non-UTF-8 values round-trip.
-        assert_eq!(s.put_if_absent("bin", &[0, 255, 1], LONG).await.unwrap(), None);
+        assert_eq!(
+            s.put_if_absent("bin", &[0, 255, 1], LONG).await.unwrap(),
+            None
+        );
         assert_eq!(
             s.put_if_absent("bin", b"x", LONG).await.unwrap().as_deref(),
             Some(&[0u8, 255, 1][..])
         );
         assert_eq!(s.put_if_absent("empty", b"", LONG).await.unwrap(), None);
         assert_eq!(
-            s.put_if_absent("empty", b"x", LONG).await.unwrap().as_deref(),
+            s.put_if_absent("empty", b"x", LONG)
+                .await
+                .unwrap()
+                .as_deref(),
             Some(&b""[..])
         );
         // Keys are distinct.
@@ -143,13 +149,25 @@ mod cases {
         assert!(holds(&s, "k", b"a").await);
         // Present, ours: new value, and the new TTL applies.
         s.put_if_absent("c", b"claim", SHORT).await.unwrap();
-        assert!(s.replace_if_equals("c", b"claim", b"done", LONG).await.unwrap());
+        assert!(
+            s.replace_if_equals("c", b"claim", b"done", LONG)
+                .await
+                .unwrap()
+        );
         lapse().await;
         assert!(holds(&s, "c", b"done").await);
         // The old value no longer matches.
-        assert!(!s.replace_if_equals("c", b"claim", b"again", LONG).await.unwrap());
+        assert!(
+            !s.replace_if_equals("c", b"claim", b"again", LONG)
+                .await
+                .unwrap()
+        );
         // A shorter new TTL applies too.
-        assert!(s.replace_if_equals("c", b"done", b"brief", SHORT).await.unwrap());
+        assert!(
+            s.replace_if_equals("c", b"done", b"brief", SHORT)
+                .await
+                .unwrap()
+        );
         lapse().await;
         assert!(absent(&s, "c").await);
         // Expired with our value: absent, nothing replaced or created.
@@ -165,7 +183,10 @@ mod cases {
         lapse().await;
         assert!(absent(&s, "k").await);
         // A zero TTL still writes (at least a millisecond), and expires.
-        assert_eq!(s.put_if_absent("z", b"a", Duration::ZERO).await.unwrap(), None);
+        assert_eq!(
+            s.put_if_absent("z", b"a", Duration::ZERO).await.unwrap(),
+            None
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(absent(&s, "z").await);
     }
@@ -173,18 +194,35 @@ mod cases {
     /// A claim that expired and was taken over: the first owner can neither
     /// renew, complete nor release the new owner's claim.
     pub async fn owner_checked<S: KeyValueStore>(s: S) {
-        assert_eq!(s.put_if_absent("job", b"owner-a", SHORT).await.unwrap(), None);
+        assert_eq!(
+            s.put_if_absent("job", b"owner-a", SHORT).await.unwrap(),
+            None
+        );
         lapse().await;
-        assert_eq!(s.put_if_absent("job", b"owner-b", LONG).await.unwrap(), None);
+        assert_eq!(
+            s.put_if_absent("job", b"owner-b", LONG).await.unwrap(),
+            None
+        );
         assert!(!s.expire_if_equals("job", b"owner-a", LONG).await.unwrap());
-        assert!(!s.replace_if_equals("job", b"owner-a", b"done-a", LONG).await.unwrap());
+        assert!(
+            !s.replace_if_equals("job", b"owner-a", b"done-a", LONG)
+                .await
+                .unwrap()
+        );
         assert!(!s.delete_if_equals("job", b"owner-a").await.unwrap());
         assert!(holds(&s, "job", b"owner-b").await);
         // The new owner completes; a repeat of the first owner still fails.
-        assert!(s.replace_if_equals("job", b"owner-b", b"done-b", LONG).await.unwrap());
+        assert!(
+            s.replace_if_equals("job", b"owner-b", b"done-b", LONG)
+                .await
+                .unwrap()
+        );
         assert!(!s.delete_if_equals("job", b"owner-b").await.unwrap());
         assert_eq!(
-            s.put_if_absent("job", b"owner-c", LONG).await.unwrap().as_deref(),
+            s.put_if_absent("job", b"owner-c", LONG)
+                .await
+                .unwrap()
+                .as_deref(),
             Some(&b"done-b"[..])
         );
     }
@@ -310,7 +348,10 @@ behaviour!(redis, {
 behaviour!(postgres, sql::postgres().await);
 
 #[cfg(feature = "sqlite")]
-behaviour!(sqlite, sql::sqlite(norepeat::store::sql::DEFAULT_REAP_BATCH).await);
+behaviour!(
+    sqlite,
+    sql::sqlite(norepeat::store::sql::DEFAULT_REAP_BATCH).await
+);
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql {
@@ -377,16 +418,19 @@ mod sql {
             .connect_with(options)
             .await
             .unwrap();
-        let store = SqliteStore::builder(pool).reap_batch(batch).build().unwrap();
+        let store = SqliteStore::builder(pool)
+            .reap_batch(batch)
+            .build()
+            .unwrap();
         store.migrate().await.unwrap();
         (store, file)
     }
 }
 
-/// The reaper's tests, for one SQL backend: `$make(batch)` gives a fresh
+/// The tests of the SQL stores only (reaper, migration, table), for one backend: `$make(batch)` gives a fresh
 /// store with that reaper batch size.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-macro_rules! reaper {
+macro_rules! sql_only {
     ($backend:ident, $make:path) => {
         mod $backend {
             use super::*;
@@ -402,7 +446,10 @@ macro_rules! reaper {
                 let (store, _keep) = $make(7).await;
                 for i in 0..200 {
                     let k = format!("old-{i}");
-                    store.put_if_absent(&k, b"stale", Duration::from_millis(1)).await.unwrap();
+                    store
+                        .put_if_absent(&k, b"stale", Duration::from_millis(1))
+                        .await
+                        .unwrap();
                 }
                 for i in 0..100 {
                     let k = format!("live-{i}");
@@ -427,12 +474,20 @@ macro_rules! reaper {
                     .map(|i| {
                         let s = store.clone();
                         tokio::spawn(async move {
-                            let k = if i < 200 { format!("old-{i}") } else { format!("new-{i}") };
+                            let k = if i < 200 {
+                                format!("old-{i}")
+                            } else {
+                                format!("new-{i}")
+                            };
                             if i < 200 && i % 2 == 1 {
                                 return; // left expired, for the reapers
                             }
                             // Expired or reaped, the key is absent: the claim stores.
-                            assert_eq!(s.put_if_absent(&k, b"claimed", LONG).await.unwrap(), None, "{k}");
+                            assert_eq!(
+                                s.put_if_absent(&k, b"claimed", LONG).await.unwrap(),
+                                None,
+                                "{k}"
+                            );
                         })
                     })
                     .collect();
@@ -451,10 +506,16 @@ macro_rules! reaper {
                 assert_eq!(rows(&store, "live-%").await, 100);
                 assert_eq!(rows(&store, "new-%").await, 100);
                 for i in (0..200).step_by(2) {
-                    assert!(holds(&store, &format!("old-{i}"), b"claimed").await, "old-{i}");
+                    assert!(
+                        holds(&store, &format!("old-{i}"), b"claimed").await,
+                        "old-{i}"
+                    );
                 }
                 for i in 0..100 {
-                    assert!(holds(&store, &format!("live-{i}"), b"live").await, "live-{i}");
+                    assert!(
+                        holds(&store, &format!("live-{i}"), b"live").await,
+                        "live-{i}"
+                    );
                 }
                 // Nothing expired is left for a last pass.
                 assert_eq!(store.reap_once().await.unwrap(), 0);
@@ -469,21 +530,84 @@ macro_rules! reaper {
                 let reaper = store.spawn_reaper(Duration::from_millis(20));
                 for i in 0..12 {
                     let k = format!("x-{i}");
-                    store.put_if_absent(&k, b"v", Duration::from_millis(1)).await.unwrap();
+                    store
+                        .put_if_absent(&k, b"v", Duration::from_millis(1))
+                        .await
+                        .unwrap();
                 }
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
                 while rows(&store, "x-%").await > 0 {
-                    assert!(tokio::time::Instant::now() < deadline, "the reaper never ran");
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the reaper never ran"
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 drop(reaper);
                 for i in 0..3 {
                     let k = format!("y-{i}");
-                    store.put_if_absent(&k, b"v", Duration::from_millis(1)).await.unwrap();
+                    store
+                        .put_if_absent(&k, b"v", Duration::from_millis(1))
+                        .await
+                        .unwrap();
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                assert_eq!(rows(&store, "y-%").await, 3, "a dropped reaper kept reaping");
+                assert_eq!(
+                    rows(&store, "y-%").await,
+                    3,
+                    "a dropped reaper kept reaping"
+                );
                 assert_eq!(store.reap_once().await.unwrap(), 3);
+                assert_eq!(rows(&store, "%").await, 1);
+            }
+
+            /// The store's migration leaves sqlx's migration history alone, so
+            /// an application's own `sqlx::migrate` keeps working next to it,
+            /// before and after.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn migrate_coexists_with_application_migrations() {
+                let (store, _keep) = $make(5).await;
+                let dir = std::env::temp_dir().join(format!(
+                    "norepeat-kv-migrations-{:016x}",
+                    rand::random::<u64>()
+                ));
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(
+                    dir.join("0001_app.sql"),
+                    "CREATE TABLE app_orders (id BIGINT PRIMARY KEY);",
+                )
+                .unwrap();
+                let app = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+                app.run(store.pool()).await.unwrap();
+                store.migrate().await.unwrap();
+                app.run(store.pool()).await.unwrap();
+                std::fs::write(
+                    dir.join("0002_more.sql"),
+                    "CREATE TABLE app_items (id BIGINT PRIMARY KEY);",
+                )
+                .unwrap();
+                let app = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+                app.run(store.pool()).await.unwrap();
+                let _ = std::fs::remove_dir_all(&dir);
+                store.put_if_absent("k", b"v", LONG).await.unwrap();
+                assert!(holds(&store, "k", b"v").await);
+            }
+
+            /// A store on another table of the same database is another
+            /// key space.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn custom_table_is_its_own_key_space() {
+                let (store, _keep) = $make(5).await;
+                let other = norepeat::store::SqlStore::builder(store.pool().clone())
+                    .table("other_claims")
+                    .build()
+                    .unwrap();
+                assert_eq!(other.table(), "other_claims");
+                other.migrate().await.unwrap();
+                assert_eq!(store.put_if_absent("k", b"a", LONG).await.unwrap(), None);
+                assert_eq!(other.put_if_absent("k", b"b", LONG).await.unwrap(), None);
+                assert!(holds(&store, "k", b"a").await);
+                assert!(holds(&other, "k", b"b").await);
                 assert_eq!(rows(&store, "%").await, 1);
             }
 
@@ -536,7 +660,7 @@ impl HasPool for norepeat::store::SqliteStore {
 }
 
 #[cfg(feature = "postgres")]
-reaper!(postgres_reaper, sql::postgres_with);
+sql_only!(postgres_table, sql::postgres_with);
 
 #[cfg(feature = "sqlite")]
-reaper!(sqlite_reaper, sql::sqlite);
+sql_only!(sqlite_table, sql::sqlite);

@@ -288,10 +288,7 @@ struct Statements {
 impl Statements {
     fn new<DB: SqlBackend>(table: &str) -> Self {
         let now = DB::NOW_MS;
-        let index = format!(
-            "{}_expires_at",
-            table.rsplit('.').next().unwrap_or(table)
-        );
+        let index = format!("{}_expires_at", table.rsplit('.').next().unwrap_or(table));
         let s = |sql: String| Arc::<str>::from(sql);
         Self {
             put: s(format!(
@@ -548,7 +545,9 @@ impl Reaper {
                         metrics::counter!("norepeat_reaped_rows_total", "store" => kind)
                             .increment(n);
                     }
-                    Err(e) => tracing::warn!(store = kind, error = %e, "reaper failed; retrying next interval"),
+                    Err(e) => {
+                        tracing::warn!(store = kind, error = %e, "reaper failed; retrying next interval")
+                    }
                 }
             }
         });
@@ -629,15 +628,14 @@ macro_rules! impl_sql_store {
                 ttl: Duration,
             ) -> Result<Option<bytes::Bytes>, StoreError> {
                 let nonce: i64 = rand::random();
-                let (stored, current): (bool, Vec<u8>) =
-                    sqlx::query_as(sql(&self.inner.sql.put))
-                        .bind(key)
-                        .bind(value)
-                        .bind(ttl_millis(ttl))
-                        .bind(nonce)
-                        .fetch_one(&self.inner.pool)
-                        .await
-                        .map_err(|e| self.err(e))?;
+                let (stored, current): (bool, Vec<u8>) = sqlx::query_as(sql(&self.inner.sql.put))
+                    .bind(key)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .bind(nonce)
+                    .fetch_one(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
                 Ok((!stored).then(|| bytes::Bytes::from(current)))
             }
 
@@ -710,7 +708,16 @@ mod tests {
         for ok in ["norepeat_keys", "_t", "app.keys_2", "a"] {
             assert!(ok.split('.').all(valid_identifier), "{ok}");
         }
-        for bad in ["", "Keys", "1t", "t-1", "t;drop", "a b", "\"t\"", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "Keys",
+            "1t",
+            "t-1",
+            "t;drop",
+            "a b",
+            "\"t\"",
+            &"x".repeat(64),
+        ] {
             assert!(!bad.split('.').all(valid_identifier), "{bad}");
         }
     }

@@ -4,7 +4,8 @@ impl super::sealed::Sealed for sqlx::Postgres {
     const KIND: &'static str = "postgres";
     // `statement_timestamp()`: the same for the whole statement, and the
     // statement's start (not the transaction's, as `now()` would be).
-    const NOW_MS: &'static str = "(floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
+    const NOW_MS: &'static str =
+        "(floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
     // Concurrent reapers skip each other's rows (and rows a caller holds)
     // instead of waiting for them.
     const REAP_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
