@@ -427,7 +427,8 @@ mod sql {
     }
 }
 
-/// The tests of the SQL stores only (reaper, migration, table), for one backend: `$make(batch)` gives a fresh
+/// The tests of the SQL stores only (reaper, migration, table), for one
+/// backend: `$make(batch)` gives a fresh
 /// store with that reaper batch size.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! sql_only {

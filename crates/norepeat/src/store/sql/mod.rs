@@ -414,7 +414,6 @@ impl<DB: SqlBackend> SqlStore<DB> {
     }
 
     /// A builder, to choose the table or the reaper's batch size.
-    #[must_use]
     pub fn builder(pool: Pool<DB>) -> SqlStoreBuilder<DB> {
         SqlStoreBuilder {
             pool,
