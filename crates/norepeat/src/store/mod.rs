@@ -14,7 +14,7 @@
 //!   `ConnectionManager`.
 //! - [`ClusterStore`] (feature `redis`): Redis Cluster.
 //! - [`AnyStore`]: one of the above, chosen at run time (for example from a URL).
-//! - [`SqlStore`] (features `postgres`, `sqlite`): a table in PostgreSQL or
+//! - `SqlStore` (features `postgres`, `sqlite`): a table in PostgreSQL or
 //!   SQLite. It keeps records but has no rate algorithms, so it implements
 //!   [`KeyValueStore`] and not [`Store`].
 //!
@@ -265,7 +265,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
 ///
 /// Every [`Store`] implements it (a blanket implementation forwards to the
 /// [`Store`] methods). A backend that cannot run the rate algorithms, such
-/// as [`SqlStore`] (features `postgres`, `sqlite`), implements only this
+/// as `SqlStore` (features `postgres`, `sqlite`), implements only this
 /// trait, so a rate limiter over it does not compile. The contract of each
 /// method is the one documented on [`Store`]: atomic against every other
 /// call on the same key, from any process sharing the store; an expired key

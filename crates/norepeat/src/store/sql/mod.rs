@@ -37,6 +37,9 @@
 //! CREATE INDEX IF NOT EXISTS norepeat_keys_expires_at ON norepeat_keys (expires_at);
 //! ```
 //!
+//! Keys are `TEXT` (PostgreSQL refuses a NUL character in one; the keys
+//! norepeat builds are hashes and never hold one), values are bytes.
+//!
 //! The name is yours to choose ([`SqlStoreBuilder::table`], default
 //! [`DEFAULT_TABLE`]; `schema.table` works on PostgreSQL). Several stores
 //! may share a database under different tables.
@@ -245,8 +248,8 @@ mod sealed {
     }
 }
 
-/// A database [`SqlStore`] runs on: [`Postgres`] (feature `postgres`) or
-/// [`Sqlite`] (feature `sqlite`). Sealed.
+/// A database [`SqlStore`] runs on: [`sqlx::Postgres`] (feature
+/// `postgres`) or [`sqlx::Sqlite`] (feature `sqlite`). Sealed.
 pub trait SqlBackend: sealed::Sealed {}
 
 impl<DB: sealed::Sealed> SqlBackend for DB {}
@@ -348,8 +351,8 @@ fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
     }
 }
 
-/// A [`KeyValueStore`] on one SQL table: PostgreSQL ([`PgStore`], feature
-/// `postgres`) or SQLite ([`SqliteStore`], feature `sqlite`).
+/// A [`KeyValueStore`] on one SQL table: PostgreSQL (`PgStore`, feature
+/// `postgres`) or SQLite (`SqliteStore`, feature `sqlite`).
 ///
 /// Every operation is one statement with the semantics of the Redis store
 /// (see the [module docs](self)). It holds a sqlx pool and is cheap to
