@@ -612,19 +612,28 @@ macro_rules! sql_only {
                 assert_eq!(rows(&store, "%").await, 1);
             }
 
-            /// Migrating twice, and from several tasks at once, is harmless.
+            /// Migrating twice, and from several tasks at once (instances
+            /// starting together, the table not there yet), is harmless.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn migrate_is_idempotent_and_concurrent_safe() {
                 let (store, _keep) = $make(5).await;
                 store.put_if_absent("k", b"v", LONG).await.unwrap();
-                let runs: Vec<_> = (0..4)
-                    .map(|_| {
-                        let s = store.clone();
-                        tokio::spawn(async move { s.migrate().await.unwrap() })
-                    })
-                    .collect();
-                for r in runs {
-                    r.await.unwrap();
+                store.migrate().await.unwrap();
+                for round in 0..5 {
+                    let fresh = norepeat::store::SqlStore::builder(store.pool().clone())
+                        .table(format!("fresh_{round}"))
+                        .build()
+                        .unwrap();
+                    let runs: Vec<_> = (0..4)
+                        .map(|_| {
+                            let s = fresh.clone();
+                            tokio::spawn(async move { s.migrate().await })
+                        })
+                        .collect();
+                    for r in runs {
+                        r.await.unwrap().unwrap();
+                    }
+                    assert_eq!(fresh.put_if_absent("k", b"w", LONG).await.unwrap(), None);
                 }
                 assert!(holds(&store, "k", b"v").await);
             }
