@@ -3,15 +3,18 @@
 #
 #   tests/browser/run.sh --install      install what the test needs, if missing, and stop
 #   tests/browser/run.sh                build the shop, start it on a temporary SQLite
-#                                       database, run the test normally and with
-#                                       --expect-broken, stop the shop
-#   tests/browser/run.sh URL [--expect-broken]
+#                                       database (a slow payment provider, every order
+#                                       event published three times), run the test
+#                                       normally, with --expect-broken and with
+#                                       --expect-broken-payment, stop the shop
+#   tests/browser/run.sh URL [--expect-broken | --expect-broken-payment]
 #                                       run the test against a shop already running at URL
 #
 # Installs when missing: the npm packages (npm ci, from package-lock.json) and
 # /usr/bin/chromium (apt-get install -y chromium; needs root or sudo). It never
 # runs `npx playwright install`: the test uses the system's chromium.
-# SCREENSHOT=path saves the page after the first order (e.g. docs/screenshot.png).
+# SCREENSHOT=path saves the page once orders are paid and their points shown
+# (e.g. SCREENSHOT=docs/screenshot.png).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -55,7 +58,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-DATABASE_URL="sqlite://$tmp/shop.db?mode=rwc" "$bin" serve --listen 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
+# The same shop settings as crates/norepeat-shop/tests/browser.rs.
+DATABASE_URL="sqlite://$tmp/shop.db?mode=rwc" NOREPEAT_PAYMENT_LATENCY_MS=400 NOREPEAT_DUPLICATE_EVENTS=3 \
+  "$bin" serve --listen 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
 shop_pid=$!
 url=""
 for _ in $(seq 1 300); do
@@ -68,3 +73,4 @@ done
 
 node "$here/page.test.mjs" "$url"
 node "$here/page.test.mjs" "$url" --expect-broken
+node "$here/page.test.mjs" "$url" --expect-broken-payment

@@ -2,7 +2,9 @@
 //! re-exports it and documents it).
 //!
 //! The attribute rewrites the body of the `async fn` it is put on: the key
-//! is formatted from the arguments, then the original body runs inside
+//! is built from the arguments (each literal segment of the template and
+//! each formatted argument length-prefixed, by `norepeat::keys::KeyParts`,
+//! so no two argument tuples share a key), then the original body runs inside
 //! `norepeat::once::Guarded::run_window` or `run_once`. Because the function
 //! itself changes (there is no proxy), every call is guarded, including a
 //! call from another method of the same type.
@@ -245,24 +247,34 @@ fn duration_ms(lit: &LitStr) -> syn::Result<u64> {
     Ok(ms)
 }
 
-/// The key template as `format!` arguments: `"{order.user_id}:{order.biz_id}"`
-/// becomes `"{}:{}", order.user_id, order.biz_id`.
-fn key_format(lit: &LitStr, names: &[String]) -> syn::Result<(String, Vec<TokenStream2>)> {
+/// One part of a key template: literal text, or an argument with its
+/// format spec (`{id:?}` gives `"{:?}"`).
+enum Part {
+    Literal(String),
+    Arg(String, TokenStream2),
+}
+
+/// The key template as parts: `"{order.user_id}:{order.biz_id}"` becomes
+/// the argument `order.user_id`, the literal `:` and the argument
+/// `order.biz_id`. The expansion length-prefixes each part
+/// (`norepeat::keys::KeyParts`), so the key is injective: a `:` inside a
+/// user id cannot pass for the template's own.
+fn key_parts(lit: &LitStr, names: &[String]) -> syn::Result<Vec<Part>> {
     let span = lit.span();
     let err = |msg: String| syn::Error::new(span, msg);
     let template = lit.value();
-    let mut fmt = String::with_capacity(template.len());
-    let mut args = Vec::new();
+    let mut parts = Vec::new();
+    let mut text = String::new();
     let mut chars = template.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
             '{' if chars.peek() == Some(&'{') => {
                 chars.next();
-                fmt.push_str("{{");
+                text.push('{');
             }
             '}' if chars.peek() == Some(&'}') => {
                 chars.next();
-                fmt.push_str("}}");
+                text.push('}');
             }
             '}' => {
                 return Err(err(
@@ -286,18 +298,23 @@ fn key_format(lit: &LitStr, names: &[String]) -> syn::Result<(String, Vec<TokenS
                     Some((p, s)) => (p.trim(), Some(s)),
                     None => (inner.trim(), None),
                 };
-                args.push(field_path(path, names, span)?);
-                fmt.push('{');
-                if let Some(spec) = spec {
-                    fmt.push(':');
-                    fmt.push_str(spec);
+                let arg = field_path(path, names, span)?;
+                if !text.is_empty() {
+                    parts.push(Part::Literal(std::mem::take(&mut text)));
                 }
-                fmt.push('}');
+                let fmt = match spec {
+                    Some(spec) => format!("{{:{spec}}}"),
+                    None => "{}".to_owned(),
+                };
+                parts.push(Part::Arg(fmt, arg));
             }
-            c => fmt.push(c),
+            c => text.push(c),
         }
     }
-    Ok((fmt, args))
+    if !text.is_empty() {
+        parts.push(Part::Literal(text));
+    }
+    Ok(parts)
 }
 
 /// `order.user_id` → tokens, checking that `order` is an argument.
@@ -400,8 +417,17 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             },
         })
         .collect();
-    let (fmt, fmt_args) = key_format(&key, &names)?;
-    let fmt = LitStr::new(&fmt, key.span());
+    let key_span = key.span();
+    let key_calls = key_parts(&key, &names)?.into_iter().map(|part| match part {
+        Part::Literal(text) => {
+            let text = LitStr::new(&text, key_span);
+            quote!(.literal(#text))
+        }
+        Part::Arg(fmt, arg) => {
+            let fmt = LitStr::new(&fmt, key_span);
+            quote!(.arg(::core::format_args!(#fmt, #arg)))
+        }
+    });
 
     let name = sig.ident.to_string();
     let scope = match &args.scope {
@@ -448,7 +474,8 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
-            let __norepeat_key: ::std::string::String = ::std::format!(#fmt #(, #fmt_args)*);
+            let __norepeat_key: ::std::string::String =
+                ::norepeat::keys::KeyParts::new() #(#key_calls)* .finish();
             let __norepeat_store = #store_value;
             let __norepeat_body = async {
                 #[allow(

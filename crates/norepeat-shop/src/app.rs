@@ -113,12 +113,15 @@ impl AppState {
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
         })?;
+        // The recorder first, so the store's budget gauge is recorded from the start.
+        let metrics = metrics_handle();
         let outage = Outage::new(store);
+        // `store_timeout` is the floor of the adaptive budget (up to 1 s).
         let primary = Resilient::new(outage.clone())
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
         let open = if cfg.defence.local_fallback() {
-            Fallback::new(primary.clone(), MemoryStore::new(100_000))
+            Fallback::new(primary.clone(), MemoryStore::default())
         } else {
             Fallback::disabled(primary.clone())
         };
@@ -131,7 +134,7 @@ impl AppState {
             primary,
             open,
             tokens,
-            metrics: metrics_handle(),
+            metrics,
             events,
             outage,
         })

@@ -153,7 +153,7 @@ impl Points {
             db,
             store: Fallback::new(
                 Resilient::new(store).timeout(budget),
-                MemoryStore::new(100_000),
+                MemoryStore::default(),
             ),
             hook: FailHook::from_env(),
         }

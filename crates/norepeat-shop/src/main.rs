@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use norepeat_shop::commands;
 use norepeat_shop::config::ShopConfig;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -42,14 +43,60 @@ enum Command {
     },
 }
 
+/// How log lines are written to stderr (`NOREPEAT_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal and
+    /// `NO_COLOR` is unset or empty (<https://no-color.org>).
+    Text,
+    /// One JSON object per line, never coloured, for log collectors.
+    Json,
+}
+
+impl LogFormat {
+    /// Reads `NOREPEAT_LOG_FORMAT`: unset or empty is `text`.
+    fn from_env() -> Result<LogFormat, String> {
+        match std::env::var("NOREPEAT_LOG_FORMAT") {
+            Err(std::env::VarError::NotPresent) => Ok(LogFormat::Text),
+            Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("text") => Ok(LogFormat::Text),
+            Ok(v) if v.eq_ignore_ascii_case("json") => Ok(LogFormat::Json),
+            Ok(v) => Err(format!(
+                "NOREPEAT_LOG_FORMAT must be `text` or `json`, not `{v}`"
+            )),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err("NOREPEAT_LOG_FORMAT must be `text` or `json`".to_owned())
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber: logs go to stderr (stdout stays for the
+/// commands' output), filtered by `RUST_LOG` (default `warn,norepeat=info`).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "warn,norepeat=info".into());
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => fmt.json().with_ansi(false).init(),
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            fmt.with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .init();
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,norepeat=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let format = match LogFormat::from_env() {
+        Ok(format) => format,
+        Err(e) => {
+            eprintln!("norepeat: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(format);
     let cli = Cli::parse();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

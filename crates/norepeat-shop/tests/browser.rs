@@ -1,6 +1,8 @@
 //! The shop's web page in a real browser: runs `tests/browser/page.test.mjs`
 //! (headless Debian chromium driven by playwright-core) against the built
-//! `norepeat` binary on a temporary SQLite database.
+//! `norepeat` binary on a temporary SQLite database, with a slow payment
+//! provider (`NOREPEAT_PAYMENT_LATENCY_MS`) and every order event published
+//! three times (`NOREPEAT_DUPLICATE_EVENTS`), as `tests/browser/run.sh` does.
 //!
 //! Needs `node`, `/usr/bin/chromium` (or `$CHROMIUM`) and
 //! `tests/browser/node_modules`; the README's test command installs them
@@ -14,7 +16,15 @@ use std::time::Duration;
 use norepeat_testkit::ShopProcess;
 
 /// Longest one run of the browser test may take.
-const NODE_TIMEOUT: Duration = Duration::from_secs(180);
+const NODE_TIMEOUT: Duration = Duration::from_secs(200);
+
+/// The fake payment provider's latency: slow enough that a double click
+/// lands while the first payment still runs.
+const PAYMENT_LATENCY_MS: &str = "400";
+
+/// Every `order.paid` event is published this many times: the points must
+/// still arrive once.
+const DUPLICATE_EVENTS: &str = "3";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -75,10 +85,20 @@ async fn run_page_test(extra_args: &[&str]) {
     let db = TempDir::new();
     let shop = ShopProcess::start(
         env!("CARGO_BIN_EXE_norepeat"),
-        vec![(
-            "DATABASE_URL".to_owned(),
-            format!("sqlite://{}?mode=rwc", db.0.join("shop.db").display()),
-        )],
+        vec![
+            (
+                "DATABASE_URL".to_owned(),
+                format!("sqlite://{}?mode=rwc", db.0.join("shop.db").display()),
+            ),
+            (
+                "NOREPEAT_PAYMENT_LATENCY_MS".to_owned(),
+                PAYMENT_LATENCY_MS.to_owned(),
+            ),
+            (
+                "NOREPEAT_DUPLICATE_EVENTS".to_owned(),
+                DUPLICATE_EVENTS.to_owned(),
+            ),
+        ],
     )
     .await;
     let run = tokio::process::Command::new("node")
@@ -105,11 +125,16 @@ async fn run_page_test(extra_args: &[&str]) {
     );
 }
 
-/// The page fetches a token on load, sends it, disables the button while
-/// submitting and fetches a new one after every submit: five fast clicks make
-/// one order (also with the button guard bypassed), a second order works.
+/// The page's whole flow. Orders: the page fetches a token on load, sends
+/// it, disables the button while submitting and fetches a new one after every
+/// submit: five fast clicks make one order (also with the button guard
+/// bypassed), a second order works. Payments: a double click on Pay under a
+/// slow network makes one payment; a payment whose answer is lost (network
+/// error) or late (the page's timeout) is retried with the same
+/// `Idempotency-Key` and replayed; the provider's notices, sent many times,
+/// make the order PAID and award its points once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn page_follows_the_token_flow_in_a_real_browser() {
+async fn page_follows_the_whole_flow_in_a_real_browser() {
     run_page_test(&[]).await;
 }
 
@@ -119,4 +144,13 @@ async fn page_follows_the_token_flow_in_a_real_browser() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_test_fails_when_the_page_resends_an_old_token() {
     run_page_test(&["--expect-broken"]).await;
+}
+
+/// With `?brokenPaymentRetry=1` the page retries a payment with a new
+/// `Idempotency-Key` each time; the retry check must then fail (the shop runs
+/// a second payment attempt instead of replaying), so the test is known to
+/// catch a page that loses its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_test_fails_when_the_page_retries_a_payment_with_a_new_key() {
+    run_page_test(&["--expect-broken-payment"]).await;
 }

@@ -144,7 +144,7 @@ fn rt() -> tokio::runtime::Runtime {
 
 fn memory_store(c: &mut Criterion) {
     let rt = rt();
-    let store = MemoryStore::new(1_000_000);
+    let store = MemoryStore::default();
     let ttl = Duration::from_secs(3);
     let n = AtomicU64::new(0);
     let mut g = c.benchmark_group("memory_store");
@@ -169,7 +169,7 @@ fn layer(c: &mut Criterion) {
     let inner = tower::service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"created"))))
     });
-    let guarded = NoRepeatLayer::fingerprint(FingerprintGuard::new(MemoryStore::new(1_000_000)))
+    let guarded = NoRepeatLayer::fingerprint(FingerprintGuard::new(MemoryStore::default()))
         .route("/orders")
         .layer(inner);
     let n = AtomicU64::new(0);

@@ -14,6 +14,11 @@
 //! injective: a user id containing `:`, `{` or `}` can never produce the same
 //! input as another user's. Keys are 29 bytes with the default prefix.
 //!
+//! The key string of [`#[norepeat::guard]`](macro@crate::guard) is made the
+//! same way: [`KeyParts`] length-prefixes each literal segment of its
+//! template and each formatted argument, so `"{user}/{id}"` keeps user
+//! `a/b` with id `c` apart from user `a` with id `b/c`.
+//!
 //! ```
 //! use norepeat::keys::{KeyBuilder, Mode};
 //! let keys = KeyBuilder::new("shop");
@@ -137,6 +142,96 @@ pub fn encode_parts(parts: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// Builds the key of [`#[norepeat::guard]`](macro@crate::guard) from its
+/// parts: each literal segment of the template and each formatted
+/// argument, every one preceded by its length in bytes and a `:`.
+///
+/// The result is injective: two different lists of parts never give the
+/// same key, whatever characters the arguments hold. With the template
+/// `"{user}/{id}"`, user `a/b` with id `c` and user `a` with id `b/c`
+/// formatted and joined would both read `a/b/c`; as parts they differ.
+///
+/// The attribute expands its template to calls of this builder; it is
+/// public so that a test or a tool can name the key a call will use.
+///
+/// ```
+/// use norepeat::keys::KeyParts;
+/// let (user, id) = ("a/b", "c");
+/// let one = KeyParts::new()
+///     .arg(format_args!("{user}"))
+///     .literal("/")
+///     .arg(format_args!("{id}"))
+///     .finish();
+/// let (user, id) = ("a", "b/c");
+/// let other = KeyParts::new()
+///     .arg(format_args!("{user}"))
+///     .literal("/")
+///     .arg(format_args!("{id}"))
+///     .finish();
+/// assert_ne!(one, other);
+/// assert_eq!(one, "3:a/b1:/1:c");
+/// assert_eq!(one, norepeat::keys::key_from_parts(&["a/b", "/", "c"]));
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct KeyParts {
+    key: String,
+    scratch: String,
+}
+
+impl KeyParts {
+    /// An empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a literal segment of the template.
+    pub fn literal(mut self, text: &str) -> Self {
+        self.push(text);
+        self
+    }
+
+    /// Appends an argument, formatted as the template asks
+    /// (`format_args!("{}", order.id)`, `format_args!("{:?}", id)`).
+    pub fn arg(mut self, value: std::fmt::Arguments<'_>) -> Self {
+        use std::fmt::Write as _;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        // Writing to a `String` fails only if a `Display` impl reports an
+        // error it did not get from the writer; keep what it wrote.
+        let _ = scratch.write_fmt(value);
+        self.push(&scratch);
+        self.scratch = scratch;
+        self
+    }
+
+    fn push(&mut self, part: &str) {
+        use std::fmt::Write as _;
+        let _ = write!(self.key, "{}:", part.len());
+        self.key.push_str(part);
+    }
+
+    /// The key.
+    #[must_use]
+    pub fn finish(self) -> String {
+        self.key
+    }
+}
+
+/// The key [`KeyParts`] builds from `parts`, all given as text.
+///
+/// ```
+/// use norepeat::keys::key_from_parts;
+/// assert_ne!(key_from_parts(&["a/b", "/", "c"]), key_from_parts(&["a", "/", "b/c"]));
+/// ```
+#[must_use]
+pub fn key_from_parts(parts: &[&str]) -> String {
+    parts
+        .iter()
+        .fold(KeyParts::new(), |k, p| k.literal(p))
+        .finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +267,29 @@ mod tests {
         let mut h = blake3::Hasher::new();
         feed_parts(&mut h, &parts);
         assert_eq!(h.finalize(), blake3::hash(&encode_parts(&parts)));
+    }
+
+    proptest! {
+        /// Two different lists of parts never make the same attribute key.
+        #[test]
+        fn key_parts_are_injective(
+            a in proptest::collection::vec("[a-z0-9:/{}]{0,4}", 0..5),
+            b in proptest::collection::vec("[a-z0-9:/{}]{0,4}", 0..5),
+        ) {
+            let ra: Vec<&str> = a.iter().map(String::as_str).collect();
+            let rb: Vec<&str> = b.iter().map(String::as_str).collect();
+            prop_assert_eq!(a == b, key_from_parts(&ra) == key_from_parts(&rb));
+        }
+    }
+
+    #[test]
+    fn key_parts_format_arguments_as_asked() {
+        let key = KeyParts::new()
+            .literal("order:")
+            .arg(format_args!("{:?}", "a b"))
+            .arg(format_args!("{:>3}", 7))
+            .finish();
+        assert_eq!(key, "6:order:5:\"a b\"3:  7");
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod guard;
 pub mod idempotency;
 pub mod identity;
 pub mod keys;
+mod lease;
 pub mod once;
 pub mod problem;
 pub mod ratelimit;
@@ -63,8 +64,10 @@ pub mod token;
 /// Durations are a whole number and `ms`, `s`, `m`, `h` or `d`. The key
 /// template names the function's arguments (`self` included) and their
 /// fields; each `{...}` is formatted with `Display` (`{arg:?}` for `Debug`).
-/// The store key hashes the scope with the formatted key, so any characters
-/// are safe. The store expression is evaluated on each call, then cloned
+/// Each literal segment and each formatted argument is length-prefixed
+/// ([`keys::KeyParts`]), and the store key hashes the scope with the
+/// result, so any characters are safe: with `"{user}/{id}"`, user `a/b`
+/// with id `c` and user `a` with id `b/c` get different keys. The store expression is evaluated on each call, then cloned
 /// (`(EXPR).clone()`, so both `self.store` and a `&Store` argument work).
 ///
 /// The function must return `Result<T, E>` with `E: From<`[`once::Rejected`]`>`:
@@ -73,15 +76,20 @@ pub mod token;
 /// - **`mode = window`** (the default): the first call with a key holds it
 ///   for the window; a repeat within the window gets
 ///   [`Rejected::Duplicate`](once::Rejected::Duplicate). After a success the
-///   key is held for the rest of the window; after an `Err`, a panic or a
-///   dropped future it is released at once, so a retry runs.
+///   key is held for the rest of the window; after an `Err` or a panic it is
+///   released at once, so a retry runs. A dropped future (a caller that gave
+///   up mid-body) counts as done: the key is held for the rest of the window.
 /// - **`mode = once`**: the body runs at most once per key with success; its
 ///   `Ok` value (`T: Serialize + DeserializeOwned`, JSON in the store) is
 ///   kept for `retention` and every later call gets it back without running
 ///   the body. A call while the first still runs gets
-///   [`Rejected::InProgress`](once::Rejected::InProgress). After an `Err`, a
-///   panic or a dropped future the claim is released: a failure is never
-///   remembered, so the next call (a redelivered message) runs again.
+///   [`Rejected::InProgress`](once::Rejected::InProgress). After an `Err` or
+///   a panic the claim is released: a failure is never remembered, so the
+///   next call (a redelivered message) runs again. A dropped future never
+///   frees the claim early (the body may have had its effect already): the
+///   claim is kept until its `lease` ends, and calls meanwhile get
+///   `InProgress`. See [`once`] for the detached variant that finishes the
+///   body and stores its result whatever the caller does.
 /// - **`on_store_failure`**: `fail_open` runs the body unguarded (keep a
 ///   unique key behind it); `fail_closed` refuses with
 ///   [`Rejected::Unavailable`](once::Rejected::Unavailable).

@@ -6,8 +6,9 @@
 //! - **window** ([`Guarded::window`]): the first call with a key takes it for
 //!   the window (default 3 s, counted from the first call) and runs; a repeat
 //!   within the window is refused with [`Rejected::Duplicate`] and does not
-//!   run. A call that fails (`Err`, panic, or its future dropped) releases the
-//!   key at once, so a retry runs. The fingerprint guard's rules
+//!   run. A call that fails (`Err` or panic) releases the key at once, so a
+//!   retry runs. A call whose future is dropped mid-body counts as done: the
+//!   key is held for the rest of the window. The fingerprint guard's rules
 //!   ([`FingerprintGuard`], [`ReleasePolicy::HoldOnSuccess`]), keyed by the
 //!   key string instead of a request body.
 //! - **once** ([`Guarded::once`]): the key is claimed (`put_if_absent`) while
@@ -16,9 +17,26 @@
 //!   `replace_if_equals`) by `v` serialized as JSON, kept for the retention
 //!   (default 24 h). A later call with the key does not run: it gets `Ok(v)`
 //!   back, deserialized. A call arriving while the first still runs gets
-//!   [`Rejected::InProgress`]. On `Err`, panic or drop the claim is released
+//!   [`Rejected::InProgress`]. On `Err` or panic the claim is released
 //!   (owner-checked), so the next call runs again: a failure is never
 //!   remembered, only a success is.
+//!
+//! # A call that is dropped
+//! Once the body has started, dropping the call's future never frees the
+//! key early: the body may already have had its effect (a statement sent to
+//! the database commits anyway), and the retry must not run it again.
+//!
+//! - [`run_once`](Guarded::run_once) (what the attribute expands to: the
+//!   body borrows `&self` and the arguments, so it cannot outlive the call)
+//!   stops with the dropped future, and its claim is kept until its lease
+//!   ends; meanwhile a repeat gets [`Rejected::InProgress`]. Keep the lease
+//!   (default 30 s) longer than a caller's retry delay, and a unique key in
+//!   the database behind the body.
+//! - [`run_once_detached`](Guarded::run_once_detached), for a body that owns
+//!   what it uses (`'static + Send`), runs the body in a task of its own: it
+//!   goes on to its end and its result is stored, so a repeat gets
+//!   [`Rejected::InProgress`] while it runs, then the stored result.
+//! - Window mode holds the key for the rest of the window.
 //!
 //! # What a guarded function returns
 //! Both modes need `Result<T, E>` with `E: From<`[`Rejected`]`>`, so a
@@ -64,6 +82,7 @@ use crate::degrade::FailurePolicy;
 use crate::fingerprint::Fingerprint;
 use crate::guard::{FingerprintGuard, ReleasePolicy};
 use crate::keys::{KeyBuilder, Mode};
+use crate::lease::{Acquired, Claim, Renewal};
 use crate::problem::Code;
 use crate::store::{Store, StoreError};
 use serde::Serialize;
@@ -262,12 +281,9 @@ impl Guarded {
                 }));
             }
         };
-        let every = guard_window(self.mode) / 3;
-        let max = guard_window(self.mode) * RENEW_WINDOWS;
-        let out = drive(body, every, max, || async {
-            lease.renew().await.unwrap_or(false)
-        })
-        .await;
+        // Renewal (up to RENEW_WINDOWS windows) lives in this future. Dropped
+        // mid-body, the lease keeps its key for the rest of the window.
+        let out = lease.run(body).await;
         lease.finish(out.is_ok()).await;
         out
     }
@@ -287,39 +303,94 @@ impl Guarded {
         E: From<Rejected>,
         F: Future<Output = Result<T, E>>,
     {
-        let (retention, lease) = match self.mode {
+        let claim = match self.claim(store, key).await {
+            Ok(Claimed::Owned(claim)) => claim,
+            Ok(Claimed::Done(v)) => return Ok(v),
+            Ok(Claimed::Unguarded) => return body.await,
+            Err(r) => return Err(E::from(r)),
+        };
+        // Not detachable (the body may borrow `&self` and the arguments):
+        // renewal lives in this future, and a dropped call keeps its claim
+        // until the lease ends.
+        let (retention, lease) = self.times();
+        let out = claim.run(body, Renewal::thirds(lease)).await;
+        finish(claim, encode(out.as_ref().ok()), retention).await;
+        out
+    }
+
+    /// Once mode, for a body that owns what it uses (`'static + Send`): like
+    /// [`run_once`](Self::run_once), but the body runs in a task of its own.
+    /// Once it has started it runs to its end and its result is stored even
+    /// if this call's future is dropped; a later call gets that result (or
+    /// [`Rejected::InProgress`] while it still runs). Needs a Tokio runtime
+    /// (without one the body runs inline).
+    ///
+    /// # Errors
+    /// As [`run_once`](Self::run_once).
+    ///
+    /// ```
+    /// use norepeat::once::{Guarded, Rejected};
+    /// use norepeat::store::MemoryStore;
+    /// # #[derive(Debug, PartialEq)] struct E;
+    /// # impl From<Rejected> for E { fn from(_: Rejected) -> Self { E } }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::default();
+    /// let once = Guarded::once("points::award");
+    /// let first: Result<u32, E> = once.run_once_detached(&store, "order-1", async { Ok(30) }).await;
+    /// let again: Result<u32, E> = once.run_once_detached(&store, "order-1", async { Ok(99) }).await;
+    /// assert_eq!((first, again), (Ok(30), Ok(30)));
+    /// # }
+    /// ```
+    pub async fn run_once_detached<S, T, E, F>(&self, store: &S, key: &str, body: F) -> Result<T, E>
+    where
+        S: Store + Clone,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Rejected> + Send + 'static,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let claim = match self.claim(store, key).await {
+            Ok(Claimed::Owned(claim)) => claim,
+            Ok(Claimed::Done(v)) => return Ok(v),
+            Ok(Claimed::Unguarded) => return body.await,
+            Err(r) => return Err(E::from(r)),
+        };
+        let (retention, lease) = self.times();
+        crate::lease::detach(async move {
+            let out = claim.run(body, Renewal::thirds(lease)).await;
+            finish(claim, encode(out.as_ref().ok()), retention).await;
+            out
+        })
+        .await
+    }
+
+    /// `(retention, lease)` of once mode (a window mode guard uses its
+    /// window for both).
+    fn times(&self) -> (Duration, Duration) {
+        match self.mode {
             GuardMode::Once { retention, lease } => (retention, lease),
             GuardMode::Window(w) => (w, w),
-        };
+        }
+    }
+
+    /// Once mode's claim: the key, or the stored result, or a refusal.
+    async fn claim<S, T>(&self, store: &S, key: &str) -> Result<Claimed<S, T>, Rejected>
+    where
+        S: Store + Clone,
+        T: DeserializeOwned,
+    {
+        let (_, lease) = self.times();
         let key = self.store_key(key);
         let mut claim_value = Vec::with_capacity(17);
         claim_value.push(CLAIM);
         claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
-        match store.put_if_absent(&key, &claim_value, lease).await {
-            Ok(None) => {
+        match Claim::acquire(store, key, claim_value, lease).await {
+            Ok(Acquired::Owned(claim)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
+                Ok(Claimed::Owned(claim))
             }
-            Ok(Some(existing)) => {
-                return match stored(&existing) {
-                    Ok(v) => Ok(v),
-                    Err(r) => Err(E::from(r)),
-                };
-            }
-            Err(e) => {
-                return match self.on_failure(&e) {
-                    Ok(()) => body.await,
-                    Err(r) => Err(E::from(r)),
-                };
-            }
+            Ok(Acquired::Held(existing)) => stored(&existing).map(Claimed::Done),
+            Err(e) => self.on_failure(&e).map(|()| Claimed::Unguarded),
         }
-        let claim = Claim {
-            store: store.clone(),
-            key,
-            value: Some(claim_value),
-        };
-        let out = drive(body, lease / 3, Duration::MAX, || claim.renew(lease)).await;
-        claim.finish(out.as_ref().ok(), retention).await;
-        out
     }
 
     fn on_failure(&self, e: &StoreError) -> Result<(), Rejected> {
@@ -327,13 +398,6 @@ impl Guarded {
             Ok(()) => Ok(()),
             Err(p) => Err(Rejected::Unavailable(format!("{}: {e}", p.detail))),
         }
-    }
-}
-
-fn guard_window(mode: GuardMode) -> Duration {
-    match mode {
-        GuardMode::Window(w) => w,
-        GuardMode::Once { lease, .. } => lease,
     }
 }
 
@@ -355,107 +419,39 @@ fn stored<T: DeserializeOwned>(existing: &[u8]) -> Result<T, Rejected> {
     }
 }
 
-/// Polls `body` to completion, calling `renew` every `every` until `max`
-/// has passed or a renewal reports the key lost.
-async fn drive<F, R, RF>(body: F, every: Duration, max: Duration, renew: R) -> F::Output
-where
-    F: Future,
-    R: Fn() -> RF,
-    RF: Future<Output = bool>,
-{
-    let every = every.max(Duration::from_millis(1));
-    let started = tokio::time::Instant::now();
-    let mut body = std::pin::pin!(body);
-    let mut renewing = true;
-    loop {
-        if !renewing {
-            return body.await;
-        }
-        tokio::select! {
-            out = &mut body => return out,
-            () = tokio::time::sleep(every) => {
-                if started.elapsed() >= max || !renew().await {
-                    renewing = false;
-                }
-            }
-        }
-    }
+/// What a once-mode claim attempt found.
+enum Claimed<S: Store + Clone, T> {
+    /// This call holds the key and runs the body.
+    Owned(Claim<S>),
+    /// The stored result of an earlier call.
+    Done(T),
+    /// The store failed and the policy fails open: run without a claim.
+    Unguarded,
 }
 
-/// A once-mode claim. Dropped while still held (the body panicked or the
-/// call's future was dropped), it is released in a short task.
-struct Claim<S: Store + Clone> {
-    store: S,
-    key: String,
-    value: Option<Vec<u8>>,
+/// The stored form of a result: `D` and its JSON.
+fn encode<T: Serialize>(ok: Option<&T>) -> Option<Result<Vec<u8>, serde_json::Error>> {
+    ok.map(|v| {
+        let mut out = vec![DONE];
+        serde_json::to_writer(&mut out, v).map(|()| out)
+    })
 }
 
-impl<S: Store + Clone> Claim<S> {
-    async fn renew(&self, lease: Duration) -> bool {
-        let Some(value) = &self.value else {
-            return false;
-        };
-        // A failed renewal (store error) is retried at the next tick.
-        self.store
-            .expire_if_equals(&self.key, value, lease)
-            .await
-            .unwrap_or(true)
-    }
-
-    /// Stores the result (success) or releases the claim (failure).
-    async fn finish<T: Serialize>(mut self, ok: Option<&T>, retention: Duration) {
-        let Some(value) = self.value.take() else {
-            return;
-        };
-        let done = ok.map(|v| {
-            let mut out = vec![DONE];
-            serde_json::to_writer(&mut out, v).map(|()| out)
-        });
-        match done {
-            Some(Ok(done)) => {
-                match self
-                    .store
-                    .replace_if_equals(&self.key, &value, &done, retention)
-                    .await
-                {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(
-                        key = %self.key,
-                        "once: the claim expired before the body finished; result not stored"
-                    ),
-                    Err(e) => tracing::warn!(
-                        key = %self.key, error = %e,
-                        "once: could not store the result; the claim expires with its lease"
-                    ),
-                }
-            }
-            Some(Err(e)) => {
-                tracing::warn!(key = %self.key, error = %e, "once: the result does not serialize; releasing the key");
-                self.release(&value).await;
-            }
-            None => self.release(&value).await,
+/// Stores the result (success) or releases the claim (failure).
+async fn finish<S: Store + Clone>(
+    claim: Claim<S>,
+    done: Option<Result<Vec<u8>, serde_json::Error>>,
+    retention: Duration,
+) {
+    match done {
+        Some(Ok(done)) => {
+            claim.complete(&done, retention).await;
         }
-    }
-
-    async fn release(&self, value: &[u8]) {
-        if let Err(e) = self.store.delete_if_equals(&self.key, value).await {
-            tracing::warn!(key = %self.key, error = %e, "once: could not release a claim; it expires with its lease");
+        Some(Err(e)) => {
+            tracing::warn!(key = claim.key(), error = %e, "once: the result does not serialize; releasing the key");
+            claim.release().await;
         }
-    }
-}
-
-impl<S: Store + Clone> Drop for Claim<S> {
-    fn drop(&mut self) {
-        let Some(value) = self.value.take() else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
-            let key = std::mem::take(&mut self.key);
-            rt.spawn(async move {
-                let _ = store.delete_if_equals(&key, &value).await;
-            });
-        }
+        None => claim.release().await,
     }
 }
 

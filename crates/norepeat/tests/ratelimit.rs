@@ -100,7 +100,7 @@ async fn lua_and_memory_agree() {
     for algorithm in ALGORITHMS {
         let quota = Quota::per_minute(nz(3));
         let on_redis = run(&redis_store, algorithm, quota).await;
-        let in_memory = run(&MemoryStore::new(100), algorithm, quota).await;
+        let in_memory = run(&MemoryStore::default(), algorithm, quota).await;
         let brief = |v: &[RateDecision]| {
             v.iter()
                 .map(|d| (d.allowed, d.remaining))
@@ -142,17 +142,179 @@ async fn lua_and_memory_agree() {
     }
 }
 
+/// Calls `l` for `key` until it refuses one (at most `bound` calls);
+/// returns how many were admitted.
+async fn admitted_until_refused<S: Store>(l: &RateLimiter<S>, key: &str, bound: u32) -> u32 {
+    for n in 0..bound {
+        if !l.check(key).await.unwrap().allowed {
+            return n;
+        }
+    }
+    panic!("{bound} calls and none refused");
+}
+
+/// A config change between deployments (`NOREPEAT_FLASH_RATE` from `5/s`
+/// to `100/m`, and back): the limiter under its new window admits its whole
+/// new quota at once and then refuses with a `Retry-After` within that
+/// window. Before, the old counters were read as a window far in the future
+/// and the client was locked out.
+#[tokio::test]
+async fn changing_the_sliding_window_admits_within_the_new_window() {
+    let redis = RedisServer::start().await;
+    let on_redis = RedisStore::connect(&redis.url()).await.unwrap();
+    let in_memory = MemoryStore::default();
+    let limiter = |store: AnyOf, rate: &str| {
+        let q = Quota::parse(rate).unwrap();
+        match store {
+            AnyOf::Redis => AnyLimiter::Redis(
+                RateLimiter::new(on_redis.clone(), q)
+                    .name("flash")
+                    .algorithm(Algorithm::SlidingWindow),
+            ),
+            AnyOf::Memory => AnyLimiter::Memory(
+                RateLimiter::new(in_memory.clone(), q)
+                    .name("flash")
+                    .algorithm(Algorithm::SlidingWindow),
+            ),
+        }
+    };
+    for store in [AnyOf::Redis, AnyOf::Memory] {
+        for (i, (from, to)) in [("5/s", "100/m"), ("100/m", "5/s")].into_iter().enumerate() {
+            let client = format!("client-{i}");
+            let old = limiter(store, from);
+            assert!(old.admitted_until_refused(&client, 1_000).await > 0);
+            let new = limiter(store, to);
+            let quota = Quota::parse(to).unwrap();
+            let max = quota.max().get();
+            for n in 0..max {
+                let d = new.check(&client).await;
+                assert!(
+                    d.allowed,
+                    "{store:?} {from} -> {to}: call {n} of {max} refused ({d:?})"
+                );
+            }
+            // Enough of them that the quota is spent even if a window
+            // boundary passed meanwhile.
+            let refused = loop {
+                let d = new.check(&client).await;
+                if !d.allowed {
+                    break d;
+                }
+            };
+            assert!(
+                refused.reset <= 2 * quota.period(),
+                "{store:?} {from} -> {to}: retry after {:?}",
+                refused.reset
+            );
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum AnyOf {
+        Redis,
+        Memory,
+    }
+    enum AnyLimiter {
+        Redis(RateLimiter<RedisStore>),
+        Memory(RateLimiter<MemoryStore>),
+    }
+    impl AnyLimiter {
+        async fn check(&self, key: &str) -> RateDecision {
+            match self {
+                AnyLimiter::Redis(l) => l.check(key).await.unwrap(),
+                AnyLimiter::Memory(l) => l.check(key).await.unwrap(),
+            }
+        }
+        async fn admitted_until_refused(&self, key: &str, bound: u32) -> u32 {
+            match self {
+                AnyLimiter::Redis(l) => admitted_until_refused(l, key, bound).await,
+                AnyLimiter::Memory(l) => admitted_until_refused(l, key, bound).await,
+            }
+        }
+    }
+}
+
+/// A refused call does not push the key's expiry further: the state
+/// expires when its last window ends, however often a client knocks.
+#[tokio::test]
+async fn a_refused_sliding_window_call_does_not_extend_its_key() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let mut con = redis.connection().await;
+    // An hour's window: no window boundary passes between the two reads.
+    let l = RateLimiter::new(store, Quota::per_hour(nz(1)))
+        .name("knock")
+        .algorithm(Algorithm::SlidingWindow);
+    assert_eq!(admitted_until_refused(&l, "u", 10).await, 1);
+    let key = l.store_key("u");
+    let before = pttl(&mut con, &key).await;
+    assert!(before > 0 && before <= 7_200_000, "PTTL {before}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!l.check("u").await.unwrap().allowed);
+    let after = pttl(&mut con, &key).await;
+    assert!(
+        after < before,
+        "a refused call moved the expiry from {before} ms to {after} ms"
+    );
+}
+
+/// A stored sliding window far ahead of the store's clock (left by another
+/// window size, or a clock that jumped) is stale: it is reset, not obeyed.
+#[tokio::test]
+async fn a_sliding_window_far_ahead_is_stale() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let mut con = redis.connection().await;
+    let l = RateLimiter::new(store, Quota::per_second(nz(5)))
+        .name("ahead")
+        .algorithm(Algorithm::SlidingWindow);
+    let key = l.store_key("u");
+    // Window index 10^10 of one second: about three centuries from now.
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("i")
+        .arg("10000000000")
+        .arg("c")
+        .arg(1_000)
+        .arg("p")
+        .arg(1_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(60_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let d = l.check("u").await.unwrap();
+    assert!(d.allowed, "{d:?}");
+    assert!(d.reset <= Duration::from_secs(1), "{d:?}");
+    let pttl = pttl(&mut con, &key).await;
+    assert!(pttl > 0 && pttl <= 2_000, "PTTL {pttl}");
+}
+
+async fn pttl(con: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(con).await.unwrap()
+}
+
 // ---------------------------------------------------------------- memory
 
-/// The in-memory limiter is bounded by its store's capacity.
+/// The in-memory limiter is bounded by its store's capacity, in bytes.
 #[tokio::test]
 async fn memory_limiter_is_bounded() {
-    let store = MemoryStore::new(100);
+    let store = MemoryStore::new(MemoryStore::MIN_CAPACITY);
     let l = RateLimiter::new(store.clone(), Quota::per_minute(nz(5)));
     for i in 0..2_000 {
         l.check(&format!("client-{i}")).await.unwrap();
     }
-    assert!(store.len() <= 100, "{} entries", store.len());
+    assert!(store.weighted_size() <= MemoryStore::MIN_CAPACITY);
+    assert!(store.len() < 2_000, "{} entries", store.len());
+    // The newest client's count is kept: 1 used, 4 left.
+    for _ in 0..4 {
+        assert!(l.check("client-1999").await.unwrap().allowed);
+    }
+    assert!(!l.check("client-1999").await.unwrap().allowed);
 }
 
 /// It forgets idle keys once their state has expired. moka keeps real time
@@ -161,7 +323,7 @@ async fn memory_limiter_is_bounded() {
 /// reaches into moka.
 #[tokio::test]
 async fn memory_limiter_forgets_idle_keys() {
-    let store = MemoryStore::new(1_000);
+    let store = MemoryStore::default();
     let quota = Quota::new(nz(1), Duration::from_millis(20)).unwrap();
     for algorithm in ALGORITHMS {
         let l = RateLimiter::new(store.clone(), quota).algorithm(algorithm);
@@ -419,7 +581,7 @@ async fn fail_open_admits() {
 /// the primary is down, so each instance still enforces the quota.
 #[tokio::test]
 async fn fail_open_to_a_local_limiter() {
-    let store = Fallback::new(Down, MemoryStore::new(1_000));
+    let store = Fallback::new(Down, MemoryStore::default());
     let limiter = RateLimiter::new(store, Quota::per_minute(nz(1)));
     let app = app(RateLimitLayer::new(limiter, ByUser::default()));
     assert_eq!(

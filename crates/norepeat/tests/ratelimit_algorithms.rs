@@ -196,3 +196,54 @@ fn sliding_window_bound_is_tight() {
     }
     assert_eq!(n, 2 * limit - 1);
 }
+
+/// A sliding-window state far ahead of `now` (another window size wrote
+/// it, or the clock jumped back) is stale: the request is judged on a fresh
+/// window instead of being refused until that future comes.
+#[test]
+fn sliding_window_far_ahead_is_stale() {
+    let (window, limit) = (1_000_000u64, 5u64);
+    let now = 1_700_000_000_000_000u64;
+    // What a 1-second window leaves behind, read with a 60-second window.
+    let left = SlidingState {
+        index: now / window,
+        current: 100,
+        previous: 100,
+    };
+    let (s, d) = sliding_window(Some(left), now, 100, 60 * window);
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(s.index, now / (60 * window));
+    assert!(d.reset <= std::time::Duration::from_secs(60), "{d:?}");
+    // One window ahead is kept (a clock read just before the key's lock).
+    let next = SlidingState {
+        index: now / window + 1,
+        current: limit,
+        previous: 0,
+    };
+    assert!(!sliding_window(Some(next), now, limit, window).1.allowed);
+}
+
+/// A fixed window that ends later than one window from now is stale.
+#[test]
+fn fixed_window_far_ahead_is_stale() {
+    let now = 5_000_000u64;
+    let left = FixedState {
+        count: 1_000,
+        window_end: now + 3_600_000_000,
+    };
+    let (s, d) = fixed_window(Some(left), now, 5, 1_000_000);
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(s.window_end, now + 1_000_000);
+}
+
+/// A GCRA arrival time beyond one burst from now cannot come from this
+/// quota: it is capped, so the wait is at most one emission interval.
+#[test]
+fn gcra_far_ahead_waits_one_emission_at_most() {
+    let (now, emission) = (5_000_000u64, 10_000u64);
+    let (_, d) = gcra(Some(now + 3_600_000_000), now, emission, 1);
+    assert!(!d.allowed);
+    assert!(d.reset.as_micros() as u64 <= emission, "{d:?}");
+    let (_, d) = gcra(Some(now + 3_600_000_000), now, emission, 3);
+    assert!(d.reset.as_micros() as u64 <= emission, "{d:?}");
+}

@@ -19,11 +19,22 @@ struct Inner {
     state: BreakerState,
     failures: u32,
     opened_at: Instant,
+    /// When the current probe was let through.
+    probe_started: Instant,
+    /// Which probe is the current one (a late report of an older one is
+    /// ignored).
+    probe: u64,
 }
 
 /// Opens after `threshold` consecutive failures; after `cool_down` lets a
 /// single probe through; closes when a probe succeeds, opens again when it
 /// fails. Logs one error line when it opens and one when it closes.
+///
+/// No state outlives its deadline: a probe that never reports (its future
+/// was dropped, or it ran past the [probe deadline](Self::probe_deadline))
+/// counts as a failed probe, so the breaker opens again and probes anew
+/// after the cool-down. Take a [`Permit`] with [`permit`](Self::permit) to
+/// have a dropped call reported as a failure on its own.
 ///
 /// ```
 /// use norepeat::degrade::{Breaker, BreakerState};
@@ -40,7 +51,49 @@ pub struct Breaker {
     inner: Mutex<Inner>,
     threshold: u32,
     cool_down: Duration,
+    probe_deadline: Duration,
     name: &'static str,
+}
+
+/// The right to make one call through a [`Breaker`]. Report the call's
+/// outcome with [`record`](Self::record); a permit dropped without a report
+/// (the call's future was dropped) counts as a failure if it was the probe.
+///
+/// ```
+/// use norepeat::degrade::{Breaker, BreakerState};
+/// use std::time::Duration;
+/// let b = Breaker::new(1, Duration::ZERO);
+/// b.permit().expect("closed").record(false);
+/// assert_eq!(b.state(), BreakerState::Open);
+/// let probe = b.permit().expect("cool-down over: the probe");
+/// drop(probe); // cancelled: a failed probe, not a wedged breaker
+/// assert_eq!(b.state(), BreakerState::Open);
+/// b.permit().expect("the next probe").record(true);
+/// assert_eq!(b.state(), BreakerState::Closed);
+/// ```
+#[derive(Debug)]
+#[must_use = "a permit reports the outcome of one call"]
+pub struct Permit<'a> {
+    breaker: &'a Breaker,
+    /// The probe's number, if this call is the half-open probe.
+    probe: Option<u64>,
+    reported: bool,
+}
+
+impl Permit<'_> {
+    /// Reports the outcome of the call.
+    pub fn record(mut self, ok: bool) {
+        self.reported = true;
+        self.breaker.report(self.probe, ok);
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if !self.reported && self.probe.is_some() {
+            self.breaker.report(self.probe, false);
+        }
+    }
 }
 
 impl Breaker {
@@ -52,11 +105,34 @@ impl Breaker {
                 state: BreakerState::Closed,
                 failures: 0,
                 opened_at: Instant::now(),
+                probe_started: Instant::now(),
+                probe: 0,
             }),
             threshold: threshold.max(1),
             cool_down,
+            probe_deadline: Duration::from_secs(1),
             name: "store",
         }
+    }
+
+    /// How long a probe may go without reporting before it counts as failed
+    /// (default 1 s, the longest store budget).
+    #[must_use]
+    pub fn probe_deadline(mut self, deadline: Duration) -> Self {
+        self.probe_deadline = deadline;
+        self
+    }
+
+    /// Consecutive failures that open the breaker.
+    #[must_use]
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
+    /// How long the breaker stays open before it lets a probe through.
+    #[must_use]
+    pub fn cool_down(&self) -> Duration {
+        self.cool_down
     }
 
     /// Names the breaker in logs and metrics.
@@ -74,37 +150,86 @@ impl Breaker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A probe past its deadline counts as failed.
+    fn expire(&self, g: &mut Inner) {
+        if g.state == BreakerState::HalfOpen && g.probe_started.elapsed() >= self.probe_deadline {
+            tracing::warn!(
+                breaker = self.name,
+                "the breaker's probe did not report in time: counted as failed"
+            );
+            self.open(g);
+        }
+    }
+
     /// The current state.
     #[must_use]
     pub fn state(&self) -> BreakerState {
-        self.lock().state
+        let mut g = self.lock();
+        self.expire(&mut g);
+        g.state
     }
 
     /// Whether a call may go to the store now. In the open state, the first
-    /// caller after the cool-down becomes the probe.
+    /// caller after the cool-down becomes the probe; it must report with
+    /// [`record`](Self::record) (or, better, use [`permit`](Self::permit),
+    /// which reports a dropped probe by itself). A probe that never reports
+    /// counts as failed after the probe deadline.
     #[must_use]
     pub fn allow(&self) -> bool {
+        self.admit().is_some()
+    }
+
+    /// Like [`allow`](Self::allow), as a [`Permit`] that counts a dropped,
+    /// unreported probe as a failure.
+    pub fn permit(&self) -> Option<Permit<'_>> {
+        self.admit().map(|probe| Permit {
+            breaker: self,
+            probe,
+            reported: false,
+        })
+    }
+
+    /// `Some(None)`: a call in the closed state; `Some(Some(n))`: probe `n`.
+    fn admit(&self) -> Option<Option<u64>> {
         let mut g = self.lock();
+        self.expire(&mut g);
         match g.state {
-            BreakerState::Closed => true,
-            BreakerState::HalfOpen => false,
+            BreakerState::Closed => Some(None),
+            BreakerState::HalfOpen => None,
             BreakerState::Open if g.opened_at.elapsed() >= self.cool_down => {
                 g.state = BreakerState::HalfOpen;
-                true
+                g.probe_started = Instant::now();
+                g.probe = g.probe.wrapping_add(1);
+                Some(Some(g.probe))
             }
-            BreakerState::Open => false,
+            BreakerState::Open => None,
         }
+    }
+
+    fn report(&self, probe: Option<u64>, ok: bool) {
+        let mut g = self.lock();
+        if let Some(n) = probe {
+            if g.state != BreakerState::HalfOpen || g.probe != n {
+                // A probe already counted as failed (past its deadline).
+                return;
+            }
+        }
+        self.apply(&mut g, ok);
     }
 
     /// Records the outcome of a call that [`allow`](Self::allow) let through.
     pub fn record(&self, ok: bool) {
         let mut g = self.lock();
+        self.apply(&mut g, ok);
+    }
+
+    fn apply(&self, g: &mut Inner, ok: bool) {
         match (g.state, ok) {
             (BreakerState::Closed, true) => g.failures = 0,
             (BreakerState::Closed, false) => {
                 g.failures += 1;
                 if g.failures >= self.threshold {
-                    self.open(&mut g);
+                    self.open(g);
                 }
             }
             (BreakerState::HalfOpen, true) => {
@@ -116,7 +241,7 @@ impl Breaker {
                 );
                 metrics::gauge!("norepeat_breaker_open", "breaker" => self.name).set(0.0);
             }
-            (BreakerState::HalfOpen, false) => self.open(&mut g),
+            (BreakerState::HalfOpen, false) => self.open(g),
             // A call let through before the breaker opened: already counted.
             (BreakerState::Open, _) => {}
         }
@@ -163,6 +288,31 @@ mod tests {
         assert!(b.allow());
         b.record(false);
         assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_dropped_probe_counts_as_failed() {
+        let b = Breaker::new(1, Duration::ZERO);
+        b.record(false);
+        drop(b.permit().expect("probe"));
+        assert_eq!(b.state(), BreakerState::Open);
+        b.permit().expect("a new probe").record(true);
+        assert_eq!(b.state(), BreakerState::Closed);
+        // A call dropped while closed is no failure.
+        drop(b.permit().expect("closed"));
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_silent_probe_expires() {
+        let b = Breaker::new(1, Duration::ZERO).probe_deadline(Duration::ZERO);
+        b.record(false);
+        assert!(b.allow(), "the probe, which never reports");
+        assert_eq!(b.state(), BreakerState::Open, "past its deadline");
+        let late = b.permit().expect("the next probe");
+        b.record(true);
+        assert_eq!(b.state(), BreakerState::Closed);
+        drop(late);
     }
 
     #[test]

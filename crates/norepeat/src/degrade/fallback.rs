@@ -8,14 +8,18 @@ use std::time::{Duration, Instant};
 
 /// Answers from `local` whenever `primary` fails, so one instance keeps
 /// catching its own repeats (and keeps its tokens single-use) through an
-/// outage. Releases and renewals go to both, so a key taken during the outage
-/// is released where it lives.
+/// outage. Releases, renewals and completions go to both, so a key taken
+/// during the outage is released, renewed or completed where it lives.
 ///
-/// A key decided locally stays decided once the primary is back: until the
-/// last key written during an outage has expired, a key the primary admits
-/// is checked against the local store too, so a token consumed (or a
-/// fingerprint held) during the outage is not admitted a second time when
-/// the primary answers again with its data intact.
+/// A decision made during an outage holds on this instance for its whole
+/// TTL: until the last key written locally has expired (a claim, and the
+/// completion that replaced it, or a renewal that extended it), a key the
+/// primary admits is checked against the local store too. A token consumed,
+/// a fingerprint held or a result stored during the outage is then not
+/// admitted a second time once the primary answers again, and the local
+/// answer is given instead. The primary's copy of the key, just written, is
+/// left alone (it expires with its TTL): it tells other instances the key
+/// is taken.
 ///
 /// Use it for fail-open routes; a fail-closed route uses the primary alone.
 #[derive(Debug, Clone)]
@@ -59,21 +63,28 @@ impl<S: Store> Fallback<S> {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Keeps the local store consulted until `ttl` from now: a key it holds
+    /// from an outage lives that long.
+    fn hold_locally(&self, ttl: Duration) {
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .saturating_add(1);
+        self.local_until.fetch_max(until, Ordering::Relaxed);
+    }
+
     /// The primary admitted `key`: unless the local store holds it from an
-    /// outage. Then the primary's fresh key is taken back and the local value
-    /// answered, as the primary would have had it seen the outage.
-    async fn reconcile(&self, key: &str, value: &[u8]) -> Result<Option<Bytes>, StoreError> {
+    /// outage. Then the local value is answered, as the primary would have
+    /// had it seen the outage. The primary's fresh copy is left alone: it
+    /// expires with its TTL, and meanwhile tells other instances the key is
+    /// taken.
+    fn reconcile(&self, key: &str) -> Option<Bytes> {
         if self.now_ms() >= self.local_until.load(Ordering::Relaxed) {
-            return Ok(None);
+            return None;
         }
-        let Some(existing) = self.local.peek(key) else {
-            return Ok(None);
-        };
+        let existing = self.local.peek(key)?;
         metrics::counter!("norepeat_fallback_hits_total").increment(1);
-        if let Err(e) = self.primary.delete_if_equals(key, value).await {
-            tracing::debug!(error = %e, "could not take back a key decided during the outage; it expires with its window");
-        }
-        Ok(Some(existing))
+        Some(existing)
     }
 
     /// The primary store.
@@ -105,11 +116,7 @@ impl<S: Store> Store for Fallback<S> {
             Err(e) if !self.enabled => Err(e),
             Err(e) => {
                 self.degraded(&e);
-                let until = self
-                    .now_ms()
-                    .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
-                    .saturating_add(1);
-                self.local_until.fetch_max(until, Ordering::Relaxed);
+                self.hold_locally(ttl);
                 let local = self.local.put_if_absent(key, value, ttl).await;
                 if let Ok(Some(_)) = &local {
                     // A repeat caught by the local memory during an outage.
@@ -117,7 +124,7 @@ impl<S: Store> Store for Fallback<S> {
                 }
                 local
             }
-            Ok(None) => self.reconcile(key, value).await,
+            Ok(None) => Ok(self.reconcile(key)),
             held => held,
         }
     }
@@ -138,6 +145,9 @@ impl<S: Store> Store for Fallback<S> {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let local = self.local.expire_if_equals(key, expected, ttl).await?;
+        if local {
+            self.hold_locally(ttl);
+        }
         match self.primary.expire_if_equals(key, expected, ttl).await {
             Ok(p) => Ok(p || local),
             Err(_) if local => Ok(true),
@@ -156,6 +166,11 @@ impl<S: Store> Store for Fallback<S> {
             .local
             .replace_if_equals(key, expected, value, ttl)
             .await?;
+        if local {
+            // A completion of a claim taken during the outage: it holds on
+            // this instance for its whole retention.
+            self.hold_locally(ttl);
+        }
         match self
             .primary
             .replace_if_equals(key, expected, value, ttl)

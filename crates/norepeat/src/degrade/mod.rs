@@ -5,10 +5,16 @@
 //! then neither hang nor take its routes down with it. The pieces, composed
 //! as stores in front of stores (the shape of a cache in front of a store):
 //!
-//! - [`Resilient`] gives every call a time budget (default 50 ms) and puts a
-//!   [`Breaker`] in front: after repeated failures it opens and the store is
-//!   not asked at all (no timeout paid) until a single probe after a
-//!   cool-down succeeds.
+//! - [`Resilient`] gives every call a time budget and puts a [`Breaker`] in
+//!   front: after repeated failures it opens and the store is not asked at
+//!   all (no timeout paid) until a single probe after a cool-down succeeds.
+//!   A probe that is cancelled or runs out of time counts as failed, so the
+//!   breaker never stays half-open. The budget adapts to the store's
+//!   observed latency (3 times its recent p99, between 50 ms and 1 s): slow
+//!   is not down, and a route fails open only when the breaker is open or a
+//!   call has used up the adapted budget. Retries after timeouts are exactly
+//!   when duplicates arrive; a fixed 50 ms budget would let two instances
+//!   both fail open on the same request.
 //! - [`Fallback`] answers from a bounded, expiring [`MemoryStore`] whenever
 //!   the primary fails, so each instance still catches its own repeats during
 //!   an outage.
@@ -19,7 +25,8 @@
 //! # What an outage means for guarantees
 //! While the primary store is unavailable, a fail-open route only catches
 //! repeats that reach *the same instance*; a repeat sent to another instance
-//! gets through the door. The database's unique business keys and
+//! gets through the door. What an instance decided during the outage holds
+//! there for the decision's whole TTL, also once the primary is back. The database's unique business keys and
 //! conditional updates are the backstop that keeps the *effect* single.
 //!
 //! ```
@@ -42,7 +49,7 @@ mod breaker;
 mod fallback;
 mod resilient;
 
-pub use breaker::{Breaker, BreakerState};
+pub use breaker::{Breaker, BreakerState, Permit};
 pub use fallback::Fallback;
 pub use resilient::Resilient;
 

@@ -5,15 +5,30 @@ use crate::store::{RateDecision, Store, StoreError};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Wraps a store: every call gets a time budget (default 50 ms) and goes
-/// through a [`Breaker`] (default: opens after 5 consecutive failures, probes
-/// after 1 s). An error answer (`OOM`, `READONLY`, ...) counts as a failure,
+/// Wraps a store: every call gets a time budget and goes through a
+/// [`Breaker`] (default: opens after 5 consecutive failures, probes after
+/// 1 s). An error answer (`OOM`, `READONLY`, ...) counts as a failure,
 /// exactly like a timeout; it is never taken for a decision.
 ///
-/// Clones share the breaker.
+/// # Slow is not down
+/// The budget adapts to the store's observed latency: 3 times the p99 of the
+/// last 100 calls, kept between a floor ([`timeout`](Self::timeout), default
+/// 50 ms) and a ceiling ([`max_timeout`](Self::max_timeout), default 1 s).
+/// A call that runs out of its budget counts at the budget it used, so a
+/// store that turns slow raises the budget within a few calls, and requests
+/// wait for it instead of failing open; a store that is down answers errors
+/// at once, or keeps timing out until the breaker opens. The current budget
+/// is [`budget`](Self::budget), and the gauge `norepeat_store_budget_ms`.
+/// `timeout(d).max_timeout(d)` makes it fixed.
+///
+/// A probe of the half-open breaker that is cancelled (its future dropped)
+/// or runs out of its budget counts as a failed probe.
+///
+/// Clones share the breaker and the budget.
 ///
 /// ```
 /// use norepeat::degrade::Resilient;
@@ -21,12 +36,14 @@ use std::time::{Duration, Instant};
 /// use std::time::Duration;
 /// let store = Resilient::new(MemoryStore::default())
 ///     .timeout(Duration::from_millis(20))
+///     .max_timeout(Duration::from_millis(500))
 ///     .breaker(3, Duration::from_millis(500));
+/// assert_eq!(store.budget(), Duration::from_millis(20));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Resilient<S> {
     inner: S,
-    budget: Duration,
+    budget: Arc<Budget>,
     breaker: Arc<Breaker>,
     /// Timeouts since the last answer; past [`RECONNECT_AFTER`] the store is
     /// asked to reconnect.
@@ -37,30 +54,131 @@ pub struct Resilient<S> {
 /// replaced: a connection whose replies stopped coming never heals itself.
 const RECONNECT_AFTER: u32 = 3;
 
-impl<S: Store> Resilient<S> {
-    /// `inner` with the default budget and breaker.
-    #[must_use]
-    pub fn new(inner: S) -> Self {
-        Self {
-            inner,
-            budget: Duration::from_millis(50),
-            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
-            timeouts: Arc::new(AtomicU32::new(0)),
+/// The default floor of the budget.
+const FLOOR: Duration = Duration::from_millis(50);
+/// The default ceiling of the budget.
+const CEILING: Duration = Duration::from_secs(1);
+/// How many recent calls the p99 is taken over.
+const SAMPLES: usize = 100;
+/// The budget is this many times the recent p99.
+const FACTOR: u32 = 3;
+
+/// The adaptive time budget: recent latencies, and the budget they give.
+#[derive(Debug)]
+struct Budget {
+    floor: Duration,
+    ceiling: Duration,
+    /// The current budget, in microseconds.
+    current_us: AtomicU64,
+    recent: Mutex<Recent>,
+    store: &'static str,
+}
+
+#[derive(Debug)]
+struct Recent {
+    /// Latencies in microseconds, a ring.
+    ring: [u32; SAMPLES],
+    len: usize,
+    next: usize,
+}
+
+impl Budget {
+    fn new(floor: Duration, ceiling: Duration, store: &'static str) -> Self {
+        let ceiling = ceiling.max(floor);
+        let b = Self {
+            floor,
+            ceiling,
+            current_us: AtomicU64::new(micros(floor)),
+            recent: Mutex::new(Recent {
+                ring: [0; SAMPLES],
+                len: 0,
+                next: 0,
+            }),
+            store,
+        };
+        b.export(floor);
+        b
+    }
+
+    fn current(&self) -> Duration {
+        Duration::from_micros(self.current_us.load(Ordering::Relaxed))
+    }
+
+    /// Takes in one call's latency and sets the budget to 3x the p99.
+    fn observe(&self, took: Duration) {
+        let p99 = {
+            let mut r = self
+                .recent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let at = r.next;
+            r.ring[at] = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+            r.next = (at + 1) % SAMPLES;
+            r.len = (r.len + 1).min(SAMPLES);
+            let mut sorted = r.ring;
+            let n = r.len;
+            let rank = (n * 99).div_ceil(100).max(1) - 1;
+            *sorted[..n].select_nth_unstable(rank).1
+        };
+        let budget = Duration::from_micros(u64::from(p99))
+            .saturating_mul(FACTOR)
+            .clamp(self.floor, self.ceiling);
+        let before = self.current_us.swap(micros(budget), Ordering::Relaxed);
+        if before / 1_000 != micros(budget) / 1_000 {
+            self.export(budget);
         }
     }
 
-    /// Sets the time budget of each call.
+    fn export(&self, budget: Duration) {
+        #[allow(clippy::cast_precision_loss)] // milliseconds below 2^52
+        metrics::gauge!("norepeat_store_budget_ms", "store" => self.store)
+            .set(budget.as_millis() as f64);
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl<S: Store> Resilient<S> {
+    /// `inner` with the default budget (adaptive, 50 ms to 1 s) and breaker.
     #[must_use]
-    pub fn timeout(mut self, budget: Duration) -> Self {
-        self.budget = budget;
-        self
+    pub fn new(inner: S) -> Self {
+        let kind = inner.kind();
+        Self {
+            inner,
+            budget: Arc::new(Budget::new(FLOOR, CEILING, kind)),
+            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
+            timeouts: Arc::new(AtomicU32::new(0)),
+        }
+        .breaker(5, Duration::from_secs(1))
+    }
+
+    /// Sets the floor of the time budget (default 50 ms): the budget of a
+    /// fast store, and where it starts.
+    #[must_use]
+    pub fn timeout(mut self, floor: Duration) -> Self {
+        self.budget = Arc::new(Budget::new(floor, self.budget.ceiling, self.inner.kind()));
+        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
+        self.breaker(threshold, cool_down)
+    }
+
+    /// Sets the ceiling of the time budget (default 1 s): the longest a call
+    /// waits, however slow the store has been.
+    #[must_use]
+    pub fn max_timeout(mut self, ceiling: Duration) -> Self {
+        self.budget = Arc::new(Budget::new(self.budget.floor, ceiling, self.inner.kind()));
+        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
+        self.breaker(threshold, cool_down)
     }
 
     /// Replaces the breaker: opens after `threshold` consecutive failures,
     /// probes after `cool_down`.
     #[must_use]
     pub fn breaker(mut self, threshold: u32, cool_down: Duration) -> Self {
-        self.breaker = Arc::new(Breaker::new(threshold, cool_down));
+        // A probe reports just after its budget at the latest.
+        let deadline = self.budget.ceiling + self.budget.ceiling / 10;
+        self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
         self
     }
 
@@ -68,6 +186,12 @@ impl<S: Store> Resilient<S> {
     #[must_use]
     pub fn circuit(&self) -> &Breaker {
         &self.breaker
+    }
+
+    /// The current time budget of one call.
+    #[must_use]
+    pub fn budget(&self) -> Duration {
+        self.budget.current()
     }
 
     /// The wrapped store.
@@ -80,22 +204,32 @@ impl<S: Store> Resilient<S> {
         &self,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if !self.breaker.allow() {
+        // Dropped before it reports (the caller gave up), a probe's permit
+        // counts as a failed probe: the breaker never waits on it.
+        let Some(permit) = self.breaker.permit() else {
             return Err(StoreError::CircuitOpen);
-        }
-        let started = Instant::now();
-        let result = match tokio::time::timeout(self.budget, f).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.budget)),
         };
+        let budget = self.budget.current();
+        let started = Instant::now();
+        let result = match tokio::time::timeout(budget, f).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(budget)),
+        };
+        let took = started.elapsed();
+        // A timed-out call took at least its budget: counted so, it raises
+        // the budget of the next calls.
+        self.budget.observe(match &result {
+            Err(StoreError::Timeout(_)) => budget,
+            _ => took,
+        });
         metrics::histogram!("norepeat_store_seconds", "store" => self.inner.kind())
-            .record(started.elapsed().as_secs_f64());
+            .record(took.as_secs_f64());
         if let Err(e) = &result {
             metrics::counter!("norepeat_store_errors_total", "store" => self.inner.kind(), "kind" => error_kind(e))
                 .increment(1);
             tracing::debug!(error = %e, "store call failed");
         }
-        self.breaker.record(result.is_ok());
+        permit.record(result.is_ok());
         match &result {
             Err(StoreError::Timeout(_)) => {
                 if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER {

@@ -3,6 +3,7 @@
 use crate::degrade::FailurePolicy;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::keys::{KeyBuilder, Mode};
+use crate::lease::{Acquired, Claim, Renewal};
 use crate::problem::{Code, Problem};
 use crate::store::{Store, StoreError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +15,9 @@ pub enum ReleasePolicy {
     /// Hold the key for the rest of the window after a success (status below
     /// 400), so a double click a second after the order completed is still a
     /// duplicate; release it at once, owner-checked, after a failure (4xx,
-    /// 5xx, error, or the request dropped), so the user can retry.
+    /// 5xx, error or panic), so the user can retry. A request dropped
+    /// mid-handler counts as done: its key is held for the rest of the
+    /// window, whatever the policy.
     #[default]
     HoldOnSuccess,
     /// Release when the handler finishes, whatever the outcome: the
@@ -90,7 +93,8 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     }
 
     /// While a handler runs past a third of the window, its key is extended
-    /// (owner-checked) up to this total hold. Zero disables renewal.
+    /// (owner-checked) up to this total hold (default 30 s). Zero disables
+    /// renewal.
     #[must_use]
     pub fn renew_up_to(mut self, max: Duration) -> Self {
         self.renew_max = max;
@@ -132,16 +136,12 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     pub async fn acquire(&self, fp: &Fingerprint) -> Result<Lease<S>, Problem> {
         let key = self.key_of(fp);
         let owner = Owner::new(self.window);
-        match self
-            .store
-            .put_if_absent(&key, owner.as_bytes(), self.window)
-            .await
-        {
-            Ok(None) => {
+        match Claim::acquire(&self.store, key, owner.0, self.window).await {
+            Ok(Acquired::Owned(claim)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "admitted").increment(1);
-                Ok(Lease::held(self, key, owner))
+                Ok(Lease::held(self, claim))
             }
-            Ok(Some(existing)) => {
+            Ok(Acquired::Held(existing)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "rejected", "reason" => "duplicate").increment(1);
                 let left = Owner::time_left(&existing).unwrap_or(self.window);
                 Err(Problem::new(Code::DuplicateSubmission)
@@ -183,17 +183,17 @@ pub(crate) fn store_failure(
 /// round trip. Decimal `deadline_ms * 10^6 + random`, which Redis stores as a
 /// plain integer (no string allocation).
 #[derive(Debug, Clone)]
-pub(crate) struct Owner(String);
+pub(crate) struct Owner(Vec<u8>);
 
 impl Owner {
     pub(crate) fn new(ttl: Duration) -> Self {
         let deadline = now_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(0));
         let random: u64 = rand::random_range(0..1_000_000);
-        Self((deadline % 9_000_000_000_000 * 1_000_000 + random).to_string())
-    }
-
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
+        Self(
+            (deadline % 9_000_000_000_000 * 1_000_000 + random)
+                .to_string()
+                .into_bytes(),
+        )
     }
 
     fn time_left(value: &[u8]) -> Option<Duration> {
@@ -212,34 +212,33 @@ fn now_ms() -> u64 {
 /// A fingerprint's place, held by one request.
 ///
 /// Call [`finish`](Self::finish) when the handler is done. Dropped without
-/// it (the request future was dropped), the key is released in a short task
-/// unless the policy holds keys always.
+/// it (the request future was dropped, a client that disconnected), the
+/// request counts as done: the key is held for the rest of its window,
+/// whatever the policy, because the handler may already have had its effect.
+/// Only a panic releases at once (as a failure does).
 #[derive(Debug)]
 pub struct Lease<S: Store + Clone> {
-    store: S,
-    key: String,
-    owner: Option<Owner>,
+    claim: Option<Claim<S>>,
     window: Duration,
+    renew_max: Duration,
     policy: ReleasePolicy,
 }
 
 impl<S: Store + Clone> Lease<S> {
-    fn held(g: &FingerprintGuard<S>, key: String, owner: Owner) -> Self {
+    fn held(g: &FingerprintGuard<S>, claim: Claim<S>) -> Self {
         Self {
-            store: g.store.clone(),
-            key,
-            owner: Some(owner),
+            claim: Some(claim),
             window: g.window,
+            renew_max: g.renew_max,
             policy: g.release,
         }
     }
 
     fn unheld(g: &FingerprintGuard<S>) -> Self {
         Self {
-            store: g.store.clone(),
-            key: String::new(),
-            owner: None,
+            claim: None,
             window: g.window,
+            renew_max: g.renew_max,
             policy: g.release,
         }
     }
@@ -247,13 +246,13 @@ impl<S: Store + Clone> Lease<S> {
     /// The store key this lease holds (empty when admitted without a store).
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.key
+        self.claim.as_ref().map_or("", Claim::key)
     }
 
     /// Whether the lease holds a key (false when admitted fail-open).
     #[must_use]
     pub fn is_held(&self) -> bool {
-        self.owner.is_some()
+        self.claim.is_some()
     }
 
     /// Extends the key to a full window from now, if this lease still owns
@@ -262,15 +261,23 @@ impl<S: Store + Clone> Lease<S> {
     /// # Errors
     /// When the store fails.
     pub async fn renew(&self) -> Result<bool, StoreError> {
-        let Some(owner) = &self.owner else {
-            return Ok(false);
-        };
-        let renewed = self
-            .store
-            .expire_if_equals(&self.key, owner.as_bytes(), self.window)
-            .await?;
-        metrics::counter!("norepeat_lease_renewals_total", "renewed" => if renewed { "yes" } else { "lost" }).increment(1);
-        Ok(renewed)
+        match &self.claim {
+            Some(c) => c.renew().await,
+            None => Ok(false),
+        }
+    }
+
+    /// Runs `work` (the handler), renewing the key every third of the window
+    /// while it runs, up to the guard's [`renew_up_to`](FingerprintGuard::renew_up_to).
+    /// Renewal lives in this future and stops with it.
+    pub async fn run<F: std::future::Future>(&self, work: F) -> F::Output {
+        match &self.claim {
+            Some(c) => {
+                c.run(work, Renewal::up_to(self.window, self.renew_max))
+                    .await
+            }
+            None => work.await,
+        }
     }
 
     /// The handler is done: hold or release the key per the policy.
@@ -280,35 +287,10 @@ impl<S: Store + Clone> Lease<S> {
             ReleasePolicy::ReleaseOnCompletion => true,
             ReleasePolicy::HoldAlways => false,
         };
-        let owner = self.owner.take();
-        if let (true, Some(owner)) = (release, owner) {
-            if let Err(e) = self
-                .store
-                .delete_if_equals(&self.key, owner.as_bytes())
-                .await
-            {
-                tracing::warn!(error = %e, "could not release a fingerprint key; it expires with its window");
-            }
-        }
-    }
-}
-
-impl<S: Store + Clone> Drop for Lease<S> {
-    fn drop(&mut self) {
-        let Some(owner) = self.owner.take() else {
-            return;
-        };
-        if self.policy == ReleasePolicy::HoldAlways {
-            return;
-        }
-        // The request was dropped mid-handler: treat it as a failure. The
-        // task ends as soon as the (time-budgeted) store call does.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
-            let key = std::mem::take(&mut self.key);
-            rt.spawn(async move {
-                let _ = store.delete_if_equals(&key, owner.as_bytes()).await;
-            });
+        match self.claim.take() {
+            Some(c) if release => c.release().await,
+            Some(c) => c.keep(),
+            None => {}
         }
     }
 }

@@ -82,8 +82,9 @@ impl<G> NoRepeatLayer<G> {
         Self::with(Kind::Fingerprint(guard))
     }
 
-    /// The route template that goes into the fingerprint (default: the
-    /// request's path). Set it when the path holds ids (`/orders/{id}/pay`).
+    /// The route template (`/orders/{id}/pay`), a label for logs and traces
+    /// only. The fingerprint always takes the concrete request path, so
+    /// `/orders/1/pay` and `/orders/2/pay` never meet.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
         self.cfg.route = Some(template.into());
         self

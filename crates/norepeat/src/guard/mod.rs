@@ -4,9 +4,9 @@
 //!
 //! - **Tokens** ([`TokenGuard`]): the page fetches a one-time token and the
 //!   submit consumes it. Good for pages and forms.
-//! - **Fingerprints** ([`FingerprintGuard`]): user, method, route template
-//!   and canonical body, held for a window (default 3 s) counted from the
-//!   first request. Good for APIs and service calls.
+//! - **Fingerprints** ([`FingerprintGuard`]): user, method, concrete path,
+//!   query and canonical body, held for a window (default 3 s) counted from
+//!   the first request. Good for APIs and service calls.
 //!
 //! Each decision is one atomic store operation. [`NoRepeatLayer`] wraps any
 //! tower service (an axum route, say); rejections are RFC 9457 responses
@@ -30,6 +30,14 @@
 //! framework's retry after a timeout is still caught; short enough not to
 //! block an honest second order. A handler that runs past the window keeps
 //! its key by renewal (see [`FingerprintGuard::renew_up_to`]).
+//!
+//! # A request that is dropped
+//! hyper drops a handler's future when its client disconnects, and so does
+//! a timeout layer. The handler may already have had its effect, so a
+//! dropped request counts as done: its key is held for the rest of the
+//! window and a retry within it gets 409. Renewal stops with the dropped
+//! future, so the key never outlives its window. An error, a 4xx or 5xx, or
+//! a panic still releases at once under [`ReleasePolicy::HoldOnSuccess`].
 
 mod fingerprint;
 mod layer;

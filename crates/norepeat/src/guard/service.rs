@@ -13,7 +13,6 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tower::Service;
 use tracing::Instrument;
 
@@ -161,12 +160,15 @@ where
             ));
         }
     };
-    let route = cfg.route.as_deref().unwrap_or_else(|| parts.uri.path());
+    // The concrete path goes into the fingerprint (`/orders/1/pay` and
+    // `/orders/2/pay` are different requests); the template is a label.
+    let path = parts.uri.path();
+    let route = cfg.route.as_deref().unwrap_or(path);
     let kind = body::kind(&parts.headers, &bytes);
     let mut request = RequestParts {
         user,
         method: parts.method.as_str(),
-        route,
+        route: path,
         query: parts.uri.query(),
         json: kind != BodyKind::Bytes,
         body: &bytes,
@@ -201,12 +203,9 @@ where
         }
     };
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    let handler = inner.call(req);
-    let result = if lease.is_held() && !guard.renew_max.is_zero() {
-        run_renewing(handler, &lease, guard.window, guard.renew_max).await
-    } else {
-        handler.await
-    };
+    // Renewal lives in this future. Dropped mid-handler, the lease keeps its
+    // key for the rest of the window (see `Lease`).
+    let result = lease.run(inner.call(req)).await;
     match result {
         Ok(res) => {
             lease.finish(res.status().as_u16() < 400).await;
@@ -215,48 +214,6 @@ where
         Err(e) => {
             lease.finish(false).await;
             Err(e)
-        }
-    }
-}
-
-/// Runs the handler, renewing the lease every third of the window until it
-/// ends or the total hold reaches `max`. No task is spawned: renewal lives in
-/// this future and stops the moment it is dropped.
-async fn run_renewing<F, T, G>(
-    handler: F,
-    lease: &super::Lease<G>,
-    window: Duration,
-    max: Duration,
-) -> T
-where
-    F: std::future::Future<Output = T>,
-    G: Store + Clone,
-{
-    let every = (window / 3).max(Duration::from_millis(1));
-    let started = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval_at(started + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(handler);
-    let mut renewing = true;
-    loop {
-        tokio::select! {
-            // The handler first: most finish before the first renewal is due.
-            biased;
-            out = &mut handler => return out,
-            _ = tick.tick(), if renewing => {
-                if started.elapsed() + window > max {
-                    renewing = false;
-                    continue;
-                }
-                match lease.renew().await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(key = lease.key(), "lease lost while the handler runs");
-                        renewing = false;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "lease renewal failed; will retry"),
-                }
-            }
         }
     }
 }

@@ -108,6 +108,11 @@ pub(crate) struct Config<G> {
 /// the route answers 503 `guard_unavailable` rather than run unprotected.
 /// See the [module docs](super) for every answer.
 ///
+/// The handler runs in a task of its own (`tokio::spawn`) once the key is
+/// claimed, so the inner service's future and response must be `Send +
+/// 'static` (an axum route's are): a client that gives up does not stop a
+/// request that started, and its response is stored for the retry.
+///
 /// ```
 /// use axum::{Router, body::Body, routing::post};
 /// use http::{Request, StatusCode};
@@ -268,8 +273,10 @@ impl<G> IdempotencyLayer<G> {
         self
     }
 
-    /// The route template in the key's scope and the fingerprint (default:
-    /// the request's path). Set it when the path holds ids.
+    /// The route template (`/orders/{id}/pay`), a label for logs and traces
+    /// only. The key's scope and the fingerprint always take the concrete
+    /// request path, so `/orders/1/pay` and `/orders/2/pay` with one key are
+    /// two records, never a replay of each other.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
         self.cfg.route = Some(template.into());
         self

@@ -9,16 +9,22 @@
 //!
 //! # The protocol
 //! Every step is one atomic store operation on one key, scoped by caller,
-//! method, route template and client key (so two users' equal keys never
-//! meet, and the key lands in one Redis Cluster slot):
+//! method, concrete path and client key (so two users' equal keys never
+//! meet, two resources never share a record, and the key lands in one Redis
+//! Cluster slot):
 //!
 //! 1. **Claim**: `put_if_absent(key, in-progress record, lease)`. The record
 //!    holds a random owner and the request's fingerprint. When the key is
 //!    taken, the same round trip returns what holds it: a running request
 //!    (409, or wait) or a completed one (replay), after comparing
 //!    fingerprints (422 on a mismatch).
-//! 2. **Run** the handler, renewing the lease (owner-checked) every third of
-//!    it, so a slow handler keeps its claim and a dead process frees it.
+//! 2. **Run** the handler in a task of its own, renewing the lease
+//!    (owner-checked) every third of it, so a slow handler keeps its claim
+//!    and a dead process frees it. Once the handler has started it runs to
+//!    its end and its response is stored, whatever the client does (Stripe's
+//!    rule): a client that disconnects, or a timeout layer that drops the
+//!    request, does not stop it, and the retry gets 409
+//!    `idempotency_key_in_use` while it runs, then the replay.
 //! 3. **Complete**: `replace_if_equals(key, our exact in-progress bytes,
 //!    completed record, retention)`. This is the fence: a request whose
 //!    lease expired and whose key another request took cannot overwrite the
@@ -34,7 +40,7 @@
 //! |---|---|
 //! | first request with a key | the handler runs; its response is stored per the [`StorePolicy`] |
 //! | same key, same request, first one done | the stored status, allowed headers and body byte for byte, plus `Idempotent-Replayed: true`; the handler does not run |
-//! | same key, other request (body, query, method, route or caller differ) | 422 `idempotency_key_mismatch` |
+//! | same key, other request (body, query, method or caller differ) | 422 `idempotency_key_mismatch` |
 //! | same key, first one still running | 409 `idempotency_key_in_use` with `Retry-After: 1`; or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), a bounded wait, then the replay |
 //! | no key, where required | 400 `missing_idempotency_key` |
 //! | key empty, over 255 characters, repeated, or not visible ASCII | 400 `invalid_idempotency_key` |
@@ -59,8 +65,9 @@
 //! | what is replayed | status, allow-listed headers, body byte for byte, `Idempotent-Replayed: true` | status code and body | the stored response |
 //! | which responses are stored | configurable: 2xx and request-describing 4xx (default), all, or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
 //! | retention | 24 h default, configurable | keys may be pruned after at least 24 h | expiry policy is the server's, and should be published |
-//! | scope | caller + method + route + key | account + key | the resource |
+//! | scope | caller + method + concrete path + key | account + key | the resource |
 //! | lost claim (slow or dead owner) | lease with renewal; a stale completion is fenced out | not documented | not specified |
+//! | client gone mid-request | the handler runs to its end, its response is stored | the request finishes on the server | not specified |
 //!
 //! # Example
 //! ```

@@ -8,6 +8,7 @@ use crate::fingerprint::RequestParts;
 use crate::guard::store_failure;
 use crate::identity::is_visible_ascii;
 use crate::keys::Mode;
+use crate::lease::{self, Acquired, Claim, Completion, Renewal};
 use crate::problem::{Code, Problem};
 use crate::store::{Store, StoreError};
 use bytes::Bytes;
@@ -15,7 +16,6 @@ use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -75,13 +75,13 @@ fn pass<B: Body>(res: Response<B>) -> Response<ResponseBody<B>> {
 impl<S, G, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, G>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     G: Store + Clone,
     ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Body + Send + 'static,
-    ResBody::Error: Send,
+    ResBody::Error: Send + 'static,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -96,7 +96,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let cfg = Arc::clone(&self.cfg);
-        Box::pin(async move { handle(&cfg, inner, req).await })
+        Box::pin(handle(cfg, inner, req))
     }
 }
 
@@ -127,16 +127,19 @@ fn client_key(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
 }
 
 async fn handle<S, G, ReqBody, ResBody>(
-    cfg: &Config<G>,
+    cfg: Arc<Config<G>>,
     mut inner: S,
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     G: Store + Clone,
-    ReqBody: Body<Data = Bytes> + From<Bytes>,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
+    ResBody::Error: Send + 'static,
 {
     let (parts, body) = req.into_parts();
     let Some(user) = cfg.identity.identify(&parts) else {
@@ -171,12 +174,10 @@ where
             ));
         }
     };
-    let route = cfg
-        .route
-        .as_deref()
-        .unwrap_or_else(|| parts.uri.path())
-        .to_owned();
-    let route = route.as_str();
+    // The scope and the fingerprint take the concrete path: `/orders/1/pay`
+    // and `/orders/2/pay` are different resources. The template is a label.
+    let path = parts.uri.path().to_owned();
+    let route = cfg.route.as_deref().unwrap_or(&path).to_owned();
     let method = parts.method.clone();
     let method = method.as_str();
     let key = cfg.keys.key(
@@ -184,25 +185,62 @@ where
         &[
             user.as_bytes(),
             method.as_bytes(),
-            route.as_bytes(),
+            path.as_bytes(),
             client_key.as_bytes(),
         ],
     );
-    let fingerprint = fingerprint_of(cfg, &user, method, route, &parts, &bytes);
+    let fingerprint = fingerprint_of(&cfg, &user, method, &path, &parts, &bytes);
 
-    let claim = match claim(cfg, &key, &fingerprint).await {
-        Claim::Owned(c) => c,
-        Claim::Replay(done) => return Ok(replay(done)),
-        Claim::Reject(p) => return Ok(reject(&p)),
-        Claim::Unguarded => {
+    let (claim, owner) = match claim(&cfg, &key, &fingerprint).await {
+        Claimed::Owned(c, owner) => (c, owner),
+        Claimed::Replay(done) => return Ok(replay(done)),
+        Claimed::Reject(p) => return Ok(reject(&p)),
+        Claimed::Unguarded => {
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return Ok(pass(inner.call(req).await?));
         }
     };
     tracing::debug!(user, route, "idempotency key claimed");
 
+    // From here the work is carried to its end in a task of its own: a
+    // caller that gives up (a disconnected client, a timeout layer) does not
+    // stop it, its result is stored, and a retry gets the replay (or 409
+    // while it still runs). The claim is never freed early.
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    let res = match renewing(cfg, &claim, inner.call(req)).await {
+    lease::detach(run_claimed(
+        cfg,
+        inner,
+        req,
+        claim,
+        owner,
+        fingerprint,
+        route,
+    ))
+    .await
+}
+
+/// Runs the handler under a held claim, then stores its response (complete)
+/// or frees the key (release).
+async fn run_claimed<S, G, ReqBody, ResBody>(
+    cfg: Arc<Config<G>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+    claim: Claim<G>,
+    owner: Owner,
+    fingerprint: Digest,
+    route: String,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    G: Store + Clone,
+    ResBody: Body,
+{
+    let renewal = if cfg.renew {
+        Renewal::thirds(cfg.lease)
+    } else {
+        Renewal::none()
+    };
+    let res = match claim.run(inner.call(req), renewal).await {
         Ok(res) => res,
         Err(e) => {
             claim.release().await;
@@ -214,14 +252,16 @@ where
         return Ok(pass(res));
     }
     let (head, body) = res.into_parts();
-    match renewing(cfg, &claim, collect_capped(body, cfg.max_body)).await {
+    match claim.run(collect_capped(body, cfg.max_body), renewal).await {
         Collected::Whole(body) => {
             let headers = head
                 .headers
                 .iter()
                 .filter(|(n, _)| cfg.replayed_headers.contains(n));
-            let done = record::completed(&claim.owner, &fingerprint, head.status, headers, &body);
-            claim.complete(cfg, &done).await;
+            let done = record::completed(&owner, &fingerprint, head.status, headers, &body);
+            if claim.complete(&done, cfg.retention).await == Completion::Lost {
+                metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
+            }
             Ok(Response::from_parts(head, Either::Right(Full::new(body))))
         }
         Collected::Partial(rest) => {
@@ -289,9 +329,9 @@ fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
     res
 }
 
-enum Claim<G: Store + Clone> {
+enum Claimed<G: Store + Clone> {
     /// This request holds the key and runs the handler.
-    Owned(Claimed<G>),
+    Owned(Claim<G>, Owner),
     /// The first request's stored response.
     Replay(Completed),
     /// 409, 422 or 503.
@@ -304,23 +344,19 @@ enum Claim<G: Store + Clone> {
 /// waiting for a running request's result, the same call is repeated with
 /// backoff: it replays once the record completes, and takes the key itself
 /// if the first request released it.
-async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claim<G> {
+async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claimed<G> {
     let owner: Owner = rand::random();
     let value = record::in_progress(&owner, fingerprint);
     let deadline = cfg.wait.map(|w| Instant::now() + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let existing = match cfg.store.put_if_absent(key, &value, cfg.lease).await {
-            Ok(None) => {
+        let taken = Claim::acquire(&cfg.store, key.to_owned(), value.clone(), cfg.lease).await;
+        let existing = match taken {
+            Ok(Acquired::Owned(c)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
-                return Claim::Owned(Claimed {
-                    store: cfg.store.clone(),
-                    key: key.to_owned(),
-                    owner,
-                    value: Some(value),
-                });
+                return Claimed::Owned(c, owner);
             }
-            Ok(Some(existing)) => existing,
+            Ok(Acquired::Held(existing)) => existing,
             Err(e) => return on_failure(cfg, &e),
         };
         let rec = match record::decode(&existing) {
@@ -329,12 +365,12 @@ async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Diges
         };
         if rec.fingerprint != *fingerprint {
             metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
-            return Claim::Reject(Problem::new(Code::IdempotencyKeyMismatch).detail(
+            return Claimed::Reject(Problem::new(Code::IdempotencyKeyMismatch).detail(
                 "This Idempotency-Key was used with a different request; use a new key for a new operation.",
             ));
         }
         if let Some(done) = rec.completed {
-            return Claim::Replay(done);
+            return Claimed::Replay(done);
         }
         let now = Instant::now();
         match deadline {
@@ -344,7 +380,7 @@ async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Diges
             }
             _ => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "in_use").increment(1);
-                return Claim::Reject(
+                return Claimed::Reject(
                     Problem::new(Code::IdempotencyKeyInUse)
                         .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
                         .retry_after_secs(1),
@@ -354,112 +390,10 @@ async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Diges
     }
 }
 
-fn on_failure<G: Store + Clone>(cfg: &Config<G>, e: &StoreError) -> Claim<G> {
+fn on_failure<G: Store + Clone>(cfg: &Config<G>, e: &StoreError) -> Claimed<G> {
     match store_failure("idempotency", cfg.failure, e) {
-        Ok(()) => Claim::Unguarded,
-        Err(p) => Claim::Reject(p),
-    }
-}
-
-/// A held key: its exact in-progress bytes are the proof of ownership for
-/// every later change. Dropped unsettled (the request future was dropped
-/// mid-handler), it releases the key in a short task.
-struct Claimed<G: Store + Clone> {
-    store: G,
-    key: String,
-    owner: Owner,
-    value: Option<Vec<u8>>,
-}
-
-impl<G: Store + Clone> Claimed<G> {
-    fn value(&self) -> &[u8] {
-        self.value.as_deref().unwrap_or_default()
-    }
-
-    /// Releases the key (owner-checked) so a retry runs the handler again.
-    async fn release(mut self) {
-        let Some(value) = self.value.take() else {
-            return;
-        };
-        if let Err(e) = self.store.delete_if_equals(&self.key, &value).await {
-            tracing::warn!(error = %e, "could not release an idempotency key; it frees itself when its lease ends");
-        }
-    }
-
-    /// Replaces our in-progress record with the completed one. Refused when
-    /// the lease was lost and another request took the key: its record is
-    /// left alone (the fence), and this response is still sent.
-    async fn complete(mut self, cfg: &Config<G>, done: &[u8]) {
-        let Some(value) = self.value.take() else {
-            return;
-        };
-        match self
-            .store
-            .replace_if_equals(&self.key, &value, done, cfg.retention)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => {
-                metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
-                tracing::warn!(
-                    key = self.key,
-                    "idempotency lease lost before completion; response not stored"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not store an idempotent response; releasing the key");
-                if let Err(e) = self.store.delete_if_equals(&self.key, &value).await {
-                    tracing::warn!(error = %e, "could not release an idempotency key; it frees itself when its lease ends");
-                }
-            }
-        }
-    }
-}
-
-impl<G: Store + Clone> Drop for Claimed<G> {
-    fn drop(&mut self) {
-        let Some(value) = self.value.take() else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
-            let key = std::mem::take(&mut self.key);
-            rt.spawn(async move {
-                let _ = store.delete_if_equals(&key, &value).await;
-            });
-        }
-    }
-}
-
-/// Drives `work`, extending the lease every third of it while `work` runs.
-/// No task is spawned: renewal lives in this future and stops with it.
-async fn renewing<G, F>(cfg: &Config<G>, claim: &Claimed<G>, work: F) -> F::Output
-where
-    G: Store + Clone,
-    F: Future,
-{
-    if !cfg.renew {
-        return work.await;
-    }
-    let every = (cfg.lease / 3).max(Duration::from_millis(1));
-    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(work);
-    let mut renew = true;
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = tick.tick(), if renew => {
-                match cfg.store.expire_if_equals(&claim.key, claim.value(), cfg.lease).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(key = claim.key, "idempotency lease lost while the handler runs");
-                        renew = false;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "lease renewal failed; will retry"),
-                }
-            }
-        }
+        Ok(()) => Claimed::Unguarded,
+        Err(p) => Claimed::Reject(p),
     }
 }
 

@@ -29,6 +29,10 @@ pub struct SlidingState {
 
 /// Fixed window, starting at the first request: admit while
 /// `count <= limit`.
+///
+/// A state whose window ends more than `window` from now cannot have been
+/// written with this window (another window size left it): it is stale and
+/// a new window starts, so a changed quota never locks a client out.
 pub fn fixed_window(
     state: Option<FixedState>,
     now: u64,
@@ -36,7 +40,7 @@ pub fn fixed_window(
     window: u64,
 ) -> (FixedState, RateDecision) {
     let mut s = match state {
-        Some(s) if s.window_end > now => s,
+        Some(s) if s.window_end > now && s.window_end - now <= window => s,
         _ => FixedState {
             count: 0,
             window_end: now.saturating_add(window),
@@ -72,15 +76,19 @@ pub fn fixed_window(
 /// With traffic spread evenly over the previous window, the estimate is the
 /// true count up to rounding.
 ///
-/// A state from a later window than `now` (a clock read before the key's
-/// lock was taken, or a store clock that stepped back) is kept, and `now`
-/// is moved up to that window's start: counts are never lost.
+/// A state from the next window (a clock read before the key's lock was
+/// taken, or a store clock that stepped back a little) is kept, and `now`
+/// is moved up to that window's start: its counts are not lost. A state
+/// further ahead is stale (another window size wrote it, or the clock
+/// jumped) and is dropped: obeying it would refuse every call until that
+/// far future.
 pub fn sliding_window(
     state: Option<SlidingState>,
     now: u64,
     limit: u64,
     window: u64,
 ) -> (SlidingState, RateDecision) {
+    let state = state.filter(|s| s.index <= now / window + 1);
     let now = state.map_or(now, |s| now.max(s.index.saturating_mul(window)));
     let index = now / window;
     let mut s = match state {
@@ -117,6 +125,14 @@ pub fn sliding_window(
     (s, decision)
 }
 
+/// When a sliding-window state stops mattering: the end of the window after
+/// its own, in the same clock as `now`. Its key expires then, however
+/// often a refused client calls again.
+#[must_use]
+pub fn sliding_expires_at(s: &SlidingState, window: u64) -> u64 {
+    s.index.saturating_add(2).saturating_mul(window)
+}
+
 /// How long until the weighted count leaves room for one more request.
 fn sliding_retry_after(s: &SlidingState, elapsed: u64, limit: u64, window: u64) -> u64 {
     let room = limit as f64 - 1.0 - s.current as f64;
@@ -146,9 +162,13 @@ fn sliding_retry_after(s: &SlidingState, elapsed: u64, limit: u64, window: u64) 
 ///
 /// Over any interval of length `t`, at most `burst + t / emission` requests
 /// are admitted.
+///
+/// This quota never stores a `tat` beyond `now + burst * emission`; one
+/// further ahead (another quota left it, or the clock stepped back) is
+/// capped there, so the wait is at most one emission interval.
 pub fn gcra(tat: Option<u64>, now: u64, emission: u64, burst: u64) -> (u64, RateDecision) {
-    let tat = tat.unwrap_or(now).max(now);
     let tolerance = emission.saturating_mul(burst);
+    let tat = tat.unwrap_or(now).clamp(now, now.saturating_add(tolerance));
     let new_tat = tat.saturating_add(emission);
     let allow_at = new_tat.saturating_sub(tolerance);
     if allow_at > now {

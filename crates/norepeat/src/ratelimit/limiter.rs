@@ -162,12 +162,28 @@ impl<S: Store> RateLimiter<S> {
     }
 
     /// The store key `key` is counted under.
+    ///
+    /// It names the policy, the algorithm and the time scale its stored
+    /// state is written in (the window, or GCRA's emission interval), so a
+    /// quota changed between deployments (`5/s` to `100/m`) starts on fresh
+    /// keys instead of reading counters it would misjudge. A change of the
+    /// count alone (`5/s` to `10/s`) keeps the keys and the counts.
     #[must_use]
     pub fn store_key(&self, key: &str) -> String {
         let c = &self.cfg;
+        let scale = match c.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => c.quota.period(),
+            Algorithm::Gcra => c.quota.emission(),
+        };
+        let scale = scale.as_micros().to_string();
         c.keys.key(
             Mode::RateLimit,
-            &[c.name.as_bytes(), c.algorithm.letter(), key.as_bytes()],
+            &[
+                c.name.as_bytes(),
+                c.algorithm.letter(),
+                scale.as_bytes(),
+                key.as_bytes(),
+            ],
         )
     }
 
@@ -437,7 +453,7 @@ mod tests {
 
     #[test]
     fn keys_depend_on_name_algorithm_and_key() {
-        let l = RateLimiter::new(MemoryStore::new(10), q(1));
+        let l = RateLimiter::new(MemoryStore::default(), q(1));
         let a = l.store_key("u1");
         assert_ne!(a, l.clone().name("other").store_key("u1"));
         assert_ne!(
@@ -448,9 +464,24 @@ mod tests {
         assert!(a.starts_with("nr:r:{"));
     }
 
+    #[test]
+    fn keys_depend_on_the_time_scale_not_the_count() {
+        let key = |rate: &str, algorithm| {
+            RateLimiter::new(MemoryStore::default(), Quota::parse(rate).unwrap())
+                .algorithm(algorithm)
+                .store_key("u1")
+        };
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+            assert_ne!(key("5/s", algorithm), key("100/m", algorithm));
+            assert_eq!(key("5/s", algorithm), key("10/s", algorithm));
+        }
+        assert_ne!(key("5/s", Algorithm::Gcra), key("10/s", Algorithm::Gcra));
+        assert_eq!(key("1/s", Algorithm::Gcra), key("60/m", Algorithm::Gcra));
+    }
+
     #[tokio::test]
     async fn headers_follow_the_draft() {
-        let l = RateLimiter::new(MemoryStore::new(10), q(2))
+        let l = RateLimiter::new(MemoryStore::default(), q(2))
             .name("peruser")
             .algorithm(Algorithm::FixedWindow);
         let v = check_all(&[(&l, "u")]).await.unwrap();

@@ -1,11 +1,14 @@
-//! The in-process store: bounded, every entry expiring.
+//! The in-process store: bounded in bytes, every entry expiring.
 
 use super::{RateDecision, Store, StoreError};
 use crate::ratelimit::algorithm::{self, FixedState, SlidingState};
 use bytes::Bytes;
+use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
+use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What one key holds in memory.
@@ -27,6 +30,20 @@ impl Entry {
     fn live(self, now: Instant) -> Option<Self> {
         (self.expires_at > now).then_some(self)
     }
+}
+
+/// Bytes an entry costs beyond its key and value: the entry itself and
+/// moka's bookkeeping (hash table slot, queue nodes, timer wheel), rounded
+/// up.
+const ENTRY_OVERHEAD: usize = 128;
+
+/// An entry's weight: its key, its value and [`ENTRY_OVERHEAD`], in bytes.
+fn weigh(key: &Arc<str>, e: &Entry) -> u32 {
+    let value = match &e.value {
+        Value::Bytes(b) => b.len(),
+        Value::Gcra(_) | Value::Fixed(_) | Value::Sliding(_) => 0,
+    };
+    u32::try_from(key.len() + value + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
 }
 
 struct PerEntryTtl;
@@ -52,51 +69,115 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 ///
 /// Each operation runs under moka's per-key lock, so it is atomic against
 /// every other operation on the same key. Entries expire at their own time
-/// to live; when `capacity` entries are live, the least useful are evicted
-/// early (a guard then forgets a window sooner than asked, it never
-/// remembers one longer). It is shared by clones, not across processes.
+/// to live. It is shared by clones, not across processes.
 ///
 /// ```
 /// use norepeat::store::{MemoryStore, Store};
 /// use std::time::Duration;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
-/// let store = MemoryStore::new(100_000);
+/// let store = MemoryStore::new(16 << 20); // 16 MiB
 /// assert!(store.put_if_absent("key", b"1", Duration::from_secs(1)).await?.is_none());
 /// assert!(store.put_if_absent("key", b"2", Duration::from_secs(1)).await?.is_some());
+/// assert_eq!(store.evictions(), 0);
 /// # Ok(()) }
 /// ```
+///
+/// # When it is full
+/// Its capacity is in bytes: each entry weighs its key, its value (a stored
+/// response counts whole) and about 128 bytes of bookkeeping, so a
+/// fingerprint or a token costs under 200 bytes and the default 64 MiB
+/// holds some 350,000 of them.
+///
+/// A new key is always taken. To make room, the entries used least
+/// recently are evicted (LRU). A frequency-based policy would keep a
+/// popular old key and drop the newcomer, and the newcomer is exactly the
+/// request whose duplicate the guard is there to catch.
+///
+/// An evicted key is forgotten before its time to live: the guard then
+/// remembers less than it was asked to, never more. For the fingerprint
+/// and token guards a repeat of an evicted key is admitted; for
+/// idempotency a retry runs again instead of being replayed (the
+/// database's unique keys still make the effect single); a rate limiter
+/// starts the key's count afresh. Size the store so that this does not
+/// happen in normal operation: every eviction of a live key is counted in
+/// [`evictions`](Self::evictions) and in the metric
+/// `norepeat_memory_evictions_total`, which should stay at zero.
 #[derive(Clone)]
 pub struct MemoryStore {
     cache: Cache<Arc<str>, Entry>,
     origin: Instant,
+    evictions: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("entries", &self.cache.entry_count())
+            .field("bytes", &self.cache.weighted_size())
+            .field("evictions", &self.evictions.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 impl Default for MemoryStore {
-    /// 100,000 entries.
+    /// [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY): 64 MiB.
     fn default() -> Self {
-        Self::new(100_000)
+        Self::new(Self::DEFAULT_CAPACITY)
     }
 }
 
 impl MemoryStore {
-    /// A store that holds at most `capacity` live entries.
+    /// The capacity of [`MemoryStore::default`]: 64 MiB.
+    pub const DEFAULT_CAPACITY: u64 = 64 << 20;
+
+    /// The smallest capacity: 64 KiB (a few hundred small entries). A
+    /// smaller one is raised to it, so that an ordinary entry always fits.
+    pub const MIN_CAPACITY: u64 = 64 << 10;
+
+    /// A store that holds at most `capacity` bytes of entries (keys, values
+    /// and bookkeeping; at least [`MIN_CAPACITY`](Self::MIN_CAPACITY)),
+    /// evicting the least recently used when full. A single value larger
+    /// than the whole capacity is not kept.
     #[must_use]
     pub fn new(capacity: u64) -> Self {
+        let evictions = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&evictions);
         Self {
             cache: Cache::builder()
-                .max_capacity(capacity)
+                .max_capacity(capacity.max(Self::MIN_CAPACITY))
+                .weigher(weigh)
+                .eviction_policy(EvictionPolicy::lru())
                 .expire_after(PerEntryTtl)
+                .eviction_listener(move |_key, entry: Entry, cause| {
+                    // `Size`: pushed out for room. An entry already past its
+                    // time to live was not lost, whatever moka calls it.
+                    if cause == RemovalCause::Size && entry.expires_at > Instant::now() {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("norepeat_memory_evictions_total").increment(1);
+                    }
+                })
                 .build(),
             origin: Instant::now(),
+            evictions,
         }
+    }
+
+    /// How many live entries were evicted to make room, since the store
+    /// was made (shared by its clones). Anything above zero means the
+    /// guard forgot keys before their time: see
+    /// [When it is full](Self#when-it-is-full).
+    #[must_use]
+    pub fn evictions(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held, by the store's weighing (approximate: moka counts
+    /// lazily).
+    #[must_use]
+    pub fn weighted_size(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
     }
 
     /// Live entries (approximate: moka counts lazily).
@@ -258,7 +339,13 @@ impl Store for MemoryStore {
                 _ => None,
             };
             let (s, d) = algorithm::sliding_window(state, now, limit, window_us);
-            (Value::Sliding(s), Duration::from_micros(2 * window_us), d)
+            // Expires at a fixed time: a refused call never pushes it on.
+            let until = algorithm::sliding_expires_at(&s, window_us);
+            (
+                Value::Sliding(s),
+                Duration::from_micros(until.saturating_sub(now).max(1)),
+                d,
+            )
         }))
     }
 
@@ -295,7 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn entries_expire() {
-        let s = MemoryStore::new(10);
+        let s = MemoryStore::default();
         assert!(
             s.put_if_absent("k", b"a", Duration::from_millis(20))
                 .await
@@ -313,7 +400,7 @@ mod tests {
 
     #[tokio::test]
     async fn compare_operations_check_the_owner() {
-        let s = MemoryStore::new(10);
+        let s = MemoryStore::default();
         let ttl = Duration::from_secs(5);
         s.put_if_absent("k", b"a", ttl).await.unwrap();
         assert!(!s.expire_if_equals("k", b"b", ttl).await.unwrap());
@@ -326,13 +413,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn capacity_is_bounded() {
-        let s = MemoryStore::new(100);
+    async fn capacity_is_bounded_in_bytes() {
+        let s = MemoryStore::new(0);
         for i in 0..1_000 {
             s.put_if_absent(&format!("k{i}"), b"v", Duration::from_secs(60))
                 .await
                 .unwrap();
         }
-        assert!(s.len() <= 100, "{} entries", s.len());
+        // 64 KiB of entries of about 133 bytes: some 490.
+        assert!(s.weighted_size() <= MemoryStore::MIN_CAPACITY);
+        assert!((400..1_000).contains(&s.len()), "{} entries", s.len());
     }
 }

@@ -1,7 +1,8 @@
 -- Sliding window from two weighted fixed windows, kept in one hash so the
 -- operation touches one key (one cluster slot). Clock: Redis TIME, so every
 -- instance sharing the store agrees on the window.
--- KEYS[1]  the limiter's hash: fields i (window index), c (current), p (previous)
+-- KEYS[1]  the limiter's hash: fields i (window index), c (current), p (previous);
+--          the key names the window size, so another size never reads it
 -- ARGV[1]  limit (requests per window)
 -- ARGV[2]  window, in microseconds
 -- Returns {allowed (1/0), remaining, reset in microseconds}.
@@ -11,8 +12,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local i = tonumber(v[1])
--- A state from a later window (Redis TIME stepped back, or a failover to a
--- replica whose clock lags) is kept: move now up to its window's start.
+-- A state from the next window (Redis TIME stepped back a little, or a
+-- failover to a replica whose clock lags) is kept: move now up to its
+-- window's start. One further ahead is stale (another window size wrote
+-- it, or the clock jumped): obeying it would refuse every call until then.
+if i ~= nil and i > math.floor(now / window) + 1 then i = nil end
 if i ~= nil and i * window > now then now = i * window end
 local index = math.floor(now / window)
 local c = tonumber(v[2]) or 0
@@ -45,7 +49,9 @@ else
   if reset < 1 then reset = 1 end
 end
 redis.call('HSET', KEYS[1], 'i', string.format('%.0f', index), 'c', c, 'p', p)
-redis.call('PEXPIRE', KEYS[1], math.ceil(2 * window / 1000))
+-- The state matters until the end of the next window: expire then, at a
+-- fixed time, so a refused client calling again never pushes it further.
+redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', math.ceil((index + 2) * window / 1000)))
 local remaining = math.floor(limit - (p * share + c))
 if remaining < 0 then remaining = 0 end
 return {allowed, remaining, reset}

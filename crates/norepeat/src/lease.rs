@@ -1,0 +1,295 @@
+//! One claim life cycle, shared by every guard: claim, run with
+//! owner-checked renewal, then complete or release.
+//!
+//! The fingerprint guard ([`crate::guard`]), idempotency
+//! ([`crate::idempotency`]) and the attribute runtime ([`crate::once`]) all
+//! hold their key through a [`Claim`]:
+//!
+//! 1. **Claim**: `put_if_absent(key, value, ttl)`. The value is unique per
+//!    claim; its exact bytes are the proof of ownership for every later
+//!    change.
+//! 2. **Run** the protected work under [`Claim::run`], which renews the key
+//!    (`expire_if_equals`) every so often while the work runs. Renewal lives
+//!    in that future: it stops the moment the future ends or is dropped, so
+//!    a dead or abandoned caller never keeps a key past its TTL.
+//! 3. **Complete** (`replace_if_equals`, the fence against a lost claim),
+//!    **release** (`delete_if_equals`), or **keep** (the key expires with its
+//!    TTL).
+//!
+//! # Cancellation
+//! Once the protected work has started, dropping the caller's future never
+//! frees the claim early: a dropped [`Claim`] does nothing, and its key ends
+//! with its TTL. The work may have had an effect before it was dropped (a
+//! statement already sent to the database commits anyway), so a retry must
+//! not run it a second time. Only a panic (the work certainly stopped, and
+//! failed) releases the key at once, as an error does.
+//!
+//! Where the work can be detached (`'static + Send`), the guards carry it to
+//! completion in a task of its own ([`detach`]), and the result is stored
+//! whatever the caller does.
+
+use crate::store::{Store, StoreError};
+use bytes::Bytes;
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How a running claim is renewed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal {
+    /// Interval between two renewals (zero: no renewal).
+    pub(crate) every: Duration,
+    /// Renewal stops once `elapsed + ttl` would pass this total hold.
+    pub(crate) max: Duration,
+}
+
+impl Renewal {
+    /// Renew every third of `ttl`, without limit.
+    pub(crate) fn thirds(ttl: Duration) -> Self {
+        Self {
+            every: ttl / 3,
+            max: Duration::MAX,
+        }
+    }
+
+    /// No renewal: a work slower than the TTL loses its key.
+    pub(crate) fn none() -> Self {
+        Self {
+            every: Duration::ZERO,
+            max: Duration::ZERO,
+        }
+    }
+
+    /// Renew every third of `ttl` up to a total hold of `max`.
+    pub(crate) fn up_to(ttl: Duration, max: Duration) -> Self {
+        if max.is_zero() {
+            return Self::none();
+        }
+        Self {
+            every: ttl / 3,
+            max,
+        }
+    }
+}
+
+/// The outcome of a claim attempt.
+pub(crate) enum Acquired<S: Store + Clone> {
+    /// This caller holds the key.
+    Owned(Claim<S>),
+    /// Someone else does; their value, unchanged.
+    Held(Bytes),
+}
+
+/// What [`Claim::complete`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// The result replaced the claim.
+    Stored,
+    /// The claim was lost (expired, and maybe taken by another): the other
+    /// owner's record is left alone.
+    Lost,
+    /// The store failed; the claim was released (best effort).
+    Failed,
+}
+
+/// A held key. See the [module docs](self) for what dropping it does.
+#[derive(Debug)]
+pub(crate) struct Claim<S: Store + Clone> {
+    store: S,
+    key: String,
+    value: Vec<u8>,
+    ttl: Duration,
+    settled: bool,
+}
+
+impl<S: Store + Clone> Claim<S> {
+    /// Takes `key` for `ttl` with `value`, or learns who holds it.
+    pub(crate) async fn acquire(
+        store: &S,
+        key: String,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Acquired<S>, StoreError> {
+        Ok(match store.put_if_absent(&key, &value, ttl).await? {
+            None => Acquired::Owned(Self {
+                store: store.clone(),
+                key,
+                value,
+                ttl,
+                settled: false,
+            }),
+            Some(existing) => Acquired::Held(existing),
+        })
+    }
+
+    /// The store key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Extends the key to a full TTL from now, if this claim still owns it.
+    pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
+        let renewed = self
+            .store
+            .expire_if_equals(&self.key, &self.value, self.ttl)
+            .await?;
+        metrics::counter!("norepeat_lease_renewals_total", "renewed" => if renewed { "yes" } else { "lost" }).increment(1);
+        Ok(renewed)
+    }
+
+    /// Drives `work` to its end, renewing the key per `renewal` while it
+    /// runs. No task is spawned: renewal stops with this future.
+    pub(crate) async fn run<F: Future>(&self, work: F, renewal: Renewal) -> F::Output {
+        if renewal.every.is_zero() {
+            return work.await;
+        }
+        let every = renewal.every.max(Duration::from_millis(1));
+        let started = Instant::now();
+        let mut tick = tokio::time::interval_at(started + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(work);
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                // The work first: most finish before the first renewal is due.
+                biased;
+                out = &mut work => return out,
+                _ = tick.tick(), if renewing => {
+                    if started.elapsed().saturating_add(self.ttl) > renewal.max {
+                        renewing = false;
+                        continue;
+                    }
+                    match self.renew().await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(key = self.key, "claim lost while its work runs");
+                            renewing = false;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces the claim with `done` for `retention`, owner-checked. On a
+    /// store failure the claim is released, so a retry runs again.
+    pub(crate) async fn complete(mut self, done: &[u8], retention: Duration) -> Completion {
+        self.settled = true;
+        match self
+            .store
+            .replace_if_equals(&self.key, &self.value, done, retention)
+            .await
+        {
+            Ok(true) => Completion::Stored,
+            Ok(false) => {
+                tracing::warn!(
+                    key = self.key,
+                    "claim lost before its work completed; result not stored"
+                );
+                Completion::Lost
+            }
+            Err(e) => {
+                tracing::warn!(key = self.key, error = %e, "could not store a result; releasing the key");
+                self.delete().await;
+                Completion::Failed
+            }
+        }
+    }
+
+    /// Releases the key (owner-checked), so a retry runs again.
+    pub(crate) async fn release(mut self) {
+        self.settled = true;
+        self.delete().await;
+    }
+
+    /// Leaves the key as it is: it ends with its TTL.
+    pub(crate) fn keep(mut self) {
+        self.settled = true;
+    }
+
+    async fn delete(&self) {
+        if let Err(e) = self.store.delete_if_equals(&self.key, &self.value).await {
+            tracing::warn!(key = self.key, error = %e, "could not release a key; it expires with its TTL");
+        }
+    }
+}
+
+impl<S: Store + Clone> Drop for Claim<S> {
+    fn drop(&mut self) {
+        if self.settled || !std::thread::panicking() {
+            // Dropped mid-work (the caller gave up): the work may have had
+            // its effect, so the key is kept until its TTL ends.
+            return;
+        }
+        // The work panicked: it stopped and failed, release at once.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let key = std::mem::take(&mut self.key);
+            let value = std::mem::take(&mut self.value);
+            rt.spawn(async move {
+                let _ = store.delete_if_equals(&key, &value).await;
+            });
+        }
+    }
+}
+
+/// Runs `work` in a task of its own, so it goes on to its end (and stores
+/// its result) even when the caller's future is dropped. A panic in the
+/// task is resumed in the caller. Without a Tokio runtime the work runs
+/// inline.
+pub(crate) async fn detach<F>(work: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return work.await;
+    }
+    match tokio::spawn(work).await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only at runtime shutdown: nothing is left to answer to.
+        Err(e) => panic!("detached work cancelled: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[tokio::test]
+    async fn a_dropped_run_keeps_the_key_and_a_panic_releases_it() {
+        let store = MemoryStore::default();
+        let ttl = Duration::from_secs(5);
+        let Ok(Acquired::Owned(claim)) =
+            Claim::acquire(&store, "k".into(), b"a".to_vec(), ttl).await
+        else {
+            panic!("first claim");
+        };
+        let run = claim.run(std::future::pending::<()>(), Renewal::thirds(ttl));
+        let _ = tokio::time::timeout(Duration::from_millis(5), run).await;
+        drop(claim);
+        assert!(store.put_if_absent("k", b"b", ttl).await.unwrap().is_some());
+
+        let Ok(Acquired::Owned(claim)) =
+            Claim::acquire(&store, "p".into(), b"a".to_vec(), ttl).await
+        else {
+            panic!("second claim");
+        };
+        let panicked = tokio::spawn(async move {
+            let _claim = claim;
+            panic!("injected");
+        })
+        .await;
+        assert!(panicked.is_err());
+        for _ in 0..50 {
+            if store.put_if_absent("p", b"b", ttl).await.unwrap().is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("a panicked claim was not released");
+    }
+}

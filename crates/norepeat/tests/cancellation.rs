@@ -1,0 +1,257 @@
+//! A caller that gives up half-way never turns a retry into a second
+//! effect (issue 13, item 4), and two concrete paths under one route
+//! template are two resources (item 7). Against the memory store and a real
+//! Redis.
+//!
+//! Each handler writes its effect after its first await; its caller is
+//! dropped right after the write (a `tokio::time::timeout` around the call,
+//! as hyper does when the client disconnects); then the retry comes.
+
+// Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::once::{Guarded, Rejected};
+use norepeat::store::{AnyStore, MemoryStore, RedisStore};
+use norepeat_testkit::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+
+/// Before the effect: the handler's first await.
+const BEFORE: Duration = Duration::from_millis(30);
+/// After the effect: the rest of the handler.
+const AFTER: Duration = Duration::from_millis(300);
+/// When the caller gives up: after the effect, before the handler ends.
+const GIVE_UP: Duration = Duration::from_millis(100);
+
+type Effects = Arc<AtomicU32>;
+
+/// Awaits, writes its effect, awaits again, answers 201 with the effect's
+/// number.
+async fn effect(State(effects): State<Effects>) -> (StatusCode, String) {
+    tokio::time::sleep(BEFORE).await;
+    let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(AFTER).await;
+    (StatusCode::CREATED, format!(r#"{{"effect":{n}}}"#))
+}
+
+async fn with_stores<F, Fut>(test: F)
+where
+    F: Fn(AnyStore) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(AnyStore::Memory(MemoryStore::default())).await;
+    let redis = RedisServer::start().await;
+    test(AnyStore::Redis(
+        RedisStore::connect(&redis.url()).await.unwrap(),
+    ))
+    .await;
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}
+
+fn post_to(path: &str, key: Option<&str>) -> Request<Body> {
+    let mut b = Request::post(path)
+        .header("x-user-id", "u1")
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    b.body(Body::from(r#"{"amount":5}"#)).unwrap()
+}
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    body: serde_json::Value,
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Answer {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let replayed = res.headers().get("idempotent-replayed").is_some();
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    Answer {
+        status,
+        replayed,
+        body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+/// Sends `req` and drops it after [`GIVE_UP`], once its effect is written.
+async fn give_up(app: &Router, req: Request<Body>, effects: &Effects) {
+    let out = tokio::time::timeout(GIVE_UP, app.clone().oneshot(req)).await;
+    assert!(out.is_err(), "the handler outlives its caller");
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_a_dropped_request_runs_to_its_end_and_the_retry_gets_its_answer() {
+    with_stores(|store| async move {
+        let effects = Effects::default();
+        let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(600));
+        let app = Router::new()
+            .route("/payments", post(effect).layer(layer))
+            .with_state(Arc::clone(&effects));
+        give_up(&app, post_to("/payments", Some("k1")), &effects).await;
+
+        // The retry, at once: the first one still runs.
+        let retry = send(&app, post_to("/payments", Some("k1"))).await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
+        assert_eq!(retry.body["code"], "idempotency_key_in_use");
+        // Once it has ended, its stored answer.
+        let until = Instant::now() + Duration::from_secs(5);
+        let replay = loop {
+            let a = send(&app, post_to("/payments", Some("k1"))).await;
+            if a.status != StatusCode::CONFLICT || Instant::now() > until {
+                break a;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(replay.status, StatusCode::CREATED, "{:?}", replay.body);
+        assert!(replay.replayed, "the retry ran the handler again");
+        assert_eq!(replay.body["effect"], 1);
+        assert_eq!(effects.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fingerprint_a_dropped_request_holds_its_key_for_the_window() {
+    with_stores(|store| async move {
+        let effects = Effects::default();
+        let guard = FingerprintGuard::new(store).window(Duration::from_secs(2));
+        let app = Router::new()
+            .route(
+                "/orders",
+                post(effect).layer(NoRepeatLayer::fingerprint(guard)),
+            )
+            .with_state(Arc::clone(&effects));
+        give_up(&app, post_to("/orders", None), &effects).await;
+        for _ in 0..2 {
+            let retry = send(&app, post_to("/orders", None)).await;
+            assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
+            assert_eq!(retry.body["code"], "duplicate_submission");
+            // Also once the dropped handler would have ended.
+            tokio::time::sleep(AFTER).await;
+        }
+        assert_eq!(effects.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Error {
+    Refused(Rejected),
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Refused(r)
+    }
+}
+
+struct Ledger {
+    store: AnyStore,
+    effects: AtomicU32,
+}
+
+impl Ledger {
+    #[norepeat::guard(store = self.store, key = "{order}", mode = once, lease = "2s")]
+    async fn award(&self, order: &str) -> Result<u32, Error> {
+        tokio::time::sleep(BEFORE).await;
+        let n = self.effects.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(AFTER).await;
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_dropped_call_keeps_its_claim() {
+    with_stores(|store| async move {
+        let ledger = Ledger {
+            store,
+            effects: AtomicU32::new(0),
+        };
+        let out = tokio::time::timeout(GIVE_UP, ledger.award("o1")).await;
+        assert!(out.is_err());
+        assert_eq!(ledger.effects.load(Ordering::SeqCst), 1);
+        for _ in 0..2 {
+            assert_eq!(
+                ledger.award("o1").await,
+                Err(Error::Refused(Rejected::InProgress))
+            );
+            tokio::time::sleep(AFTER).await;
+        }
+        assert_eq!(ledger.effects.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_detached_a_dropped_call_runs_to_its_end_and_is_replayed() {
+    with_stores(|store| async move {
+        let effects = Effects::default();
+        let once = Guarded::once("tests::award").lease(Duration::from_millis(600));
+        let call = || {
+            let effects = Arc::clone(&effects);
+            once.run_once_detached(&store, "o1", async move {
+                tokio::time::sleep(BEFORE).await;
+                let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(AFTER).await;
+                Ok::<u32, Error>(n)
+            })
+        };
+        assert!(tokio::time::timeout(GIVE_UP, call()).await.is_err());
+        assert_eq!(effects.load(Ordering::SeqCst), 1);
+        assert_eq!(call().await, Err(Error::Refused(Rejected::InProgress)));
+        tokio::time::sleep(AFTER).await;
+        assert_eq!(call().await, Ok(1), "the stored result");
+        assert_eq!(effects.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// `/orders/1/pay` and `/orders/2/pay` under the template
+/// `/orders/{id}/pay`, with one key and one body: two payments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concrete_paths_under_one_template_are_two_resources() {
+    with_stores(|store| async move {
+        let template = "/orders/{id}/pay";
+        let effects = Effects::default();
+        let idem = IdempotencyLayer::new(store.clone()).route(template);
+        let fp = NoRepeatLayer::fingerprint(FingerprintGuard::new(store)).route("/quick/{id}/pay");
+        let app = Router::new()
+            .route(template, post(effect).layer(idem))
+            .route("/quick/{id}/pay", post(effect).layer(fp))
+            .with_state(Arc::clone(&effects));
+
+        for id in [1, 2] {
+            let a = send(&app, post_to(&format!("/orders/{id}/pay"), Some("k1"))).await;
+            assert_eq!(a.status, StatusCode::CREATED, "order {id}: {:?}", a.body);
+            assert!(!a.replayed, "order {id} got another order's answer");
+        }
+        let again = send(&app, post_to("/orders/1/pay", Some("k1"))).await;
+        assert!(again.replayed);
+        assert_eq!(again.body["effect"], 1);
+        assert_eq!(effects.load(Ordering::SeqCst), 2);
+
+        for id in [1, 2] {
+            let a = send(&app, post_to(&format!("/quick/{id}/pay"), None)).await;
+            assert_eq!(a.status, StatusCode::CREATED, "quick {id}: {:?}", a.body);
+        }
+        let dup = send(&app, post_to("/quick/2/pay", None)).await;
+        assert_eq!(dup.status, StatusCode::CONFLICT);
+        assert_eq!(effects.load(Ordering::SeqCst), 4);
+    })
+    .await;
+}

@@ -1,0 +1,87 @@
+//! The embedded store when it is full: it stays a guard.
+
+// Helpers outside `#[test]` functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use norepeat::store::{MemoryStore, Store};
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// Fills `store` with `n` distinct keys, each read back a few times (a
+/// flood of keys that look "popular" to a frequency-based policy).
+async fn flood(store: &MemoryStore, n: usize) {
+    for i in 0..n {
+        let key = format!("flood-{i}");
+        store.put_if_absent(&key, b"owner", TTL).await.unwrap();
+        store.put_if_absent(&key, b"again", TTL).await.unwrap();
+    }
+}
+
+/// A full store admits every new key and catches its duplicate, even after
+/// housekeeping ran in between: eviction takes the least recently used
+/// entries, never the newcomer.
+#[tokio::test]
+async fn a_full_store_keeps_admitting_new_keys_and_catches_their_duplicates() {
+    // 4 KiB is raised to the smallest capacity, 64 KiB: a few hundred keys.
+    let store = MemoryStore::new(4 * 1024);
+    flood(&store, 10_000).await;
+    for i in 0..20 {
+        let key = format!("new-{i}");
+        assert_eq!(
+            store.put_if_absent(&key, b"first", TTL).await.unwrap(),
+            None,
+            "{key} refused"
+        );
+        // Housekeeping (moka applies its admission and eviction here).
+        let _ = store.len();
+        assert_eq!(
+            store.put_if_absent(&key, b"second", TTL).await.unwrap(),
+            Some(bytes::Bytes::from_static(b"first")),
+            "the duplicate of {key} got through"
+        );
+    }
+}
+
+/// Capacity is in bytes: ten values of 1 MiB do not fit in 4 MiB.
+#[tokio::test]
+async fn capacity_counts_bytes() {
+    let store = MemoryStore::new(4 << 20);
+    let big = vec![7u8; 1 << 20];
+    for i in 0..10 {
+        store
+            .put_if_absent(&format!("big-{i}"), &big, TTL)
+            .await
+            .unwrap();
+    }
+    let len = store.len();
+    assert!((1..=4).contains(&len), "{len} entries of 1 MiB in 4 MiB");
+    // The newest is the one kept.
+    assert!(
+        store
+            .put_if_absent("big-9", b"x", TTL)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// Every live entry pushed out for room is counted; entries that expired
+/// are not evictions.
+#[tokio::test]
+async fn evictions_of_live_keys_are_counted() {
+    let store = MemoryStore::new(4 * 1024);
+    for i in 0..50 {
+        store
+            .put_if_absent(&format!("short-{i}"), b"v", Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _ = store.len();
+    assert_eq!(store.evictions(), 0);
+    flood(&store, 1_000).await;
+    let live = store.len();
+    assert!(live > 0 && live < 1_000, "{live} live");
+    assert_eq!(store.evictions() + live, 1_000);
+}
