@@ -34,6 +34,9 @@ pub struct AppState {
     pub open: OpenStore,
     /// Issues and consumes repeat tokens.
     pub tokens: TokenGuard<OpenStore>,
+    /// Checks repeat tokens again in `POST /orders`, for the business key
+    /// (the same secret as `tokens`).
+    pub signer: TokenSigner,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
     /// Publishes order events.
@@ -126,14 +129,15 @@ impl AppState {
             Fallback::disabled(primary.clone())
         };
         let signer = TokenSigner::new(db.shared_secret().await?);
-        let tokens =
-            TokenGuard::new(open.clone(), signer).ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
+        let tokens = TokenGuard::new(open.clone(), signer.clone())
+            .ttl(Duration::from_secs(cfg.token_ttl_s.max(1)));
         Ok(Self {
             db,
             cfg: Arc::new(cfg),
             primary,
             open,
             tokens,
+            signer,
             metrics,
             events,
             outage,

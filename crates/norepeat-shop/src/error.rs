@@ -17,6 +17,15 @@ pub enum ApiError {
     /// 409 `out_of_stock`.
     #[error("out of stock")]
     OutOfStock,
+    /// 409 `order_not_payable`, naming the order's live payment (member
+    /// `paymentId`) when it has one.
+    #[error("order not payable: {detail}")]
+    NotPayable {
+        /// The `detail` member.
+        detail: String,
+        /// The order's live payment.
+        payment_id: Option<String>,
+    },
     /// 409 `invalid_transition`.
     #[error("invalid transition: {0}")]
     InvalidTransition(String),
@@ -53,6 +62,22 @@ fn custom(status: u16, code: &str, title: &str, detail: &str) -> Response {
         .into_response()
 }
 
+/// A library problem with one extension member (RFC 9457 section 3.2), left
+/// out when `value` is `None`.
+fn with_member(p: &Problem, name: &str, value: Option<String>) -> Response {
+    let mut res = p.to_response().into_response();
+    if let Some(value) = value {
+        // The library's body is always a JSON object; parse it back to add
+        // the member rather than write the standard members a second time.
+        if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_slice(&p.body()) {
+            m.insert(name.to_owned(), value.into());
+            *res.body_mut() = axum::body::Body::from(serde_json::Value::Object(m).to_string());
+            res.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+        }
+    }
+    res
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
@@ -67,6 +92,11 @@ impl IntoResponse for ApiError {
                 "out_of_stock",
                 "Out of stock",
                 "Not enough stock for this order.",
+            ),
+            ApiError::NotPayable { detail, payment_id } => with_member(
+                &Problem::new(Code::OrderNotPayable).detail(detail),
+                "paymentId",
+                payment_id,
             ),
             ApiError::InvalidTransition(d) => {
                 custom(409, "invalid_transition", "Invalid transition", &d)

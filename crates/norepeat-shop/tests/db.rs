@@ -138,6 +138,8 @@ both_backends!(
     shared_secret_is_shared,
     naive_path_oversells_and_duplicates,
     several_processes,
+    one_live_payment_per_order,
+    migration_over_duplicate_payments,
 );
 
 fn created(outcome: CreateOutcome) -> Order {
@@ -863,4 +865,184 @@ async fn several_processes(fresh: &Fresh) {
     assert_eq!(db.orders_of("shared-user").await.unwrap().len(), 1);
     assert_eq!(db.stock("SKU-1").await.unwrap(), Some(99));
     assert_eq!(db.duplicates().await.unwrap(), 0);
+}
+
+/// Concurrent payments for one order from two pools: one is created, every
+/// other caller is told which; a paid order takes none.
+async fn one_live_payment_per_order(fresh: &Fresh) {
+    let a = fresh.connect().await;
+    let b = fresh.connect().await;
+    let o = created(
+        a.create_order("one", "SKU-1", 1, Some("live-1"))
+            .await
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let db = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let id = o.order_id.clone();
+            tokio::spawn(async move { db.create_payment("one", &id, 100 + i).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap().unwrap());
+    }
+    let live: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            PaymentOutcome::Created(p) => Some(p.payment_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(live.len(), 1, "{outcomes:?}");
+    let not_payable = PaymentOutcome::NotPayable {
+        order_status: OrderStatus::Unpaid,
+        live_payment: Some(live[0].clone()),
+    };
+    assert_eq!(outcomes.iter().filter(|o| **o == not_payable).count(), 9);
+    assert!(matches!(
+        a.create_payment("one", &o.order_id, 0).await,
+        Err(DbError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        a.create_payment("one", &o.order_id, 10_000_001).await,
+        Err(DbError::InvalidInput(_))
+    ));
+
+    assert_eq!(
+        a.apply_payment_notice(&live[0], true).await.unwrap(),
+        NoticeOutcome::Applied
+    );
+    assert_eq!(
+        b.create_payment("one", &o.order_id, 100).await.unwrap(),
+        PaymentOutcome::NotPayable {
+            order_status: OrderStatus::Paid,
+            live_payment: Some(live[0].clone()),
+        }
+    );
+}
+
+/// The schema as the previous version left it, with two orders holding
+/// several live payments each.
+const OLD_ROWS: &str = "
+INSERT INTO stock (sku, available) VALUES ('SKU-1', 10);
+INSERT INTO orders (order_id, biz_id, user_id, sku, quantity, status, naive, created_at, updated_at)
+VALUES ('ord_a', 'a', 'u', 'SKU-1', 1, 'PAID', 0, 1, 1),
+       ('ord_b', 'b', 'u', 'SKU-1', 1, 'UNPAID', 0, 1, 1),
+       ('ord_c', 'c', 'u', 'SKU-1', 1, 'UNPAID', 0, 1, 1);
+INSERT INTO payments (payment_id, order_id, user_id, amount, status, created_at, updated_at)
+VALUES ('pay_a1', 'ord_a', 'u', 5, 'PENDING', 1, 1),
+       ('pay_a2', 'ord_a', 'u', 1999, 'SUCCEEDED', 2, 2),
+       ('pay_a3', 'ord_a', 'u', 5, 'SUCCEEDED', 3, 3),
+       ('pay_a4', 'ord_a', 'u', 5, 'FAILED', 4, 4),
+       ('pay_b1', 'ord_b', 'u', 5, 'PENDING', 1, 1),
+       ('pay_b2', 'ord_b', 'u', 5, 'PENDING', 2, 2),
+       ('pay_c1', 'ord_c', 'u', 5, 'PENDING', 1, 1),
+       ('pay_c2', 'ord_c', 'u', 5, 'FAILED', 2, 2);
+";
+
+/// Writes the first migration only (as the previous version did) and
+/// [`OLD_ROWS`].
+async fn write_old_database(fresh: &Fresh) {
+    let backend = match fresh {
+        Fresh::Sqlite { .. } => "sqlite",
+        Fresh::Postgres { .. } => "postgres",
+    };
+    let dir = std::env::temp_dir().join(format!("nr_oldmig_{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        format!(
+            "{}/migrations/{backend}/0001_init.sql",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+        dir.join("0001_init.sql"),
+    )
+    .unwrap();
+    let old = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+    match fresh {
+        Fresh::Sqlite { url, .. } => {
+            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            old.run(&pool).await.unwrap();
+            sqlx::raw_sql(OLD_ROWS).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Fresh::Postgres { url, .. } => {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            old.run(&pool).await.unwrap();
+            sqlx::raw_sql(OLD_ROWS).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Today's migrations over a database that already holds several live
+/// payments per order: they apply, each order keeps one live payment (a
+/// SUCCEEDED one first), the others cannot succeed, and reconciliation
+/// reports every such order, from the library and from the command line.
+async fn migration_over_duplicate_payments(fresh: &Fresh) {
+    write_old_database(fresh).await;
+    let db = fresh.connect().await;
+    let report = db.reconcile().await.unwrap();
+    let found: Vec<(&str, Vec<&str>)> = report
+        .duplicate_payments
+        .iter()
+        .map(|d| {
+            let ids = d.payment_ids.iter().map(String::as_str).collect();
+            (d.order_id.as_str(), ids)
+        })
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            ("ord_a", vec!["pay_a2", "pay_a1", "pay_a3"]),
+            ("ord_b", vec!["pay_b1", "pay_b2"]),
+        ]
+    );
+    // Reported, not repaired (ord_a's missing outbox row is the one repair).
+    assert_eq!(report.total(), 1, "{report:?}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["duplicatePayments"][1]["orderId"], "ord_b");
+
+    // The superseded payment cannot succeed; the live one can.
+    assert_eq!(
+        db.apply_payment_notice("pay_b2", true).await.unwrap(),
+        NoticeOutcome::NotLive
+    );
+    assert_eq!(
+        db.payment("pay_b2").await.unwrap().unwrap().status,
+        PaymentStatus::Pending
+    );
+    assert_eq!(
+        db.create_payment("u", "ord_b", 5).await.unwrap(),
+        PaymentOutcome::NotPayable {
+            order_status: OrderStatus::Unpaid,
+            live_payment: Some("pay_b1".into()),
+        }
+    );
+    assert_eq!(
+        db.apply_payment_notice("pay_b1", true).await.unwrap(),
+        NoticeOutcome::Applied
+    );
+    assert_eq!(
+        db.apply_payment_notice("pay_b2", false).await.unwrap(),
+        NoticeOutcome::Applied,
+        "a superseded payment may still fail"
+    );
+    db.close().await;
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
+        .args(["reconcile", "--once", "--database", fresh.url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let orders: Vec<&serde_json::Value> = printed["report"]["duplicatePayments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["orderId"])
+        .collect();
+    assert_eq!(orders, ["ord_a"], "{printed}");
 }

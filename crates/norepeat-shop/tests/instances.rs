@@ -205,3 +205,54 @@ async fn the_flash_sale_rate_is_shared_by_both_instances() {
     );
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_one_token_over_two_instances_makes_one_order() {
+    let mut redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let (a, b) = two_shops(Some(&redis), &pg).await;
+    redis.kill();
+    let http = reqwest::Client::new();
+    let bases = [a.base_url(), b.base_url()];
+    let t: Value = http
+        .get(format!("{}/repeat/token", bases[0]))
+        .header("x-user-id", "replay-user")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = t["repeatToken"].as_str().unwrap().to_owned();
+    // Each instance can only remember its own admissions: without a bizId,
+    // only the token's business key stops the second order.
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let (http, base, token) = (http.clone(), bases[i % 2].clone(), token.clone());
+            tokio::spawn(async move {
+                let res = http
+                    .post(format!("{base}/orders"))
+                    .header("x-user-id", "replay-user")
+                    .header("repeat-token", token)
+                    .json(&json!({"sku": "SKU-2", "quantity": 1}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = res.status().as_u16();
+                (status, res.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        if status == 201 {
+            created += 1;
+        } else {
+            assert_eq!(status, 409, "{body}");
+            assert_eq!(body["code"], "duplicate_submission", "{body}");
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(orders_of(&http, &bases[1], "replay-user").await, 1);
+}

@@ -25,7 +25,7 @@ fn storm(extra: &[&str], env: &[(&str, String)]) -> (bool, Value) {
 
 fn check(json: &Value) {
     let rows = json["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 20, "5 scenarios x 4 defences");
+    assert_eq!(rows.len(), 24, "6 scenarios x 4 defences");
     for r in rows {
         for field in [
             "scenario",
@@ -55,6 +55,20 @@ fn check(json: &Value) {
         naive.iter().any(|r| r["oversold"].as_i64().unwrap() > 0),
         "some naive row should oversell: {naive:?}"
     );
+    // One token replayed to both instances while the store is down, no
+    // bizId: only the business key derived from the token stops it.
+    let token_outage: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["scenario"] == "token-outage")
+        .collect();
+    assert_eq!(token_outage.len(), 4);
+    for r in token_outage {
+        if r["defence"] == "naive" {
+            assert!(r["duplicates"].as_u64().unwrap() > 0, "{r}");
+        } else {
+            assert!(r["rejected"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
     for r in rows.iter().filter(|r| r["defence"] != "naive") {
         assert_eq!(r["duplicates"], 0, "{r}");
         assert_eq!(r["oversold"], 0, "{r}");
@@ -111,7 +125,7 @@ async fn storm_against_running_shops() {
     .await
     .unwrap();
     let rows = json["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 5, "one row a scenario: {json}");
+    assert_eq!(rows.len(), 6, "one row a scenario: {json}");
     for r in rows {
         assert_eq!(r["defence"], "target");
         assert_eq!(r["duplicates"], 0, "{r}");

@@ -48,6 +48,9 @@ pub enum Code {
     RateLimited,
     /// 503: the store is unavailable on a route that fails closed.
     GuardUnavailable,
+    /// 409: a payment for an order that cannot take one (not awaiting
+    /// payment, or it already has a live payment).
+    OrderNotPayable,
 }
 
 impl Code {
@@ -66,6 +69,7 @@ impl Code {
             Code::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Code::RateLimited => "rate_limited",
             Code::GuardUnavailable => "guard_unavailable",
+            Code::OrderNotPayable => "order_not_payable",
         }
     }
 
@@ -78,7 +82,9 @@ impl Code {
             | Code::MissingIdempotencyKey
             | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Code::DuplicateSubmission | Code::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            Code::DuplicateSubmission | Code::IdempotencyKeyInUse | Code::OrderNotPayable => {
+                StatusCode::CONFLICT
+            }
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -101,6 +107,7 @@ impl Code {
             Code::IdempotencyKeyMismatch => "Idempotency-Key reused with another request",
             Code::RateLimited => "Too many requests",
             Code::GuardUnavailable => "Guard unavailable",
+            Code::OrderNotPayable => "Order not payable",
         }
     }
 }

@@ -13,13 +13,20 @@
 //! | `redelivery` | a broker delivers the same order message three times to the consumers of two instances (the shop's order-message consumer, `order_messages`; over HTTP against `--target` shops) |
 //! | `lb-failover` | the load balancer resends the same submit to the other instance |
 //! | `store-outage` | double clicks and resends to the other instance while the guard store dies half-way |
+//! | `token-outage` | the guard store is down; one page token, no `bizId`, sent to both instances at once and resent to the second |
 //!
-//! `created`, `duplicates` (orders beyond one per user and business id) and
+//! `created`, `duplicates` (orders beyond one per logical order, whatever
+//! their business ids: each logical order is its own user) and
 //! `oversold` (units ordered beyond the stock) are read from the database
 //! (with `--target` and no `--database`, through `GET /orders`, which reads
 //! it). Against `--target` shops the storm cannot take their store down, so
-//! `store-outage` runs without the outage there, and `redelivery` reaches
-//! the shops over HTTP.
+//! `store-outage` and `token-outage` run without the outage there, and
+//! `redelivery` reaches the shops over HTTP.
+//!
+//! `token-outage` is the case only the database can decide: with the store
+//! down each instance admits the token once on its own, and an order without
+//! a `bizId` is made single by the business key the shop derives from the
+//! token.
 
 use crate::app::AppState;
 use crate::commands::serve::InProcess;
@@ -74,7 +81,7 @@ pub struct Row {
     pub expected: usize,
     /// Orders that exist.
     pub created: usize,
-    /// Orders beyond one per user and business id.
+    /// Orders beyond one per logical order.
     pub duplicates: usize,
     /// Units ordered beyond the stock.
     pub oversold: i64,
@@ -100,12 +107,13 @@ pub enum StormError {
     Target(String),
 }
 
-const SCENARIOS: [&str; 5] = [
+const SCENARIOS: [&str; 6] = [
     "double-click",
     "retry-after-timeout",
     "redelivery",
     "lb-failover",
     "store-outage",
+    "token-outage",
 ];
 
 /// Repeats each logical order causes in a scenario, on average.
@@ -113,7 +121,7 @@ fn copies(scenario: &str) -> f64 {
     match scenario {
         "double-click" => 2.5,
         "retry-after-timeout" => 2.5,
-        "redelivery" | "store-outage" => 3.0,
+        "redelivery" | "store-outage" | "token-outage" => 3.0,
         _ => 2.0,
     }
 }
@@ -323,6 +331,8 @@ impl Shops {
     }
 
     /// Orders, duplicates and units of the row, read back from the database.
+    /// Each logical order has a user of its own, so every order of a user
+    /// beyond the first is a duplicate, whatever business id it got.
     async fn count(&self, http: &reqwest::Client, ctx: &RowCtx) -> Result<Counts, StormError> {
         let mut c = Counts::default();
         for i in 0..ctx.logical {
@@ -355,10 +365,7 @@ impl Shops {
                 }
             };
             c.created += biz_ids.len();
-            let mut distinct = biz_ids.clone();
-            distinct.sort();
-            distinct.dedup();
-            c.duplicates += biz_ids.len() - distinct.len();
+            c.duplicates += biz_ids.len().saturating_sub(1);
         }
         let units = match &self.db {
             Some(db) => db.units_ordered(&ctx.sku).await?,
@@ -545,6 +552,18 @@ async fn logical_order(scenario: &'static str, ctx: Arc<RowCtx>, i: usize) -> Ve
             );
             out.extend([s1, s2]);
         }
+        "token-outage" => {
+            // The store is down for the whole row: each instance can only
+            // remember its own admissions. No bizId: the token is the key.
+            let body = json!({"sku": ctx.sku, "quantity": 1});
+            let t = token(&ctx, &a, &user).await;
+            let (s1, s2) = tokio::join!(
+                send(&ctx, &a, "/orders", &user, t.as_deref(), &body),
+                send(&ctx, &b, "/orders", &user, t.as_deref(), &body)
+            );
+            out.extend([s1, s2]);
+            out.push(send(&ctx, &b, "/orders", &user, t.as_deref(), &body).await);
+        }
         _ => {
             // store-outage: a double click to one instance and a resend to the other.
             let resend = async {
@@ -564,6 +583,9 @@ async fn logical_order(scenario: &'static str, ctx: Arc<RowCtx>, i: usize) -> Ve
 
 async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
     let half = ctx.logical / 2;
+    if scenario == "token-outage" {
+        shops.set_outage(true);
+    }
     let mut tasks = Vec::new();
     for i in 0..ctx.logical {
         if scenario == "store-outage" && i == half {

@@ -18,8 +18,8 @@ use futures_util::TryFutureExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::types::{
-    CreateOutcome, DbError, NoticeOutcome, Order, OrderStatus, OutboxEvent, Payment,
-    PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent,
+    Payment, PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
 };
 
 /// Attempts of one transaction before a transient error is returned.
@@ -161,13 +161,26 @@ const UPSERT_STOCK: &str = "INSERT INTO stock (sku, available) VALUES ($1, $2) \
 const TRANSITION_ORDER: &str =
     "UPDATE orders SET status = $1, updated_at = $2 WHERE order_id = $3 AND status = $4";
 const SELECT_ORDER_STATUS: &str = "SELECT status FROM orders WHERE order_id = $1";
+/// Inserts a PENDING payment if the order is the user's and UNPAID, and has
+/// no live payment: the partial unique index `payments_one_live` decides the
+/// last part, race-free, whatever the idempotency store remembers.
 const INSERT_PAYMENT: &str = "INSERT INTO payments \
      (payment_id, order_id, user_id, amount, status, created_at, updated_at) \
      SELECT $1, order_id, user_id, $2, 'PENDING', $3, $3 FROM orders \
-     WHERE order_id = $4 AND user_id = $5";
-const SETTLE_PAYMENT: &str = "UPDATE payments SET status = $1, updated_at = $2 \
-     WHERE payment_id = $3 AND status = 'PENDING' RETURNING order_id";
-const SELECT_PAYMENT_STATUS: &str = "SELECT status FROM payments WHERE payment_id = $1";
+     WHERE order_id = $4 AND user_id = $5 AND status = 'UNPAID' \
+     ON CONFLICT (order_id) WHERE status IN ('PENDING', 'SUCCEEDED') AND superseded = 0 \
+     DO NOTHING";
+const SELECT_ORDER_OWNER_STATUS: &str = "SELECT user_id, status FROM orders WHERE order_id = $1";
+const SELECT_LIVE_PAYMENT: &str = "SELECT payment_id FROM payments \
+     WHERE order_id = $1 AND status IN ('PENDING', 'SUCCEEDED') AND superseded = 0";
+/// FAILED may settle any pending payment, the order's live one or not.
+const FAIL_PAYMENT: &str = "UPDATE payments SET status = 'FAILED', updated_at = $1 \
+     WHERE payment_id = $2 AND status = 'PENDING' RETURNING order_id";
+/// SUCCEEDED only settles the order's live payment.
+const SUCCEED_PAYMENT: &str = "UPDATE payments SET status = 'SUCCEEDED', updated_at = $1 \
+     WHERE payment_id = $2 AND status = 'PENDING' AND superseded = 0 RETURNING order_id";
+const SELECT_PAYMENT_STATUS: &str =
+    "SELECT status, CAST(superseded AS BIGINT) FROM payments WHERE payment_id = $1";
 const MARK_ORDER_PAID: &str = "UPDATE orders SET status = 'PAID', updated_at = $1 \
      WHERE order_id = $2 AND status = 'UNPAID'";
 const REPAIR_ORDER_PAID: &str = "UPDATE orders SET status = 'PAID', updated_at = $1 \
@@ -181,6 +194,12 @@ const INSERT_OUTBOX: &str = "INSERT INTO outbox \
 const FIND_UNPAID_WITH_SUCCESS: &str = "SELECT DISTINCT o.order_id FROM orders o \
      JOIN payments p ON p.order_id = o.order_id \
      WHERE p.status = 'SUCCEEDED' AND o.status = 'UNPAID' ORDER BY o.order_id";
+/// Every non-failed payment of an order that has more than one, the live
+/// one first.
+const FIND_DUPLICATE_PAYMENTS: &str = "SELECT order_id, payment_id FROM payments \
+     WHERE status <> 'FAILED' AND order_id IN (SELECT order_id FROM payments \
+     WHERE status <> 'FAILED' GROUP BY order_id HAVING COUNT(*) > 1) \
+     ORDER BY order_id, superseded, created_at, payment_id";
 const FIND_PAID_WITHOUT_EVENT: &str = "SELECT o.order_id FROM orders o \
      LEFT JOIN outbox e ON e.event_id = o.order_id \
      WHERE o.status IN ('PAID', 'COMPLETED') AND e.event_id IS NULL ORDER BY o.order_id";
@@ -201,6 +220,21 @@ pub(super) const UNITS_ORDERED: &str =
     "SELECT CAST(COALESCE(SUM(quantity), 0) AS BIGINT) FROM orders WHERE sku = $1";
 const FORCE_PAYMENT_STATUS: &str =
     "UPDATE payments SET status = $1, updated_at = $2 WHERE payment_id = $3";
+
+/// Groups `(order_id, payment_id)` rows, sorted by order, per order.
+fn group_duplicates(rows: Vec<(String, String)>) -> Vec<DuplicatePayments> {
+    let mut out: Vec<DuplicatePayments> = Vec::new();
+    for (order_id, payment_id) in rows {
+        match out.last_mut() {
+            Some(last) if last.order_id == order_id => last.payment_ids.push(payment_id),
+            _ => out.push(DuplicatePayments {
+                order_id,
+                payment_ids: vec![payment_id],
+            }),
+        }
+    }
+    out
+}
 
 /// Instantiates the query functions for one backend: `$name` is the module to
 /// create, `$db` the sqlx database type, `$begin` the statement that opens a
@@ -506,12 +540,14 @@ macro_rules! backend {
                 retry(|| transition_once(pool, order_id, from, to)).await
             }
 
-            pub(crate) async fn create_payment(
+            /// `None`: the order is payable but the insert found a live
+            /// payment that has failed since; the caller tries again.
+            async fn create_payment_once(
                 pool: &Pool,
                 user: &str,
                 order_id: &str,
                 amount: i64,
-            ) -> Result<PaymentOutcome, DbError> {
+            ) -> Result<Option<PaymentOutcome>, DbError> {
                 let payment = Payment {
                     payment_id: new_id("pay_"),
                     order_id: order_id.to_owned(),
@@ -531,11 +567,49 @@ macro_rules! backend {
                 })
                 .await?
                 .rows_affected();
-                Ok(if inserted == 1 {
-                    PaymentOutcome::Created(payment)
-                } else {
-                    PaymentOutcome::OrderNotFound
-                })
+                if inserted == 1 {
+                    return Ok(Some(PaymentOutcome::Created(payment)));
+                }
+                // Nothing inserted: find out why, for the answer.
+                let order: Option<(String, String)> =
+                    sqlx::query_as::<$db, (String, String)>(SELECT_ORDER_OWNER_STATUS)
+                        .bind(order_id)
+                        .fetch_optional(pool)
+                        .await?;
+                let Some((owner, status)) = order.filter(|(owner, _)| owner == user) else {
+                    return Ok(Some(PaymentOutcome::OrderNotFound));
+                };
+                let order_status = OrderStatus::parse(&status).ok_or_else(|| {
+                    DbError::Corrupt(format!("order {order_id} of {owner} has unknown status {status:?}"))
+                })?;
+                let live_payment: Option<String> =
+                    sqlx::query_scalar::<$db, String>(SELECT_LIVE_PAYMENT)
+                        .bind(order_id)
+                        .fetch_optional(pool)
+                        .await?;
+                if order_status != OrderStatus::Unpaid || live_payment.is_some() {
+                    return Ok(Some(PaymentOutcome::NotPayable {
+                        order_status,
+                        live_payment,
+                    }));
+                }
+                Ok(None)
+            }
+
+            pub(crate) async fn create_payment(
+                pool: &Pool,
+                user: &str,
+                order_id: &str,
+                amount: i64,
+            ) -> Result<PaymentOutcome, DbError> {
+                for _ in 0..MAX_ATTEMPTS {
+                    if let Some(outcome) = create_payment_once(pool, user, order_id, amount).await? {
+                        return Ok(outcome);
+                    }
+                }
+                Err(DbError::Corrupt(format!(
+                    "payment for order {order_id} kept conflicting with a payment that could not be read"
+                )))
             }
 
             pub(crate) async fn payment(pool: &Pool, payment_id: &str) -> Result<Option<Payment>, DbError> {
@@ -552,15 +626,14 @@ macro_rules! backend {
                 payment_id: &str,
                 success: bool,
             ) -> Result<NoticeOutcome, DbError> {
-                let target = if success {
-                    PaymentStatus::Succeeded
+                let (target, settle) = if success {
+                    (PaymentStatus::Succeeded, SUCCEED_PAYMENT)
                 } else {
-                    PaymentStatus::Failed
+                    (PaymentStatus::Failed, FAIL_PAYMENT)
                 };
                 let now = now_ms();
                 let mut tx = begin(pool).await?;
-                let settled: Option<String> = sqlx::query_scalar::<$db, String>(SETTLE_PAYMENT)
-                    .bind(target.as_str())
+                let settled: Option<String> = sqlx::query_scalar::<$db, String>(settle)
                     .bind(now)
                     .bind(payment_id)
                     .fetch_optional(&mut *tx)
@@ -577,14 +650,20 @@ macro_rules! backend {
                     tx.commit().await?;
                     return Ok(NoticeOutcome::Applied);
                 }
-                let current: Option<String> = sqlx::query_scalar::<$db, String>(SELECT_PAYMENT_STATUS)
-                    .bind(payment_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+                let current: Option<(String, i64)> =
+                    sqlx::query_as::<$db, (String, i64)>(SELECT_PAYMENT_STATUS)
+                        .bind(payment_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                 tx.rollback().await?;
                 Ok(match current {
                     None => NoticeOutcome::NotFound,
-                    Some(s) if s == target.as_str() => NoticeOutcome::AlreadyApplied,
+                    Some((s, _)) if s == target.as_str() => NoticeOutcome::AlreadyApplied,
+                    Some((s, superseded))
+                        if superseded != 0 && s == PaymentStatus::Pending.as_str() =>
+                    {
+                        NoticeOutcome::NotLive
+                    }
                     Some(_) => NoticeOutcome::InvalidTransition,
                 })
             }
@@ -641,6 +720,15 @@ macro_rules! backend {
                         tracing::info!(%order_id, "reconcile: order.paid event requeued");
                         report.events_requeued.push(order_id);
                     }
+                }
+                let rows: Vec<(String, String)> =
+                    sqlx::query_as::<$db, (String, String)>(FIND_DUPLICATE_PAYMENTS)
+                        .fetch_all(pool)
+                        .await?;
+                report.duplicate_payments = group_duplicates(rows);
+                for d in &report.duplicate_payments {
+                    tracing::warn!(order_id = %d.order_id, payments = ?d.payment_ids,
+                        "reconcile: order has more than one non-failed payment");
                 }
                 Ok(report)
             }

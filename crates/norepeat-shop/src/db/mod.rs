@@ -8,6 +8,8 @@
 //! * stock: `UPDATE stock SET available = available - q WHERE sku = ? AND available >= q`;
 //! * one order per `(user_id, biz_id)`: a unique index, plus `ON CONFLICT DO NOTHING`;
 //! * order and payment state machines: `UPDATE ... WHERE id = ? AND status = <from>`;
+//! * one live (PENDING/SUCCEEDED) payment per order: a partial unique index,
+//!   plus `ON CONFLICT DO NOTHING`;
 //! * `order.paid` events: an outbox row written in the same transaction as the
 //!   state change (unique `event_id` = order id);
 //! * points: a ledger keyed by order id.
@@ -31,8 +33,8 @@ use sqlx::sqlite::{
 };
 
 pub use types::{
-    CreateOutcome, DbError, NoticeOutcome, Order, OrderStatus, OutboxEvent, Payment,
-    PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent,
+    Payment, PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
 };
 
 /// The SQLite file used when no database URL is given (in the working directory).
@@ -40,6 +42,9 @@ pub const DEFAULT_SQLITE_FILE: &str = "norepeat-shop.db";
 
 /// Products a fresh database is stocked with (sku, units), if absent.
 pub const SEED_STOCK: [(&str, i64); 3] = [("SKU-1", 100), ("SKU-2", 100), ("SKU-3", 100)];
+
+/// Largest payment amount, in minor units (cents).
+pub const MAX_PAYMENT_AMOUNT: i64 = 10_000_000;
 
 /// Points awarded per unit ordered when an order is paid.
 pub const POINTS_PER_UNIT: i64 = imp::POINTS_PER_UNIT;
@@ -284,15 +289,26 @@ impl Db {
         dispatch!(self, q, pool => q::transition_order(pool, order_id, from, to).await)
     }
 
-    /// Creates a PENDING payment (`pay_...`) of `amount` for the user's order;
+    /// Creates a PENDING payment (`pay_...`) of `amount` for the user's order.
+    ///
     /// [`PaymentOutcome::OrderNotFound`] if the order is unknown or another
-    /// user's. The check and the insert are one statement.
+    /// user's; [`PaymentOutcome::NotPayable`] (naming the live payment) if
+    /// the order is not UNPAID or already has a live (PENDING/SUCCEEDED)
+    /// payment. The checks and the insert are one statement, and a partial
+    /// unique index keeps one live payment per order against any number of
+    /// concurrent callers in any number of processes. An `amount` outside
+    /// `1..=`[`MAX_PAYMENT_AMOUNT`] is [`DbError::InvalidInput`].
     pub async fn create_payment(
         &self,
         user: &str,
         order_id: &str,
         amount: i64,
     ) -> Result<PaymentOutcome, DbError> {
+        if !(1..=MAX_PAYMENT_AMOUNT).contains(&amount) {
+            return Err(DbError::InvalidInput(format!(
+                "amount must be between 1 and {MAX_PAYMENT_AMOUNT}, got {amount}"
+            )));
+        }
         dispatch!(self, q, pool => q::create_payment(pool, user, order_id, amount).await)
     }
 
@@ -310,7 +326,9 @@ impl Db {
     /// [`NoticeOutcome::Applied`] when the state changed now,
     /// [`NoticeOutcome::AlreadyApplied`] if the payment already is in the
     /// target state, [`NoticeOutcome::InvalidTransition`] if it is in the other
-    /// final state, [`NoticeOutcome::NotFound`] for an unknown payment. Any
+    /// final state, [`NoticeOutcome::NotLive`] for SUCCESS on a pending payment
+    /// that is not its order's live payment (nothing changes),
+    /// [`NoticeOutcome::NotFound`] for an unknown payment. Any
     /// number of concurrent identical notices, from any number of processes,
     /// give exactly one `Applied`.
     pub async fn apply_payment_notice(
@@ -326,6 +344,11 @@ impl Db {
     /// and PAID/COMPLETED orders without an outbox event get one. Only the pass
     /// whose statement changed a row reports it, so passes running at once (in
     /// several processes) report each repair once in total.
+    ///
+    /// Every pass also reports (and logs) each order with more than one
+    /// non-failed payment in [`ReconcileReport::duplicate_payments`]: written
+    /// before the one-live-payment constraint, and left for a person to
+    /// settle.
     pub async fn reconcile(&self) -> Result<ReconcileReport, DbError> {
         dispatch!(self, q, pool => q::reconcile(pool).await)
     }

@@ -167,6 +167,14 @@ pub enum PaymentOutcome {
     Created(Payment),
     /// The order does not exist or belongs to another user.
     OrderNotFound,
+    /// The order cannot take a payment: it is not `UNPAID`, or it already
+    /// has a live (`PENDING`/`SUCCEEDED`) payment. Nothing was written.
+    NotPayable {
+        /// The order's state as found.
+        order_status: OrderStatus,
+        /// The order's live payment, if it has one.
+        live_payment: Option<String>,
+    },
 }
 
 /// What [`Db::apply_payment_notice`](super::Db::apply_payment_notice) did.
@@ -178,6 +186,10 @@ pub enum NoticeOutcome {
     AlreadyApplied,
     /// The payment is in the other final state (e.g. FAILED after SUCCEEDED).
     InvalidTransition,
+    /// A SUCCESS notice for a payment that is not its order's live payment
+    /// (one an earlier version let in beside it, see
+    /// [`ReconcileReport::duplicate_payments`]); nothing changed.
+    NotLive,
     /// No such payment.
     NotFound,
 }
@@ -190,6 +202,21 @@ pub struct ReconcileReport {
     pub orders_marked_paid: Vec<String>,
     /// PAID orders whose missing `order.paid` outbox event was added.
     pub events_requeued: Vec<String>,
+    /// Orders found with more than one non-failed payment (written before
+    /// the one-live-payment constraint existed). Reported on every pass, not
+    /// repaired: settling them (a refund) is a person's decision. Not
+    /// counted in [`total`](Self::total).
+    pub duplicate_payments: Vec<DuplicatePayments>,
+}
+
+/// An order with more than one non-failed payment.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DuplicatePayments {
+    /// The order.
+    pub order_id: String,
+    /// Its non-failed payments, the live one first, then oldest first.
+    pub payment_ids: Vec<String>,
 }
 
 impl ReconcileReport {

@@ -6,16 +6,18 @@ use crate::db::CreateOutcome;
 use crate::error::ApiError;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::problem::{Code, Problem};
+use norepeat::token::TokenError;
 use serde_json::json;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
-    let by_token = post(create);
+    let by_token = post(create_with_token);
     let by_fingerprint = post(create);
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
@@ -48,8 +50,7 @@ async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Re
         .into_response())
 }
 
-/// `POST /orders` and `POST /orders/quick`: the same handler; the routes
-/// differ only in the guard layered in front.
+/// `POST /orders/quick`: the order as asked, its `bizId` (if any) the key.
 async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
@@ -60,11 +61,71 @@ async fn create(
     place_order(&s, &user, &bytes).await
 }
 
+/// `POST /orders`: like [`create`], but an order without a `bizId` takes
+/// its business key from the repeat token, so the database makes the
+/// token's order single even when the door let a replay through (the store
+/// down, two instances).
+async fn create_with_token(
+    State(s): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let bytes = body::read(body).await?;
+    let mut req = OrderRequest::parse(&bytes)?;
+    if req.biz_id.is_none() {
+        req.biz_id = token_biz_id(&s, &user, &headers, &uri)?;
+        req.keyed_by_token = req.biz_id.is_some();
+    }
+    write_order(&s, &user, &req).await
+}
+
+/// The business key of the request's repeat token: `rt_` and the hex of its
+/// nonce (96 random bits, fixed when the token was issued, the same on every
+/// instance). The token is checked again here, so the key only ever comes
+/// from a token this shop issued to this user. With the entry guard on, a
+/// token it admitted that no longer checks out (it expired in between) is a
+/// duplicate submission; with the guard off (the storm's baselines), a
+/// missing or bad token just means no key.
+fn token_biz_id(
+    s: &AppState,
+    user: &str,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<Option<String>, ApiError> {
+    let token = match headers.get("repeat-token") {
+        Some(v) => v.to_str().ok(),
+        None => uri.query().and_then(|q| {
+            q.split('&')
+                .find_map(|pair| pair.strip_prefix("repeatToken="))
+        }),
+    };
+    let verified = token.map(|t| s.signer.verify(user, t));
+    match verified {
+        Some(Ok(v)) => Ok(Some(format!("rt_{}", hex(&v.nonce)))),
+        Some(Err(e)) if s.cfg.defence.guard() => Err(ApiError::Problem(
+            Problem::new(Code::DuplicateSubmission).detail(match e {
+                TokenError::Expired => "The repeat token expired. Reload to get a new one.",
+                _ => "The repeat token is unknown or belongs to another user.",
+            }),
+        )),
+        _ => Ok(None),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What an order request asks for.
 pub(crate) struct OrderRequest {
     pub(crate) sku: String,
     pub(crate) quantity: i64,
     pub(crate) biz_id: Option<String>,
+    /// `biz_id` was derived from the repeat token: an existing order is a
+    /// replayed token (409), not a client's retry with its own key (200).
+    pub(crate) keyed_by_token: bool,
 }
 
 impl OrderRequest {
@@ -74,6 +135,7 @@ impl OrderRequest {
             sku: body::string(&m, "sku", 64)?,
             quantity: body::integer(&m, "quantity", 1..=100)?,
             biz_id: body::opt_string(&m, "bizId", 128)?,
+            keyed_by_token: false,
         })
     }
 }
@@ -110,6 +172,13 @@ pub(crate) async fn write_order(
         CreateOutcome::Created(o) => {
             metrics::counter!("shop_orders_created_total").increment(1);
             Ok((StatusCode::CREATED, Json(o)).into_response())
+        }
+        CreateOutcome::Existing(_) if req.keyed_by_token => {
+            metrics::counter!("shop_orders_replayed_total").increment(1);
+            Err(ApiError::Problem(
+                Problem::new(Code::DuplicateSubmission)
+                    .detail("This form was already submitted. Reload to get a new token."),
+            ))
         }
         CreateOutcome::Existing(o) => {
             metrics::counter!("shop_orders_replayed_total").increment(1);

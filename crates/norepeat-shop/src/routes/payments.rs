@@ -2,7 +2,7 @@
 
 use super::{body, user};
 use crate::app::AppState;
-use crate::db::{NoticeOutcome, PaymentOutcome};
+use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome};
 use crate::error::ApiError;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -46,7 +46,7 @@ async fn create_payment(
     let user = user(&headers)?;
     let m = body::object(&body::read(body).await?)?;
     let order_id = body::string(&m, "orderId", 128)?;
-    let amount = body::integer(&m, "amount", 1..=i64::MAX)?;
+    let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
     if s.cfg.payment_latency_ms > 0 {
         // The fake provider's round trip.
         tokio::time::sleep(Duration::from_millis(s.cfg.payment_latency_ms)).await;
@@ -54,6 +54,16 @@ async fn create_payment(
     match s.db.create_payment(&user, &order_id, amount).await? {
         PaymentOutcome::Created(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
         PaymentOutcome::OrderNotFound => Err(ApiError::NotFound(format!("No order {order_id}."))),
+        PaymentOutcome::NotPayable {
+            order_status,
+            live_payment,
+        } => Err(ApiError::NotPayable {
+            detail: match &live_payment {
+                Some(p) => format!("Order {order_id} already has payment {p}."),
+                None => format!("Order {order_id} is {order_status}, not UNPAID."),
+            },
+            payment_id: live_payment,
+        }),
     }
 }
 
@@ -82,6 +92,9 @@ async fn callback(State(s): State<AppState>, body: Body) -> Result<Response, Api
         NoticeOutcome::InvalidTransition => Err(ApiError::InvalidTransition(
             "The payment is already in the other final state.".into(),
         )),
+        NoticeOutcome::NotLive => Err(ApiError::InvalidTransition(
+            "The payment is not its order's live payment; it cannot succeed.".into(),
+        )),
         NoticeOutcome::NotFound => Err(ApiError::NotFound(format!("No payment {payment_id}."))),
     }
 }
@@ -98,6 +111,7 @@ async fn flash_sale(
         sku,
         quantity: body::integer(&m, "quantity", 1..=100)?,
         biz_id: body::opt_string(&m, "bizId", 128)?,
+        keyed_by_token: false,
     };
     if req.sku.is_empty() || req.sku.chars().count() > 64 {
         return Err(ApiError::Invalid(
