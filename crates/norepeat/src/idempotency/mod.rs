@@ -94,7 +94,9 @@ mod body;
 mod layer;
 mod record;
 mod service;
+mod tx;
 
 pub use body::Passthrough;
 pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use tx::{IdempotentTx, TxError};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};

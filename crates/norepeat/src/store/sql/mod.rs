@@ -449,7 +449,7 @@ impl<DB: SqlBackend> SqlStore<DB> {
         &self.inner.table
     }
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
         map_err(e, self.inner.pool.options().get_acquire_timeout())
     }
 }
@@ -607,6 +607,41 @@ macro_rules! impl_sql_store {
                         return Ok(total);
                     }
                 }
+            }
+
+            /// [`replace_if_equals`](KeyValueStore::replace_if_equals) on
+            /// `conn` instead of the pool: inside the caller's transaction,
+            /// so the completed record commits (or rolls back) with the
+            /// caller's own writes. This is the owner check of
+            /// [transactional completion](self#transactional-completion):
+            /// `false` means the claim is no longer `expected` (it expired,
+            /// or another caller took the key over), and the caller must
+            /// roll back rather than commit its effect.
+            ///
+            /// The `UPDATE` locks the row until the transaction ends, so no
+            /// other caller can take the key over between this check and
+            /// the commit.
+            ///
+            /// # Errors
+            /// When the statement fails; the transaction should be rolled
+            /// back.
+            pub async fn replace_if_equals_in(
+                &self,
+                conn: &mut <$db as sqlx::Database>::Connection,
+                key: &str,
+                expected: &[u8],
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.replace))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
             }
 
             /// Runs [`reap_once`](Self::reap_once) every `every` (the first
