@@ -158,7 +158,11 @@ macro_rules! cases {
             let slow = tokio::spawn({
                 let router = router.clone();
                 async move {
-                    send(&router, request("u1", "k", "\"x\"", &[("x-sleep-ms", "600")])).await
+                    send(
+                        &router,
+                        request("u1", "k", "\"x\"", &[("x-sleep-ms", "600")]),
+                    )
+                    .await
                 }
             });
             // Past the first's lease (not renewed), a retry takes the key.
@@ -168,7 +172,11 @@ macro_rules! cases {
             let slow = slow.await.unwrap();
             assert_eq!(slow.0, StatusCode::CONFLICT, "the stale commit is refused");
             assert_eq!(app.runs.load(Ordering::SeqCst), 2);
-            assert_eq!(effects(&app.pool).await, 1, "only the owner's effect committed");
+            assert_eq!(
+                effects(&app.pool).await,
+                1,
+                "only the owner's effect committed"
+            );
             // The record is the retry's.
             let replay = send(&router, request("u1", "k", "\"x\"", &[])).await;
             assert_eq!(replay.1["idempotent-replayed"], "true");
@@ -263,8 +271,16 @@ macro_rules! cases {
                 Ok(true)
             }
             let pool = &app.pool;
-            assert!(consume(&store, pool, "m1", b"a", ttl, Duration::ZERO).await.unwrap());
-            assert!(!consume(&store, pool, "m1", b"b", ttl, Duration::ZERO).await.unwrap());
+            assert!(
+                consume(&store, pool, "m1", b"a", ttl, Duration::ZERO)
+                    .await
+                    .unwrap()
+            );
+            assert!(
+                !consume(&store, pool, "m1", b"b", ttl, Duration::ZERO)
+                    .await
+                    .unwrap()
+            );
             assert_eq!(effects(pool).await, 1);
             // Lost claim: `a` sleeps past its lease, `b` takes the message.
             let short = Duration::from_millis(100);

@@ -20,6 +20,7 @@ async fn healthz(State(s): State<AppState>) -> Json<Value> {
         "breaker": format!("{:?}", s.primary.circuit().state()),
         "database": s.db.backend(),
         "defence": s.cfg.defence.name(),
+        "idempotencyStore": s.payments.name(),
     }))
 }
 

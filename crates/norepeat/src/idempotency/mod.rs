@@ -98,5 +98,5 @@ mod tx;
 
 pub use body::Passthrough;
 pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
-pub use tx::{IdempotentTx, TxError};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
+pub use tx::{IdempotentTx, TxError};

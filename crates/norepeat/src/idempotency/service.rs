@@ -363,7 +363,11 @@ enum Claimed<G: KeyValueStore + Clone> {
 /// waiting for a running request's result, the same call is repeated with
 /// backoff: it replays once the record completes, and takes the key itself
 /// if the first request released it.
-async fn claim<G: KeyValueStore + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claimed<G> {
+async fn claim<G: KeyValueStore + Clone>(
+    cfg: &Config<G>,
+    key: &str,
+    fingerprint: &Digest,
+) -> Claimed<G> {
     let owner: Owner = rand::random();
     let value = record::in_progress(&owner, fingerprint);
     let deadline = cfg.wait.map(|w| Instant::now() + w);
