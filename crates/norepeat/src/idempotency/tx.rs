@@ -11,18 +11,7 @@
 //! transaction, owner-checked, then commits. The layer sees the record
 //! already completed and leaves it alone.
 //!
-//! ```ignore
-//! async fn pay(
-//!     State(s): State<AppState>,
-//!     Extension(idem): Extension<IdempotentTx<PgStore>>,
-//!     Json(req): Json<PayRequest>,
-//! ) -> Result<Response, ApiError> {
-//!     let mut tx = s.pool.begin().await?;
-//!     let payment = insert_payment(&mut tx, &req).await?; // the effect
-//!     let res = (StatusCode::CREATED, Json(payment)).into_response();
-//!     Ok(idem.commit(tx, res).await?.into_response()) // record + effect, one commit
-//! }
-//! ```
+//! The example is on [`IdempotentTx`].
 //!
 //! See [transactional completion](crate::store::sql#transactional-completion)
 //! for what a crash at each point leaves.
@@ -33,9 +22,70 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// The handle a claimed request carries in its extensions (see the
-/// [module docs](self)): commit the handler's transaction together with the
-/// completed idempotency record.
+/// The handle a claimed request carries in its extensions: commit the
+/// handler's transaction together with the completed idempotency record.
+///
+/// The handler takes it with axum's `Extension` extractor, makes its writes
+/// in a transaction on the store's database, builds its response, and gives
+/// both to [`commit`](Self::commit). The payment row and the record that
+/// replays its answer then exist together or not at all.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+/// use axum::{Extension, Router, body::Body, extract::State, routing::post};
+/// use axum::response::{IntoResponse, Response};
+/// use http::{Request, StatusCode};
+/// use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
+/// use norepeat::store::SqliteStore;
+/// use sqlx::SqlitePool;
+/// use tower::ServiceExt;
+///
+/// async fn pay(
+///     State(pool): State<SqlitePool>,
+///     Extension(idem): Extension<IdempotentTx<SqliteStore>>,
+///     body: String,
+/// ) -> Response {
+///     let mut tx = pool.begin().await.unwrap();
+///     sqlx::query("INSERT INTO payments (body) VALUES ($1)") // the effect
+///         .bind(&body)
+///         .execute(&mut *tx)
+///         .await
+///         .unwrap();
+///     let res = (StatusCode::CREATED, "paid").into_response();
+///     // The completed record joins the transaction (owner-checked), then
+///     // one COMMIT makes both durable.
+///     match idem.commit(tx, res).await {
+///         Ok(res) => res.into_response(),
+///         Err(TxError::Lost) => StatusCode::CONFLICT.into_response(), // rolled back
+///         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),  // rolled back or unknown, never half
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1) // every connection to `sqlite::memory:` is its own database
+///     .connect("sqlite::memory:")
+///     .await?;
+/// sqlx::query("CREATE TABLE payments (body TEXT)").execute(&pool).await?;
+/// let store = SqliteStore::new(pool.clone());
+/// store.migrate().await?;
+/// let app = Router::new()
+///     .route("/pay", post(pay).layer(IdempotencyLayer::new(store).route("/pay")))
+///     .with_state(pool.clone());
+/// let req = || {
+///     Request::post("/pay")
+///         .header("x-user-id", "u1")
+///         .header("idempotency-key", "k1")
+///         .body(Body::from("1999"))
+///         .unwrap()
+/// };
+/// assert_eq!(app.clone().oneshot(req()).await?.status(), StatusCode::CREATED);
+/// let replay = app.oneshot(req()).await?;
+/// assert_eq!(replay.headers()["idempotent-replayed"], "true");
+/// let paid: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payments").fetch_one(&pool).await?;
+/// assert_eq!(paid, 1);
+/// # Ok(()) }
+/// ```
 ///
 /// `S` is the layer's store; [`commit`](Self::commit) exists for
 /// [`PgStore`](crate::store::PgStore) and

@@ -168,7 +168,10 @@
 //!   `recovery_point = finished` together with the local effects of that
 //!   phase.
 //! - Here: `replace_if_equals` swaps the claim for the completed record,
-//!   only while the claim is still ours.
+//!   only while the claim is still ours; with
+//!   [transactional completion](#transactional-completion) that same
+//!   owner-checked `UPDATE` runs inside the effect's transaction, like
+//!   Brandur's last phase.
 //!
 //! **Reaping.**
 //! - Powertools: DynamoDB's TTL deletes expired items in the background,
@@ -188,20 +191,98 @@
 //!   with its local effects, so a crash leaves the key at a recovery point
 //!   from which a retry or the completer continues; foreign calls (Stripe)
 //!   between phases rely on the foreign service's own idempotency key.
-//! - Here, the store alone (this part): each operation is atomic and
-//!   durable once it returns. A crash between the effect and the completion
+//! - Here, the store alone: each operation is atomic and durable once it
+//!   returns. A crash between an effect made elsewhere and the completion
 //!   leaves the claim to expire and a retry runs again, the same guarantee
-//!   as Powertools, unless the effect and the completion commit together.
+//!   as Powertools. With [transactional
+//!   completion](#transactional-completion) the effect and the completed
+//!   record commit together: a crash leaves either the open claim and no
+//!   effect (the retry runs once, after the lease) or both.
 //!
 //! ## Transactional completion
 //!
-//! *To be written with the transactional API (issue 17, part 2): the
-//! handler's writes and the completion of its record in one database
-//! transaction, so that a crash or a dropped future leaves either no effect
-//! with the claim still open (the lease frees it and a retry runs once) or
-//! the effect with its completed record; never the effect with the key
-//! free. This is Brandur's "atomic phase" with a single phase, and the
-//! point where this design goes past Powertools.*
+//! With the effect in the same database as the record, the completion can
+//! join the effect's transaction. The claim stays a short autocommitted
+//! statement (so a concurrent request sees it at once and gets 409 or
+//! waits), and the last phase is one transaction:
+//!
+//! ```sql
+//! BEGIN;
+//!   INSERT INTO payments ...;                        -- the handler's writes
+//!   UPDATE norepeat_keys SET value = $completed, expires_at = now + retention
+//!    WHERE key = $1 AND value = $our_claim AND expires_at > now;
+//!   -- 0 rows: the lease was lost (expired, maybe taken over): ROLLBACK
+//! COMMIT;
+//! ```
+//!
+//! In an axum handler behind the
+//! [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) this is
+//! [`IdempotentTx::commit`](crate::idempotency::IdempotentTx::commit): the
+//! layer puts an `IdempotentTx` in the request's extensions once it holds
+//! the claim; the handler makes its writes in a transaction, builds its
+//! response and hands both over; the record (status, replayed headers,
+//! body, exactly what the layer would store) is written inside the
+//! transaction, which then commits. The layer sees the record completed and
+//! stores nothing more. A message consumer or any other code uses the
+//! primitive underneath, [`SqlStore::replace_if_equals_in`]: claim with
+//! [`put_if_absent`](KeyValueStore::put_if_absent), then effect and
+//! completion in one transaction:
+//!
+//! ```no_run
+//! use norepeat::store::{KeyValueStore, PgStore};
+//! use std::time::Duration;
+//! # async fn award(store: &PgStore, pool: &sqlx::PgPool, message_id: &str, user: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let owner: [u8; 16] = rand::random();
+//! if store.put_if_absent(message_id, &owner, Duration::from_secs(30)).await?.is_some() {
+//!     return Ok(()); // done before, or being done now: ack or redeliver later
+//! }
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("UPDATE points SET balance = balance + 10 WHERE user_id = $1")
+//!     .bind(user)
+//!     .execute(&mut *tx)
+//!     .await?;
+//! let day = Duration::from_secs(24 * 3600);
+//! if store.replace_if_equals_in(&mut tx, message_id, &owner, b"done", day).await? {
+//!     tx.commit().await?; // the points and the record, together
+//! } // else: the claim was lost; dropping `tx` rolls the points back
+//! # Ok(()) }
+//! ```
+//!
+//! What a crash (or a dropped future, or a lost lease) leaves, at each
+//! point:
+//!
+//! | the process stops | left behind | a retry |
+//! |---|---|---|
+//! | before the claim | nothing | runs |
+//! | after the claim, before `COMMIT` reaches the database | the claim, no effect (the open transaction is rolled back when its connection closes or its `Transaction` is dropped) | 409 until the lease ends, then runs once |
+//! | while `COMMIT` is in flight | one of the two rows above or below, never a mix: the effect and the record are in the same commit | as for that row |
+//! | after `COMMIT` | the effect and its completed record | replays |
+//! | the lease ran out before the `UPDATE` | the `UPDATE` matches no row, the transaction is rolled back: no effect from this owner | gets the new owner's answer |
+//!
+//! Never the effect with the key free: the only write that frees a claim
+//! early is an owner-checked delete of the *in-progress* value (the
+//! layer's release after a 5xx or a panic), which matches nothing once the
+//! transaction has committed the completed value. And the `UPDATE` keeps
+//! the row locked until `COMMIT` (on SQLite the whole database is), so no
+//! other request can take the key over between the owner check and the
+//! commit.
+//!
+//! The limits: only writes to this database are covered. A call to another
+//! system in the handler (a card network) is outside the transaction, as in
+//! Brandur's design, and needs that system's own idempotency key; a retry
+//! after a crash calls it again. And the effect holds its locks until the
+//! record is written, so keep the transaction short on SQLite, where one
+//! writer blocks all others.
+//!
+//! Compared with the references, the transactional form closes the gap
+//! that Powertools leaves open (an effect made, then a crash before
+//! `COMPLETED`, then the effect again after expiry): here there is no such
+//! moment. It is Brandur's atomic phase reduced to one phase, claim aside:
+//! no recovery points are needed, since nothing between the claim and the
+//! commit survives a crash, and no completer, since an open claim simply
+//! expires and the retry starts over. Brandur's reaper deletes keys after a
+//! fixed 72 hours; here a completed record lives for the retention the
+//! caller chose (24 h in the layer), then the same batch reaper removes it.
 
 #[cfg(feature = "postgres")]
 mod postgres;
