@@ -233,6 +233,71 @@ macro_rules! cases {
             assert_eq!(effects(&app.pool).await, 1);
         }
 
+        #[derive(Debug)]
+        enum ConsumerError {
+            Rejected(norepeat::once::Rejected),
+            Db,
+        }
+        impl From<norepeat::once::Rejected> for ConsumerError {
+            fn from(r: norepeat::once::Rejected) -> Self {
+                ConsumerError::Rejected(r)
+            }
+        }
+        impl From<sqlx::Error> for ConsumerError {
+            fn from(_: sqlx::Error) -> Self {
+                ConsumerError::Db
+            }
+        }
+
+        /// `Guarded::run_once_in_tx`: the points and the record of the
+        /// message commit together. Redeliveries get the stored result; a
+        /// delivery dropped before its commit leaves nothing and, once the
+        /// lease ends, the next delivery runs once; a delivery that lost its
+        /// claim rolls back.
+        #[tokio::test]
+        async fn guarded_once_in_tx_awards_once() {
+            use norepeat::once::{Guarded, Rejected};
+            let (url, _db) = $fresh().await;
+            let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
+            let pool = app.pool.clone();
+            let lease = Duration::from_millis(300);
+            let once = Guarded::once("points").lease(lease);
+            let award = |note: &'static str, pause: Duration| {
+                let once = once.clone();
+                let store = store.clone();
+                async move {
+                    once.run_once_in_tx(&store, "order-1", |mut tx| async move {
+                        sqlx::query("INSERT INTO effects (note) VALUES ($1)")
+                            .bind(note)
+                            .execute(&mut *tx)
+                            .await?;
+                        tokio::time::sleep(pause).await;
+                        Ok::<_, ConsumerError>((tx, note.to_owned()))
+                    })
+                    .await
+                }
+            };
+            // A delivery dropped after its write, before its commit.
+            let dropped = tokio::time::timeout(
+                Duration::from_millis(100),
+                award("dropped", Duration::from_secs(5)),
+            )
+            .await;
+            assert!(dropped.is_err());
+            assert_eq!(effects(&pool).await, 0, "no effect without the commit");
+            // The claim is open until its lease ends.
+            assert!(matches!(
+                award("early", Duration::ZERO).await,
+                Err(ConsumerError::Rejected(Rejected::InProgress))
+            ));
+            tokio::time::sleep(lease + Duration::from_millis(100)).await;
+            assert_eq!(award("first", Duration::ZERO).await.unwrap(), "first");
+            for _ in 0..3 {
+                assert_eq!(award("again", Duration::ZERO).await.unwrap(), "first");
+            }
+            assert_eq!(effects(&pool).await, 1);
+        }
+
         /// A message consumer with the store's primitive: claim, then the
         /// effect and the completion in one transaction. A redelivery finds
         /// the record; a consumer whose claim lapsed and was taken over

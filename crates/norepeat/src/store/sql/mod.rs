@@ -327,6 +327,44 @@ mod sealed {
         /// The DDL, in order, for `table` and its expiry index `index`.
         fn ddl(table: &str, index: &str) -> Vec<String>;
     }
+
+    /// Seals [`TxStore`](super::TxStore).
+    pub trait Store {}
+}
+
+/// A store whose records can be completed inside a transaction of the
+/// caller's: [`PgStore`] and [`SqliteStore`]. Sealed; the methods are for
+/// norepeat's own helpers ([`Guarded::run_once_in_tx`](crate::once::Guarded::run_once_in_tx)).
+pub trait TxStore: KeyValueStore + Clone + sealed::Store {
+    /// The sqlx database the store's table lives in.
+    type Database: sqlx::Database;
+
+    /// A transaction on the store's pool.
+    #[doc(hidden)]
+    fn begin_tx(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<sqlx::Transaction<'static, Self::Database>, StoreError>,
+    >;
+
+    /// [`SqlStore::replace_if_equals_in`] on `tx`.
+    #[doc(hidden)]
+    fn replace_in_tx<'a>(
+        &'a self,
+        tx: &'a mut sqlx::Transaction<'static, Self::Database>,
+        key: &'a str,
+        expected: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Commits `tx`.
+    #[doc(hidden)]
+    fn commit_tx(
+        &self,
+        tx: sqlx::Transaction<'static, Self::Database>,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>>;
 }
 
 /// A database [`SqlStore`] runs on: [`sqlx::Postgres`] (feature
@@ -735,6 +773,39 @@ macro_rules! impl_sql_store {
                     let store = store.clone();
                     async move { store.reap_once().await }
                 })
+            }
+        }
+
+        impl sealed::Store for SqlStore<$db> {}
+
+        impl TxStore for SqlStore<$db> {
+            type Database = $db;
+
+            fn begin_tx(
+                &self,
+            ) -> futures_util::future::BoxFuture<
+                '_,
+                Result<sqlx::Transaction<'static, $db>, StoreError>,
+            > {
+                Box::pin(async move { self.inner.pool.begin().await.map_err(|e| self.err(e)) })
+            }
+
+            fn replace_in_tx<'a>(
+                &'a self,
+                tx: &'a mut sqlx::Transaction<'static, $db>,
+                key: &'a str,
+                expected: &'a [u8],
+                value: &'a [u8],
+                ttl: Duration,
+            ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
+                Box::pin(self.replace_if_equals_in(&mut *tx, key, expected, value, ttl))
+            }
+
+            fn commit_tx(
+                &self,
+                tx: sqlx::Transaction<'static, $db>,
+            ) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
+                Box::pin(async move { tx.commit().await.map_err(|e| self.err(e)) })
             }
         }
 
