@@ -182,3 +182,35 @@ impl ShopConfig {
         Duration::from_millis(self.store_timeout_ms.max(1))
     }
 }
+
+#[cfg(test)]
+mod idempotency_store_tests {
+    use super::*;
+
+    fn pick(redis: Option<&str>, value: Option<&str>) -> Result<IdempotencyStore, String> {
+        ShopConfig {
+            redis_url: redis.map(Into::into),
+            idempotency_store: value.map(Into::into),
+            ..ShopConfig::default()
+        }
+        .idempotency_store()
+    }
+
+    #[test]
+    fn defaults_follow_redis_url_and_bad_values_are_refused() {
+        let redis = Some("redis://127.0.0.1:6379");
+        assert_eq!(pick(None, None), Ok(IdempotencyStore::Memory));
+        assert_eq!(pick(redis, None), Ok(IdempotencyStore::Redis));
+        assert_eq!(pick(redis, Some("")), Ok(IdempotencyStore::Redis));
+        assert_eq!(pick(redis, Some("memory")), Ok(IdempotencyStore::Memory));
+        assert_eq!(pick(None, Some("database")), Ok(IdempotencyStore::Database));
+        assert_eq!(
+            pick(redis, Some("database")),
+            Ok(IdempotencyStore::Database)
+        );
+        assert!(pick(None, Some("redis")).unwrap_err().contains("REDIS_URL"));
+        for bad in ["Database", "postgres", "dynamo"] {
+            assert!(pick(redis, Some(bad)).unwrap_err().contains(bad), "{bad}");
+        }
+    }
+}
