@@ -338,3 +338,47 @@ fn an_unknown_store_is_a_start_up_error() {
         "{err}"
     );
 }
+
+/// With payments on the database, the database is the one thing they need:
+/// while it is unreachable, `POST /payments` fails closed (503
+/// `guard_unavailable`), never pays unguarded; when it is back, the key
+/// works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_fail_closed_while_the_database_is_down() {
+    use norepeat_testkit::{ProxyMode, TcpProxy};
+    let pg = PgDatabase::fresh().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let url = format!("postgres://postgres@{}/{}", proxy.addr(), pg.name());
+    let db = Database::Postgres(pg);
+    let shop = ShopProcess::start(
+        BIN,
+        vec![
+            ("DATABASE_URL".to_owned(), url),
+            (
+                "NOREPEAT_IDEMPOTENCY_STORE".to_owned(),
+                "database".to_owned(),
+            ),
+        ],
+    )
+    .await;
+    let base = shop.base_url();
+    let http = reqwest::Client::new();
+    let order_id = order(&http, &base).await;
+    proxy.set_mode(ProxyMode::Refuse);
+    let down = pay(&http, &base, "K", &order_id).await;
+    assert_eq!(down.0, 503, "{:?}", down.2);
+    assert_eq!(code(&down), "guard_unavailable");
+    proxy.set_mode(ProxyMode::Pass);
+    let mut paid = None;
+    for _ in 0..40 {
+        let a = pay(&http, &base, "K", &order_id).await;
+        if a.0 == 201 {
+            paid = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let paid = paid.expect("payments never came back");
+    assert!(!paid.1);
+    assert_eq!(db.payments(&order_id).await, 1);
+}
