@@ -1,6 +1,6 @@
 //! The shop's state and router.
 
-use crate::config::ShopConfig;
+use crate::config::{IdempotencyStore, ShopConfig};
 use crate::db::Db;
 use crate::error::ApiError;
 use crate::outage::Outage;
@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use norepeat::degrade::{Fallback, Resilient};
 use norepeat::guard::TokenGuard;
 use norepeat::ratelimit::Quota;
-use norepeat::store::{AnyStore, MemoryStore};
+use norepeat::store::sql::Reaper;
+use norepeat::store::{AnyStore, MemoryStore, PgStore, SqliteStore};
 use norepeat::token::TokenSigner;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -43,7 +44,62 @@ pub struct AppState {
     pub events: crate::events::Events,
     /// Takes the store down for the storm's outage scenario.
     pub outage: Outage<AnyStore>,
+    /// Where `POST /payments` keeps its idempotency records.
+    pub payments: PaymentsStore,
 }
+
+/// The idempotency store of `POST /payments` (`NOREPEAT_IDEMPOTENCY_STORE`).
+#[derive(Clone)]
+pub enum PaymentsStore {
+    /// The primary store (Redis, or memory without `REDIS_URL`).
+    Primary(&'static str),
+    /// This process's memory, while the other guards use Redis.
+    Memory(MemoryStore),
+    /// The shop's PostgreSQL database, completed in the payment's
+    /// transaction; the reaper runs while any clone lives.
+    Postgres(PgStore, Arc<Reaper>),
+    /// The shop's SQLite database, likewise.
+    Sqlite(SqliteStore, Arc<Reaper>),
+}
+
+impl PaymentsStore {
+    /// `redis`, `memory` or `database`, as `/healthz` says it.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            PaymentsStore::Primary(name) => name,
+            PaymentsStore::Memory(_) => "memory",
+            PaymentsStore::Postgres(..) | PaymentsStore::Sqlite(..) => "database",
+        }
+    }
+
+    /// The store for `kind` (migrating the table and starting the reaper
+    /// for `database`).
+    async fn open(kind: IdempotencyStore, primary: &AnyStore, db: &Db) -> Result<Self, StartError> {
+        Ok(match (kind, primary) {
+            (IdempotencyStore::Redis, _) => PaymentsStore::Primary("redis"),
+            (IdempotencyStore::Memory, AnyStore::Memory(_)) => PaymentsStore::Primary("memory"),
+            (IdempotencyStore::Memory, _) => PaymentsStore::Memory(MemoryStore::default()),
+            (IdempotencyStore::Database, _) => match db {
+                Db::Postgres(pool) => {
+                    let store = PgStore::new(pool.clone());
+                    store.migrate().await?;
+                    let reaper = Arc::new(store.spawn_reaper(REAP_EVERY));
+                    PaymentsStore::Postgres(store, reaper)
+                }
+                Db::Sqlite(pool) => {
+                    let store = SqliteStore::new(pool.clone());
+                    store.migrate().await?;
+                    let reaper = Arc::new(store.spawn_reaper(REAP_EVERY));
+                    PaymentsStore::Sqlite(store, reaper)
+                }
+            },
+        })
+    }
+}
+
+/// How often each instance deletes expired idempotency rows.
+const REAP_EVERY: Duration = Duration::from_secs(60);
 
 /// The process-wide metrics recorder (installed once).
 pub fn metrics_handle() -> PrometheusHandle {
@@ -89,6 +145,8 @@ impl AppState {
                  so anyone who can reach POST /payments/callback can mark a payment paid"
             );
         }
+        // A wrong setting is refused before anything is opened.
+        cfg.idempotency_store().map_err(StartError::Config)?;
         let db = Db::connect(cfg.database_url.as_deref()).await?;
         let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
             Ok(s) => s,
@@ -124,6 +182,8 @@ impl AppState {
         })?;
         // The recorder first, so the store's budget gauge is recorded from the start.
         let metrics = metrics_handle();
+        let kind = cfg.idempotency_store().map_err(StartError::Config)?;
+        let payments = PaymentsStore::open(kind, &store, &db).await?;
         let outage = Outage::new(store);
         // `store_timeout` is the floor of the adaptive budget (up to 1 s).
         let primary = Resilient::new(outage.clone())
@@ -147,6 +207,7 @@ impl AppState {
             metrics,
             events,
             outage,
+            payments,
         })
     }
 }

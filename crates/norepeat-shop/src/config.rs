@@ -99,6 +99,11 @@ pub struct ShopConfig {
     /// Which defences to run (all but `full` are for the storm demo).
     #[arg(long, env = "NOREPEAT_DEFENCE", value_enum, default_value_t = Defence::Full)]
     pub defence: Defence,
+    /// Where `POST /payments` keeps its idempotency records: `redis`,
+    /// `memory` or `database`; unset: `redis` when `REDIS_URL` is set, else
+    /// `memory`.
+    #[arg(long = "idempotency-store", env = "NOREPEAT_IDEMPOTENCY_STORE")]
+    pub idempotency_store: Option<String>,
     /// Naive mode only: pause between reading and writing stock, in milliseconds
     /// (widens the race the incident is about).
     #[arg(long, env = "NOREPEAT_NAIVE_GAP_MS", default_value_t = 5)]
@@ -125,11 +130,60 @@ impl Default for ShopConfig {
             reconcile_every_s: 120,
             defence: Defence::Full,
             naive_gap_ms: 5,
+            idempotency_store: None,
+        }
+    }
+}
+
+/// Where `POST /payments` keeps its idempotency records
+/// (`NOREPEAT_IDEMPOTENCY_STORE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdempotencyStore {
+    /// The shared Redis (`REDIS_URL`).
+    Redis,
+    /// This process's memory.
+    Memory,
+    /// The shop's database, completed in the payment's transaction.
+    Database,
+}
+
+impl IdempotencyStore {
+    /// The value's name, as `/healthz` shows it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            IdempotencyStore::Redis => "redis",
+            IdempotencyStore::Memory => "memory",
+            IdempotencyStore::Database => "database",
         }
     }
 }
 
 impl ShopConfig {
+    /// The payments' idempotency store: the configured one, or `redis` when
+    /// `REDIS_URL` is set and `memory` otherwise.
+    ///
+    /// # Errors
+    /// A value other than `redis`, `memory` or `database`, or `redis`
+    /// without `REDIS_URL`.
+    pub fn idempotency_store(&self) -> Result<IdempotencyStore, String> {
+        let redis = self.redis_url.as_deref().is_some_and(|u| !u.is_empty());
+        match self.idempotency_store.as_deref().map(str::trim) {
+            None | Some("") if redis => Ok(IdempotencyStore::Redis),
+            None | Some("") => Ok(IdempotencyStore::Memory),
+            Some("redis") if redis => Ok(IdempotencyStore::Redis),
+            Some("redis") => Err(
+                "NOREPEAT_IDEMPOTENCY_STORE=redis needs REDIS_URL (or use memory or database)"
+                    .into(),
+            ),
+            Some("memory") => Ok(IdempotencyStore::Memory),
+            Some("database") => Ok(IdempotencyStore::Database),
+            Some(other) => Err(format!(
+                "NOREPEAT_IDEMPOTENCY_STORE={other:?} is not one of redis, memory, database"
+            )),
+        }
+    }
+
     /// The fingerprint window.
     #[must_use]
     pub fn fp_window(&self) -> Duration {
@@ -153,5 +207,37 @@ impl ShopConfig {
     #[must_use]
     pub fn store_timeout(&self) -> Duration {
         Duration::from_millis(self.store_timeout_ms.max(1))
+    }
+}
+
+#[cfg(test)]
+mod idempotency_store_tests {
+    use super::*;
+
+    fn pick(redis: Option<&str>, value: Option<&str>) -> Result<IdempotencyStore, String> {
+        ShopConfig {
+            redis_url: redis.map(Into::into),
+            idempotency_store: value.map(Into::into),
+            ..ShopConfig::default()
+        }
+        .idempotency_store()
+    }
+
+    #[test]
+    fn defaults_follow_redis_url_and_bad_values_are_refused() {
+        let redis = Some("redis://127.0.0.1:6379");
+        assert_eq!(pick(None, None), Ok(IdempotencyStore::Memory));
+        assert_eq!(pick(redis, None), Ok(IdempotencyStore::Redis));
+        assert_eq!(pick(redis, Some("")), Ok(IdempotencyStore::Redis));
+        assert_eq!(pick(redis, Some("memory")), Ok(IdempotencyStore::Memory));
+        assert_eq!(pick(None, Some("database")), Ok(IdempotencyStore::Database));
+        assert_eq!(
+            pick(redis, Some("database")),
+            Ok(IdempotencyStore::Database)
+        );
+        assert!(pick(None, Some("redis")).unwrap_err().contains("REDIS_URL"));
+        for bad in ["Database", "postgres", "dynamo"] {
+            assert!(pick(redis, Some(bad)).unwrap_err().contains(bad), "{bad}");
+        }
     }
 }

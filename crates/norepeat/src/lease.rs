@@ -28,7 +28,7 @@
 //! completion in a task of its own ([`detach`]), and the result is stored
 //! whatever the caller does.
 
-use crate::store::{Store, StoreError};
+use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
 use std::future::Future;
 use std::time::Duration;
@@ -73,7 +73,7 @@ impl Renewal {
 }
 
 /// The outcome of a claim attempt.
-pub(crate) enum Acquired<S: Store + Clone> {
+pub(crate) enum Acquired<S: KeyValueStore + Clone> {
     /// This caller holds the key.
     Owned(Claim<S>),
     /// Someone else does; their value, unchanged.
@@ -94,7 +94,7 @@ pub(crate) enum Completion {
 
 /// A held key. See the [module docs](self) for what dropping it does.
 #[derive(Debug)]
-pub(crate) struct Claim<S: Store + Clone> {
+pub(crate) struct Claim<S: KeyValueStore + Clone> {
     store: S,
     key: String,
     value: Vec<u8>,
@@ -102,7 +102,7 @@ pub(crate) struct Claim<S: Store + Clone> {
     settled: bool,
 }
 
-impl<S: Store + Clone> Claim<S> {
+impl<S: KeyValueStore + Clone> Claim<S> {
     /// Takes `key` for `ttl` with `value`, or learns who holds it.
     pub(crate) async fn acquire(
         store: &S,
@@ -215,7 +215,7 @@ impl<S: Store + Clone> Claim<S> {
     }
 }
 
-impl<S: Store + Clone> Drop for Claim<S> {
+impl<S: KeyValueStore + Clone> Drop for Claim<S> {
     fn drop(&mut self) {
         if self.settled || !std::thread::panicking() {
             // Dropped mid-work (the caller gave up): the work may have had

@@ -612,6 +612,77 @@ macro_rules! backend {
                 )))
             }
 
+            /// [`create_payment_once`] inside `tx`, left uncommitted (for
+            /// the idempotency record to commit with it). No retry of single
+            /// statements: a failed statement spoils a PostgreSQL transaction.
+            async fn payment_in_tx(
+                tx: &mut Tx,
+                user: &str,
+                order_id: &str,
+                amount: i64,
+            ) -> Result<Option<PaymentOutcome>, DbError> {
+                let payment = Payment {
+                    payment_id: new_id("pay_"),
+                    order_id: order_id.to_owned(),
+                    amount,
+                    status: PaymentStatus::Pending,
+                };
+                let inserted = sqlx::query::<$db>(INSERT_PAYMENT)
+                    .bind(&payment.payment_id)
+                    .bind(amount)
+                    .bind(now_ms())
+                    .bind(order_id)
+                    .bind(user)
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(Some(PaymentOutcome::Created(payment)));
+                }
+                let order: Option<(String, String)> =
+                    sqlx::query_as::<$db, (String, String)>(SELECT_ORDER_OWNER_STATUS)
+                        .bind(order_id)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                let Some((owner, status)) = order.filter(|(owner, _)| owner == user) else {
+                    return Ok(Some(PaymentOutcome::OrderNotFound));
+                };
+                let order_status = OrderStatus::parse(&status).ok_or_else(|| {
+                    DbError::Corrupt(format!("order {order_id} of {owner} has unknown status {status:?}"))
+                })?;
+                let live_payment: Option<String> =
+                    sqlx::query_scalar::<$db, String>(SELECT_LIVE_PAYMENT)
+                        .bind(order_id)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                if order_status != OrderStatus::Unpaid || live_payment.is_some() {
+                    return Ok(Some(PaymentOutcome::NotPayable {
+                        order_status,
+                        live_payment,
+                    }));
+                }
+                Ok(None)
+            }
+
+            /// Opens a write transaction and creates the payment in it,
+            /// uncommitted; the caller commits (or drops to roll back).
+            pub(crate) async fn begin_payment(
+                pool: &Pool,
+                user: &str,
+                order_id: &str,
+                amount: i64,
+            ) -> Result<(Tx, PaymentOutcome), DbError> {
+                for _ in 0..MAX_ATTEMPTS {
+                    let mut tx = begin(pool).await?;
+                    if let Some(outcome) = payment_in_tx(&mut tx, user, order_id, amount).await? {
+                        return Ok((tx, outcome));
+                    }
+                }
+                Err(DbError::Corrupt(format!(
+                    "payment for order {order_id} kept conflicting with a payment that could not be read"
+                )))
+            }
+
             pub(crate) async fn payment(pool: &Pool, payment_id: &str) -> Result<Option<Payment>, DbError> {
                 sqlx::query_as::<$db, PaymentRow>(SELECT_PAYMENT)
                     .bind(payment_id)

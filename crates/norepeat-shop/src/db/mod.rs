@@ -63,6 +63,15 @@ const SQLITE_MIGRATE_ATTEMPTS: u32 = 20;
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// An open write transaction from [`Db::begin_payment`], not yet committed.
+#[derive(Debug)]
+pub enum PaymentTx {
+    /// On SQLite (`BEGIN IMMEDIATE`).
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    /// On PostgreSQL.
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
 /// A connection pool to the shop's database. Cheap to clone (the pool is shared).
 #[derive(Debug, Clone)]
 pub enum Db {
@@ -310,6 +319,32 @@ impl Db {
             )));
         }
         dispatch!(self, q, pool => q::create_payment(pool, user, order_id, amount).await)
+    }
+
+    /// [`create_payment`](Self::create_payment) inside a write transaction
+    /// that is left open: the caller commits it together with its
+    /// idempotency record (or drops it, which rolls the payment back).
+    pub async fn begin_payment(
+        &self,
+        user: &str,
+        order_id: &str,
+        amount: i64,
+    ) -> Result<(PaymentTx, PaymentOutcome), DbError> {
+        if !(1..=MAX_PAYMENT_AMOUNT).contains(&amount) {
+            return Err(DbError::InvalidInput(format!(
+                "amount must be between 1 and {MAX_PAYMENT_AMOUNT}, got {amount}"
+            )));
+        }
+        Ok(match self {
+            Db::Sqlite(pool) => {
+                let (tx, out) = imp::sqlite::begin_payment(pool, user, order_id, amount).await?;
+                (PaymentTx::Sqlite(tx), out)
+            }
+            Db::Postgres(pool) => {
+                let (tx, out) = imp::postgres::begin_payment(pool, user, order_id, amount).await?;
+                (PaymentTx::Postgres(tx), out)
+            }
+        })
     }
 
     /// One payment by id.

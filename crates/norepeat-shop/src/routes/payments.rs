@@ -2,29 +2,39 @@
 
 use super::body::{self, Segment};
 use super::user;
-use crate::app::AppState;
-use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome};
+use crate::app::{AppState, PaymentsStore};
+use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome, PaymentTx};
 use crate::error::ApiError;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use norepeat::degrade::FailurePolicy;
-use norepeat::idempotency::IdempotencyLayer;
+use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
+use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{ByUser, RateLimitLayer, RateLimiter};
+use norepeat::store::{KeyValueStore, PgStore, SqliteStore};
 use serde_json::json;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
     // Payments fail closed: without the store the shop cannot be sure a
     // retry is not a second payment, so it refuses (503) instead.
-    let pay = post(create_payment).layer(
-        IdempotencyLayer::new(state.primary.clone())
+    // With `NOREPEAT_IDEMPOTENCY_STORE=database` the record is a row of the
+    // shop's database, completed in the payment's own transaction.
+    fn layer<G: KeyValueStore + Clone>(store: G) -> IdempotencyLayer<G> {
+        IdempotencyLayer::new(store)
             .route("/payments")
-            .on_store_failure(FailurePolicy::FailClosed),
-    );
+            .on_store_failure(FailurePolicy::FailClosed)
+    }
+    let pay = match &state.payments {
+        PaymentsStore::Primary(_) => post(create_payment).layer(layer(state.primary.clone())),
+        PaymentsStore::Memory(m) => post(create_payment).layer(layer(m.clone())),
+        PaymentsStore::Postgres(pg, _) => post(create_payment_in_tx).layer(layer(pg.clone())),
+        PaymentsStore::Sqlite(lite, _) => post(create_payment_in_tx).layer(layer(lite.clone())),
+    };
     let quota = state.flash_quota();
     let flash = post(flash_sale).layer(
         RateLimitLayer::new(
@@ -81,18 +91,85 @@ async fn create_payment(
     }
     match s.db.create_payment(&user, &order_id, amount).await? {
         PaymentOutcome::Created(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
-        PaymentOutcome::OrderNotFound => Err(ApiError::NotFound(format!("No order {order_id}."))),
+        refused => Err(refusal(&order_id, refused)),
+    }
+}
+
+/// Why a payment was not created, as the answer.
+fn refusal(order_id: &str, outcome: PaymentOutcome) -> ApiError {
+    match outcome {
         PaymentOutcome::NotPayable {
             order_status,
             live_payment,
-        } => Err(ApiError::NotPayable {
+        } => ApiError::NotPayable {
             detail: match &live_payment {
                 Some(p) => format!("Order {order_id} already has payment {p}."),
                 None => format!("Order {order_id} is {order_status}, not UNPAID."),
             },
             payment_id: live_payment,
-        }),
+        },
+        _ => ApiError::NotFound(format!("No order {order_id}.")),
     }
+}
+
+/// `POST /payments` on the database store: the payment row and the
+/// completed idempotency record commit in one transaction. A crash before
+/// the commit leaves neither (the claim's lease then frees the key, and a
+/// retry pays once); after it, both.
+async fn create_payment_in_tx(
+    State(s): State<AppState>,
+    pg: Option<Extension<IdempotentTx<PgStore>>>,
+    lite: Option<Extension<IdempotentTx<SqliteStore>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let user = user(&headers)?;
+    let m = body::object(&body::read(body).await?)?;
+    let order_id = body::string(&m, "orderId", 128)?;
+    let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
+    let (tx, outcome) = s.db.begin_payment(&user, &order_id, amount).await?;
+    let payment = match outcome {
+        PaymentOutcome::Created(p) => p,
+        // `tx` is dropped: rolled back, nothing was written.
+        refused => return Err(refusal(&order_id, refused)),
+    };
+    if s.cfg.payment_latency_ms > 0 {
+        // The fake provider's round trip, with the payment written and not
+        // yet committed (a crash here leaves no payment).
+        tokio::time::sleep(Duration::from_millis(s.cfg.payment_latency_ms)).await;
+    }
+    let res = (StatusCode::CREATED, Json(payment)).into_response();
+    let committed = match (tx, pg, lite) {
+        (PaymentTx::Postgres(tx), Some(Extension(idem)), _) => idem.commit(tx, res).await,
+        (PaymentTx::Sqlite(tx), _, Some(Extension(idem))) => idem.commit(tx, res).await,
+        _ => {
+            tracing::error!("payments on the database store without its idempotency claim");
+            return Err(unavailable());
+        }
+    };
+    match committed {
+        Ok(res) => Ok(res.into_response()),
+        // The lease ran out and another request took the key: this payment
+        // was rolled back; the retry gets that request's answer.
+        Err(TxError::Lost) => Err(ApiError::Problem(
+            Problem::new(Code::IdempotencyKeyInUse)
+                .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, "payment not committed");
+            Err(unavailable())
+        }
+    }
+}
+
+/// 503 `guard_unavailable`: the database failed around the commit.
+fn unavailable() -> ApiError {
+    ApiError::Problem(
+        Problem::new(Code::GuardUnavailable)
+            .detail("The payment could not be recorded; retry with the same Idempotency-Key.")
+            .retry_after_secs(1),
+    )
 }
 
 #[utoipa::path(

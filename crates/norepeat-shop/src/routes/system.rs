@@ -29,6 +29,7 @@ async fn healthz(State(s): State<AppState>) -> Json<Value> {
         "defence": s.cfg.defence.name(),
         "callbacks": if s.cfg.callback_verifier().is_some() { "signed" } else { "unsigned" },
         "demoProvider": s.cfg.demo_provider,
+        "idempotencyStore": s.payments.name(),
     }))
 }
 

@@ -92,10 +92,20 @@
 //! let app: Router = Router::new().route("/payments", post(|| async { "paid" }).layer(layer));
 //! ```
 //!
+//! # Records in the database, committed with the effect
+//! On a [`SqlStore`](crate::store::SqlStore) (features `postgres`,
+//! `sqlite`) the records are rows of the application's own database, and a
+//! handler can commit its writes and the completed record in one
+//! transaction with [`IdempotentTx`]: a crash then leaves either no effect
+//! (the claim expires and a retry runs once) or the effect with its record,
+//! never the effect with the key free. See
+//! [transactional completion](crate::store::sql#transactional-completion).
+//!
 //! # Deployment caveat
 //! Idempotency is as durable as its store. With Redis, a failover that
 //! loses the last writes can forget a completed record, and a retry then
-//! runs again: keep the database's unique business keys as the backstop.
+//! runs again: keep the database's unique business keys as the backstop,
+//! or keep the records in the database (above).
 //! The route fails closed by default for the same reason: without its
 //! store it cannot know whether a request already ran.
 
@@ -103,7 +113,9 @@ mod body;
 mod layer;
 mod record;
 mod service;
+mod tx;
 
 pub use body::Passthrough;
 pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
+pub use tx::{IdempotentTx, TxError};

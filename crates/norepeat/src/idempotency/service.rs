@@ -3,6 +3,7 @@
 use super::body::{Collected, Passthrough, collect_capped};
 use super::layer::Config;
 use super::record::{self, Completed, Digest, Owner};
+use super::tx::IdempotentTx;
 use crate::body::{self as req_body, ReadError};
 use crate::fingerprint::RequestParts;
 use crate::guard::store_failure;
@@ -10,7 +11,7 @@ use crate::identity::is_visible_ascii;
 use crate::keys::Mode;
 use crate::lease::{self, Acquired, Claim, Completion, Renewal};
 use crate::problem::{Code, Problem};
-use crate::store::{Store, StoreError};
+use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
@@ -77,7 +78,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    G: Store + Clone,
+    G: KeyValueStore + Clone,
     ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Body + Send + 'static,
@@ -135,7 +136,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    G: Store + Clone,
+    G: KeyValueStore + Clone,
     ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Body + Send + 'static,
@@ -240,7 +241,7 @@ async fn run_claimed<S, G, ReqBody, ResBody>(
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    G: Store + Clone,
+    G: KeyValueStore + Clone,
     ResBody: Body,
 {
     let renewal = if cfg.renew {
@@ -248,6 +249,20 @@ where
     } else {
         Renewal::none()
     };
+    // Transactional completion: the handler may commit the completed
+    // record with its own writes (see `tx.rs`); then there is nothing left
+    // to store.
+    let offer = IdempotentTx::new(
+        cfg.store.clone(),
+        claim.key(),
+        &owner,
+        &fingerprint,
+        cfg.retention,
+        Arc::clone(&cfg.replayed_headers),
+        cfg.max_body,
+    );
+    let mut req = req;
+    req.extensions_mut().insert(offer.clone());
     let res = match claim.run(inner.call(req), renewal).await {
         Ok(res) => res,
         Err(e) => {
@@ -255,6 +270,10 @@ where
             return Err(e);
         }
     };
+    if offer.committed() {
+        claim.keep();
+        return Ok(pass(res));
+    }
     if !cfg.policy.stores(res.status()) || !storable_shape(&res, cfg.max_body) {
         claim.release().await;
         return Ok(pass(res));
@@ -344,7 +363,7 @@ fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
     res
 }
 
-enum Claimed<G: Store + Clone> {
+enum Claimed<G: KeyValueStore + Clone> {
     /// This request holds the key and runs the handler.
     Owned(Claim<G>, Owner),
     /// The first request's stored response.
@@ -359,7 +378,11 @@ enum Claimed<G: Store + Clone> {
 /// waiting for a running request's result, the same call is repeated with
 /// backoff: it replays once the record completes, and takes the key itself
 /// if the first request released it.
-async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Digest) -> Claimed<G> {
+async fn claim<G: KeyValueStore + Clone>(
+    cfg: &Config<G>,
+    key: &str,
+    fingerprint: &Digest,
+) -> Claimed<G> {
     let owner: Owner = rand::random();
     let value = record::in_progress(&owner, fingerprint);
     let deadline = cfg.wait.map(|w| Instant::now() + w);
@@ -405,7 +428,7 @@ async fn claim<G: Store + Clone>(cfg: &Config<G>, key: &str, fingerprint: &Diges
     }
 }
 
-fn on_failure<G: Store + Clone>(cfg: &Config<G>, e: &StoreError) -> Claimed<G> {
+fn on_failure<G: KeyValueStore + Clone>(cfg: &Config<G>, e: &StoreError) -> Claimed<G> {
     match store_failure("idempotency", cfg.failure, e) {
         Ok(()) => Claimed::Unguarded,
         Err(p) => Claimed::Reject(p),

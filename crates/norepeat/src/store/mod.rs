@@ -14,6 +14,30 @@
 //!   `ConnectionManager`.
 //! - [`ClusterStore`] (feature `redis`): Redis Cluster.
 //! - [`AnyStore`]: one of the above, chosen at run time (for example from a URL).
+//! - `SqlStore` (features `postgres`, `sqlite`): a table in PostgreSQL or
+//!   SQLite. It keeps records but has no rate algorithms, so it implements
+//!   [`KeyValueStore`] and not [`Store`].
+//!
+//! # Two traits
+//!
+//! [`Store`] is everything a guard or a limiter asks of a backend: four
+//! conditional key-value operations, three rate algorithms, a name and a
+//! reconnect hook. [`KeyValueStore`] is the narrow part: the four key-value
+//! operations and the name, with the same signatures and semantics. Every
+//! [`Store`] is a [`KeyValueStore`] through a blanket implementation, so
+//! every backend and wrapper has both.
+//!
+//! The narrow trait exists for stores that keep idempotency records well and
+//! rate counters badly or not at all, such as a SQL table: a record must
+//! last as long as the effect it describes, a counter is hot and
+//! disposable. Such a store implements only [`KeyValueStore`]; a rate
+//! limiter built over it is refused by the compiler, because the limiter
+//! requires [`Store`]. Code that only claims and completes records should
+//! ask for [`KeyValueStore`].
+//!
+//! Both traits name their methods alike. Import the one you call through;
+//! with both in scope, a call on a [`Store`] is ambiguous and needs the
+//! fully qualified form (`KeyValueStore::put_if_absent(&store, ...)`).
 //!
 //! ```
 //! use norepeat::store::{MemoryStore, Store};
@@ -34,11 +58,19 @@ mod any;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod sql;
 
 pub use any::AnyStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{ClusterStore, DEFAULT_CONNECTIONS, RedisStore};
+#[cfg(feature = "postgres")]
+pub use sql::PgStore;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use sql::SqlStore;
+#[cfg(feature = "sqlite")]
+pub use sql::SqliteStore;
 
 use bytes::Bytes;
 use std::future::Future;
@@ -170,14 +202,14 @@ impl<S: Store> Store for std::sync::Arc<S> {
         value: &[u8],
         ttl: Duration,
     ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
-        (**self).put_if_absent(key, value, ttl)
+        Store::put_if_absent(&**self, key, value, ttl)
     }
     fn delete_if_equals(
         &self,
         key: &str,
         expected: &[u8],
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).delete_if_equals(key, expected)
+        Store::delete_if_equals(&**self, key, expected)
     }
     fn expire_if_equals(
         &self,
@@ -185,7 +217,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
         expected: &[u8],
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).expire_if_equals(key, expected, ttl)
+        Store::expire_if_equals(&**self, key, expected, ttl)
     }
     fn replace_if_equals(
         &self,
@@ -194,7 +226,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
         value: &[u8],
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).replace_if_equals(key, expected, value, ttl)
+        Store::replace_if_equals(&**self, key, expected, value, ttl)
     }
     fn fixed_window(
         &self,
@@ -202,7 +234,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
         limit: u64,
         window: Duration,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        (**self).fixed_window(key, limit, window)
+        Store::fixed_window(&**self, key, limit, window)
     }
     fn sliding_window(
         &self,
@@ -210,7 +242,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
         limit: u64,
         window: Duration,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        (**self).sliding_window(key, limit, window)
+        Store::sliding_window(&**self, key, limit, window)
     }
     fn gcra(
         &self,
@@ -218,13 +250,122 @@ impl<S: Store> Store for std::sync::Arc<S> {
         emission: Duration,
         burst: u64,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        (**self).gcra(key, emission, burst)
+        Store::gcra(&**self, key, emission, burst)
     }
     fn kind(&self) -> &'static str {
-        (**self).kind()
+        Store::kind(&**self)
     }
     fn reconnect(&self) {
-        (**self).reconnect();
+        Store::reconnect(&**self);
+    }
+}
+
+/// The four conditional key-value operations of a [`Store`], and its name:
+/// what keeping idempotency records and claims needs, and nothing more.
+///
+/// Every [`Store`] implements it (a blanket implementation forwards to the
+/// [`Store`] methods). A backend that cannot run the rate algorithms, such
+/// as `SqlStore` (features `postgres`, `sqlite`), implements only this
+/// trait, so a rate limiter over it does not compile. The contract of each
+/// method is the one documented on [`Store`]: atomic against every other
+/// call on the same key, from any process sharing the store; an expired key
+/// is absent; no key is written without an expiry.
+///
+/// ```
+/// use norepeat::store::{KeyValueStore, MemoryStore};
+/// use std::time::Duration;
+///
+/// /// Claims `key` for `owner`; returns the current owner when taken.
+/// async fn claim<S: KeyValueStore>(store: &S, key: &str, owner: &[u8]) -> Option<Vec<u8>> {
+///     let held = store.put_if_absent(key, owner, Duration::from_secs(30)).await.ok()?;
+///     held.map(|b| b.to_vec())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::default();
+/// assert_eq!(claim(&store, "order-7", b"a").await, None);
+/// assert_eq!(claim(&store, "order-7", b"b").await.as_deref(), Some(&b"a"[..]));
+/// # }
+/// ```
+pub trait KeyValueStore: Send + Sync + 'static {
+    /// Stores `value` under `key` for `ttl` if the key is absent or
+    /// expired. Returns `None` when the value was stored, or the value
+    /// already there (unchanged) when it was not. See
+    /// [`Store::put_if_absent`].
+    fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
+
+    /// Deletes `key` only if it still holds `expected`. Returns whether it
+    /// did. See [`Store::delete_if_equals`].
+    fn delete_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Sets a new time to live on `key` only if it still holds `expected`.
+    /// Returns whether it did. See [`Store::expire_if_equals`].
+    fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Replaces the value of `key` with `value` (and a new `ttl`) only if
+    /// it still holds `expected`. Returns whether it did. See
+    /// [`Store::replace_if_equals`].
+    fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// A short name for logs and metrics (`"memory"`, `"redis"`,
+    /// `"postgres"`, `"sqlite"`, ...).
+    fn kind(&self) -> &'static str;
+}
+
+impl<S: Store> KeyValueStore for S {
+    fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        Store::put_if_absent(self, key, value, ttl)
+    }
+    fn delete_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        Store::delete_if_equals(self, key, expected)
+    }
+    fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        Store::expire_if_equals(self, key, expected, ttl)
+    }
+    fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        Store::replace_if_equals(self, key, expected, value, ttl)
+    }
+    fn kind(&self) -> &'static str {
+        Store::kind(self)
     }
 }
 

@@ -1,0 +1,384 @@
+//! `NOREPEAT_IDEMPOTENCY_STORE=database`: `POST /payments` keeps its
+//! idempotency records in the shop's database (SQLite or PostgreSQL), each
+//! completed in the payment's own transaction. Shop processes over a private
+//! Redis that is flushed and killed, two processes sharing one database, and
+//! a process killed in the middle of a payment.
+
+#![allow(clippy::unwrap_used)]
+
+use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+
+/// A SQLite file (removed on drop) or a fresh PostgreSQL database.
+enum Database {
+    Sqlite(std::path::PathBuf),
+    Postgres(PgDatabase),
+}
+
+impl Database {
+    fn sqlite() -> Database {
+        Database::Sqlite(
+            std::env::temp_dir().join(format!("nr-paydb-{}.db", rand::random::<u64>())),
+        )
+    }
+
+    async fn each() -> [Database; 2] {
+        [
+            Database::sqlite(),
+            Database::Postgres(PgDatabase::fresh().await),
+        ]
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Database::Sqlite(p) => format!("sqlite://{}?mode=rwc", p.display()),
+            Database::Postgres(pg) => pg.url(),
+        }
+    }
+
+    /// One number from the database itself.
+    async fn scalar(&self, sql: &str, arg: &str) -> i64 {
+        match self {
+            Database::Sqlite(_) => {
+                let pool = sqlx::SqlitePool::connect(&self.url()).await.unwrap();
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .bind(arg)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                n
+            }
+            Database::Postgres(pg) => {
+                let pool = pg.pool().await;
+                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .bind(arg)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                n
+            }
+        }
+    }
+
+    /// Payments of `order_id`, whatever their status.
+    async fn payments(&self, order_id: &str) -> i64 {
+        self.scalar(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM payments WHERE order_id = $1",
+            order_id,
+        )
+        .await
+    }
+
+    /// Idempotency rows by state: the record's second byte is 1 while in
+    /// progress, 2 once completed. Returns (in progress, completed).
+    async fn records(&self) -> (i64, i64) {
+        let sql = "SELECT CAST(COUNT(*) AS BIGINT) FROM norepeat_keys \
+                   WHERE substr(value, 2, 1) = $1";
+        match self {
+            Database::Sqlite(_) => {
+                let pool = sqlx::SqlitePool::connect(&self.url()).await.unwrap();
+                let mut out = [0i64; 2];
+                for (i, b) in [1u8, 2].into_iter().enumerate() {
+                    out[i] = sqlx::query_scalar(sql)
+                        .bind(vec![b])
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                }
+                pool.close().await;
+                (out[0], out[1])
+            }
+            Database::Postgres(pg) => {
+                let pool = pg.pool().await;
+                let mut out = [0i64; 2];
+                for (i, b) in [1u8, 2].into_iter().enumerate() {
+                    out[i] = sqlx::query_scalar(sql)
+                        .bind(vec![b])
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                }
+                pool.close().await;
+                (out[0], out[1])
+            }
+        }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Database::Sqlite(p) = self {
+            for s in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{s}", p.display()));
+            }
+        }
+    }
+}
+
+/// A shop on `db` with payments on the database store.
+async fn shop(db: &Database, redis: Option<&RedisServer>, extra: &[(&str, &str)]) -> ShopProcess {
+    let mut env = vec![
+        ("DATABASE_URL".to_owned(), db.url()),
+        (
+            "NOREPEAT_IDEMPOTENCY_STORE".to_owned(),
+            "database".to_owned(),
+        ),
+        ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+    ];
+    if let Some(r) = redis {
+        env.push(("REDIS_URL".to_owned(), r.url()));
+    }
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    ShopProcess::start(BIN, env).await
+}
+
+/// An answer: status, `Idempotent-Replayed`, raw body.
+type Answer = (u16, bool, bytes::Bytes);
+
+async fn pay(http: &reqwest::Client, base: &str, key: &str, order_id: &str) -> Answer {
+    let res = http
+        .post(format!("{base}/payments"))
+        .header("x-user-id", "payer")
+        .header("idempotency-key", key)
+        .json(&json!({"orderId": order_id, "amount": 1999}))
+        .send()
+        .await
+        .unwrap();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    (res.status().as_u16(), replayed, res.bytes().await.unwrap())
+}
+
+async fn order(http: &reqwest::Client, base: &str) -> String {
+    let res = http
+        .post(format!("{base}/orders/quick"))
+        .header("x-user-id", "payer")
+        .json(&json!({"sku": "SKU-1", "quantity": 1, "bizId": rand::random::<u64>().to_string()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let o: Value = res.json().await.unwrap();
+    o["orderId"].as_str().unwrap().to_owned()
+}
+
+fn code(a: &Answer) -> String {
+    let v: Value = serde_json::from_slice(&a.2).unwrap_or(Value::Null);
+    v["code"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
+    for db in Database::each().await {
+        let mut redis = RedisServer::start().await;
+        let shop = shop(&db, Some(&redis), &[]).await;
+        let base = shop.base_url();
+        let http = reqwest::Client::new();
+        let health: Value = http
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(health["idempotencyStore"], "database", "{health}");
+
+        let order1 = order(&http, &base).await;
+        let order2 = order(&http, &base).await;
+        let first = pay(&http, &base, "K1", &order1).await;
+        assert_eq!((first.0, first.1), (201, false), "{:?}", first.2);
+
+        // Redis forgets everything: the record is in the database.
+        let mut conn = redis.connection().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let again = pay(&http, &base, "K1", &order1).await;
+        assert_eq!((again.0, again.1), (201, true), "{:?}", again.2);
+        assert_eq!(again.2, first.2, "byte for byte");
+
+        // Redis dies: replays and new payments go on.
+        redis.kill();
+        let again = pay(&http, &base, "K1", &order1).await;
+        assert_eq!((again.0, again.1), (201, true), "{:?}", again.2);
+        assert_eq!(again.2, first.2);
+        let other = pay(&http, &base, "K2", &order2).await;
+        assert_eq!((other.0, other.1), (201, false), "{:?}", other.2);
+        let other_again = pay(&http, &base, "K2", &order2).await;
+        assert_eq!(other_again.2, other.2);
+
+        assert_eq!(db.payments(&order1).await, 1);
+        assert_eq!(db.payments(&order2).await, 1);
+        assert_eq!(db.records().await, (0, 2));
+    }
+}
+
+/// 50 requests with one key at once, spread over two shop processes on one
+/// PostgreSQL database: one payment; every other answer is its replay or
+/// 409 `idempotency_key_in_use`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_requests_one_key_two_processes_one_payment() {
+    let db = Database::Postgres(PgDatabase::fresh().await);
+    let redis = RedisServer::start().await;
+    let slow = [("NOREPEAT_PAYMENT_LATENCY_MS", "300")];
+    let a = shop(&db, Some(&redis), &slow).await;
+    let b = shop(&db, Some(&redis), &slow).await;
+    let http = reqwest::Client::new();
+    let order_id = order(&http, &a.base_url()).await;
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let base = if i % 2 == 0 {
+                a.base_url()
+            } else {
+                b.base_url()
+            };
+            let (http, order_id) = (http.clone(), order_id.clone());
+            tokio::spawn(async move { pay(&http, &base, "ONE", &order_id).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let first: Vec<&Answer> = answers.iter().filter(|a| a.0 == 201 && !a.1).collect();
+    assert_eq!(first.len(), 1, "{answers:?}");
+    for a in &answers {
+        match a.0 {
+            201 => assert_eq!(a.2, first[0].2, "a replay is the first answer"),
+            409 => assert_eq!(code(a), "idempotency_key_in_use", "{a:?}"),
+            _ => panic!("unexpected answer {a:?}"),
+        }
+    }
+    assert_eq!(db.payments(&order_id).await, 1);
+    // After the first is done, everyone gets the replay.
+    let late = pay(&http, &b.base_url(), "ONE", &order_id).await;
+    assert_eq!((late.0, late.1), (201, true));
+    assert_eq!(late.2, first[0].2);
+}
+
+/// A process SIGKILLed while a payment is written and not committed (the
+/// slow provider): neither the payment nor a completed record; the claim
+/// stays until its lease ends, then a retry makes exactly one payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
+    for db in Database::each().await {
+        let mut victim = shop(&db, None, &[("NOREPEAT_PAYMENT_LATENCY_MS", "3000")]).await;
+        let http = reqwest::Client::new();
+        let order_id = order(&http, &victim.base_url()).await;
+        let doomed = tokio::spawn({
+            let (http, base, order_id) = (http.clone(), victim.base_url(), order_id.clone());
+            async move { pay(&http, &base, "K", &order_id).await }
+        });
+        // Wait until the claim is taken (the payment is then being written).
+        for _ in 0..200 {
+            if db.records().await.0 == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        victim.kill();
+        let _ = doomed.await;
+        // Either nothing, or the payment with its record: here, nothing.
+        assert_eq!(db.payments(&order_id).await, 0);
+        assert_eq!(
+            db.records().await,
+            (1, 0),
+            "the claim is open, nothing completed"
+        );
+
+        let survivor = shop(&db, None, &[]).await;
+        let base = survivor.base_url();
+        let early = pay(&http, &base, "K", &order_id).await;
+        assert_eq!(early.0, 409, "the lease still holds: {:?}", early.2);
+        assert_eq!(code(&early), "idempotency_key_in_use");
+        // The lease (10 s, no longer renewed) runs out; the retry pays.
+        let mut paid = None;
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let a = pay(&http, &base, "K", &order_id).await;
+            if a.0 != 409 {
+                paid = Some(a);
+                break;
+            }
+        }
+        let paid = paid.expect("the lease never ran out");
+        assert_eq!((paid.0, paid.1), (201, false), "{:?}", paid.2);
+        let replay = pay(&http, &base, "K", &order_id).await;
+        assert_eq!((replay.0, replay.1), (201, true));
+        assert_eq!(replay.2, paid.2);
+        assert_eq!(db.payments(&order_id).await, 1);
+        assert_eq!(db.records().await, (0, 1));
+    }
+}
+
+#[test]
+fn an_unknown_store_is_a_start_up_error() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("NOREPEAT_IDEMPOTENCY_STORE", "dynamo")
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NOREPEAT_IDEMPOTENCY_STORE") && err.contains("dynamo"),
+        "{err}"
+    );
+}
+
+/// With payments on the database, the database is the one thing they need:
+/// while it is unreachable, `POST /payments` fails closed (503
+/// `guard_unavailable`), never pays unguarded; when it is back, the key
+/// works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_fail_closed_while_the_database_is_down() {
+    use norepeat_testkit::{ProxyMode, TcpProxy};
+    let pg = PgDatabase::fresh().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let url = format!("postgres://postgres@{}/{}", proxy.addr(), pg.name());
+    let db = Database::Postgres(pg);
+    let shop = ShopProcess::start(
+        BIN,
+        vec![
+            ("DATABASE_URL".to_owned(), url),
+            (
+                "NOREPEAT_IDEMPOTENCY_STORE".to_owned(),
+                "database".to_owned(),
+            ),
+        ],
+    )
+    .await;
+    let base = shop.base_url();
+    let http = reqwest::Client::new();
+    let order_id = order(&http, &base).await;
+    proxy.set_mode(ProxyMode::Refuse);
+    let down = pay(&http, &base, "K", &order_id).await;
+    assert_eq!(down.0, 503, "{:?}", down.2);
+    assert_eq!(code(&down), "guard_unavailable");
+    proxy.set_mode(ProxyMode::Pass);
+    let mut paid = None;
+    for _ in 0..40 {
+        let a = pay(&http, &base, "K", &order_id).await;
+        if a.0 == 201 {
+            paid = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let paid = paid.expect("payments never came back");
+    assert!(!paid.1);
+    assert_eq!(db.payments(&order_id).await, 1);
+}

@@ -1,0 +1,920 @@
+//! Records in a SQL table: [`SqlStore`] on PostgreSQL (feature `postgres`)
+//! or SQLite (feature `sqlite`), through [sqlx](https://docs.rs/sqlx).
+//!
+//! Redis forgets: on a restart without persistence, on a failover that loses
+//! the last writes, on eviction. A record kept in the database that holds the
+//! effect lasts as long as the effect does. [`SqlStore`] is a
+//! [`KeyValueStore`]: the four conditional operations, with the semantics of
+//! the Redis store, on one table. It has no rate algorithms (counters are
+//! hot and disposable, a poor fit for a table), so it is not a
+//! [`Store`](super::Store) and a rate limiter over it does not compile.
+//!
+//! ```
+//! use norepeat::store::{KeyValueStore, SqliteStore};
+//! use sqlx::sqlite::SqlitePoolOptions;
+//! use std::time::Duration;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // One connection: every connection to `sqlite::memory:` is its own database.
+//! let pool = SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+//! let store = SqliteStore::new(pool);
+//! store.migrate().await?;
+//! let ttl = Duration::from_secs(30);
+//! assert_eq!(store.put_if_absent("order-7", b"owner-a", ttl).await?, None);
+//! assert_eq!(store.put_if_absent("order-7", b"owner-b", ttl).await?.as_deref(), Some(&b"owner-a"[..]));
+//! assert!(store.replace_if_equals("order-7", b"owner-a", b"done", ttl).await?);
+//! # Ok(()) }
+//! ```
+//!
+//! # The table
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS norepeat_keys (
+//!     key        TEXT   PRIMARY KEY,
+//!     value      BYTEA  NOT NULL,   -- BLOB on SQLite
+//!     expires_at BIGINT NOT NULL,   -- milliseconds since the Unix epoch, database clock
+//!     nonce      BIGINT NOT NULL    -- which put_if_absent call wrote the value
+//! );
+//! CREATE INDEX IF NOT EXISTS norepeat_keys_expires_at ON norepeat_keys (expires_at);
+//! ```
+//!
+//! Keys are `TEXT` (PostgreSQL refuses a NUL character in one; the keys
+//! norepeat builds are hashes and never hold one), values are bytes.
+//!
+//! The name is yours to choose ([`SqlStoreBuilder::table`], default
+//! [`DEFAULT_TABLE`]; `schema.table` works on PostgreSQL). Several stores
+//! may share a database under different tables.
+//!
+//! ## Migration
+//!
+//! [`SqlStore::migrate`] runs the DDL above, idempotently (`IF NOT EXISTS`),
+//! in one transaction; on PostgreSQL it first takes a transaction-scoped
+//! advisory lock, so instances starting together do not race on the
+//! catalogue. It does **not** use sqlx's migration history: an application
+//! that runs its own `sqlx::migrate!` against the same database keeps a
+//! `_sqlx_migrations` table that must list exactly the application's
+//! migrations (sqlx refuses to run when it finds an applied version it does
+//! not know), so a second migration set recorded there would break the
+//! application's migrator. Call [`SqlStore::migrate`] at start-up before or
+//! after your own migrations, or copy the DDL above into one of your own
+//! migration files and skip it.
+//!
+//! # Semantics, one statement each
+//!
+//! Each operation is one SQL statement, run on its own (autocommit), so it
+//! is atomic against every other operation on the key, from any process:
+//!
+//! | operation | statement |
+//! |---|---|
+//! | [`put_if_absent`](KeyValueStore::put_if_absent) | `INSERT ... ON CONFLICT (key) DO UPDATE SET value = CASE WHEN expired THEN new ELSE old END, ... RETURNING nonce = $mine, value` |
+//! | [`delete_if_equals`](KeyValueStore::delete_if_equals) | `DELETE ... WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`expire_if_equals`](KeyValueStore::expire_if_equals) | `UPDATE ... SET expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`replace_if_equals`](KeyValueStore::replace_if_equals) | `UPDATE ... SET value = $3, expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//!
+//! An expired row is absent: every statement tests `expires_at` itself, in
+//! the same statement that acts, so it never matters whether the reaper has
+//! come by yet. Nothing reads a row and then writes it in a second step.
+//!
+//! `put_if_absent` must say whether it stored its value or, if not, which
+//! value is there. `INSERT ... ON CONFLICT DO UPDATE` locks the conflicting
+//! row and sees its latest committed version (a `SELECT` in the same
+//! statement would see an older snapshot, and could miss a row another
+//! transaction inserted a moment ago). So the conflict branch always
+//! updates: it writes the new value if the old one has expired, and the old
+//! value back otherwise. `RETURNING` then shows only the row as it now is,
+//! and the `nonce` column tells the two cases apart: each call writes a
+//! fresh random 64-bit number with its value, and it stored its value
+//! exactly when the row carries its number. (Comparing values instead would
+//! misjudge a call that meets an equal live value; PostgreSQL 18's
+//! `RETURNING old.*` would do, but this has to work on older servers and on
+//! SQLite.) The price: a duplicate also rewrites the row (same content), a
+//! dead tuple for vacuum on PostgreSQL.
+//!
+//! **Clock.** Times are the database's clock, in milliseconds since the Unix
+//! epoch: `statement_timestamp()` on PostgreSQL (fixed for the statement,
+//! not the transaction start, so it stays right inside a long transaction),
+//! `julianday('now')` on SQLite (fixed for the statement too). Every
+//! instance of the application shares that one clock, as they share Redis's
+//! clock for Redis TTLs; the application servers' clocks play no part. TTLs
+//! are whole milliseconds, at least one.
+//!
+//! On PostgreSQL the statements run at `READ COMMITTED` (the default) and
+//! need no stronger level: each touches one row, and an `UPDATE`, `DELETE`
+//! or `ON CONFLICT` that waits on a concurrent writer re-checks its `WHERE`
+//! on the row's newest version. On SQLite a writing statement holds the
+//! database's write lock for its whole run; give the pool a busy timeout
+//! (sqlx's default is 5 s) and, for concurrency, WAL journal mode.
+//!
+//! # Reaping
+//!
+//! Expired rows are invisible but take space. [`SqlStore::reap_once`]
+//! deletes them in batches of [`SqlStoreBuilder::reap_batch`] rows (1000 by
+//! default), one short statement per batch, until a batch comes back short;
+//! [`SqlStore::spawn_reaper`] does that on an interval you set, in a task
+//! that stops when its [`Reaper`] handle is dropped. A batch is
+//!
+//! ```sql
+//! DELETE FROM t WHERE key IN (
+//!     SELECT key FROM t WHERE expires_at <= now LIMIT n FOR UPDATE SKIP LOCKED  -- SKIP LOCKED: PostgreSQL
+//! ) AND expires_at <= now
+//! ```
+//!
+//! so it is safe to run on every instance at once: two reapers skip each
+//! other's rows instead of queueing behind them, a row a caller is reviving
+//! (a `put_if_absent` over the expired row) is either locked and skipped or
+//! re-checked and kept, and no batch holds locks for long. Reaping never
+//! changes what an operation answers, only when the space comes back.
+//!
+//! # Compared with the references
+//!
+//! Two designs are the usual references for durable idempotency records:
+//! AWS Lambda Powertools' idempotency utility (records in DynamoDB) and
+//! Brandur Leach's "Implementing Stripe-like Idempotency Keys in Postgres".
+//!
+//! **Claiming a key (atomic phase one).**
+//! - Powertools: a conditional `PutItem` (`attribute_not_exists(id) OR
+//!   expiration < now OR (status = INPROGRESS AND in_progress_expiration <
+//!   now)`); on a failed condition it reads the existing item (newer
+//!   versions get it back from the same call) to replay it or to report
+//!   "in progress".
+//! - Brandur: an `INSERT` into `idempotency_keys` under a unique
+//!   `(user_id, idempotency_key)` inside a `SERIALIZABLE` transaction,
+//!   retried on serialization failure; a row with `locked_at` set is in
+//!   progress.
+//! - Here: one `INSERT ... ON CONFLICT DO UPDATE ... RETURNING`, which
+//!   stores the claim or returns the live record in the same round trip,
+//!   like Powertools' conditional put with the old item returned. It needs
+//!   only `READ COMMITTED`: the statement touches one row and takes its lock.
+//!
+//! **Expiry and takeover of an abandoned claim (recovery).**
+//! - Powertools: `in_progress_expiration` (the Lambda's remaining time)
+//!   lets a later request take over an in-progress record.
+//! - Brandur: `locked_at` older than a timeout lets a retry take the key
+//!   over, and it resumes from the key's `recovery_point`; a *completer*
+//!   process finds stalled keys and drives them to the end.
+//! - Here: a claim is a row with a short TTL (the lease), renewed by
+//!   `expire_if_equals` while its owner works; when the owner dies the row
+//!   expires and the next `put_if_absent` takes it over, in the statement
+//!   that sees it expired. Owner checks (`... WHERE value = $expected`) make
+//!   a late, taken-over owner unable to renew, complete or release the new
+//!   owner's claim. There are no recovery points and no completer: a claim
+//!   that dies re-runs from the start, which is right when the effect and
+//!   the completed record commit together (see below) and wrong for an
+//!   effect that was made elsewhere and not recorded.
+//!
+//! **Completion (the last atomic phase).**
+//! - Powertools: an `UpdateItem` to `COMPLETED` with the response, a
+//!   separate write after the handler's effect in another system.
+//! - Brandur: the last phase's transaction writes the response and
+//!   `recovery_point = finished` together with the local effects of that
+//!   phase.
+//! - Here: `replace_if_equals` swaps the claim for the completed record,
+//!   only while the claim is still ours; with
+//!   [transactional completion](#transactional-completion) that same
+//!   owner-checked `UPDATE` runs inside the effect's transaction, like
+//!   Brandur's last phase.
+//!
+//! **Reaping.**
+//! - Powertools: DynamoDB's TTL deletes expired items in the background,
+//!   often long after expiry; the conditions compare `expiration` to now
+//!   themselves, so a late deletion changes nothing.
+//! - Brandur: a reaper deletes keys older than a fixed age (72 hours).
+//! - Here: every statement treats `expires_at <= now` as absent (as
+//!   Powertools does), and [`SqlStore::reap_once`] deletes in bounded
+//!   batches with `SKIP LOCKED`, on every instance if you like.
+//!
+//! **Under a crash.**
+//! - Powertools: effect and record live in different systems. A crash after
+//!   the effect and before `COMPLETED` leaves the record in progress until
+//!   it expires, then a retry runs the effect again; a crash after the claim
+//!   and before the effect costs only the wait.
+//! - Brandur: every phase is a transaction that moves the recovery point
+//!   with its local effects, so a crash leaves the key at a recovery point
+//!   from which a retry or the completer continues; foreign calls (Stripe)
+//!   between phases rely on the foreign service's own idempotency key.
+//! - Here, the store alone: each operation is atomic and durable once it
+//!   returns. A crash between an effect made elsewhere and the completion
+//!   leaves the claim to expire and a retry runs again, the same guarantee
+//!   as Powertools. With [transactional
+//!   completion](#transactional-completion) the effect and the completed
+//!   record commit together: a crash leaves either the open claim and no
+//!   effect (the retry runs once, after the lease) or both.
+//!
+//! ## Transactional completion
+//!
+//! With the effect in the same database as the record, the completion can
+//! join the effect's transaction. The claim stays a short autocommitted
+//! statement (so a concurrent request sees it at once and gets 409 or
+//! waits), and the last phase is one transaction:
+//!
+//! ```sql
+//! BEGIN;
+//!   INSERT INTO payments ...;                        -- the handler's writes
+//!   UPDATE norepeat_keys SET value = $completed, expires_at = now + retention
+//!    WHERE key = $1 AND value = $our_claim AND expires_at > now;
+//!   -- 0 rows: the lease was lost (expired, maybe taken over): ROLLBACK
+//! COMMIT;
+//! ```
+//!
+//! In an axum handler behind the
+//! [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) this is
+//! [`IdempotentTx::commit`](crate::idempotency::IdempotentTx::commit): the
+//! layer puts an `IdempotentTx` in the request's extensions once it holds
+//! the claim; the handler makes its writes in a transaction, builds its
+//! response and hands both over; the record (status, replayed headers,
+//! body, exactly what the layer would store) is written inside the
+//! transaction, which then commits. The layer sees the record completed and
+//! stores nothing more. A message consumer or any other code uses the
+//! primitive underneath, [`SqlStore::replace_if_equals_in`]: claim with
+//! [`put_if_absent`](KeyValueStore::put_if_absent), then effect and
+//! completion in one transaction:
+//!
+//! ```no_run
+//! use norepeat::store::{KeyValueStore, PgStore};
+//! use std::time::Duration;
+//! # async fn award(store: &PgStore, pool: &sqlx::PgPool, message_id: &str, user: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let owner: [u8; 16] = rand::random();
+//! if store.put_if_absent(message_id, &owner, Duration::from_secs(30)).await?.is_some() {
+//!     return Ok(()); // done before, or being done now: ack or redeliver later
+//! }
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("UPDATE points SET balance = balance + 10 WHERE user_id = $1")
+//!     .bind(user)
+//!     .execute(&mut *tx)
+//!     .await?;
+//! let day = Duration::from_secs(24 * 3600);
+//! if store.replace_if_equals_in(&mut tx, message_id, &owner, b"done", day).await? {
+//!     tx.commit().await?; // the points and the record, together
+//! } // else: the claim was lost; dropping `tx` rolls the points back
+//! # Ok(()) }
+//! ```
+//!
+//! What a crash (or a dropped future, or a lost lease) leaves, at each
+//! point:
+//!
+//! | the process stops | left behind | a retry |
+//! |---|---|---|
+//! | before the claim | nothing | runs |
+//! | after the claim, before `COMMIT` reaches the database | the claim, no effect (the open transaction is rolled back when its connection closes or its `Transaction` is dropped) | 409 until the lease ends, then runs once |
+//! | while `COMMIT` is in flight | one of the two rows above or below, never a mix: the effect and the record are in the same commit | as for that row |
+//! | after `COMMIT` | the effect and its completed record | replays |
+//! | the lease ran out before the `UPDATE` | the `UPDATE` matches no row, the transaction is rolled back: no effect from this owner | gets the new owner's answer |
+//!
+//! Never the effect with the key free: the only write that frees a claim
+//! early is an owner-checked delete of the *in-progress* value (the
+//! layer's release after a 5xx or a panic), which matches nothing once the
+//! transaction has committed the completed value. And the `UPDATE` keeps
+//! the row locked until `COMMIT` (on SQLite the whole database is), so no
+//! other request can take the key over between the owner check and the
+//! commit.
+//!
+//! The limits: only writes to this database are covered. A call to another
+//! system in the handler (a card network) is outside the transaction, as in
+//! Brandur's design, and needs that system's own idempotency key; a retry
+//! after a crash calls it again. And the effect holds its locks until the
+//! record is written, so keep the transaction short on SQLite, where one
+//! writer blocks all others.
+//!
+//! Compared with the references, the transactional form closes the gap
+//! that Powertools leaves open (an effect made, then a crash before
+//! `COMPLETED`, then the effect again after expiry): here there is no such
+//! moment. It is Brandur's atomic phase reduced to one phase, claim aside:
+//! no recovery points are needed, since nothing between the claim and the
+//! commit survives a crash, and no completer, since an open claim simply
+//! expires and the retry starts over. Brandur's reaper deletes keys after a
+//! fixed 72 hours; here a completed record lives for the retention the
+//! caller chose (24 h in the layer), then the same batch reaper removes it.
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use super::{KeyValueStore, StoreError};
+use sqlx::{AssertSqlSafe, Pool};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[cfg(feature = "postgres")]
+pub use sqlx::Postgres;
+#[cfg(feature = "sqlite")]
+pub use sqlx::Sqlite;
+
+/// The table a [`SqlStore`] uses unless told otherwise: `norepeat_keys`.
+pub const DEFAULT_TABLE: &str = "norepeat_keys";
+
+/// How many expired rows one reaper statement deletes by default.
+pub const DEFAULT_REAP_BATCH: u32 = 1000;
+
+/// A store on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub type PgStore = SqlStore<sqlx::Postgres>;
+
+/// A store on SQLite.
+#[cfg(feature = "sqlite")]
+pub type SqliteStore = SqlStore<sqlx::Sqlite>;
+
+mod sealed {
+    /// What differs between the databases, kept out of the public API.
+    pub trait Sealed: sqlx::Database {
+        /// The store's [`kind`](crate::store::KeyValueStore::kind).
+        const KIND: &'static str;
+        /// An SQL expression: now, in milliseconds since the Unix epoch, on
+        /// the database's clock, fixed for the statement.
+        const NOW_MS: &'static str;
+        /// Appended to the reaper's inner `SELECT`.
+        const REAP_LOCK: &'static str;
+        /// The DDL, in order, for `table` and its expiry index `index`.
+        fn ddl(table: &str, index: &str) -> Vec<String>;
+    }
+
+    /// Seals [`TxStore`](super::TxStore).
+    pub trait Store {}
+}
+
+/// A store whose records can be completed inside a transaction of the
+/// caller's: [`PgStore`] and [`SqliteStore`]. Sealed; the methods are for
+/// norepeat's own helpers ([`Guarded::run_once_in_tx`](crate::once::Guarded::run_once_in_tx)).
+pub trait TxStore: KeyValueStore + Clone + sealed::Store {
+    /// The sqlx database the store's table lives in.
+    type Database: sqlx::Database;
+
+    /// A transaction on the store's pool.
+    #[doc(hidden)]
+    fn begin_tx(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<sqlx::Transaction<'static, Self::Database>, StoreError>,
+    >;
+
+    /// [`SqlStore::replace_if_equals_in`] on `tx`.
+    #[doc(hidden)]
+    fn replace_in_tx<'a>(
+        &'a self,
+        tx: &'a mut sqlx::Transaction<'static, Self::Database>,
+        key: &'a str,
+        expected: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Commits `tx`.
+    #[doc(hidden)]
+    fn commit_tx(
+        &self,
+        tx: sqlx::Transaction<'static, Self::Database>,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// A database [`SqlStore`] runs on: [`sqlx::Postgres`] (feature
+/// `postgres`) or [`sqlx::Sqlite`] (feature `sqlite`). Sealed.
+pub trait SqlBackend: sealed::Sealed {}
+
+impl<DB: sealed::Sealed> SqlBackend for DB {}
+
+/// Why a [`SqlStoreBuilder`] refused its settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SqlConfigError {
+    /// The table name is not `name` or `schema.name`, each part a lowercase
+    /// ASCII letter or `_` followed by up to 62 lowercase letters, digits or
+    /// `_`. (The name is written into SQL, so it is checked, not quoted.)
+    #[error(
+        "invalid table name {0:?}: expected `name` or `schema.name`, lowercase ASCII letters, digits and `_`, not starting with a digit, at most 63 characters each"
+    )]
+    InvalidTable(String),
+    /// The reaper's batch size is zero.
+    #[error("the reaper's batch size must be at least 1")]
+    ZeroBatch,
+}
+
+fn valid_identifier(part: &str) -> bool {
+    let mut chars = part.chars();
+    matches!(chars.next(), Some('a'..='z' | '_'))
+        && part.len() <= 63
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+/// The statements of one store, built once for its table.
+#[derive(Debug)]
+struct Statements {
+    put: Arc<str>,
+    delete: Arc<str>,
+    expire: Arc<str>,
+    replace: Arc<str>,
+    reap: Arc<str>,
+    ddl: Vec<Arc<str>>,
+}
+
+impl Statements {
+    fn new<DB: SqlBackend>(table: &str) -> Self {
+        let now = DB::NOW_MS;
+        let index = format!("{}_expires_at", table.rsplit('.').next().unwrap_or(table));
+        let s = |sql: String| Arc::<str>::from(sql);
+        Self {
+            put: s(format!(
+                "INSERT INTO {table} AS t (key, value, expires_at, nonce) \
+                 VALUES ($1, $2, {now} + $3, $4) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 value = CASE WHEN t.expires_at <= {now} THEN excluded.value ELSE t.value END, \
+                 expires_at = CASE WHEN t.expires_at <= {now} THEN excluded.expires_at ELSE t.expires_at END, \
+                 nonce = CASE WHEN t.expires_at <= {now} THEN excluded.nonce ELSE t.nonce END \
+                 RETURNING nonce = $4, value"
+            )),
+            delete: s(format!(
+                "DELETE FROM {table} WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            expire: s(format!(
+                "UPDATE {table} SET expires_at = {now} + $3 \
+                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            replace: s(format!(
+                "UPDATE {table} SET value = $3, expires_at = {now} + $4 \
+                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            reap: s(format!(
+                "DELETE FROM {table} WHERE key IN (\
+                 SELECT key FROM {table} WHERE expires_at <= {now} LIMIT $1{lock}\
+                 ) AND expires_at <= {now}",
+                lock = DB::REAP_LOCK
+            )),
+            ddl: DB::ddl(table, &index).into_iter().map(s).collect(),
+        }
+    }
+}
+
+/// Statement text for sqlx. The text was built from a checked table name
+/// and constants only; every value is a bound parameter.
+fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(s))
+}
+
+/// A TTL in milliseconds, at least 1, and small enough that `now + ttl`
+/// cannot overflow a `BIGINT` (a cap of about 285,000 years).
+fn ttl_millis(ttl: Duration) -> i64 {
+    const CAP: u64 = 1 << 53;
+    i64::try_from(super::ttl_ms(ttl).min(CAP)).unwrap_or(i64::MAX)
+}
+
+fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
+    match e {
+        sqlx::Error::PoolTimedOut => StoreError::Timeout(acquire_timeout),
+        sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Configuration(_) => StoreError::Connection(e.to_string()),
+        sqlx::Error::Database(_) => StoreError::Server(e.to_string()),
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+/// A [`KeyValueStore`] on one SQL table: PostgreSQL (`PgStore`, feature
+/// `postgres`) or SQLite (`SqliteStore`, feature `sqlite`).
+///
+/// Every operation is one statement with the semantics of the Redis store
+/// (see the [module docs](self)). It holds a sqlx pool and is cheap to
+/// clone; clones share the pool. Run [`migrate`](Self::migrate) once before
+/// use, and a [reaper](Self::spawn_reaper) to reclaim expired rows.
+///
+/// ```no_run
+/// use norepeat::store::PgStore;
+/// use std::time::Duration;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/shop").await?;
+/// let store = PgStore::builder(pool).table("idempotency_records").build()?;
+/// store.migrate().await?;
+/// let _reaper = store.spawn_reaper(Duration::from_secs(60)); // stops when dropped
+/// # Ok(()) }
+/// ```
+///
+/// It has no rate algorithms, so a rate limiter over it is refused when the
+/// program is compiled (`RateLimiter` requires [`Store`](super::Store)):
+///
+/// ```compile_fail,E0277
+/// use norepeat::ratelimit::{Quota, RateLimiter};
+/// use norepeat::store::SqliteStore;
+/// let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+/// let limiter = RateLimiter::new(SqliteStore::new(pool), Quota::parse("5/s").unwrap());
+/// ```
+pub struct SqlStore<DB: SqlBackend> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: SqlBackend> {
+    pool: Pool<DB>,
+    table: String,
+    reap_batch: u32,
+    sql: Statements,
+}
+
+impl<DB: SqlBackend> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<DB: SqlBackend> fmt::Debug for SqlStore<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("kind", &DB::KIND)
+            .field("table", &self.inner.table)
+            .field("reap_batch", &self.inner.reap_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlBackend> SqlStore<DB> {
+    /// A store on `pool` with the default table ([`DEFAULT_TABLE`]) and
+    /// reaper batch ([`DEFAULT_REAP_BATCH`]).
+    #[must_use]
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned(), DEFAULT_REAP_BATCH)
+    }
+
+    /// A builder, to choose the table or the reaper's batch size.
+    pub fn builder(pool: Pool<DB>) -> SqlStoreBuilder<DB> {
+        SqlStoreBuilder {
+            pool,
+            table: DEFAULT_TABLE.to_owned(),
+            reap_batch: DEFAULT_REAP_BATCH,
+        }
+    }
+
+    fn build(pool: Pool<DB>, table: String, reap_batch: u32) -> Self {
+        let sql = Statements::new::<DB>(&table);
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                table,
+                reap_batch,
+                sql,
+            }),
+        }
+    }
+
+    /// The pool the store runs on.
+    #[must_use]
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.inner.pool
+    }
+
+    /// The table the store keeps its rows in.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
+        map_err(e, self.inner.pool.options().get_acquire_timeout())
+    }
+}
+
+/// Settings of a [`SqlStore`]: its table and its reaper's batch size.
+///
+/// ```
+/// use norepeat::store::SqliteStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:")?;
+/// let store = SqliteStore::builder(pool.clone()).table("claims").reap_batch(500).build()?;
+/// assert_eq!(store.table(), "claims");
+/// assert!(SqliteStore::builder(pool).table("claims; DROP TABLE x").build().is_err());
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct SqlStoreBuilder<DB: SqlBackend> {
+    pool: Pool<DB>,
+    table: String,
+    reap_batch: u32,
+}
+
+impl<DB: SqlBackend> fmt::Debug for SqlStoreBuilder<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStoreBuilder")
+            .field("kind", &DB::KIND)
+            .field("table", &self.table)
+            .field("reap_batch", &self.reap_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlBackend> SqlStoreBuilder<DB> {
+    /// The table's name: `name` or `schema.name`, lowercase ASCII letters,
+    /// digits and `_` (default [`DEFAULT_TABLE`]). Checked by
+    /// [`build`](Self::build).
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How many expired rows one reaper statement deletes (default
+    /// [`DEFAULT_REAP_BATCH`]). Smaller batches hold locks for less time.
+    pub fn reap_batch(mut self, rows: u32) -> Self {
+        self.reap_batch = rows;
+        self
+    }
+
+    /// The store.
+    ///
+    /// # Errors
+    /// [`SqlConfigError::InvalidTable`] for a table name that is not a plain
+    /// identifier (or two joined by a dot), [`SqlConfigError::ZeroBatch`]
+    /// for a batch of zero rows.
+    pub fn build(self) -> Result<SqlStore<DB>, SqlConfigError> {
+        let parts: Vec<&str> = self.table.split('.').collect();
+        if parts.len() > 2 || !parts.iter().all(|p| valid_identifier(p)) {
+            return Err(SqlConfigError::InvalidTable(self.table));
+        }
+        if self.reap_batch == 0 {
+            return Err(SqlConfigError::ZeroBatch);
+        }
+        Ok(SqlStore::build(self.pool, self.table, self.reap_batch))
+    }
+}
+
+/// A running reaper, from [`SqlStore::spawn_reaper`]. The task stops when
+/// this handle is dropped (or [`stop`](Self::stop)ped); a batch cut off
+/// mid-statement is rolled back by the database, never half applied.
+#[derive(Debug)]
+#[must_use = "the reaper stops when its handle is dropped"]
+pub struct Reaper {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reaper {
+    /// Stops the reaper (the same as dropping the handle).
+    pub fn stop(self) {}
+
+    fn spawn<F, Fut>(every: Duration, kind: &'static str, mut reap: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<u64, StoreError>> + Send,
+    {
+        let every = every.max(Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match reap().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::debug!(store = kind, rows = n, "reaped expired rows");
+                        metrics::counter!("norepeat_reaped_rows_total", "store" => kind)
+                            .increment(n);
+                    }
+                    Err(e) => {
+                        tracing::warn!(store = kind, error = %e, "reaper failed; retrying next interval")
+                    }
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The operations, written once and compiled for each database (their
+/// sqlx types differ; the statements come from [`Statements`]).
+macro_rules! impl_sql_store {
+    ($db:ty) => {
+        impl SqlStore<$db> {
+            /// Creates the table and its expiry index if they do not exist
+            /// (see [Migration](self#migration)). Safe to run on every
+            /// start, from every instance at once.
+            ///
+            /// # Errors
+            /// When the database refuses the DDL or cannot be reached.
+            pub async fn migrate(&self) -> Result<(), StoreError> {
+                let mut tx = self.inner.pool.begin().await.map_err(|e| self.err(e))?;
+                for ddl in &self.inner.sql.ddl {
+                    sqlx::query(sql(ddl))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                tx.commit().await.map_err(|e| self.err(e))
+            }
+
+            /// Deletes every row that has expired, in batches (see
+            /// [Reaping](self#reaping)), and returns how many it deleted.
+            /// For a test, a cron job, or a process that schedules its own
+            /// maintenance.
+            ///
+            /// # Errors
+            /// When a batch fails; batches before it stay deleted.
+            pub async fn reap_once(&self) -> Result<u64, StoreError> {
+                let batch = self.inner.reap_batch;
+                let mut total = 0;
+                loop {
+                    let done = sqlx::query(sql(&self.inner.sql.reap))
+                        .bind(i64::from(batch))
+                        .execute(&self.inner.pool)
+                        .await
+                        .map_err(|e| self.err(e))?
+                        .rows_affected();
+                    total += done;
+                    if done < u64::from(batch) {
+                        return Ok(total);
+                    }
+                }
+            }
+
+            /// [`replace_if_equals`](KeyValueStore::replace_if_equals) on
+            /// `conn` instead of the pool: inside the caller's transaction,
+            /// so the completed record commits (or rolls back) with the
+            /// caller's own writes. This is the owner check of
+            /// [transactional completion](self#transactional-completion):
+            /// `false` means the claim is no longer `expected` (it expired,
+            /// or another caller took the key over), and the caller must
+            /// roll back rather than commit its effect.
+            ///
+            /// The `UPDATE` locks the row until the transaction ends, so no
+            /// other caller can take the key over between this check and
+            /// the commit.
+            ///
+            /// # Errors
+            /// When the statement fails; the transaction should be rolled
+            /// back.
+            pub async fn replace_if_equals_in(
+                &self,
+                conn: &mut <$db as sqlx::Database>::Connection,
+                key: &str,
+                expected: &[u8],
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.replace))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            /// Runs [`reap_once`](Self::reap_once) every `every` (the first
+            /// run at once) in a spawned task, until the returned handle is
+            /// dropped. Failures are logged and retried at the next
+            /// interval. Must be called within a tokio runtime.
+            pub fn spawn_reaper(&self, every: Duration) -> Reaper {
+                let store = self.clone();
+                Reaper::spawn(every, <$db as sealed::Sealed>::KIND, move || {
+                    let store = store.clone();
+                    async move { store.reap_once().await }
+                })
+            }
+        }
+
+        impl sealed::Store for SqlStore<$db> {}
+
+        impl TxStore for SqlStore<$db> {
+            type Database = $db;
+
+            fn begin_tx(
+                &self,
+            ) -> futures_util::future::BoxFuture<
+                '_,
+                Result<sqlx::Transaction<'static, $db>, StoreError>,
+            > {
+                Box::pin(async move { self.inner.pool.begin().await.map_err(|e| self.err(e)) })
+            }
+
+            fn replace_in_tx<'a>(
+                &'a self,
+                tx: &'a mut sqlx::Transaction<'static, $db>,
+                key: &'a str,
+                expected: &'a [u8],
+                value: &'a [u8],
+                ttl: Duration,
+            ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
+                Box::pin(self.replace_if_equals_in(&mut *tx, key, expected, value, ttl))
+            }
+
+            fn commit_tx(
+                &self,
+                tx: sqlx::Transaction<'static, $db>,
+            ) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
+                Box::pin(async move { tx.commit().await.map_err(|e| self.err(e)) })
+            }
+        }
+
+        impl KeyValueStore for SqlStore<$db> {
+            async fn put_if_absent(
+                &self,
+                key: &str,
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<Option<bytes::Bytes>, StoreError> {
+                let nonce: i64 = rand::random();
+                let (stored, current): (bool, Vec<u8>) = sqlx::query_as(sql(&self.inner.sql.put))
+                    .bind(key)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .bind(nonce)
+                    .fetch_one(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok((!stored).then(|| bytes::Bytes::from(current)))
+            }
+
+            async fn delete_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.delete))
+                    .bind(key)
+                    .bind(expected)
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn expire_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.expire))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(ttl_millis(ttl))
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn replace_if_equals(
+                &self,
+                key: &str,
+                expected: &[u8],
+                value: &[u8],
+                ttl: Duration,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(sql(&self.inner.sql.replace))
+                    .bind(key)
+                    .bind(expected)
+                    .bind(value)
+                    .bind(ttl_millis(ttl))
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            fn kind(&self) -> &'static str {
+                <$db as sealed::Sealed>::KIND
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+impl_sql_store!(sqlx::Postgres);
+#[cfg(feature = "sqlite")]
+impl_sql_store!(sqlx::Sqlite);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for ok in ["norepeat_keys", "_t", "app.keys_2", "a"] {
+            assert!(ok.split('.').all(valid_identifier), "{ok}");
+        }
+        for bad in [
+            "",
+            "Keys",
+            "1t",
+            "t-1",
+            "t;drop",
+            "a b",
+            "\"t\"",
+            &"x".repeat(64),
+        ] {
+            assert!(!bad.split('.').all(valid_identifier), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ttl_is_at_least_a_millisecond_and_capped() {
+        assert_eq!(ttl_millis(Duration::ZERO), 1);
+        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(ttl_millis(Duration::MAX), 1 << 53);
+    }
+}
