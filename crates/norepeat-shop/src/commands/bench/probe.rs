@@ -7,7 +7,7 @@ use super::BenchError;
 use super::harness::Load;
 use super::report::{Ceiling, MemoryResult};
 use super::rows::fingerprint;
-use super::rows::idempotency::{Entered, created, held_handler, payment};
+use super::rows::idempotency::{Held, Pending, created, held_handler, let_go, payment, status_of};
 use norepeat::guard::FingerprintGuard;
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::keys::{KeyBuilder, Mode};
@@ -16,8 +16,8 @@ use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{Semaphore, watch};
-use tower::{Layer, ServiceExt};
+use tokio::sync::Semaphore;
+use tower::Layer;
 
 /// A `redis-server` of the bench's own on a free loopback port, stopped
 /// when dropped. Nothing else writes to it, nothing of other runs is in
@@ -185,31 +185,31 @@ async fn idempotency_records(
     n: u64,
     load: &Load,
 ) -> Result<(f64, f64), BenchError> {
-    let (go_tx, go) = watch::channel(false);
     let svc = IdempotencyLayer::new(store.clone())
         .route("/payments")
         .lease(Duration::from_secs(300))
         .lease_renewal(false)
         .retention(Duration::from_secs(300))
-        .layer(held_handler(go, created));
+        .layer(held_handler(created));
     let client_key = |i: u64| format!("m{run:x}-{i}");
     let before = settled_memory(con).await?;
     // At most `concurrency` claims in flight; a permit comes back when its
     // handler is entered (its record is in progress).
     let permits = load.concurrency.max(1);
     let sem = Arc::new(Semaphore::new(permits));
-    let mut requests = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    let mut pending: Vec<Pending> = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for i in 0..n {
         let permit = Arc::clone(&sem)
             .acquire_owned()
             .await
             .map_err(|e| BenchError::Probe(e.to_string()))?;
         let mut req = payment(&client_key(i))?;
-        let (entered, rx) = Entered::new();
-        req.extensions_mut().insert(entered);
-        requests.push(tokio::spawn(svc.clone().oneshot(req)));
+        let (held, holder) = Held::new();
+        req.extensions_mut().insert(held);
+        pending.push((holder.go, tokio::spawn(status_of(svc.clone(), req))));
+        let entered = holder.entered;
         tokio::spawn(async move {
-            let _ = rx.await;
+            let _ = entered.await;
             drop(permit);
         });
     }
@@ -218,17 +218,14 @@ async fn idempotency_records(
         .acquire_many(all)
         .await
         .map_err(|e| BenchError::Probe(e.to_string()))?;
-    if requests.iter().any(tokio::task::JoinHandle::is_finished) {
+    if pending.iter().any(|(_, t)| t.is_finished()) {
         return Err(BenchError::Probe("an idempotency claim was refused".into()));
     }
     let in_progress = settled_memory(con).await?;
-    let _ = go_tx.send(true);
-    for r in requests {
-        let Ok(res) = r.await?;
-        if res.status() != http::StatusCode::CREATED {
+    for status in let_go(pending, permits).await? {
+        if status != http::StatusCode::CREATED {
             return Err(BenchError::Probe(format!(
-                "an idempotency record was not completed: {}",
-                res.status()
+                "an idempotency record was not completed: {status}"
             )));
         }
     }

@@ -14,6 +14,7 @@
 use super::super::BenchError;
 use super::super::harness::{Load, Sample, measure};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use norepeat::idempotency::IdempotencyLayer;
@@ -21,7 +22,8 @@ use norepeat::store::AnyStore;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tower::{Layer, ServiceExt};
 
 /// The 64-byte JSON body the `cycle` handler answers with, and the memory
@@ -52,34 +54,55 @@ pub(crate) fn created() -> Response<Full<Bytes>> {
     res
 }
 
-/// Rides in a request's extensions; the handler fires it when entered.
-#[derive(Clone, Default)]
-pub(crate) struct Entered(Arc<Mutex<Option<oneshot::Sender<()>>>>);
+/// Rides in a request's extensions: the handler says when it is entered,
+/// then waits to be let go.
+#[derive(Clone)]
+pub(crate) struct Held {
+    entered: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    go: Arc<Mutex<Option<oneshot::Receiver<()>>>>,
+}
 
-impl Entered {
-    /// A signal and the receiver that hears it.
-    pub(crate) fn new() -> (Self, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        (Self(Arc::new(Mutex::new(Some(tx)))), rx)
+/// The driver's side of a [`Held`] request.
+pub(crate) struct Holder {
+    /// Fires when the handler is entered (errs if it never is).
+    pub(crate) entered: oneshot::Receiver<()>,
+    /// Lets the handler answer.
+    pub(crate) go: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// A request's side and the driver's.
+    pub(crate) fn new() -> (Self, Holder) {
+        let (entered_tx, entered) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel();
+        (
+            Self {
+                entered: Arc::new(Mutex::new(Some(entered_tx))),
+                go: Arc::new(Mutex::new(Some(go_rx))),
+            },
+            Holder { entered, go },
+        )
     }
 
-    /// Says the handler runs.
-    pub(crate) fn fire(&self) {
-        let tx = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(tx) = tx {
+    async fn enter(&self) {
+        let entered = lock(&self.entered).take();
+        if let Some(tx) = entered {
             let _ = tx.send(());
+        }
+        let go = lock(&self.go).take();
+        if let Some(rx) = go {
+            let _ = rx.await;
         }
     }
 }
 
-/// A handler that says it was entered, waits until `go` turns true, and
-/// answers `then`.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A handler that, for a [`Held`] request, says it was entered and waits
+/// to be let go; then answers `then`.
 pub(crate) fn held_handler(
-    go: watch::Receiver<bool>,
     then: fn() -> Response<Full<Bytes>>,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
@@ -89,16 +112,44 @@ pub(crate) fn held_handler(
 > + Clone
 + Send
 + 'static {
-    tower::service_fn(move |req: Request<Full<Bytes>>| {
-        let mut go = go.clone();
-        async move {
-            if let Some(e) = req.extensions().get::<Entered>() {
-                e.fire();
-            }
-            let _ = go.wait_for(|g| *g).await;
-            Ok::<_, Infallible>(then())
+    tower::service_fn(move |req: Request<Full<Bytes>>| async move {
+        if let Some(h) = req.extensions().get::<Held>() {
+            h.enter().await;
         }
+        Ok::<_, Infallible>(then())
     })
+}
+
+/// A held request on its way: its driver's side and its task.
+pub(crate) type Pending = (oneshot::Sender<()>, JoinHandle<StatusCode>);
+
+/// Sends `req` through `svc`; its status.
+pub(crate) async fn status_of<S, B>(svc: S, req: Request<Full<Bytes>>) -> StatusCode
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>,
+{
+    match svc.oneshot(req).await {
+        Ok(res) => res.status(),
+        Err(never) => match never {},
+    }
+}
+
+/// Lets held requests go, `window` at a time (all at once would queue
+/// every completion on the connections at the same moment, past the
+/// client's response timeout), and returns their statuses.
+pub(crate) async fn let_go(
+    pending: Vec<Pending>,
+    window: usize,
+) -> Result<Vec<StatusCode>, BenchError> {
+    let statuses: Vec<Result<StatusCode, BenchError>> = futures_util::stream::iter(pending)
+        .map(|(go, task)| async move {
+            let _ = go.send(());
+            Ok(task.await?)
+        })
+        .buffer_unordered(window.max(1))
+        .collect()
+        .await;
+    statuses.into_iter().collect()
 }
 
 fn unavailable() -> Response<Full<Bytes>> {
@@ -114,49 +165,39 @@ pub(crate) async fn claim(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
         duration: load.duration.min(Duration::from_secs(2)),
         ..*load
     };
-    let (go_tx, go) = watch::channel(false);
     let svc = IdempotencyLayer::new(store.clone())
         .route("/payments")
         .lease(Duration::from_secs(60))
         .lease_renewal(false)
-        .layer(held_handler(go, unavailable));
-    let held = Arc::new(Mutex::new(Vec::new()));
-    let tasks = Arc::clone(&held);
+        .layer(held_handler(unavailable));
+    let held: Arc<Mutex<Vec<Pending>>> = Arc::new(Mutex::new(Vec::new()));
+    let pending = Arc::clone(&held);
     let sample = measure(&load, move |id| {
         let svc = svc.clone();
-        let tasks = Arc::clone(&tasks);
+        let pending = Arc::clone(&pending);
         let req = payment(&format!("c{run:x}-{id}")).map(|mut r| {
-            let (entered, rx) = Entered::new();
-            r.extensions_mut().insert(entered);
-            (r, rx)
+            let (held, holder) = Held::new();
+            r.extensions_mut().insert(held);
+            (r, holder)
         });
         async move {
-            let (req, rx) = req?;
-            let task = tokio::spawn(svc.oneshot(req));
-            if rx.await.is_err() {
-                let Ok(res) = task.await?;
+            let (req, holder) = req?;
+            let task = tokio::spawn(status_of(svc, req));
+            if holder.entered.await.is_err() {
+                let status = task.await?;
                 return Err(BenchError::unexpected(
                     "idempotency.claim",
-                    format!("the handler did not run: {}", res.status()),
+                    format!("the handler did not run: {status}"),
                 ));
             }
-            tasks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(task);
+            lock(&pending).push((holder.go, task));
             Ok(())
         }
     })
     .await;
-    let _ = go_tx.send(true);
-    let tasks = std::mem::take(
-        &mut *held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    for t in tasks {
-        let _ = t.await?;
-    }
+    // The handlers answer 503: the layer releases every key.
+    let pending = std::mem::take(&mut *lock(&held));
+    let_go(pending, load.concurrency).await?;
     sample
 }
 
