@@ -20,14 +20,14 @@
 //!
 //! On one Redis it also measures the memory a fingerprint key, an
 //! in-progress and a completed idempotency record take (on a private
-//! `redis-server` when one can be started, see [`probe`]) and the store's
+//! `redis-server` when one can be started, see `probe`) and the store's
 //! ceiling (`redis-benchmark` running `SET key v NX PX 3000` with
 //! `-c 64 -P 16`), and reports the ratios named in BENCHMARKS.md.
 //!
-//! The parts: [`args`] (options), [`harness`] (load generator,
-//! percentiles, CPU time), [`rows`] (one function per row), [`probe`]
-//! (Redis `INFO`, memory per key, `redis-benchmark`), [`report`] (table and
-//! JSON), [`error`].
+//! The parts: `args` (options), `harness` (load generator,
+//! percentiles, CPU time), `rows` (one function per row), `probe`
+//! (Redis `INFO`, memory per key, `redis-benchmark`), `report` (table and
+//! JSON), `error`.
 
 mod args;
 mod error;
