@@ -1,18 +1,34 @@
-//! Store keys: short, injective, and one cluster slot per operation.
+//! Store keys: short, injective, one key per operation.
 //!
-//! A key is `prefix:mode:{tag}`:
+//! A key is `prefix:` + `mode` + `tag`:
 //! - `prefix` names the application (default `nr`), so several can share a
 //!   Redis;
 //! - `mode` is one letter: `t` token, `f` fingerprint, `i` idempotency,
 //!   `r` rate limit;
-//! - `tag` is 128 bits of BLAKE3 over the key's *scope* (tenant or user,
-//!   method, route template) and its *content* (fingerprint, client key),
-//!   in base64url (22 characters). The braces make it a Redis Cluster hash
-//!   tag, so every key one operation touches lands in one slot.
+//! - `tag` is the first 96 bits of BLAKE3 over the key's *scope* (tenant or
+//!   user, method, route template) and its *content* (fingerprint, client
+//!   key), in base64url: always 16 characters.
 //!
-//! The parts are length-prefixed before hashing, so the encoding is
-//! injective: a user id containing `:`, `{` or `}` can never produce the same
-//! input as another user's. Keys are 29 bytes with the default prefix.
+//! With the default prefix a key is 20 bytes (`nr:fAbCdEfGhIjKlMnOp`). Redis
+//! stores a key of up to 20 bytes in a 24-byte allocation (3 bytes of
+//! header, the key, a NUL), one jemalloc size class below the 40 bytes the
+//! former 29-byte layout (`nr:f:{` + 22 characters + `}`) took; see
+//! BENCHMARKS.md for the memory per key this gives.
+//!
+//! **Injective.** The parts are length-prefixed before hashing, so a user id
+//! containing `:`, `{` or `}` can never produce the same input as another
+//! user's. The key itself reads back unambiguously from its end: the last 16
+//! characters are the tag, the one before them the mode, the one before that
+//! the `:` that ends the prefix (base64url has no `:`). So two keys are equal
+//! only if prefix, mode and tag are. 96 bits keep a collision between two
+//! live keys of one mode unlikely below about 2^48 keys.
+//!
+//! **No hash tag.** Every store operation touches one key (each Lua script
+//! in `store/lua/` reads and writes `KEYS[1]` only), so Redis Cluster can
+//! place every key where its whole name hashes; no `{...}` is needed, and
+//! none is written. A future operation that touches two keys must give
+//! both the same hash tag. The prefix may not contain `{` or `}`, so it can
+//! never form a hash tag by accident (base64url has neither).
 //!
 //! The key string of [`#[norepeat::guard]`](macro@crate::guard) is made the
 //! same way: [`KeyParts`] length-prefixes each literal segment of its
@@ -25,13 +41,17 @@
 //! let a = keys.key(Mode::Fingerprint, &[b"user:1", b"POST", b"/orders"]);
 //! let b = keys.key(Mode::Fingerprint, &[b"user", b"1:POST", b"/orders"]);
 //! assert_ne!(a, b);
-//! assert!(a.starts_with("shop:f:{") && a.ends_with('}'));
-//! assert!(a.len() < 64);
+//! assert!(a.starts_with("shop:f"));
+//! assert_eq!(a.len(), "shop:f".len() + 16);
+//! assert_eq!(KeyBuilder::default().key(Mode::Token, &[b"n"]).len(), 20);
 //! ```
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use std::sync::Arc;
+
+/// Bytes of digest a key keeps: 96 bits, 16 base64url characters.
+const TAG_BYTES: usize = 12;
 
 /// What a key is for; one letter in the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,8 +97,8 @@ impl KeyBuilder {
     /// Keys starting with `prefix:`. Keep it short: every key carries it.
     ///
     /// # Panics
-    /// If `prefix` contains `{` or `}`, which would break the cluster hash
-    /// tag.
+    /// If `prefix` contains `{` or `}`, which would make a Redis Cluster
+    /// hash tag and put every key in one slot.
     #[must_use]
     pub fn new(prefix: &str) -> Self {
         assert!(
@@ -104,17 +124,16 @@ impl KeyBuilder {
         self.key_for_digest(mode, h.finalize().as_bytes())
     }
 
-    /// The key for a digest computed elsewhere (its first 16 bytes are used).
+    /// The key for a digest computed elsewhere (its first 12 bytes, 96
+    /// bits, are used).
     #[must_use]
     pub fn key_for_digest(&self, mode: Mode, digest: &[u8]) -> String {
-        let tag = &digest[..digest.len().min(16)];
-        let mut key = String::with_capacity(self.prefix.len() + 28);
+        let tag = &digest[..digest.len().min(TAG_BYTES)];
+        let mut key = String::with_capacity(self.prefix.len() + 2 + 16);
         key.push_str(&self.prefix);
         key.push(':');
         key.push(mode.letter());
-        key.push_str(":{");
         URL_SAFE_NO_PAD.encode_string(tag, &mut key);
-        key.push('}');
         key
     }
 }
@@ -293,10 +312,29 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_short_and_carry_one_hash_tag() {
+    fn keys_are_twenty_bytes_and_carry_no_hash_tag() {
         let k = KeyBuilder::default().key(Mode::Idempotency, &[&[7u8; 300]]);
-        assert_eq!(k.len(), 29);
-        assert_eq!(k.matches('{').count(), 1);
-        assert_eq!(k.matches('}').count(), 1);
+        assert_eq!(k.len(), 20);
+        assert!(k.starts_with("nr:i"));
+        assert!(!k.contains(['{', '}']));
+        let digest = [0xffu8; 32];
+        let d = KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest);
+        assert_eq!(d, "nr:f________________");
+    }
+
+    proptest! {
+        /// Keys of different prefixes, modes or tags never meet, even when a
+        /// prefix ends like another's mode (`a` + `f` against `a:f` + `t`).
+        #[test]
+        fn keys_are_injective_across_prefixes_and_modes(
+            p1 in "[a-z:]{0,4}", p2 in "[a-z:]{0,4}",
+            m1 in 0usize..4, m2 in 0usize..4,
+            d1 in proptest::collection::vec(any::<u8>(), 12), d2 in proptest::collection::vec(any::<u8>(), 12),
+        ) {
+            let modes = [Mode::Token, Mode::Fingerprint, Mode::Idempotency, Mode::RateLimit];
+            let a = KeyBuilder::new(&p1).key_for_digest(modes[m1], &d1);
+            let b = KeyBuilder::new(&p2).key_for_digest(modes[m2], &d2);
+            prop_assert_eq!(p1 == p2 && m1 == m2 && d1 == d2, a == b);
+        }
     }
 }

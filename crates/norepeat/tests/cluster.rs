@@ -660,8 +660,8 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     assert!(sb.replace_if_equals(&key, b"v1", b"v2", ttl).await.unwrap());
     assert!(!sb.delete_if_equals(&key, b"v1").await.unwrap());
     assert!(sb.delete_if_equals(&key, b"v2").await.unwrap());
-    // Same hash tag, same slot: the promoted master's.
-    let rl = format!("{key}:rl");
+    // The key as a hash tag: the same slot, the promoted master's.
+    let rl = format!("{{{key}}}:rl");
     assert!(sb.fixed_window(&rl, 1, ttl).await.unwrap().allowed);
     assert!(!sa.fixed_window(&rl, 1, ttl).await.unwrap().allowed);
     assert!(sa.gcra(&format!("{rl}g"), ttl, 1).await.unwrap().allowed);

@@ -1,0 +1,32 @@
+//! The bench's command-line options.
+
+/// The bench's options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Store to measure (`redis://...`, `redis+cluster://...`); default memory.
+    #[arg(long = "redis", env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Finish within 60 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Concurrent tasks driving each row.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Measured time per row in milliseconds (overrides the mode's; the
+    /// warm-up is a fifth of it). For tests.
+    #[arg(long, hide = true)]
+    pub duration_ms: Option<u64>,
+    /// Keys (and records) written to measure Redis memory per key.
+    #[arg(long, default_value_t = 100_000, hide = true)]
+    pub memory_keys: usize,
+    /// Skip the `redis-benchmark` ceiling.
+    #[arg(long)]
+    pub no_ceiling: bool,
+    /// Measure memory per key on the `--redis` server itself rather than on
+    /// a private `redis-server` started for it.
+    #[arg(long)]
+    pub memory_on_target: bool,
+}

@@ -1,0 +1,198 @@
+//! `norepeat bench`: measure the guards against the store in use.
+//!
+//! Every row drives the library directly with many concurrent tasks (64 by
+//! default) for a fixed time after a warm-up, records each operation's
+//! latency, and reads the process's CPU time around the measured window:
+//!
+//! | row | one operation |
+//! |---|---|
+//! | `token.issue` | sign a repeat token (no store) |
+//! | `redis.raw` | plain redis-rs `SET key 1 NX PX 3000` of a fresh key, as many connections as the store holds, used in turn (one Redis only): the yardstick |
+//! | `token.consume` | verify a fresh token and record its use (`SET NX PX`); issuing it is outside the timed part |
+//! | `fingerprint.acquire` | a new fingerprint: `SET NX PX GET`, admitted, held |
+//! | `fingerprint.duplicate` | a held fingerprint again: the same command, rejected with its `Retry-After` |
+//! | `idempotency.claim` | a new `Idempotency-Key` through the layer, timed until its handler is entered; handlers are held to the row's end (at most 2 s), then released |
+//! | `idempotency.cycle` | a new key through the layer: claimed, handled (201, 64-byte body), completed, the response read |
+//! | `idempotency.replay` | a key whose record is complete: the stored response replayed |
+//! | `ratelimit.gcra` | one GCRA decision (one script by `EVALSHA`) |
+//! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
+//! | `http.guarded` | the same route behind `NoRepeatLayer::fingerprint`, the same load generator, the same run |
+//!
+//! On one Redis it also measures the memory a fingerprint key, an
+//! in-progress and a completed idempotency record take (on a private
+//! `redis-server` when one can be started, see `probe`) and the store's
+//! ceiling (`redis-benchmark` running `SET key v NX PX 3000` with
+//! `-c 64 -P 16`), and reports the ratios named in BENCHMARKS.md.
+//!
+//! The parts: `args` (options), `harness` (load generator,
+//! percentiles, CPU time), `rows` (one function per row), `probe`
+//! (Redis `INFO`, memory per key, `redis-benchmark`), `report` (table and
+//! JSON), `error`.
+
+mod args;
+mod error;
+mod harness;
+mod probe;
+mod report;
+mod rows;
+
+pub use args::BenchArgs;
+pub use error::BenchError;
+pub use report::{BenchResult, Ceiling, MemoryResult, Report};
+pub use rows::RESULT_NAMES;
+
+use harness::Load;
+use indicatif::{ProgressBar, ProgressStyle};
+use norepeat::store::{AnyStore, MemoryStore, Store};
+use std::time::Duration;
+
+/// Runs the bench and prints its report.
+///
+/// # Errors
+/// When the store cannot be reached or a row gets an answer it does not
+/// measure.
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let report = measure_all(&args).await?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// Measures every row, the memory per key and the ceiling.
+///
+/// # Errors
+/// As [`run`].
+pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
+    let url = args.redis_url.as_deref().filter(|u| !u.is_empty());
+    let store = AnyStore::from_url(url).await?;
+    let single_redis = matches!(store, AnyStore::Redis(_));
+    let duration = Duration::from_millis(
+        args.duration_ms
+            .unwrap_or(if args.quick { 1_500 } else { 5_000 })
+            .max(10),
+    );
+    let load = Load {
+        concurrency: args.concurrency.max(1),
+        warmup: duration / 5,
+        duration,
+    };
+    // A per-run random prefix keeps runs against one Redis apart.
+    let run: u64 = rand::random();
+
+    let bar = ProgressBar::new(RESULT_NAMES.len() as u64 + 2).with_style(
+        ProgressStyle::with_template("{spinner} bench {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+
+    // Memory first, while the server holds no keys of this run.
+    bar.set_message("redis memory per key");
+    let memory = match (single_redis, url) {
+        (true, Some(u)) => Ok(memory(u, args, run, &load).await?),
+        _ => Err(format!("not measured on a {} store", store.kind())),
+    };
+    bar.inc(1);
+
+    let mut results = Vec::with_capacity(RESULT_NAMES.len());
+    for name in RESULT_NAMES {
+        bar.set_message(name);
+        // The memory store evicts early once full (by design): give each
+        // row its own, so one row's flood of keys does not evict another's.
+        let store = fresh(&store);
+        let cx = rows::RowCtx {
+            store: &store,
+            load: &load,
+            run,
+            url,
+        };
+        if let Some(s) = rows::row(name, &cx).await? {
+            results.push(BenchResult {
+                name,
+                ops_per_s: s.ops_per_s,
+                p50_us: s.p50_us,
+                p99_us: s.p99_us,
+                ops: s.ops,
+                cpu_us_per_op: s.cpu_us_per_op,
+            });
+        }
+        bar.inc(1);
+    }
+
+    // The ceiling last: its keys expire over the next seconds and would
+    // load the server during the rows.
+    bar.set_message("redis-benchmark ceiling");
+    let ceiling = match (single_redis, url) {
+        (true, Some(_)) if args.no_ceiling => Err("skipped (--no-ceiling)".to_owned()),
+        (true, Some(u)) => {
+            let requests = if args.duration_ms.is_some() {
+                20_000
+            } else if args.quick {
+                300_000
+            } else {
+                1_000_000
+            };
+            probe::redis_benchmark(u, requests)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        _ => Err(format!("not measured on a {} store", store.kind())),
+    };
+    bar.inc(1);
+    bar.finish_and_clear();
+
+    Ok(Report {
+        store: store.kind(),
+        url: url.map(redact),
+        concurrency: load.concurrency,
+        duration,
+        results,
+        memory,
+        ceiling,
+    })
+}
+
+/// Memory per key on a private `redis-server` (the same binary as the
+/// machine's, empty, nothing else writing), or on the `--redis` server
+/// when none can be started or `--memory-on-target` asks for it.
+async fn memory(
+    url: &str,
+    args: &BenchArgs,
+    run: u64,
+    load: &Load,
+) -> Result<MemoryResult, BenchError> {
+    let private = if args.memory_on_target {
+        None
+    } else {
+        match probe::PrivateRedis::start().await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(error = %e, "measuring memory on the --redis server instead");
+                None
+            }
+        }
+    };
+    let (at, server) = match &private {
+        Some(p) => (p.url.as_str(), "private redis-server".to_owned()),
+        None => (url, "the --redis server".to_owned()),
+    };
+    probe::memory_per_key(at, server, run, args.memory_keys, load).await
+}
+
+/// The same Redis, or a new memory store.
+fn fresh(store: &AnyStore) -> AnyStore {
+    match store {
+        AnyStore::Memory(_) => AnyStore::Memory(MemoryStore::default()),
+        other => other.clone(),
+    }
+}
+
+/// The URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,315 @@
+//! Probes of the Redis server itself: memory per key (`INFO memory`
+//! around many keys written through the guards, on a private
+//! `redis-server` where one can be started) and the store's ceiling
+//! (a `redis-benchmark` subprocess).
+
+use super::BenchError;
+use super::harness::Load;
+use super::report::{Ceiling, MemoryResult};
+use super::rows::fingerprint;
+use super::rows::idempotency::{Held, Pending, created, held_handler, let_go, payment, status_of};
+use norepeat::guard::FingerprintGuard;
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::store::AnyStore;
+use redis::aio::MultiplexedConnection;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tower::Layer;
+
+/// A `redis-server` of the bench's own on a free loopback port, stopped
+/// when dropped. Nothing else writes to it, nothing of other runs is in
+/// it, and it holds no keys to rehash: the cleanest place to count bytes.
+pub(crate) struct PrivateRedis {
+    _child: tokio::process::Child,
+    pub(crate) url: String,
+}
+
+impl PrivateRedis {
+    /// Starts one, or says why not (no `redis-server` on the `PATH`).
+    pub(crate) async fn start() -> Result<Self, BenchError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| BenchError::Probe(format!("redis-server not started: {e}")))?;
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str())?;
+        for _ in 0..100 {
+            if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+                let pong: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut con).await;
+                if pong.is_ok() {
+                    return Ok(Self { _child: child, url });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(BenchError::Probe(format!(
+            "redis-server on {port} did not answer"
+        )))
+    }
+}
+
+/// A line `name:value` of `INFO section`.
+async fn info_field(
+    con: &mut MultiplexedConnection,
+    section: &str,
+    name: &str,
+) -> Result<String, BenchError> {
+    let info: String = redis::cmd("INFO").arg(section).query_async(con).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .ok_or_else(|| BenchError::Probe(format!("INFO {section} has no {name}")))
+}
+
+async fn used_memory(con: &mut MultiplexedConnection) -> Result<i64, BenchError> {
+    info_field(con, "memory", "used_memory")
+        .await?
+        .parse()
+        .map_err(|_| BenchError::Probe("used_memory is not a number".into()))
+}
+
+async fn dbsize(con: &mut MultiplexedConnection) -> Result<i64, BenchError> {
+    Ok(redis::cmd("DBSIZE").query_async(con).await?)
+}
+
+/// Reads `used_memory` until it settles (the server finishes rehashing its
+/// tables in the background), at most ~2 s.
+async fn settled_memory(con: &mut MultiplexedConnection) -> Result<i64, BenchError> {
+    let mut prev = used_memory(con).await?;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = used_memory(con).await?;
+        if (now - prev).abs() <= prev / 2_000 {
+            return Ok(now);
+        }
+        prev = now;
+    }
+    Ok(prev)
+}
+
+async fn unlink(con: &mut MultiplexedConnection, keys: Vec<String>) -> Result<(), BenchError> {
+    for batch in keys.chunks(1_000) {
+        let _: i64 = redis::cmd("UNLINK").arg(batch).query_async(con).await?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn per_key(before: i64, after: i64, n: u64) -> f64 {
+    (after - before) as f64 / n as f64
+}
+
+/// Memory per key on the Redis at `url`: `n` fingerprint keys written
+/// through [`FingerprintGuard`], then `n` `Idempotency-Key` records
+/// claimed through [`IdempotencyLayer`] (handlers held: in progress), then
+/// the same records completed with a 64-byte JSON body. Each figure is the
+/// growth of `used_memory` (settled) over `n`. Every key is deleted after.
+pub(crate) async fn memory_per_key(
+    url: &str,
+    server: String,
+    run: u64,
+    n: usize,
+    load: &Load,
+) -> Result<MemoryResult, BenchError> {
+    let store = AnyStore::from_url(Some(url)).await?;
+    let mut con = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let n = n.max(1) as u64;
+    let version = info_field(&mut con, "server", "redis_version").await?;
+
+    // Fingerprint keys, held 5 minutes so none expires meanwhile.
+    let guard = Arc::new(FingerprintGuard::new(store.clone()).window(Duration::from_secs(300)));
+    let before = settled_memory(&mut con).await?;
+    let keys_before = dbsize(&mut con).await?;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..load.concurrency {
+        let guard = Arc::clone(&guard);
+        let next = Arc::clone(&next);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                if id >= n {
+                    return Ok::<_, BenchError>(());
+                }
+                let lease = guard.acquire(&fingerprint(run, 3, id)).await.map_err(|p| {
+                    BenchError::Probe(format!("fingerprint refused: {}", p.code.as_str()))
+                })?;
+                if !lease.is_held() {
+                    return Err(BenchError::Probe("the store failed".into()));
+                }
+                lease.finish(true).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let after = settled_memory(&mut con).await?;
+    let dbsize_delta = dbsize(&mut con).await? - keys_before;
+    let keys = (0..n)
+        .map(|i| guard.key_of(&fingerprint(run, 3, i)))
+        .collect();
+    unlink(&mut con, keys).await?;
+    let bytes_per_fingerprint_key = per_key(before, after, n);
+
+    let (in_progress, completed) = idempotency_records(&store, &mut con, run, n, load).await?;
+    Ok(MemoryResult {
+        bytes_per_fingerprint_key,
+        bytes_per_idempotency_in_progress: in_progress,
+        bytes_per_idempotency_completed: completed,
+        keys: n,
+        dbsize_delta,
+        server: format!("{server}, Redis {version}"),
+    })
+}
+
+/// Bytes per in-progress and per completed `Idempotency-Key` record.
+async fn idempotency_records(
+    store: &AnyStore,
+    con: &mut MultiplexedConnection,
+    run: u64,
+    n: u64,
+    load: &Load,
+) -> Result<(f64, f64), BenchError> {
+    let svc = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .lease(Duration::from_secs(300))
+        .lease_renewal(false)
+        .retention(Duration::from_secs(300))
+        .layer(held_handler(created));
+    let client_key = |i: u64| format!("m{run:x}-{i}");
+    let before = settled_memory(con).await?;
+    // At most `concurrency` claims in flight; a permit comes back when its
+    // handler is entered (its record is in progress).
+    let permits = load.concurrency.max(1);
+    let sem = Arc::new(Semaphore::new(permits));
+    let mut pending: Vec<Pending> = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for i in 0..n {
+        let permit = Arc::clone(&sem)
+            .acquire_owned()
+            .await
+            .map_err(|e| BenchError::Probe(e.to_string()))?;
+        let mut req = payment(&client_key(i))?;
+        let (held, holder) = Held::new();
+        req.extensions_mut().insert(held);
+        pending.push((holder.go, tokio::spawn(status_of(svc.clone(), req))));
+        let entered = holder.entered;
+        tokio::spawn(async move {
+            let _ = entered.await;
+            drop(permit);
+        });
+    }
+    let all = u32::try_from(permits).unwrap_or(u32::MAX);
+    let _all_entered = sem
+        .acquire_many(all)
+        .await
+        .map_err(|e| BenchError::Probe(e.to_string()))?;
+    if pending.iter().any(|(_, t)| t.is_finished()) {
+        return Err(BenchError::Probe("an idempotency claim was refused".into()));
+    }
+    let in_progress = settled_memory(con).await?;
+    for status in let_go(pending, permits).await? {
+        if status != http::StatusCode::CREATED {
+            return Err(BenchError::Probe(format!(
+                "an idempotency record was not completed: {status}"
+            )));
+        }
+    }
+    let completed = settled_memory(con).await?;
+    let keys = (0..n)
+        .map(|i| {
+            KeyBuilder::default().key(
+                Mode::Idempotency,
+                &[
+                    b"bench-user",
+                    b"POST",
+                    b"/payments",
+                    client_key(i).as_bytes(),
+                ],
+            )
+        })
+        .collect();
+    unlink(con, keys).await?;
+    Ok((
+        per_key(before, in_progress, n),
+        per_key(before, completed, n),
+    ))
+}
+
+/// Runs `redis-benchmark` against the same server: `SET key v NX PX 3000`,
+/// 64 clients, 16 commands pipelined, random keys.
+pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling, BenchError> {
+    let client = redis::Client::open(url)?;
+    let info = client.get_connection_info();
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return Err(BenchError::Ceiling("needs a plain TCP address".into()));
+    };
+    let settings = info.redis_settings();
+    let mut args: Vec<String> = [
+        "-h",
+        host,
+        "-p",
+        &port.to_string(),
+        "-c",
+        "64",
+        "-P",
+        "16",
+        "-n",
+        &requests.to_string(),
+        "-r",
+        "100000000",
+        "--dbnum",
+        &settings.db().to_string(),
+        "--csv",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let shown = args.join(" ");
+    if let Some(p) = settings.password() {
+        args.push("-a".into());
+        args.push(p.to_owned());
+    }
+    let command = ["SET", "__rand_key__", "v", "NX", "PX", "3000"];
+    let out = tokio::process::Command::new("redis-benchmark")
+        .args(&args)
+        .args(command)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| BenchError::Ceiling(format!("not run: {e}")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ops = stdout
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let mut fields = l.split(',').map(|f| f.trim().trim_matches('"'));
+            let name = fields.next()?;
+            name.starts_with("SET")
+                .then(|| fields.next()?.parse::<f64>().ok())?
+        })
+        .ok_or_else(|| {
+            BenchError::Ceiling(format!(
+                "no figure: {} {}",
+                stdout.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        })?;
+    Ok(Ceiling {
+        command: format!("redis-benchmark {shown} {}", command.join(" ")),
+        ops_per_s: ops,
+    })
+}

@@ -1,0 +1,285 @@
+//! What one run found, as a table for people and one JSON object for
+//! machines (the shape `SHOP_API.md` gives).
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// One row of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    /// What was measured (see the module docs).
+    pub name: &'static str,
+    /// Operations completed per second over the measured time.
+    pub ops_per_s: f64,
+    /// Median latency of one operation, in microseconds.
+    pub p50_us: f64,
+    /// 99th-percentile latency, in microseconds.
+    pub p99_us: f64,
+    /// Operations measured.
+    pub ops: u64,
+    /// The process's CPU time (user + system, all threads) over the
+    /// measured window, per operation, in microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_op: Option<f64>,
+}
+
+/// Redis memory per key, each the settled growth of `used_memory` over
+/// the keys written.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryResult {
+    /// A fingerprint key written through the guard.
+    pub bytes_per_fingerprint_key: f64,
+    /// An `Idempotency-Key` record claimed through the layer, its handler
+    /// still running.
+    pub bytes_per_idempotency_in_progress: f64,
+    /// The same record completed with a 64-byte JSON body (and its
+    /// `content-type`).
+    pub bytes_per_idempotency_completed: f64,
+    /// Keys (and records) written for each figure.
+    pub keys: u64,
+    /// Keys the server gained while the fingerprint keys were written
+    /// (`DBSIZE`): a check that nothing else wrote or expired much.
+    pub dbsize_delta: i64,
+    /// Where it was measured.
+    pub server: String,
+}
+
+/// The `redis-benchmark` ceiling.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ceiling {
+    /// The command line run.
+    pub command: String,
+    /// Requests per second it reported.
+    pub ops_per_s: f64,
+}
+
+/// What one run found.
+#[derive(Debug)]
+pub struct Report {
+    pub(crate) store: &'static str,
+    pub(crate) url: Option<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) duration: Duration,
+    pub(crate) results: Vec<BenchResult>,
+    pub(crate) memory: Result<MemoryResult, String>,
+    pub(crate) ceiling: Result<Ceiling, String>,
+}
+
+/// A figure against its target (issue 15's goals).
+struct Goal {
+    name: &'static str,
+    /// The key under `ratios` in the JSON, for ratios.
+    json: Option<&'static str>,
+    value: Option<f64>,
+    target: &'static str,
+    met: Option<bool>,
+}
+
+impl Report {
+    fn ops(&self, name: &str) -> Option<f64> {
+        self.results
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.ops_per_s)
+    }
+
+    fn over(&self, a: &str, b: &str) -> Option<f64> {
+        self.ops(a).zip(self.ops(b)).map(|(a, b)| a / b)
+    }
+
+    fn goals(&self) -> Vec<Goal> {
+        let at_least = |v: Option<f64>, t: f64| v.map(|v| v >= t);
+        let at_most = |v: Option<f64>, t: f64| v.map(|v| v <= t);
+        let fp = self.over("fingerprint.acquire", "redis.raw");
+        let token = self.over("token.consume", "redis.raw");
+        let http = self.over("http.guarded", "http.unguarded");
+        let ceiling = self.ceiling.as_ref().ok().map(|c| c.ops_per_s);
+        let raw_ceiling = self.ops("redis.raw").zip(ceiling).map(|(r, c)| r / c);
+        let mem = self.memory.as_ref().ok();
+        let fp_bytes = mem.map(|m| m.bytes_per_fingerprint_key);
+        let in_progress = mem.map(|m| m.bytes_per_idempotency_in_progress);
+        let completed = mem.map(|m| m.bytes_per_idempotency_completed);
+        let claim = self.ops("idempotency.claim");
+        let cycle = self.ops("idempotency.cycle");
+        vec![
+            Goal {
+                name: "fingerprint.acquire / redis.raw",
+                json: Some("fingerprint_acquire_over_raw"),
+                value: fp,
+                target: ">= 0.95",
+                met: at_least(fp, 0.95),
+            },
+            Goal {
+                name: "token.consume / redis.raw",
+                json: Some("token_consume_over_raw"),
+                value: token,
+                target: ">= 0.95",
+                met: at_least(token, 0.95),
+            },
+            Goal {
+                name: "http.guarded / http.unguarded",
+                json: Some("http_guarded_over_unguarded"),
+                value: http,
+                target: ">= 0.75",
+                met: at_least(http, 0.75),
+            },
+            Goal {
+                name: "redis.raw / redis-benchmark ceiling",
+                json: Some("raw_over_ceiling"),
+                value: raw_ceiling,
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
+                name: "bytes per fingerprint key",
+                json: None,
+                value: fp_bytes,
+                target: "<= 120",
+                met: at_most(fp_bytes, 120.0),
+            },
+            Goal {
+                name: "bytes per idempotency record in progress",
+                json: None,
+                value: in_progress,
+                target: "<= 150",
+                met: at_most(in_progress, 150.0),
+            },
+            Goal {
+                name: "bytes per completed record (64 B body)",
+                json: None,
+                value: completed,
+                target: "<= 250",
+                met: at_most(completed, 250.0),
+            },
+            Goal {
+                name: "idempotency.claim ops/s",
+                json: None,
+                value: claim,
+                target: ">= 150000",
+                met: at_least(claim, 150_000.0),
+            },
+            Goal {
+                name: "idempotency.cycle ops/s",
+                json: None,
+                value: cycle,
+                target: ">= 60000",
+                met: at_least(cycle, 60_000.0),
+            },
+        ]
+    }
+
+    fn on_redis(&self) -> bool {
+        self.store != "memory"
+    }
+
+    /// The machine-readable report.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let mut out = json!({
+            "store": self.store,
+            "concurrency": self.concurrency,
+            "duration_ms": u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX),
+            "results": self.results,
+            "memory": self.memory.as_ref().ok(),
+            "ceiling": match &self.ceiling {
+                Ok(c) => json!(c),
+                Err(why) => json!({ "skipped": why }),
+            },
+        });
+        if let Err(why) = &self.memory
+            && self.on_redis()
+        {
+            out["memory_skipped"] = json!(why);
+        }
+        if self.on_redis() {
+            let ratios: serde_json::Map<String, Value> = self
+                .goals()
+                .into_iter()
+                .filter_map(|g| Some((g.json?.to_owned(), json!(g.value))))
+                .collect();
+            out["ratios"] = Value::Object(ratios);
+        }
+        out
+    }
+
+    /// The table for people.
+    #[must_use]
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let url = self
+            .url
+            .as_deref()
+            .map(|u| format!(" ({u})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "norepeat bench: store {}{url}, {} concurrent tasks, {:.1} s per row\n",
+            self.store,
+            self.concurrency,
+            self.duration.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "{:<24} {:>12} {:>10} {:>10} {:>10}",
+            "name", "ops/s", "p50 µs", "p99 µs", "cpu µs/op"
+        );
+        for r in &self.results {
+            let cpu = r
+                .cpu_us_per_op
+                .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}"));
+            let _ = writeln!(
+                out,
+                "{:<24} {:>12.0} {:>10.1} {:>10.1} {:>10}",
+                r.name, r.ops_per_s, r.p50_us, r.p99_us, cpu
+            );
+        }
+        let _ = writeln!(out);
+        match &self.ceiling {
+            Ok(c) => _ = writeln!(out, "ceiling: {:.0} ops/s  ({})", c.ops_per_s, c.command),
+            Err(why) => _ = writeln!(out, "ceiling: {why}"),
+        }
+        match &self.memory {
+            Ok(m) => {
+                let _ = writeln!(
+                    out,
+                    "memory ({}; {} keys each, DBSIZE +{} for the fingerprints): {:.1} B per fingerprint key, {:.1} B per idempotency record in progress, {:.1} B completed",
+                    m.server,
+                    m.keys,
+                    m.dbsize_delta,
+                    m.bytes_per_fingerprint_key,
+                    m.bytes_per_idempotency_in_progress,
+                    m.bytes_per_idempotency_completed
+                );
+            }
+            Err(why) => _ = writeln!(out, "memory: {why}"),
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<44} {:>10}  {:<12} result",
+            "goal", "value", "target"
+        );
+        for g in self.goals() {
+            let value = g.value.map_or_else(
+                || "-".to_owned(),
+                |v| {
+                    if v >= 1_000.0 {
+                        format!("{v:.0}")
+                    } else {
+                        format!("{v:.2}")
+                    }
+                },
+            );
+            let met = match g.met {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None if g.value.is_some() => "",
+                None => "not measured",
+            };
+            let _ = writeln!(out, "{:<44} {:>10}  {:<12} {met}", g.name, value, g.target);
+        }
+        out
+    }
+}

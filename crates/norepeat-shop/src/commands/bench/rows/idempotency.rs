@@ -1,0 +1,278 @@
+//! The `Idempotency-Key` rows, each a request through
+//! [`IdempotencyLayer`] (tower `oneshot`, no socket):
+//!
+//! - `idempotency.claim`: a new key, timed until the handler is entered
+//!   (the key checked, the body read and fingerprinted, the in-progress
+//!   record written by `SET NX PX GET`). The handlers are held until the
+//!   row ends, so nothing but claims runs in the measured window; then they
+//!   answer 503 and the layer releases every key.
+//! - `idempotency.cycle`: a new key claimed, the handler answering 201 with
+//!   a 64-byte JSON body, the record completed, the response read.
+//! - `idempotency.replay`: a key whose record is complete: the stored
+//!   response replayed.
+
+use super::super::BenchError;
+use super::super::harness::{Load, Sample, measure};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::store::AnyStore;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tower::{Layer, ServiceExt};
+
+/// The 64-byte JSON body the `cycle` handler answers with, and the memory
+/// probe stores.
+pub(crate) const BODY_64: &[u8; 64] =
+    br#"{"paymentId":"p-0000000000000001","status":"PENDING","n":123456}"#;
+
+const REQUEST_BODY: &[u8] = br#"{"orderId":"o1","amount":1999}"#;
+
+/// A `POST /payments` by `bench-user` with `key`.
+pub(crate) fn payment(key: &str) -> Result<Request<Full<Bytes>>, BenchError> {
+    Request::post("/payments")
+        .header("x-user-id", "bench-user")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(REQUEST_BODY)))
+        .map_err(|e| BenchError::unexpected("idempotency", e.to_string()))
+}
+
+/// A 201 with [`BODY_64`].
+pub(crate) fn created() -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(BODY_64)));
+    *res.status_mut() = StatusCode::CREATED;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// Rides in a request's extensions: the handler says when it is entered,
+/// then waits to be let go.
+#[derive(Clone)]
+pub(crate) struct Held {
+    entered: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    go: Arc<Mutex<Option<oneshot::Receiver<()>>>>,
+}
+
+/// The driver's side of a [`Held`] request.
+pub(crate) struct Holder {
+    /// Fires when the handler is entered (errs if it never is).
+    pub(crate) entered: oneshot::Receiver<()>,
+    /// Lets the handler answer.
+    pub(crate) go: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// A request's side and the driver's.
+    pub(crate) fn new() -> (Self, Holder) {
+        let (entered_tx, entered) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel();
+        (
+            Self {
+                entered: Arc::new(Mutex::new(Some(entered_tx))),
+                go: Arc::new(Mutex::new(Some(go_rx))),
+            },
+            Holder { entered, go },
+        )
+    }
+
+    async fn enter(&self) {
+        let entered = lock(&self.entered).take();
+        if let Some(tx) = entered {
+            let _ = tx.send(());
+        }
+        let go = lock(&self.go).take();
+        if let Some(rx) = go {
+            let _ = rx.await;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A handler that, for a [`Held`] request, says it was entered and waits
+/// to be let go; then answers `then`.
+pub(crate) fn held_handler(
+    then: fn() -> Response<Full<Bytes>>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |req: Request<Full<Bytes>>| async move {
+        if let Some(h) = req.extensions().get::<Held>() {
+            h.enter().await;
+        }
+        Ok::<_, Infallible>(then())
+    })
+}
+
+/// A held request on its way: its driver's side and its task.
+pub(crate) type Pending = (oneshot::Sender<()>, JoinHandle<StatusCode>);
+
+/// Sends `req` through `svc`; its status.
+pub(crate) async fn status_of<S, B>(svc: S, req: Request<Full<Bytes>>) -> StatusCode
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>,
+{
+    match svc.oneshot(req).await {
+        Ok(res) => res.status(),
+        Err(never) => match never {},
+    }
+}
+
+/// Lets held requests go, `window` at a time (all at once would queue
+/// every completion on the connections at the same moment, past the
+/// client's response timeout), and returns their statuses.
+pub(crate) async fn let_go(
+    pending: Vec<Pending>,
+    window: usize,
+) -> Result<Vec<StatusCode>, BenchError> {
+    let statuses: Vec<Result<StatusCode, BenchError>> = futures_util::stream::iter(pending)
+        .map(|(go, task)| async move {
+            let _ = go.send(());
+            Ok(task.await?)
+        })
+        .buffer_unordered(window.max(1))
+        .collect()
+        .await;
+    statuses.into_iter().collect()
+}
+
+fn unavailable() -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::new()));
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    res
+}
+
+pub(crate) async fn claim(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    // Every claimed handler is held to the row's end: keep the row short
+    // enough that they fit in memory.
+    let load = Load {
+        duration: load.duration.min(Duration::from_secs(2)),
+        ..*load
+    };
+    let svc = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .lease(Duration::from_secs(60))
+        .lease_renewal(false)
+        .layer(held_handler(unavailable));
+    let held: Arc<Mutex<Vec<Pending>>> = Arc::new(Mutex::new(Vec::new()));
+    let pending = Arc::clone(&held);
+    let sample = measure(&load, move |id| {
+        let svc = svc.clone();
+        let pending = Arc::clone(&pending);
+        let req = payment(&format!("c{run:x}-{id}")).map(|mut r| {
+            let (held, holder) = Held::new();
+            r.extensions_mut().insert(held);
+            (r, holder)
+        });
+        async move {
+            let (req, holder) = req?;
+            let task = tokio::spawn(status_of(svc, req));
+            if holder.entered.await.is_err() {
+                let status = task.await?;
+                return Err(BenchError::unexpected(
+                    "idempotency.claim",
+                    format!("the handler did not run: {status}"),
+                ));
+            }
+            lock(&pending).push((holder.go, task));
+            Ok(())
+        }
+    })
+    .await;
+    // The handlers answer 503: the layer releases every key.
+    let pending = std::mem::take(&mut *lock(&held));
+    let_go(pending, load.concurrency).await?;
+    sample
+}
+
+pub(crate) async fn cycle(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    let inner =
+        tower::service_fn(|_req: Request<Full<Bytes>>| async { Ok::<_, Infallible>(created()) });
+    let svc = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .retention(Duration::from_secs(30))
+        .layer(inner);
+    measure(load, move |id| {
+        let svc = svc.clone();
+        let req = payment(&format!("y{run:x}-{id}"));
+        async move {
+            let Ok(res) = svc.oneshot(req?).await;
+            if res.status() != StatusCode::CREATED
+                || res.headers().contains_key("idempotent-replayed")
+            {
+                return Err(BenchError::unexpected(
+                    "idempotency.cycle",
+                    format!("not a first run: {}", res.status()),
+                ));
+            }
+            let body = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| BenchError::unexpected("idempotency.cycle", e.to_string()))?;
+            std::hint::black_box(body);
+            Ok(())
+        }
+    })
+    .await
+}
+
+pub(crate) async fn replay(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    let inner =
+        tower::service_fn(|_req: Request<Full<Bytes>>| async { Ok::<_, Infallible>(created()) });
+    let svc = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .retention(Duration::from_secs(120))
+        .layer(inner);
+    let key = format!("r{run:016x}");
+    let Ok(first) = svc.clone().oneshot(payment(&key)?).await;
+    if first.status() != StatusCode::CREATED {
+        return Err(BenchError::unexpected(
+            "idempotency.replay",
+            format!("setup: {}", first.status()),
+        ));
+    }
+    let _ = first.into_body().collect().await;
+    measure(load, move |_| {
+        let svc = svc.clone();
+        let req = payment(&key);
+        async move {
+            let Ok(res) = svc.oneshot(req?).await;
+            if res
+                .headers()
+                .get("idempotent-replayed")
+                .map(http::HeaderValue::as_bytes)
+                != Some(b"true")
+            {
+                return Err(BenchError::unexpected(
+                    "idempotency.replay",
+                    format!("not a replay ({})", res.status()),
+                ));
+            }
+            let body = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| BenchError::unexpected("idempotency.replay", e.to_string()))?;
+            std::hint::black_box(body);
+            Ok(())
+        }
+    })
+    .await
+}

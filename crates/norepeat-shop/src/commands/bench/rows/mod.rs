@@ -1,0 +1,235 @@
+//! The rows: one function per row, each building what it drives and
+//! handing one operation to the harness.
+//!
+//! Rows that need no HTTP or idempotency layer live here; the
+//! `Idempotency-Key` rows in [`idempotency`], the loopback HTTP rows in
+//! [`http`].
+
+mod http;
+pub(crate) mod idempotency;
+
+use super::BenchError;
+use super::harness::{Load, Sample, measure};
+use norepeat::fingerprint::Fingerprint;
+use norepeat::guard::{FingerprintGuard, TokenGuard};
+use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
+use norepeat::store::AnyStore;
+use norepeat::token::TokenSigner;
+use redis::aio::ConnectionManager;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Every row, in the order they run. `redis.raw` sits right before the
+/// rows it is the yardstick of, so they share a sitting.
+pub const RESULT_NAMES: [&str; 11] = [
+    "token.issue",
+    "redis.raw",
+    "token.consume",
+    "fingerprint.acquire",
+    "fingerprint.duplicate",
+    "idempotency.claim",
+    "idempotency.cycle",
+    "idempotency.replay",
+    "ratelimit.gcra",
+    "http.unguarded",
+    "http.guarded",
+];
+
+/// What every row gets.
+pub(crate) struct RowCtx<'a> {
+    pub(crate) store: &'a AnyStore,
+    pub(crate) load: &'a Load,
+    /// Random per run: keeps runs against one Redis apart.
+    pub(crate) run: u64,
+    /// The Redis URL, for `redis.raw`.
+    pub(crate) url: Option<&'a str>,
+}
+
+/// Measures the row `name`; `None` where it does not apply (`redis.raw`
+/// on a store other than one Redis).
+pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sample>, BenchError> {
+    let (store, load, run) = (cx.store, cx.load, cx.run);
+    Ok(Some(match name {
+        "token.issue" => token_issue(store, load).await?,
+        "redis.raw" => match (store, cx.url) {
+            (AnyStore::Redis(_), Some(url)) => redis_raw(url, load, run).await?,
+            _ => return Ok(None),
+        },
+        "token.consume" => token_consume(store, load).await?,
+        "fingerprint.acquire" => fingerprint_acquire(store, load, run).await?,
+        "fingerprint.duplicate" => fingerprint_duplicate(store, load, run).await?,
+        "idempotency.claim" => idempotency::claim(store, load, run).await?,
+        "idempotency.cycle" => idempotency::cycle(store, load, run).await?,
+        "idempotency.replay" => idempotency::replay(store, load, run).await?,
+        "ratelimit.gcra" => ratelimit_gcra(store, load, run).await?,
+        "http.unguarded" => http::http(store, load, run, false).await?,
+        "http.guarded" => http::http(store, load, run, true).await?,
+        _ => return Ok(None),
+    }))
+}
+
+/// A fingerprint unique to this run, `purpose` and `id`. A store key keeps
+/// the first 12 bytes: 4 of the run, the purpose, 7 of the id.
+pub(crate) fn fingerprint(run: u64, purpose: u8, id: u64) -> Fingerprint {
+    let mut b = [0u8; 32];
+    b[..4].copy_from_slice(&run.to_le_bytes()[..4]);
+    b[4] = purpose;
+    b[5..12].copy_from_slice(&id.to_le_bytes()[..7]);
+    Fingerprint(b)
+}
+
+async fn token_issue(store: &AnyStore, load: &Load) -> Result<Sample, BenchError> {
+    let guard = Arc::new(TokenGuard::new(store.clone(), TokenSigner::random()));
+    measure(load, move |_| {
+        let g = Arc::clone(&guard);
+        async move {
+            let t = g.issue("bench-user");
+            std::hint::black_box(t);
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Plain redis-rs: `SET key 1 NX PX 3000` of a fresh key, over as many
+/// `ConnectionManager`s as the store holds ([`norepeat::store::DEFAULT_CONNECTIONS`]),
+/// used in turn, as the store uses its own. The store does not lend its
+/// connections out, so these are new ones of the same kind, to the same
+/// server, in the same process.
+async fn redis_raw(url: &str, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    let client = redis::Client::open(url)?;
+    let mut managers = Vec::new();
+    for _ in 0..norepeat::store::DEFAULT_CONNECTIONS.max(1) {
+        managers.push(ConnectionManager::new(client.clone()).await?);
+    }
+    let managers: Arc<[ConnectionManager]> = managers.into();
+    let next = Arc::new(AtomicUsize::new(0));
+    let prefix = format!("nr:b{:08x}", run as u32);
+    measure(load, move |id| {
+        let i = next.fetch_add(1, Ordering::Relaxed) % managers.len();
+        let mut con = managers[i].clone();
+        let key = format!("{prefix}{id:x}");
+        async move {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(3_000)
+                .query_async(&mut con)
+                .await?;
+            if set.is_none() {
+                return Err(BenchError::unexpected("redis.raw", "a fresh key was taken"));
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn token_consume(store: &AnyStore, load: &Load) -> Result<Sample, BenchError> {
+    let guard = Arc::new(
+        TokenGuard::new(store.clone(), TokenSigner::random()).ttl(Duration::from_secs(10)),
+    );
+    measure(load, move |_| {
+        let g = Arc::clone(&guard);
+        let token = g.issue("bench-user").token;
+        async move {
+            g.consume("bench-user", &token).await.map_err(|p| {
+                BenchError::unexpected("token.consume", format!("refused: {}", p.code.as_str()))
+            })
+        }
+    })
+    .await
+}
+
+async fn fingerprint_acquire(
+    store: &AnyStore,
+    load: &Load,
+    run: u64,
+) -> Result<Sample, BenchError> {
+    let guard = Arc::new(FingerprintGuard::new(store.clone()));
+    measure(load, move |id| {
+        let g = Arc::clone(&guard);
+        let fp = fingerprint(run, 1, id);
+        async move {
+            let lease = g.acquire(&fp).await.map_err(|p| {
+                BenchError::unexpected(
+                    "fingerprint.acquire",
+                    format!("refused: {}", p.code.as_str()),
+                )
+            })?;
+            if !lease.is_held() {
+                return Err(BenchError::unexpected(
+                    "fingerprint.acquire",
+                    "the store failed (admitted fail-open)",
+                ));
+            }
+            lease.finish(true).await;
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn fingerprint_duplicate(
+    store: &AnyStore,
+    load: &Load,
+    run: u64,
+) -> Result<Sample, BenchError> {
+    let hold = load.warmup + load.duration + Duration::from_secs(30);
+    let guard = Arc::new(FingerprintGuard::new(store.clone()).window(hold));
+    let held = load.concurrency as u64;
+    for id in 0..held {
+        let lease = guard.acquire(&fingerprint(run, 2, id)).await.map_err(|p| {
+            BenchError::unexpected(
+                "fingerprint.duplicate",
+                format!("setup: {}", p.code.as_str()),
+            )
+        })?;
+        lease.finish(true).await;
+    }
+    measure(load, move |id| {
+        let g = Arc::clone(&guard);
+        let fp = fingerprint(run, 2, id % held);
+        async move {
+            match g.acquire(&fp).await {
+                Err(p) if p.code.as_str() == "duplicate_submission" => Ok(()),
+                Err(p) => Err(BenchError::unexpected(
+                    "fingerprint.duplicate",
+                    p.code.as_str(),
+                )),
+                Ok(_) => Err(BenchError::unexpected(
+                    "fingerprint.duplicate",
+                    "a held fingerprint was admitted",
+                )),
+            }
+        }
+    })
+    .await
+}
+
+async fn ratelimit_gcra(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    let rate = NonZeroU32::new(1_000_000)
+        .ok_or_else(|| BenchError::unexpected("ratelimit.gcra", "zero rate"))?;
+    let limiter = Arc::new(
+        RateLimiter::new(store.clone(), Quota::per_second(rate))
+            .name(format!("bench-{run:016x}"))
+            .algorithm(Algorithm::Gcra),
+    );
+    measure(load, move |id| {
+        let l = Arc::clone(&limiter);
+        let key = format!("user-{}", id % 1024);
+        async move {
+            let d = l
+                .check(&key)
+                .await
+                .map_err(|e| BenchError::unexpected("ratelimit.gcra", e.to_string()))?;
+            std::hint::black_box(d);
+            Ok(())
+        }
+    })
+    .await
+}

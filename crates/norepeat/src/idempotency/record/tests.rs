@@ -1,0 +1,192 @@
+//! The record format: round trips, sizes, both versions, refusals.
+
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn in_progress_round_trips_and_is_28_bytes() {
+    let owner: Owner = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
+    let b = in_progress(&owner, &[2; 16]);
+    assert_eq!(b.len(), 28);
+    assert_eq!(&b[..2], &[VERSION, IN_PROGRESS]);
+    let r = decode(&Bytes::from(b)).unwrap();
+    let mut kept = [0; 16];
+    kept[..OWNER_BYTES].copy_from_slice(&owner[..OWNER_BYTES]);
+    assert_eq!(r.owner, kept);
+    assert_eq!(r.fingerprint, [2; 16]);
+    assert!(r.completed.is_none());
+}
+
+#[test]
+fn claims_with_different_owners_write_different_bytes() {
+    let mut other = [1; 16];
+    other[OWNER_BYTES - 1] = 2;
+    assert_ne!(
+        in_progress(&[1; 16], &[2; 16]),
+        in_progress(&other, &[2; 16])
+    );
+}
+
+#[test]
+fn a_completed_64_byte_body_with_its_content_type_is_105_bytes() {
+    let ct = (
+        HeaderName::from_static("content-type"),
+        HeaderValue::from_static("application/json"),
+    );
+    let b = completed(
+        &[3; 16],
+        &[4; 16],
+        StatusCode::CREATED,
+        [(&ct.0, &ct.1)],
+        &[b'x'; 64],
+    );
+    assert_eq!(b.len(), 105);
+    let r = decode(&Bytes::from(b)).unwrap();
+    assert_eq!(r.owner, [0; 16], "a completed record keeps no owner");
+    assert_eq!(r.fingerprint, [4; 16]);
+}
+
+/// A version-1 record, as the previous release wrote it.
+fn v1(state: u8, tail: &[u8]) -> Bytes {
+    let mut b = vec![VERSION_1, state];
+    b.extend_from_slice(&[5; 16]);
+    b.extend_from_slice(&[6; 16]);
+    b.extend_from_slice(tail);
+    Bytes::from(b)
+}
+
+#[test]
+fn version_1_records_are_still_read() {
+    let r = decode(&v1(IN_PROGRESS, &[])).unwrap();
+    assert_eq!((r.owner, r.fingerprint), ([5; 16], [6; 16]));
+    assert!(r.completed.is_none());
+    let mut tail = Vec::new();
+    tail.extend_from_slice(&201u16.to_be_bytes());
+    tail.extend_from_slice(&1u16.to_be_bytes());
+    tail.extend_from_slice(&4u16.to_be_bytes());
+    tail.extend_from_slice(b"etag");
+    tail.extend_from_slice(&3u32.to_be_bytes());
+    tail.extend_from_slice(b"\"x\"");
+    tail.extend_from_slice(b"body");
+    let c = decode(&v1(COMPLETED, &tail)).unwrap().completed.unwrap();
+    assert_eq!(c.status, StatusCode::CREATED);
+    assert_eq!(
+        c.headers,
+        vec![(
+            HeaderName::from_static("etag"),
+            HeaderValue::from_static("\"x\"")
+        )]
+    );
+    assert_eq!(&c.body[..], b"body");
+    assert!(decode(&v1(IN_PROGRESS, &[0])).is_err());
+}
+
+#[test]
+fn headers_that_do_not_fit_are_left_out() {
+    let long = HeaderValue::from_bytes(&vec![b'a'; 70_000]).unwrap();
+    let name = HeaderName::from_static("x-long");
+    let ok = (
+        HeaderName::from_static("etag"),
+        HeaderValue::from_static("\"x\""),
+    );
+    let b = completed(
+        &[0; 16],
+        &[0; 16],
+        StatusCode::OK,
+        [(&name, &long), (&ok.0, &ok.1)],
+        b"",
+    );
+    let c = decode(&Bytes::from(b)).unwrap().completed.unwrap();
+    assert_eq!(c.headers, vec![ok]);
+}
+
+#[test]
+fn well_known_and_other_header_names_round_trip() {
+    let headers = [
+        (
+            HeaderName::from_static("x-request-id"),
+            HeaderValue::from_static("1"),
+        ),
+        (
+            HeaderName::from_static("link"),
+            HeaderValue::from_static("</a>"),
+        ),
+        (
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("text/plain"),
+        ),
+    ];
+    let b = completed(
+        &[0; 16],
+        &[0; 16],
+        StatusCode::OK,
+        headers.iter().map(|(n, v)| (n, v)),
+        b"x",
+    );
+    let c = decode(&Bytes::from(b.clone())).unwrap().completed.unwrap();
+    assert_eq!(c.headers, headers.to_vec());
+    let mut bad = b;
+    // The first header's name replaced by an index past the table.
+    let at = HEAD + 3;
+    bad.splice(at..at + 13, [0, 200]);
+    assert!(decode(&Bytes::from(bad)).is_err());
+}
+
+#[test]
+fn completed_round_trips() {
+    let ct = (
+        HeaderName::from_static("content-type"),
+        HeaderValue::from_static("application/json"),
+    );
+    let loc = (
+        HeaderName::from_static("location"),
+        HeaderValue::from_static("/payments/1"),
+    );
+    let body = b"{\"a\":1}\x00\xff";
+    let b = completed(
+        &[3; 16],
+        &[4; 16],
+        StatusCode::CREATED,
+        [(&ct.0, &ct.1), (&loc.0, &loc.1)],
+        body,
+    );
+    let r = decode(&Bytes::from(b)).unwrap();
+    let c = r.completed.unwrap();
+    assert_eq!(c.status, StatusCode::CREATED);
+    assert_eq!(c.headers, vec![ct, loc]);
+    assert_eq!(&c.body[..], body);
+}
+
+#[test]
+fn rejects_what_it_does_not_understand() {
+    assert!(decode(&Bytes::new()).is_err());
+    assert!(decode(&Bytes::from_static(b"{\"json\":true}")).is_err());
+    let mut b = in_progress(&[0; 16], &[0; 16]);
+    b[0] = 9;
+    assert!(decode(&Bytes::from(b)).is_err());
+    let mut b = in_progress(&[0; 16], &[0; 16]);
+    b.push(0);
+    assert!(decode(&Bytes::from(b)).is_err());
+    let h = (
+        HeaderName::from_static("etag"),
+        HeaderValue::from_static("\"x\""),
+    );
+    let b = completed(&[0; 16], &[0; 16], StatusCode::OK, [(&h.0, &h.1)], b"");
+    assert!(decode(&Bytes::from(b[..b.len() - 1].to_vec())).is_err());
+}
+
+proptest! {
+    /// Any body and status survive the trip; any cut of a completed
+    /// record's head is refused, never misread.
+    #[test]
+    fn bodies_round_trip(body in proptest::collection::vec(any::<u8>(), 0..512), status in 200u16..600) {
+        let status = StatusCode::from_u16(status).unwrap();
+        let b = completed(&[7; 16], &[8; 16], status, [], &body);
+        let c = decode(&Bytes::from(b.clone())).unwrap().completed.unwrap();
+        prop_assert_eq!(c.status, status);
+        prop_assert_eq!(&c.body[..], &body[..]);
+        for cut in 0..HEAD + 3 {
+            prop_assert!(decode(&Bytes::from(b[..cut].to_vec())).is_err());
+        }
+    }
+}
