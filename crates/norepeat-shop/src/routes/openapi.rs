@@ -603,6 +603,7 @@ mod tests {
             ("get", "/stock/{sku}"),
             ("post", "/payments"),
             ("post", "/payments/callback"),
+            ("post", "/demo/provider/notify"),
             ("post", "/flash-sale/{sku}"),
             ("get", "/points"),
             ("put", "/admin/stock/{sku}"),
