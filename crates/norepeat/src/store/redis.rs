@@ -400,8 +400,9 @@ impl ConnectionLike for Pool {
 
 impl_store!(RedisStore, "redis");
 
-/// A Redis Cluster. Every key a guard writes carries one hash tag, so each
-/// operation touches a single slot; redirections (MOVED, ASK) and failovers
+/// A Redis Cluster. Every operation (each command, each Lua script)
+/// touches exactly one key, so it runs in that key's slot and needs no hash
+/// tag; redirections (MOVED, ASK) and failovers
 /// are followed by the cluster client, and scripts are loaded again on a new
 /// master that answers NOSCRIPT.
 ///
