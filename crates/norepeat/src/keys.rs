@@ -6,14 +6,14 @@
 //! - `mode` is one letter: `t` token, `f` fingerprint, `i` idempotency,
 //!   `r` rate limit;
 //! - `tag` is the first 96 bits of BLAKE3 over the key's *scope* (tenant or
-//!   user, method, route template) and its *content* (fingerprint, client
+//!   user, method, concrete request path) and its *content* (fingerprint, client
 //!   key), in base64url: always 16 characters.
 //!
-//! With the default prefix a key is 20 bytes (`nr:fAbCdEfGhIjKlMnOp`). Redis
-//! stores a key of up to 20 bytes in a 24-byte allocation (3 bytes of
-//! header, the key, a NUL), one jemalloc size class below the 40 bytes the
-//! former 29-byte layout (`nr:f:{` + 22 characters + `}`) took; see
-//! BENCHMARKS.md for the memory per key this gives.
+//! With the default prefix a key is 20 bytes (`nr:fAbCdEfGhIjKlMnOp`),
+//! against 29 for the former layout (`nr:f:{` + 22 characters + `}`). On
+//! Redis 7.0 this saves no memory (keys of 15 to 30 bytes share one
+//! allocation class); BENCHMARKS.md has the measurement and what the bytes
+//! per key are made of.
 //!
 //! **Injective.** The parts are length-prefixed before hashing, so a user id
 //! containing `:`, `{` or `}` can never produce the same input as another
