@@ -46,19 +46,22 @@ pub fn guard(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-const OPTIONS: &str = "store, key, mode, window, retention, lease, wait, scope, on_store_failure";
+const OPTIONS: &str =
+    "store, key, mode, window, retention, lease, wait, scope, on_store_failure, tx";
 
 /// One `name = value` of the attribute.
 enum Opt {
     Store(Ident, Expr),
     Str(Ident, LitStr),
     Word(Ident, Ident),
+    /// `tx = name`: the binding the body uses for the transaction.
+    Tx(Ident, Ident),
 }
 
 impl Opt {
     fn name(&self) -> &Ident {
         match self {
-            Opt::Store(n, _) | Opt::Str(n, _) | Opt::Word(n, _) => n,
+            Opt::Store(n, _) | Opt::Str(n, _) | Opt::Word(n, _) | Opt::Tx(n, _) => n,
         }
     }
 }
@@ -78,6 +81,15 @@ impl Parse for Opt {
             .map_err(|e| syn::Error::new(e.span(), format!("expected `=` after `{n}`")))?;
         match n.as_str() {
             "store" => Ok(Opt::Store(name, input.parse()?)),
+            "tx" => {
+                let binding: Ident = input.parse().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "`tx` takes the name the body uses for the transaction: `tx = tx`",
+                    )
+                })?;
+                Ok(Opt::Tx(name, binding))
+            }
             "mode" | "on_store_failure" => {
                 let word: Ident = input.parse().map_err(|e| {
                     let expected = if n == "mode" {
@@ -121,6 +133,8 @@ struct Args {
     wait: Option<(u64, Span)>,
     scope: Option<LitStr>,
     fail_closed: bool,
+    /// `tx = name`: once mode in a database transaction (`run_once_in_tx`).
+    tx: Option<Ident>,
 }
 
 impl Parse for Args {
@@ -136,6 +150,7 @@ impl Parse for Args {
             wait: None,
             scope: None,
             fail_closed: false,
+            tx: None,
         };
         let mut seen: Vec<String> = Vec::new();
         for opt in opts {
@@ -149,6 +164,7 @@ impl Parse for Args {
             seen.push(name);
             match opt {
                 Opt::Store(_, e) => args.store = Some(e),
+                Opt::Tx(_, binding) => args.tx = Some(binding),
                 Opt::Word(n, w) if n == "mode" => {
                     let mode = match w.to_string().as_str() {
                         "once" => GuardMode::Once,
@@ -217,6 +233,26 @@ impl Parse for Args {
                         format!("`{name}` is only for `mode = once`"),
                     ));
                 }
+            }
+        }
+        if let Some(tx) = &args.tx {
+            if !once {
+                return Err(syn::Error::new(
+                    tx.span(),
+                    "`tx` is only for `mode = once`: the transaction commits the body's writes with its stored result",
+                ));
+            }
+            if let Some((_, span)) = args.wait {
+                return Err(syn::Error::new(
+                    span,
+                    "`wait` does not go with `tx`: a repeat gets the stored result or `Rejected::InProgress` at once",
+                ));
+            }
+            if args.store.is_none() {
+                return Err(syn::Error::new(
+                    tx.span(),
+                    "`tx` needs `store = ...` naming a SQL store (`PgStore` or `SqliteStore`): the transaction is opened on its pool",
+                ));
             }
         }
         Ok(args)
@@ -492,6 +528,19 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     };
     let run_call =
         quote_spanned!(store_span=> .#run(&__norepeat_store, &__norepeat_key, __norepeat_body));
+    if let Some(tx) = &args.tx {
+        let key_calls: Vec<TokenStream2> = key_calls.collect();
+        return Ok(expand_tx(
+            &func,
+            &ret,
+            tx,
+            &key_calls,
+            &store_value,
+            store_span,
+            &guarded,
+            &policy,
+        ));
+    }
 
     // The body's statements, not its block: a one-line body `{ Ok(1) }` as
     // the async block's tail would be a block in a block ("unnecessary
@@ -528,4 +577,65 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
                 .await
         }
     })
+}
+
+/// `tx = name`: the body runs in a transaction opened on the store's pool
+/// (`Guarded::run_once_in_tx`), bound to `name`; the expansion gives it back
+/// with the body's `Ok` value, and the stored result commits with it. The
+/// closure is `move` (the transaction must be owned by the body's future),
+/// so the body owns the arguments it uses; the key was built before.
+#[allow(clippy::too_many_arguments)]
+fn expand_tx(
+    func: &ItemFn,
+    ret: &syn::Type,
+    tx: &Ident,
+    key_calls: &[TokenStream2],
+    store_value: &TokenStream2,
+    store_span: Span,
+    guarded: &TokenStream2,
+    policy: &TokenStream2,
+) -> TokenStream2 {
+    let sig = &func.sig;
+    let stmts = &func.block.stmts;
+    let attrs = &func.attrs;
+    let vis = &func.vis;
+    // The closure is written in the call, so its argument's type (the
+    // store's `Transaction`) is known from `run_once_in_tx`'s bound.
+    let run = quote_spanned!(store_span=> run_once_in_tx);
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            let __norepeat_key: ::std::string::String =
+                ::norepeat::keys::KeyParts::new() #(#key_calls)* .finish();
+            let __norepeat_store = #store_value;
+            #guarded
+                .on_store_failure(#policy)
+                .#run(&__norepeat_store, &__norepeat_key, move |__norepeat_tx| async move {
+                #[allow(unused_mut)]
+                let mut #tx = __norepeat_tx;
+                let __norepeat_result: #ret = async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::let_with_type_underscore,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __norepeat_fake_return: #ret = loop {};
+                        return __norepeat_fake_return;
+                    }
+                    #(#stmts)*
+                }
+                .await;
+                // The transaction goes back with the `Ok` value, to commit
+                // with the stored result; on `Err` it is dropped (rolled back).
+                ::core::result::Result::map(__norepeat_result, move |__norepeat_v| (#tx, __norepeat_v))
+            })
+            .await
+        }
+    }
 }

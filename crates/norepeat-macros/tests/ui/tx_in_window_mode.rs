@@ -1,0 +1,17 @@
+use norepeat::once::Rejected;
+use norepeat::store::MemoryStore;
+
+struct E;
+impl From<Rejected> for E {
+    fn from(_: Rejected) -> Self {
+        E
+    }
+}
+
+#[norepeat::guard(store = store, key = "{id}", tx = tx)]
+async fn f(store: &MemoryStore, id: u64) -> Result<(), E> {
+    let _ = id;
+    Ok(())
+}
+
+fn main() {}

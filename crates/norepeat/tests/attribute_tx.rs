@@ -1,0 +1,202 @@
+//! `#[norepeat::guard(mode = once, tx = tx)]` on a message consumer, on a
+//! real PostgreSQL database and a SQLite file: the body's write and the
+//! stored result commit in one transaction, so a redelivered message writes
+//! nothing, and a delivery dropped before its commit leaves nothing.
+//!
+//! Every case runs once per backend (modules `postgres` and `sqlite`).
+#![cfg(any(feature = "postgres", feature = "sqlite"))]
+#![allow(clippy::unwrap_used)]
+
+use norepeat::once::Rejected;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+#[derive(Debug)]
+enum Error {
+    Refused(Rejected),
+    Db(#[allow(dead_code)] String), // read through `Debug` when a test fails
+}
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Refused(r)
+    }
+}
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Db(e.to_string())
+    }
+}
+
+struct Msg {
+    id: String,
+    user: String,
+    points: i64,
+}
+
+/// Stamps the cases for one backend: `$db` the sqlx database, `$store` the
+/// norepeat store type, `$fresh` an async fn giving `(url, guard)` of a new
+/// empty database, `$pool` an async fn connecting a pool to a url.
+macro_rules! cases {
+    ($db:ty, $store:ty, $fresh:path, $pool:path) => {
+        use super::*;
+
+        struct Consumer {
+            store: $store,
+            /// When set, the body stops after its write (not committed) and
+            /// says so on `written`.
+            stall: bool,
+            written: Arc<Notify>,
+        }
+
+        impl Consumer {
+            /// Awards the message's points and records the message, in one
+            /// transaction; returns the points awarded.
+            #[norepeat::guard(store = self.store, key = "{msg.id}", mode = once, lease = "1s", tx = tx)]
+            async fn award(&self, msg: &Msg) -> Result<i64, Error> {
+                sqlx::query("INSERT INTO points (user_id, n) VALUES ($1, $2)")
+                    .bind(&msg.user)
+                    .bind(msg.points)
+                    .execute(&mut *tx)
+                    .await?;
+                if self.stall {
+                    self.written.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok(msg.points)
+            }
+        }
+
+        async fn setup(url: &str) -> (sqlx::Pool<$db>, $store) {
+            let pool: sqlx::Pool<$db> = $pool(url).await;
+            let store = <$store>::new(pool.clone());
+            store.migrate().await.unwrap();
+            sqlx::query("CREATE TABLE points (user_id TEXT NOT NULL, n BIGINT NOT NULL)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            (pool, store)
+        }
+
+        async fn rows(pool: &sqlx::Pool<$db>) -> i64 {
+            sqlx::query_scalar("SELECT COUNT(*) FROM points")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+
+        fn msg(points: i64) -> Msg {
+            Msg {
+                id: "m-1".into(),
+                user: "u1".into(),
+                points,
+            }
+        }
+
+        #[tokio::test]
+        async fn three_deliveries_write_one_row_and_give_one_result() {
+            let (url, _db) = $fresh().await;
+            let (pool, store) = setup(&url).await;
+            let consumer = Consumer {
+                store,
+                stall: false,
+                written: Arc::default(),
+            };
+            // Redeliveries carry other points: the body must not run again.
+            for points in [30, 31, 32] {
+                assert_eq!(consumer.award(&msg(points)).await.unwrap(), 30);
+            }
+            assert_eq!(rows(&pool).await, 1);
+        }
+
+        #[tokio::test]
+        async fn a_delivery_dropped_before_its_commit_leaves_no_row() {
+            let (url, _db) = $fresh().await;
+            let (pool, store) = setup(&url).await;
+            let stalling = Consumer {
+                store: store.clone(),
+                stall: true,
+                written: Arc::default(),
+            };
+            let first = msg(30);
+            {
+                let delivery = stalling.award(&first);
+                tokio::pin!(delivery);
+                tokio::select! {
+                    _ = &mut delivery => panic!("the stalled delivery finished"),
+                    () = stalling.written.notified() => {}
+                }
+                // Dropped here: after the write, before the commit.
+            }
+            assert_eq!(rows(&pool).await, 0, "the write was rolled back");
+            let consumer = Consumer {
+                store,
+                stall: false,
+                written: Arc::default(),
+            };
+            // The dropped call's claim holds until its lease (1 s) ends.
+            assert!(matches!(
+                consumer.award(&msg(31)).await,
+                Err(Error::Refused(Rejected::InProgress))
+            ));
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            for _ in 0..2 {
+                assert_eq!(consumer.award(&msg(31)).await.unwrap(), 31);
+            }
+            assert_eq!(rows(&pool).await, 1);
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    async fn fresh() -> (String, norepeat_testkit::PgDatabase) {
+        let db = norepeat_testkit::PgDatabase::fresh().await;
+        (db.url(), db)
+    }
+    async fn pool(url: &str) -> sqlx::PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(url)
+            .await
+            .unwrap()
+    }
+    cases!(sqlx::Postgres, norepeat::store::PgStore, fresh, pool);
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    /// A SQLite file, removed on drop.
+    pub struct TempDb(std::path::PathBuf);
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let mut p = self.0.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    async fn fresh() -> (String, TempDb) {
+        let path = std::env::temp_dir().join(format!(
+            "norepeat-attr-tx-{}-{:016x}.db",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        (path.display().to_string(), TempDb(path))
+    }
+    async fn pool(path: &str) -> sqlx::SqlitePool {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .unwrap()
+    }
+    cases!(sqlx::Sqlite, norepeat::store::SqliteStore, fresh, pool);
+}
