@@ -110,6 +110,8 @@ pub mod webhook;
 ///     wait = "2s",                         // once mode: how long a repeat waits for a running call (default 0)
 ///     scope = "billing::charge",           // default: the fn's module path and name
 ///     on_store_failure = fail_open | fail_closed, // default fail_open
+///     tx = tx,                             // once mode on a SQL store: the body's writes and its
+///                                          // stored result commit in one transaction named `tx`
 /// )]
 /// ```
 ///
@@ -230,11 +232,82 @@ pub mod webhook;
 /// # }
 /// ```
 ///
+/// # Once per key, in one database transaction
+/// With `tx = NAME` (`mode = once`, and `store = ...` naming a
+/// [`PgStore`](store::PgStore) or [`SqliteStore`](store::SqliteStore),
+/// features `postgres` / `sqlite`), the body gets a transaction opened on
+/// the store's pool, as a binding `NAME` of type
+/// `sqlx::Transaction<'static, DB>`; the function takes no such argument.
+/// On `Ok`, the stored result is written in that transaction (checked to be
+/// this call's claim still) and one `COMMIT` makes the body's writes and the
+/// record durable together: a redelivered message finds the record and
+/// writes nothing. On `Err` the transaction rolls back and the key is free.
+/// A crash or a dropped future before the commit leaves no writes and the
+/// claim open until its `lease` ends (meanwhile a repeat gets
+/// [`Rejected::InProgress`](once::Rejected::InProgress)); then the next
+/// delivery runs once. This is [`Guarded::run_once_in_tx`](once::Guarded::run_once_in_tx).
+///
+/// The body writes through `&mut *NAME` and must neither commit it nor move
+/// it. It runs in a `move` closure, so it owns the arguments it uses (the
+/// key is built before). `wait` does not go with `tx`: a repeat gets the
+/// stored result or `InProgress` at once.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+/// use norepeat::once::Rejected;
+/// use norepeat::store::SqliteStore;
+///
+/// #[derive(Debug)]
+/// enum Error { Refused(Rejected), Db(sqlx::Error) }
+/// impl From<Rejected> for Error {
+///     fn from(r: Rejected) -> Self { Error::Refused(r) }
+/// }
+/// impl From<sqlx::Error> for Error {
+///     fn from(e: sqlx::Error) -> Self { Error::Db(e) }
+/// }
+///
+/// struct Msg { id: String, user: String, points: i64 }
+///
+/// struct Consumer { store: SqliteStore }
+///
+/// impl Consumer {
+///     /// Awards the points and records the message, in one transaction.
+///     #[norepeat::guard(store = self.store, key = "{msg.id}", mode = once, tx = tx)]
+///     async fn award(&self, msg: &Msg) -> Result<i64, Error> {
+///         sqlx::query("INSERT INTO points (user_id, n) VALUES (?, ?)")
+///             .bind(&msg.user)
+///             .bind(msg.points)
+///             .execute(&mut *tx)
+///             .await?;
+///         Ok(msg.points)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// sqlx::query("CREATE TABLE points (user_id TEXT, n INTEGER)").execute(&pool).await?;
+/// let store = SqliteStore::new(pool.clone());
+/// store.migrate().await?;
+/// let consumer = Consumer { store };
+/// let msg = Msg { id: "m-7".into(), user: "u1".into(), points: 30 };
+/// for _delivery in 0..3 {
+///     assert_eq!(consumer.award(&msg).await.unwrap(), 30);
+/// }
+/// let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM points").fetch_one(&pool).await?;
+/// assert_eq!(rows, 1);
+/// # Ok(()) }
+/// ```
+///
 /// # Compile errors
 /// Wrong arguments are refused at compile time with a message on the
 /// offending token: an unknown option, a missing `key`, a key
 /// naming something that is not an argument, an invalid duration, an option
-/// of the other mode, or a function that is not `async`.
+/// of the other mode (`tx` included), `tx` without `store`, or a function
+/// that is not `async`. `tx` with a store that is not SQL fails on the
+/// bound of `run_once_in_tx`.
 ///
 /// ```compile_fail
 /// # use norepeat::store::MemoryStore;
