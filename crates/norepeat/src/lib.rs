@@ -234,7 +234,7 @@ pub mod webhook;
 ///
 /// # Once per key, in one database transaction
 /// With `tx = NAME` (`mode = once`, and `store = ...` naming a
-/// [`PgStore`](store::PgStore) or [`SqliteStore`](store::SqliteStore),
+/// `PgStore` or `SqliteStore`,
 /// features `postgres` / `sqlite`), the body gets a transaction opened on
 /// the store's pool, as a binding `NAME` of type
 /// `sqlx::Transaction<'static, DB>`; the function takes no such argument.
@@ -245,7 +245,8 @@ pub mod webhook;
 /// A crash or a dropped future before the commit leaves no writes and the
 /// claim open until its `lease` ends (meanwhile a repeat gets
 /// [`Rejected::InProgress`](once::Rejected::InProgress)); then the next
-/// delivery runs once. This is [`Guarded::run_once_in_tx`](once::Guarded::run_once_in_tx).
+/// delivery runs once. This is
+/// `Guarded::run_once_in_tx` (see [`once`]).
 ///
 /// The body writes through `&mut *NAME` and must neither commit it nor move
 /// it. It runs in a `move` closure, so it owns the arguments it uses (the
