@@ -93,13 +93,13 @@
 //! ```
 //!
 //! # Records in the database, committed with the effect
-//! On a [`SqlStore`](crate::store::SqlStore) (features `postgres`,
+//! On a SQL store (`store::SqlStore`, features `postgres`,
 //! `sqlite`) the records are rows of the application's own database, and a
 //! handler can commit its writes and the completed record in one
 //! transaction with [`IdempotentTx`]: a crash then leaves either no effect
 //! (the claim expires and a retry runs once) or the effect with its record,
-//! never the effect with the key free. See
-//! [transactional completion](crate::store::sql#transactional-completion).
+//! never the effect with the key free. See "Transactional completion" in
+//! the docs of `store::sql`.
 //!
 //! # Deployment caveat
 //! Idempotency is as durable as its store. With Redis, a failover that

@@ -27,7 +27,7 @@ use std::time::Duration;
 ///
 /// The handler takes it with axum's `Extension` extractor, makes its writes
 /// in a transaction on the store's database, builds its response, and gives
-/// both to [`commit`](Self::commit). The payment row and the record that
+/// both to `commit`. The payment row and the record that
 /// replays its answer then exist together or not at all.
 ///
 #[cfg_attr(feature = "sqlite", doc = "```")]
@@ -87,9 +87,8 @@ use std::time::Duration;
 /// # Ok(()) }
 /// ```
 ///
-/// `S` is the layer's store; [`commit`](Self::commit) exists for
-/// [`PgStore`](crate::store::PgStore) and
-/// [`SqliteStore`](crate::store::SqliteStore). The handle is present only
+/// `S` is the layer's store; `commit` exists for `PgStore` and
+/// `SqliteStore` (features `postgres`, `sqlite`). The handle is present only
 /// once the layer has claimed the key: a route that fails open
 /// ([`FailurePolicy::FailOpen`](crate::degrade::FailurePolicy)) and runs
 /// unguarded while the store is down gets none, so take it there as an
@@ -161,7 +160,7 @@ impl<S> IdempotentTx<S> {
     }
 }
 
-/// Why [`IdempotentTx::commit`] did not commit.
+/// Why `IdempotentTx::commit` did not commit.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TxError {
