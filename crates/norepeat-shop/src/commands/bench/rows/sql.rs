@@ -7,6 +7,11 @@
 //! never see each other's rows, and drops it at the end. The pools are
 //! sized as the shop's: 10 connections on PostgreSQL; 8 on SQLite, in WAL
 //! mode with `synchronous = NORMAL` and a 5 s busy timeout.
+//!
+//! As on Redis, `replay` sends every request with one key. On SQL that is
+//! a write too: the store's `put_if_absent` rewrites the live row it meets
+//! (see `norepeat::store::sql`), so the replays of one key queue on that
+//! row's lock (on SQLite, on the database's write lock).
 
 use super::super::BenchError;
 use super::super::harness::{Load, Sample};
