@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{PgDatabase, RedisServer};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
@@ -92,9 +92,48 @@ fn bench_on_memory() {
         "redis.raw is measured on Redis only: {json}"
     );
     assert!(
+        results
+            .iter()
+            .all(|r| !r["name"].as_str().unwrap().ends_with(".postgres")
+                && !r["name"].as_str().unwrap().ends_with(".sqlite")),
+        "the SQL rows run only when asked for: {json}"
+    );
+    assert!(
         json["memory"].is_null(),
         "no Redis memory on a memory store: {json}"
     );
+}
+
+/// The SQL rows come only when asked for: SQLite in a temporary file
+/// (`--sql-rows`) and PostgreSQL (`--database`, a fresh database), next to
+/// the contract's rows, which stay as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sql_rows() {
+    const SQL: [&str; 4] = [
+        "idempotency.cycle.sqlite",
+        "idempotency.replay.sqlite",
+        "idempotency.cycle.postgres",
+        "idempotency.replay.postgres",
+    ];
+    let db = PgDatabase::fresh().await;
+    let url = db.url();
+    let json = tokio::task::spawn_blocking(move || bench(&["--sql-rows", "--database", &url]))
+        .await
+        .unwrap();
+    assert_eq!(json["store"], "memory");
+    check_results(&json, &NAMES);
+    check_results(&json, &SQL);
+    // The run's table is dropped afterwards.
+    let pool = db.pool().await;
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'norepeat_bench_%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "the bench table was left behind");
+    pool.close().await;
+    db.drop_now().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

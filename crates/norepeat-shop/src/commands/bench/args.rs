@@ -29,4 +29,14 @@ pub struct BenchArgs {
     /// a private `redis-server` started for it.
     #[arg(long)]
     pub memory_on_target: bool,
+    /// Also measure `idempotency.cycle` and `idempotency.replay` on a SQL
+    /// store (`postgres://...` or `sqlite://PATH`, WAL mode), in a table of
+    /// their own that is dropped afterwards. May be given twice (one
+    /// PostgreSQL, one SQLite).
+    #[arg(long = "database", value_name = "URL")]
+    pub databases: Vec<String>,
+    /// Also measure the SQL rows on SQLite in a temporary file (WAL mode),
+    /// when no `--database sqlite://...` is given.
+    #[arg(long)]
+    pub sql_rows: bool,
 }

@@ -20,6 +20,13 @@ pub enum BenchError {
         /// What happened instead.
         what: String,
     },
+    /// The SQL store of the `idempotency.*.postgres` / `.sqlite` rows (its
+    /// pool, or the table created and dropped for the run).
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A `--database` URL that is neither `postgres://` nor `sqlite:`.
+    #[error("--database {0:?}: expected postgres://... or sqlite://PATH")]
+    DatabaseUrl(String),
     /// The loopback HTTP server of the `http.*` rows.
     #[error("loopback server: {0}")]
     Io(#[from] std::io::Error),

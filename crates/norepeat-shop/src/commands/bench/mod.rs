@@ -17,6 +17,12 @@
 //! | `ratelimit.gcra` | one GCRA decision (one script by `EVALSHA`) |
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
 //! | `http.guarded` | the same route behind `NoRepeatLayer::fingerprint`, the same load generator, the same run |
+//! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
+//! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |
+//!
+//! The SQL rows run after the others, each database in a table of the
+//! run's own (`norepeat_bench_<run>`, migrated first, dropped after); the
+//! default run has none of them.
 //!
 //! On one Redis it also measures the memory a fingerprint key, an
 //! in-progress and a completed idempotency record take (on a private
@@ -40,6 +46,7 @@ pub use args::BenchArgs;
 pub use error::BenchError;
 pub use report::{BenchResult, Ceiling, MemoryResult, Report};
 pub use rows::RESULT_NAMES;
+pub use rows::sql::{POSTGRES_NAMES, SQLITE_NAMES};
 
 use harness::Load;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -67,6 +74,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
 /// As [`run`].
 pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
     let url = args.redis_url.as_deref().filter(|u| !u.is_empty());
+    let sql_targets = rows::sql::Target::from_args(&args.databases, args.sql_rows)?;
     let store = AnyStore::from_url(url).await?;
     let single_redis = matches!(store, AnyStore::Redis(_));
     let duration = Duration::from_millis(
@@ -82,7 +90,7 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
     // A per-run random prefix keeps runs against one Redis apart.
     let run: u64 = rand::random();
 
-    let bar = ProgressBar::new(RESULT_NAMES.len() as u64 + 2).with_style(
+    let bar = ProgressBar::new((RESULT_NAMES.len() + sql_targets.len()) as u64 + 2).with_style(
         ProgressStyle::with_template("{spinner} bench {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
@@ -109,6 +117,22 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
             url,
         };
         if let Some(s) = rows::row(name, &cx).await? {
+            results.push(BenchResult {
+                name,
+                ops_per_s: s.ops_per_s,
+                p50_us: s.p50_us,
+                p99_us: s.p99_us,
+                ops: s.ops,
+                cpu_us_per_op: s.cpu_us_per_op,
+            });
+        }
+        bar.inc(1);
+    }
+
+    // The SQL rows after the Redis ones, before the ceiling.
+    for target in &sql_targets {
+        bar.set_message(target.names()[0]);
+        for (name, s) in rows::sql::rows(target, &load, run).await? {
             results.push(BenchResult {
                 name,
                 ops_per_s: s.ops_per_s,
@@ -190,7 +214,7 @@ fn fresh(store: &AnyStore) -> AnyStore {
 }
 
 /// The URL without its password.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
         _ => url.to_owned(),

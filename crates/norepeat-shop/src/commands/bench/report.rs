@@ -222,7 +222,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<24} {:>12} {:>10} {:>10} {:>10}",
+            "{:<28} {:>12} {:>10} {:>10} {:>10}",
             "name", "ops/s", "p50 µs", "p99 µs", "cpu µs/op"
         );
         for r in &self.results {
@@ -231,7 +231,7 @@ impl Report {
                 .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}"));
             let _ = writeln!(
                 out,
-                "{:<24} {:>12.0} {:>10.1} {:>10.1} {:>10}",
+                "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>10}",
                 r.name, r.ops_per_s, r.p50_us, r.p99_us, cpu
             );
         }

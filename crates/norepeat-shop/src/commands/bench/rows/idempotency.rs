@@ -10,6 +10,9 @@
 //!   a 64-byte JSON body, the record completed, the response read.
 //! - `idempotency.replay`: a key whose record is complete: the stored
 //!   response replayed.
+//!
+//! `cycle` and `replay` also run on a SQL store (see `sql`), as
+//! `idempotency.cycle.postgres` and so on.
 
 use super::super::BenchError;
 use super::super::harness::{Load, Sample, measure};
@@ -18,7 +21,7 @@ use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use norepeat::idempotency::IdempotencyLayer;
-use norepeat::store::AnyStore;
+use norepeat::store::{AnyStore, KeyValueStore};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -202,6 +205,16 @@ pub(crate) async fn claim(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
 }
 
 pub(crate) async fn cycle(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    cycle_on(store, load, run, "idempotency.cycle").await
+}
+
+/// `idempotency.cycle` on any key-value store, reported as `row`.
+pub(crate) async fn cycle_on<G: KeyValueStore + Clone>(
+    store: &G,
+    load: &Load,
+    run: u64,
+    row: &'static str,
+) -> Result<Sample, BenchError> {
     let inner =
         tower::service_fn(|_req: Request<Full<Bytes>>| async { Ok::<_, Infallible>(created()) });
     let svc = IdempotencyLayer::new(store.clone())
@@ -217,7 +230,7 @@ pub(crate) async fn cycle(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
                 || res.headers().contains_key("idempotent-replayed")
             {
                 return Err(BenchError::unexpected(
-                    "idempotency.cycle",
+                    row,
                     format!("not a first run: {}", res.status()),
                 ));
             }
@@ -225,7 +238,7 @@ pub(crate) async fn cycle(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| BenchError::unexpected("idempotency.cycle", e.to_string()))?;
+                .map_err(|e| BenchError::unexpected(row, e.to_string()))?;
             std::hint::black_box(body);
             Ok(())
         }
@@ -234,6 +247,16 @@ pub(crate) async fn cycle(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
 }
 
 pub(crate) async fn replay(store: &AnyStore, load: &Load, run: u64) -> Result<Sample, BenchError> {
+    replay_on(store, load, run, "idempotency.replay").await
+}
+
+/// `idempotency.replay` on any key-value store, reported as `row`.
+pub(crate) async fn replay_on<G: KeyValueStore + Clone>(
+    store: &G,
+    load: &Load,
+    run: u64,
+    row: &'static str,
+) -> Result<Sample, BenchError> {
     let inner =
         tower::service_fn(|_req: Request<Full<Bytes>>| async { Ok::<_, Infallible>(created()) });
     let svc = IdempotencyLayer::new(store.clone())
@@ -244,7 +267,7 @@ pub(crate) async fn replay(store: &AnyStore, load: &Load, run: u64) -> Result<Sa
     let Ok(first) = svc.clone().oneshot(payment(&key)?).await;
     if first.status() != StatusCode::CREATED {
         return Err(BenchError::unexpected(
-            "idempotency.replay",
+            row,
             format!("setup: {}", first.status()),
         ));
     }
@@ -261,7 +284,7 @@ pub(crate) async fn replay(store: &AnyStore, load: &Load, run: u64) -> Result<Sa
                 != Some(b"true")
             {
                 return Err(BenchError::unexpected(
-                    "idempotency.replay",
+                    row,
                     format!("not a replay ({})", res.status()),
                 ));
             }
@@ -269,7 +292,7 @@ pub(crate) async fn replay(store: &AnyStore, load: &Load, run: u64) -> Result<Sa
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| BenchError::unexpected("idempotency.replay", e.to_string()))?;
+                .map_err(|e| BenchError::unexpected(row, e.to_string()))?;
             std::hint::black_box(body);
             Ok(())
         }

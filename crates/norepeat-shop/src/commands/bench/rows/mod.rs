@@ -2,11 +2,12 @@
 //! handing one operation to the harness.
 //!
 //! Rows that need no HTTP or idempotency layer live here; the
-//! `Idempotency-Key` rows in [`idempotency`], the loopback HTTP rows in
-//! [`http`].
+//! `Idempotency-Key` rows in [`idempotency`] (and on a SQL store in
+//! [`sql`]), the loopback HTTP rows in [`http`].
 
 mod http;
 pub(crate) mod idempotency;
+pub(crate) mod sql;
 
 use super::BenchError;
 use super::harness::{Load, Sample, measure};
