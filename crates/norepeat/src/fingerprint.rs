@@ -152,6 +152,37 @@ impl Fingerprinter {
         Ok(Fingerprint(*h.finalize().as_bytes()))
     }
 
+    /// The fingerprint of an HTTP request, by the layers' one rule: a body
+    /// whose content type says JSON must parse (else [`InvalidJson`], which
+    /// the layers answer 400); one that only looks like JSON and does not
+    /// parse is hashed as bytes. `path` is the concrete request path.
+    pub(crate) fn fingerprint_http(
+        &self,
+        user: &str,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &[u8],
+    ) -> Result<Fingerprint, InvalidJson> {
+        use crate::body::{BodyKind, kind};
+        let kind = kind(&parts.headers, body);
+        let mut request = RequestParts {
+            user,
+            method: parts.method.as_str(),
+            route: path,
+            query: parts.uri.query(),
+            json: kind != BodyKind::Bytes,
+            body,
+        };
+        self.fingerprint(&request).or_else(|e| {
+            if kind == BodyKind::Json {
+                return Err(e);
+            }
+            // It only looked like JSON: its bytes are the request.
+            request.json = false;
+            self.fingerprint(&request)
+        })
+    }
+
     /// The canonical form of a JSON body: RFC 8785 (JCS) text of the body
     /// with the ignored fields dropped at every depth. This is what the
     /// fingerprint hashes for a JSON body.

@@ -127,6 +127,13 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         &self.key
     }
 
+    /// The claim's value: the proof of ownership for an owner-checked
+    /// change made outside this type (a completion inside a transaction).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn value(&self) -> &[u8] {
+        &self.value
+    }
+
     /// Extends the key to a full TTL from now, if this claim still owns it.
     pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
         let renewed = self

@@ -96,7 +96,7 @@ use crate::guard::{FingerprintGuard, ReleasePolicy};
 use crate::keys::{KeyBuilder, Mode};
 use crate::lease::{Acquired, Claim, Renewal};
 use crate::problem::Code;
-use crate::store::{RateDecision, Store, StoreError};
+use crate::store::{KeyValueStore, RateDecision, Store, StoreError};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -444,7 +444,7 @@ impl Guarded {
     /// itself if the running call released it.
     async fn claim<S, T>(&self, store: &S, key: &str) -> Result<Claimed<S, T>, Rejected>
     where
-        S: Store + Clone,
+        S: KeyValueStore + Clone,
         T: DeserializeOwned,
     {
         let (_, lease) = self.times();
@@ -502,7 +502,7 @@ fn stored<T: DeserializeOwned>(existing: &[u8]) -> Option<Result<T, Rejected>> {
 }
 
 /// What a once-mode claim attempt found.
-enum Claimed<S: Store + Clone, T> {
+enum Claimed<S: KeyValueStore + Clone, T> {
     /// This call holds the key and runs the body.
     Owned(Claim<S>),
     /// The stored result of an earlier call.
@@ -873,32 +873,23 @@ impl Guarded {
         Fut: Future<Output = Result<(sqlx::Transaction<'static, S::Database>, T), E>>,
     {
         let (retention, lease) = self.times();
-        let mut claim_value = Vec::with_capacity(17);
-        claim_value.push(CLAIM);
-        claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
-        let claim =
-            match Claim::acquire(store, self.store_key(key), claim_value.clone(), lease).await {
-                Ok(Acquired::Owned(claim)) => claim,
-                Ok(Acquired::Held(existing)) => {
-                    return stored(&existing)
-                        .unwrap_or(Err(Rejected::InProgress))
-                        .map_err(E::from);
-                }
-                Err(e) => {
-                    self.on_failure(&e).map_err(E::from)?;
-                    // Fail open: run unguarded, committing the body's writes.
-                    let tx = store
-                        .begin_tx()
-                        .await
-                        .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
-                    let (tx, v) = body(tx).await?;
-                    store
-                        .commit_tx(tx)
-                        .await
-                        .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
-                    return Ok(v);
-                }
-            };
+        let claim = match self.claim::<S, T>(store, key).await.map_err(E::from)? {
+            Claimed::Owned(claim) => claim,
+            Claimed::Done(v) => return Ok(v),
+            Claimed::Unguarded => {
+                // Fail open: run unguarded, committing the body's writes.
+                let tx = store
+                    .begin_tx()
+                    .await
+                    .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
+                let (tx, v) = body(tx).await?;
+                store
+                    .commit_tx(tx)
+                    .await
+                    .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
+                return Ok(v);
+            }
+        };
         let unavailable = |e: StoreError| E::from(Rejected::Unavailable(e.to_string()));
         let work = async {
             let tx = store.begin_tx().await.map_err(unavailable)?;
@@ -923,7 +914,7 @@ impl Guarded {
             )));
         };
         match store
-            .replace_in_tx(&mut tx, claim.key(), &claim_value, &done, retention)
+            .replace_in_tx(&mut tx, claim.key(), claim.value(), &done, retention)
             .await
         {
             Ok(true) => {}

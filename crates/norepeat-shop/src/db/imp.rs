@@ -540,80 +540,30 @@ macro_rules! backend {
                 retry(|| transition_once(pool, order_id, from, to)).await
             }
 
-            /// `None`: the order is payable but the insert found a live
-            /// payment that has failed since; the caller tries again.
-            async fn create_payment_once(
-                pool: &Pool,
-                user: &str,
-                order_id: &str,
-                amount: i64,
-            ) -> Result<Option<PaymentOutcome>, DbError> {
-                let payment = Payment {
-                    payment_id: new_id("pay_"),
-                    order_id: order_id.to_owned(),
-                    amount,
-                    status: PaymentStatus::Pending,
-                };
-                let created_at = now_ms();
-                let inserted = retry(|| {
-                    sqlx::query::<$db>(INSERT_PAYMENT)
-                        .bind(&payment.payment_id)
-                        .bind(amount)
-                        .bind(created_at)
-                        .bind(order_id)
-                        .bind(user)
-                        .execute(pool)
-                        .map_err(DbError::from)
-                })
-                .await?
-                .rows_affected();
-                if inserted == 1 {
-                    return Ok(Some(PaymentOutcome::Created(payment)));
-                }
-                // Nothing inserted: find out why, for the answer.
-                let order: Option<(String, String)> =
-                    sqlx::query_as::<$db, (String, String)>(SELECT_ORDER_OWNER_STATUS)
-                        .bind(order_id)
-                        .fetch_optional(pool)
-                        .await?;
-                let Some((owner, status)) = order.filter(|(owner, _)| owner == user) else {
-                    return Ok(Some(PaymentOutcome::OrderNotFound));
-                };
-                let order_status = OrderStatus::parse(&status).ok_or_else(|| {
-                    DbError::Corrupt(format!("order {order_id} of {owner} has unknown status {status:?}"))
-                })?;
-                let live_payment: Option<String> =
-                    sqlx::query_scalar::<$db, String>(SELECT_LIVE_PAYMENT)
-                        .bind(order_id)
-                        .fetch_optional(pool)
-                        .await?;
-                if order_status != OrderStatus::Unpaid || live_payment.is_some() {
-                    return Ok(Some(PaymentOutcome::NotPayable {
-                        order_status,
-                        live_payment,
-                    }));
-                }
-                Ok(None)
-            }
-
+            /// Creates the payment and commits it: [`begin_payment`] and a
+            /// commit when the payment was created (a refusal's transaction
+            /// is dropped, so rolled back), retried whole when the database
+            /// is busy.
             pub(crate) async fn create_payment(
                 pool: &Pool,
                 user: &str,
                 order_id: &str,
                 amount: i64,
             ) -> Result<PaymentOutcome, DbError> {
-                for _ in 0..MAX_ATTEMPTS {
-                    if let Some(outcome) = create_payment_once(pool, user, order_id, amount).await? {
-                        return Ok(outcome);
+                retry(|| async {
+                    let (tx, outcome) = begin_payment(pool, user, order_id, amount).await?;
+                    if matches!(outcome, PaymentOutcome::Created(_)) {
+                        tx.commit().await?;
                     }
-                }
-                Err(DbError::Corrupt(format!(
-                    "payment for order {order_id} kept conflicting with a payment that could not be read"
-                )))
+                    Ok(outcome)
+                })
+                .await
             }
 
-            /// [`create_payment_once`] inside `tx`, left uncommitted (for
-            /// the idempotency record to commit with it). No retry of single
+            /// Creates the payment inside `tx`, left uncommitted (for
+            /// the idempotency record to commit with it). `None`: the order
+            /// is payable but the insert found a live payment that has
+            /// failed since; the caller tries again. No retry of single
             /// statements: a failed statement spoils a PostgreSQL transaction.
             async fn payment_in_tx(
                 tx: &mut Tx,

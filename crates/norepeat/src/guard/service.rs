@@ -2,8 +2,7 @@
 
 use super::layer::{Config, Kind};
 use super::{FingerprintGuard, TokenGuard};
-use crate::body::{self, BodyKind, ReadError};
-use crate::fingerprint::RequestParts;
+use crate::body::{self, ReadError};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
 use bytes::Bytes;
@@ -164,23 +163,9 @@ where
     // `/orders/2/pay` are different requests); the template is a label.
     let path = parts.uri.path();
     let route = cfg.route.as_deref().unwrap_or(path);
-    let kind = body::kind(&parts.headers, &bytes);
-    let mut request = RequestParts {
-        user,
-        method: parts.method.as_str(),
-        route: path,
-        query: parts.uri.query(),
-        json: kind != BodyKind::Bytes,
-        body: &bytes,
-    };
-    let fp = guard.fingerprinter.fingerprint(&request).or_else(|e| {
-        if kind == BodyKind::Json {
-            return Err(e);
-        }
-        // It only looked like JSON: its bytes are the request.
-        request.json = false;
-        guard.fingerprinter.fingerprint(&request)
-    });
+    let fp = guard
+        .fingerprinter
+        .fingerprint_http(user, &parts, path, &bytes);
     let fp = match fp {
         Ok(fp) => fp,
         Err(e) => {

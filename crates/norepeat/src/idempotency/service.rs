@@ -5,7 +5,6 @@ use super::layer::Config;
 use super::record::{self, Completed, Digest, Owner};
 use super::tx::IdempotentTx;
 use crate::body::{self as req_body, ReadError};
-use crate::fingerprint::RequestParts;
 use crate::guard::store_failure;
 use crate::identity::is_visible_ascii;
 use crate::keys::Mode;
@@ -193,7 +192,7 @@ where
     // A body declared JSON that does not parse is the client's error: 400
     // before any claim, as the fingerprint guard answers (one rule for both
     // layers; the key stays free for the corrected request).
-    let fingerprint = match fingerprint_of(&cfg, &user, method, &path, &parts, &bytes) {
+    let fingerprint = match fingerprint_of(&cfg, &user, &path, &parts, &bytes) {
         Ok(fp) => fp,
         Err(e) => {
             return Ok(reject(&Problem::new(Code::InvalidRequest).detail(e)));
@@ -309,30 +308,13 @@ where
 fn fingerprint_of<G>(
     cfg: &Config<G>,
     user: &str,
-    method: &str,
     route: &str,
     parts: &http::request::Parts,
     body: &Bytes,
 ) -> Result<Digest, String> {
-    let kind = req_body::kind(&parts.headers, body);
-    let mut request = RequestParts {
-        user,
-        method,
-        route,
-        query: parts.uri.query(),
-        json: kind != req_body::BodyKind::Bytes,
-        body,
-    };
     let fp = cfg
         .fingerprinter
-        .fingerprint(&request)
-        .or_else(|e| {
-            if kind == req_body::BodyKind::Json {
-                return Err(e);
-            }
-            request.json = false;
-            cfg.fingerprinter.fingerprint(&request)
-        })
+        .fingerprint_http(user, parts, route, body)
         .map_err(|e| e.to_string())?;
     let mut out = [0; 16];
     out.copy_from_slice(&fp.0[..16]);
