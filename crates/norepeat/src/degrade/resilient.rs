@@ -60,6 +60,8 @@ const FLOOR: Duration = Duration::from_millis(50);
 const CEILING: Duration = Duration::from_secs(1);
 /// How many recent calls the p99 is taken over.
 const SAMPLES: usize = 100;
+/// How often, in calls, the p99 is computed again when nothing raises it.
+const RECOMPUTE_EVERY: usize = 16;
 /// The budget is this many times the recent p99.
 const FACTOR: u32 = 3;
 
@@ -105,7 +107,14 @@ impl Budget {
     }
 
     /// Takes in one call's latency and sets the budget to 3x the p99.
+    ///
+    /// The p99 is computed again at once when this call alone would raise
+    /// the budget (a store turning slow is followed within a call or two),
+    /// and otherwise every [`RECOMPUTE_EVERY`] calls (the budget comes back
+    /// down), so the hot path of a healthy store records a sample and no
+    /// more.
     fn observe(&self, took: Duration) {
+        let raises = took.saturating_mul(FACTOR) > self.current();
         let p99 = {
             let mut r = self
                 .recent
@@ -115,6 +124,9 @@ impl Budget {
             r.ring[at] = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
             r.next = (at + 1) % SAMPLES;
             r.len = (r.len + 1).min(SAMPLES);
+            if !raises && r.next % RECOMPUTE_EVERY != 0 {
+                return;
+            }
             let mut sorted = r.ring;
             let n = r.len;
             let rank = (n * 99).div_ceil(100).max(1) - 1;
@@ -315,5 +327,44 @@ impl<S: Store> Store for Resilient<S> {
     }
     fn reconnect(&self) {
         self.inner.reconnect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_floor_above_the_ceiling_is_a_fixed_budget() {
+        let b = Budget::new(2000 * MS, 1000 * MS, "test");
+        assert_eq!(b.current(), 2000 * MS);
+        for _ in 0..200 {
+            b.observe(900 * MS);
+        }
+        assert_eq!(
+            b.current(),
+            2000 * MS,
+            "3x 900 ms is capped by the fixed budget"
+        );
+    }
+
+    #[test]
+    fn the_budget_rises_at_once_and_comes_back_down() {
+        let b = Budget::new(50 * MS, 1000 * MS, "test");
+        for _ in 0..20 {
+            b.observe(MS);
+        }
+        assert_eq!(b.current(), 50 * MS);
+        // One slow call raises it right away (it is the p99 of so few).
+        b.observe(80 * MS);
+        assert_eq!(b.current(), 240 * MS);
+        // A healthy store again: the slow sample leaves the window and the
+        // budget returns to its floor.
+        for _ in 0..SAMPLES + RECOMPUTE_EVERY {
+            b.observe(MS);
+        }
+        assert_eq!(b.current(), 50 * MS);
     }
 }
