@@ -65,3 +65,30 @@ pub enum FailurePolicy {
     /// (payments) that must not run when they cannot be sure.
     FailClosed,
 }
+
+/// What a store failure means for one request under `policy`: the one place
+/// this is decided, for every guard, limiter and idempotency layer.
+///
+/// `Ok(())`: admit the request without a decision (fail-open), counted as
+/// `admitted_degraded` and logged. `Err(error)`: refuse it (fail-closed),
+/// counted as `rejected` with reason `unavailable`; the caller wraps the
+/// error in its own domain error. `mode` labels the metric and the log
+/// (`"fingerprint"`, `"token"`, `"once"`, `"idempotency"`, `"ratelimit"`).
+pub(crate) fn on_store_error(
+    mode: &'static str,
+    policy: FailurePolicy,
+    error: crate::store::StoreError,
+) -> Result<(), crate::store::StoreError> {
+    match policy {
+        FailurePolicy::FailOpen => {
+            metrics::counter!("norepeat_decisions_total", "mode" => mode, "outcome" => "admitted_degraded").increment(1);
+            tracing::warn!(mode, %error, "store failed: admitting (fail-open)");
+            Ok(())
+        }
+        FailurePolicy::FailClosed => {
+            metrics::counter!("norepeat_decisions_total", "mode" => mode, "outcome" => "rejected", "reason" => "unavailable").increment(1);
+            tracing::warn!(mode, %error, "store failed: refusing (fail-closed)");
+            Err(error)
+        }
+    }
+}
