@@ -28,6 +28,7 @@
 //! completion in a task of its own ([`detach`]), and the result is stored
 //! whatever the caller does.
 
+use crate::store::KeyValueStoreExt;
 use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
 use std::future::Future;

@@ -96,8 +96,9 @@ use crate::guard::{FingerprintGuard, ReleasePolicy};
 use crate::keys::{KeyBuilder, Mode};
 use crate::lease::{Acquired, Claim, Renewal};
 use crate::problem::Code;
-use crate::store::{KeyValueStore, RateDecision, Store, StoreError};
-use bytes::Bytes;
+use crate::store::{
+    KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, Store, StoreError,
+};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -638,175 +639,42 @@ pub fn default_store() -> Result<DefaultStore, Rejected> {
 
 /// [`Store`] as an object: each method returns a boxed future.
 trait ErasedStore: Send + Sync + 'static {
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>>;
-    fn delete_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn expire_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn replace_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn fixed_window<'a>(
-        &'a self,
-        key: &'a str,
-        limit: u64,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
-    fn sliding_window<'a>(
-        &'a self,
-        key: &'a str,
-        limit: u64,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
-    fn gcra<'a>(
-        &'a self,
-        key: &'a str,
-        emission: Duration,
-        burst: u64,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn execute<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Result<KeyReply, StoreError>>;
+    fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
     fn kind(&self) -> &'static str;
     fn reconnect(&self);
 }
 
 impl<S: Store> ErasedStore for S {
-    fn put_if_absent<'a>(
-        &'a self,
-        key: &'a str,
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>> {
-        Box::pin(Store::put_if_absent(self, key, value, ttl))
+    fn execute<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Result<KeyReply, StoreError>> {
+        Box::pin(KeyValueStore::execute(self, op))
     }
-    fn delete_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::delete_if_equals(self, key, expected))
-    }
-    fn expire_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::expire_if_equals(self, key, expected, ttl))
-    }
-    fn replace_if_equals<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a [u8],
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::replace_if_equals(self, key, expected, value, ttl))
-    }
-    fn fixed_window<'a>(
-        &'a self,
-        key: &'a str,
-        limit: u64,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
-        Box::pin(Store::fixed_window(self, key, limit, window))
-    }
-    fn sliding_window<'a>(
-        &'a self,
-        key: &'a str,
-        limit: u64,
-        window: Duration,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
-        Box::pin(Store::sliding_window(self, key, limit, window))
-    }
-    fn gcra<'a>(
-        &'a self,
-        key: &'a str,
-        emission: Duration,
-        burst: u64,
-    ) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
-        Box::pin(Store::gcra(self, key, emission, burst))
+    fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
+        Box::pin(RateStore::rate(self, op))
     }
     fn kind(&self) -> &'static str {
-        Store::kind(self)
+        KeyValueStore::kind(self)
     }
     fn reconnect(&self) {
-        Store::reconnect(self);
+        KeyValueStore::reconnect(self);
     }
 }
 
-impl Store for DefaultStore {
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        self.0.put_if_absent(key, value, ttl).await
-    }
-    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        self.0.delete_if_equals(key, expected).await
-    }
-    async fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.expire_if_equals(key, expected, ttl).await
-    }
-    async fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.replace_if_equals(key, expected, value, ttl).await
-    }
-    async fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        self.0.fixed_window(key, limit, window).await
-    }
-    async fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        self.0.sliding_window(key, limit, window).await
-    }
-    async fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> Result<RateDecision, StoreError> {
-        self.0.gcra(key, emission, burst).await
+impl KeyValueStore for DefaultStore {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        self.0.execute(op).await
     }
     fn kind(&self) -> &'static str {
         self.0.kind()
     }
     fn reconnect(&self) {
         self.0.reconnect();
+    }
+}
+
+impl RateStore for DefaultStore {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        self.0.rate(op).await
     }
 }
 

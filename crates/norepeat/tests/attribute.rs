@@ -5,8 +5,9 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use norepeat::degrade::Resilient;
 use norepeat::once::Rejected;
+use norepeat::store::KeyValueStoreExt;
+use norepeat::store::Resilient;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
 use norepeat_testkit::RedisServer;
 use serde::{Deserialize, Serialize};

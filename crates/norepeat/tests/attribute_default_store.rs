@@ -9,7 +9,8 @@
 #![allow(clippy::unwrap_used)]
 
 use norepeat::once::{Guarded, Rejected};
-use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
+use norepeat::store::KeyValueStore;
+use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat_testkit::RedisServer;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

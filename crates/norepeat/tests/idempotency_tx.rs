@@ -49,7 +49,7 @@ macro_rules! cases {
     ($db:ty, $store:ty, $fresh:path, $pool:path) => {
         use super::*;
         use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
-        use norepeat::store::KeyValueStore;
+        use norepeat::store::KeyValueStoreExt;
 
         type Pool = sqlx::Pool<$db>;
 

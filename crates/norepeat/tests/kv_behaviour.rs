@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use norepeat::store::KeyValueStore;
+use norepeat::store::KeyValueStoreExt;
 use std::time::Duration;
 
 /// Long enough never to lapse during a case.

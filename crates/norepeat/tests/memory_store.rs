@@ -3,7 +3,8 @@
 // Helpers outside `#[test]` functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use norepeat::store::{MemoryStore, Store};
+use norepeat::store::KeyValueStoreExt;
+use norepeat::store::MemoryStore;
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(60);

@@ -10,11 +10,14 @@ use axum::routing::post;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http::{Request, Response, StatusCode};
-use norepeat::degrade::{FailurePolicy, Fallback};
+use norepeat::degrade::FailurePolicy;
 use norepeat::ratelimit::{
     Algorithm, ByClientIp, ByUser, Global, PeerAddr, Quota, RateLimitLayer, RateLimiter,
 };
-use norepeat::store::{MemoryStore, RateDecision, RedisStore, Store, StoreError};
+use norepeat::store::{
+    Fallback, KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore,
+    RedisStore, Store, StoreError,
+};
 use norepeat_testkit::RedisServer;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -510,46 +513,18 @@ fn down<T>() -> Result<T, StoreError> {
     Err(StoreError::Connection("refused".into()))
 }
 
-impl Store for Down {
-    async fn put_if_absent(
-        &self,
-        _: &str,
-        _: &[u8],
-        _: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        down()
-    }
-    async fn delete_if_equals(&self, _: &str, _: &[u8]) -> Result<bool, StoreError> {
-        down()
-    }
-    async fn expire_if_equals(&self, _: &str, _: &[u8], _: Duration) -> Result<bool, StoreError> {
-        down()
-    }
-    async fn replace_if_equals(
-        &self,
-        _: &str,
-        _: &[u8],
-        _: &[u8],
-        _: Duration,
-    ) -> Result<bool, StoreError> {
-        down()
-    }
-    async fn fixed_window(&self, _: &str, _: u64, _: Duration) -> Result<RateDecision, StoreError> {
-        down()
-    }
-    async fn sliding_window(
-        &self,
-        _: &str,
-        _: u64,
-        _: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        down()
-    }
-    async fn gcra(&self, _: &str, _: Duration, _: u64) -> Result<RateDecision, StoreError> {
+impl KeyValueStore for Down {
+    async fn execute(&self, _: KeyOp<'_>) -> Result<KeyReply, StoreError> {
         down()
     }
     fn kind(&self) -> &'static str {
         "down"
+    }
+}
+
+impl RateStore for Down {
+    async fn rate(&self, _: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        down()
     }
 }
 

@@ -2,7 +2,7 @@
 //! pure functions take `now` as an argument, so a test drives time with a
 //! plain number and never sleeps.
 
-use norepeat::ratelimit::algorithm::{
+use norepeat::store::rate::arithmetic::{
     FixedState, SlidingState, fixed_window, gcra, sliding_window,
 };
 use proptest::prelude::*;

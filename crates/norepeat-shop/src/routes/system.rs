@@ -20,7 +20,7 @@ pub(super) fn routes() -> Router<AppState> {
     responses((status = 200, description = "The shop is up.", body = super::openapi::Health))
 )]
 async fn healthz(State(s): State<AppState>) -> Json<Value> {
-    use norepeat::store::Store;
+    use norepeat::store::KeyValueStore;
     Json(json!({
         "status": "ok",
         "store": s.primary.kind(),

@@ -4,6 +4,7 @@ use super::fingerprint::store_failure;
 use crate::degrade::FailurePolicy;
 use crate::keys::{KeyBuilder, Mode};
 use crate::problem::{Code, Problem};
+use crate::store::KeyValueStoreExt;
 use crate::store::Store;
 use crate::token::{IssuedToken, TokenError, TokenSigner};
 use std::time::Duration;

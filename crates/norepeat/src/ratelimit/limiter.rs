@@ -4,6 +4,7 @@ use super::{Algorithm, Quota};
 use crate::degrade::FailurePolicy;
 use crate::keys::{KeyBuilder, Mode};
 use crate::problem::{Code, Problem};
+use crate::store::RateStoreExt;
 use crate::store::{RateDecision, Store, StoreError};
 use http::{HeaderName, HeaderValue};
 use std::borrow::Cow;

@@ -55,7 +55,6 @@
 //! client can write. [`ByClientIp`] only believes the entries appended by
 //! the proxies you list; see its docs.
 
-pub mod algorithm;
 mod key;
 mod layer;
 mod limiter;

@@ -1,8 +1,8 @@
 //! A store chosen at run time.
 
-use super::{MemoryStore, RateDecision, Store, StoreError};
-use bytes::Bytes;
-use std::time::Duration;
+use super::{
+    KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore, StoreError,
+};
 
 /// One of the built-in stores, chosen at run time: from a URL with
 /// [`AnyStore::from_url`], or by wrapping one.
@@ -102,64 +102,21 @@ macro_rules! dispatch {
     };
 }
 
-impl Store for AnyStore {
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        dispatch!(self, s => s.put_if_absent(key, value, ttl).await)
-    }
-    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.delete_if_equals(key, expected).await)
-    }
-    async fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.expire_if_equals(key, expected, ttl).await)
-    }
-    async fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.replace_if_equals(key, expected, value, ttl).await)
-    }
-    async fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        dispatch!(self, s => s.fixed_window(key, limit, window).await)
-    }
-    async fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        dispatch!(self, s => s.sliding_window(key, limit, window).await)
-    }
-    async fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> Result<RateDecision, StoreError> {
-        dispatch!(self, s => s.gcra(key, emission, burst).await)
+impl KeyValueStore for AnyStore {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        dispatch!(self, s => s.execute(op).await)
     }
     fn kind(&self) -> &'static str {
         dispatch!(self, s => s.kind())
     }
     fn reconnect(&self) {
         dispatch!(self, s => s.reconnect());
+    }
+}
+
+impl RateStore for AnyStore {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        dispatch!(self, s => s.rate(op).await)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The in-process store: bounded in bytes, every entry expiring.
 
-use super::{RateDecision, Store, StoreError};
-use crate::ratelimit::algorithm::{self, FixedState, SlidingState};
+use super::rate::arithmetic::{self, FixedState, SlidingState};
+use super::{KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};
 use bytes::Bytes;
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
@@ -234,7 +234,7 @@ impl MemoryStore {
         })
     }
 
-    fn rate(
+    fn count(
         &self,
         key: &str,
         step: impl FnOnce(Option<Value>, u64) -> (Value, Duration, RateDecision),
@@ -263,112 +263,95 @@ fn bytes_entry(value: &[u8], now: Instant, ttl: Duration) -> Entry {
     }
 }
 
-impl Store for MemoryStore {
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        Ok(self.with_bytes(key, |cur, now| match cur {
-            Some(existing) => (Op::Nop, Some(existing.clone())),
-            None => (Op::Put(bytes_entry(value, now, ttl)), None),
-        }))
-    }
-
-    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.with_bytes(key, |cur, _| match cur {
-            Some(v) if v.as_ref() == expected => (Op::Remove, true),
-            _ => (Op::Nop, false),
-        }))
-    }
-
-    async fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        Ok(self.with_bytes(key, |cur, now| match cur {
-            Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(expected, now, ttl)), true),
-            _ => (Op::Nop, false),
-        }))
-    }
-
-    async fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        Ok(self.with_bytes(key, |cur, now| match cur {
-            Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(value, now, ttl)), true),
-            _ => (Op::Nop, false),
-        }))
-    }
-
-    async fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        let window_us = micros(window);
-        Ok(self.rate(key, |cur, now| {
-            let state = match cur {
-                Some(Value::Fixed(s)) => Some(s),
-                _ => None,
-            };
-            let (s, d) = algorithm::fixed_window(state, now, limit, window_us);
-            let ttl = Duration::from_micros(s.window_end.saturating_sub(now));
-            (Value::Fixed(s), ttl, d)
-        }))
-    }
-
-    async fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        let window_us = micros(window);
-        Ok(self.rate(key, |cur, now| {
-            let state = match cur {
-                Some(Value::Sliding(s)) => Some(s),
-                _ => None,
-            };
-            let (s, d) = algorithm::sliding_window(state, now, limit, window_us);
-            // Expires at a fixed time: a refused call never pushes it on.
-            let until = algorithm::sliding_expires_at(&s, window_us);
-            (
-                Value::Sliding(s),
-                Duration::from_micros(until.saturating_sub(now).max(1)),
-                d,
-            )
-        }))
-    }
-
-    async fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> Result<RateDecision, StoreError> {
-        let emission_us = micros(emission);
-        Ok(self.rate(key, |cur, now| {
-            let tat = match cur {
-                Some(Value::Gcra(t)) => Some(t),
-                _ => None,
-            };
-            let (tat, d) = algorithm::gcra(tat, now, emission_us, burst);
-            let ttl = Duration::from_micros(tat.saturating_sub(now).max(1));
-            (Value::Gcra(tat), ttl, d)
-        }))
+impl KeyValueStore for MemoryStore {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        Ok(match op {
+            KeyOp::PutIfAbsent { key, value, ttl } => {
+                KeyReply::Held(self.with_bytes(key, |cur, now| match cur {
+                    Some(existing) => (Op::Nop, Some(existing.clone())),
+                    None => (Op::Put(bytes_entry(value, now, ttl)), None),
+                }))
+            }
+            KeyOp::DeleteIfEquals { key, expected } => {
+                KeyReply::Changed(self.with_bytes(key, |cur, _| match cur {
+                    Some(v) if v.as_ref() == expected => (Op::Remove, true),
+                    _ => (Op::Nop, false),
+                }))
+            }
+            KeyOp::ExpireIfEquals { key, expected, ttl } => {
+                KeyReply::Changed(self.with_bytes(key, |cur, now| match cur {
+                    Some(v) if v.as_ref() == expected => {
+                        (Op::Put(bytes_entry(expected, now, ttl)), true)
+                    }
+                    _ => (Op::Nop, false),
+                }))
+            }
+            KeyOp::ReplaceIfEquals {
+                key,
+                expected,
+                value,
+                ttl,
+            } => KeyReply::Changed(self.with_bytes(key, |cur, now| match cur {
+                Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(value, now, ttl)), true),
+                _ => (Op::Nop, false),
+            })),
+        })
     }
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+}
+
+impl RateStore for MemoryStore {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        Ok(match op {
+            RateOp::FixedWindow { key, limit, window } => {
+                let window_us = micros(window);
+                self.count(key, |cur, now| {
+                    let state = match cur {
+                        Some(Value::Fixed(s)) => Some(s),
+                        _ => None,
+                    };
+                    let (s, d) = arithmetic::fixed_window(state, now, limit, window_us);
+                    let ttl = Duration::from_micros(s.window_end.saturating_sub(now));
+                    (Value::Fixed(s), ttl, d)
+                })
+            }
+            RateOp::SlidingWindow { key, limit, window } => {
+                let window_us = micros(window);
+                self.count(key, |cur, now| {
+                    let state = match cur {
+                        Some(Value::Sliding(s)) => Some(s),
+                        _ => None,
+                    };
+                    let (s, d) = arithmetic::sliding_window(state, now, limit, window_us);
+                    // Expires at a fixed time: a refused call never pushes it on.
+                    let until = arithmetic::sliding_expires_at(&s, window_us);
+                    (
+                        Value::Sliding(s),
+                        Duration::from_micros(until.saturating_sub(now).max(1)),
+                        d,
+                    )
+                })
+            }
+            RateOp::Gcra {
+                key,
+                emission,
+                burst,
+            } => {
+                let emission_us = micros(emission);
+                self.count(key, |cur, now| {
+                    let tat = match cur {
+                        Some(Value::Gcra(t)) => Some(t),
+                        _ => None,
+                    };
+                    let (tat, d) = arithmetic::gcra(tat, now, emission_us, burst);
+                    let ttl = Duration::from_micros(tat.saturating_sub(now).max(1));
+                    (Value::Gcra(tat), ttl, d)
+                })
+            }
+        })
     }
 }
 
@@ -379,6 +362,7 @@ fn micros(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::KeyValueStoreExt;
 
     #[tokio::test]
     async fn entries_expire() {

@@ -1,46 +1,59 @@
-//! Where the guards keep their state: a small trait and its backends.
+//! Where the guards keep their state: the store traits, their backends, and
+//! the wrappers that keep a backend usable when it fails.
 //!
-//! Every method of [`Store`] is one atomic state change. On Redis each is one
-//! command or one Lua script (the scripts live in `src/store/lua/`, one file
-//! each, with their `KEYS` and `ARGV` documented); in memory each is one
-//! per-key critical section. Nothing here reads a value and then writes it in a
-//! second step, nothing deletes a key without checking who owns it, and every
-//! key is written with a time to live.
+//! Every operation is one atomic state change. On Redis each is one command
+//! or one Lua script (the scripts live in `src/store/lua/`, one file each,
+//! with their `KEYS` and `ARGV` documented); in memory each is one per-key
+//! critical section; in SQL one statement. Nothing here reads a value and
+//! then writes it in a second step, nothing deletes a key without checking
+//! who owns it, and every key is written with a time to live.
 //!
 //! Backends:
 //! - [`MemoryStore`]: bounded, TTL-expiring, in-process. The embedded default
 //!   and the local fallback during an outage.
-//! - [`RedisStore`] (feature `redis`): one Redis through a reconnecting
-//!   `ConnectionManager`.
+//! - [`RedisStore`] (feature `redis`): one Redis through reconnecting
+//!   multiplexed connections.
 //! - [`ClusterStore`] (feature `redis`): Redis Cluster.
 //! - [`AnyStore`]: one of the above, chosen at run time (for example from a URL).
 //! - `SqlStore` (features `postgres`, `sqlite`): a table in PostgreSQL or
-//!   SQLite. It keeps records but has no rate algorithms, so it implements
-//!   [`KeyValueStore`] and not [`Store`].
+//!   SQLite. It keeps records but has no rate algorithms, so it is a
+//!   [`KeyValueStore`] and not a [`RateStore`].
 //!
-//! # Two traits
+//! Wrappers, each a store in front of a store (the shape of a cache in
+//! front of a store):
+//! - [`Resilient`]: a time budget on every call and a [`Breaker`] in front.
+//! - [`Fallback`]: answers from a bounded local [`MemoryStore`] whenever the
+//!   primary fails.
 //!
-//! [`Store`] is everything a guard or a limiter asks of a backend: four
-//! conditional key-value operations, three rate algorithms, a name and a
-//! reconnect hook. [`KeyValueStore`] is the narrow part: the four key-value
-//! operations and the name, with the same signatures and semantics. Every
-//! [`Store`] is a [`KeyValueStore`] through a blanket implementation, so
-//! every backend and wrapper has both.
+//! # The traits: one operation enum per kind of work
+//! A backend implements one method per kind of work, taking an operation
+//! enum, as redis-rs's `ConnectionLike` takes a command:
 //!
-//! The narrow trait exists for stores that keep idempotency records well and
-//! rate counters badly or not at all, such as a SQL table: a record must
-//! last as long as the effect it describes, a counter is hot and
-//! disposable. Such a store implements only [`KeyValueStore`]; a rate
-//! limiter built over it is refused by the compiler, because the limiter
-//! requires [`Store`]. Code that only claims and completes records should
-//! ask for [`KeyValueStore`].
+//! - [`KeyValueStore::execute`] runs a [`KeyOp`], one of the four
+//!   conditional key-value operations (what claims, tokens and idempotency
+//!   records need). It also names the backend ([`KeyValueStore::kind`])
+//!   and can reconnect it ([`KeyValueStore::reconnect`]).
+//! - [`RateStore::rate`] runs a [`RateOp`], one of the three rate
+//!   algorithms (what a rate limiter needs).
+//! - [`Store`] is both: what a guard or limiter asks for. It is implemented
+//!   for every type that is both.
 //!
-//! Both traits name their methods alike. Import the one you call through;
-//! with both in scope, a call on a [`Store`] is ambiguous and needs the
-//! fully qualified form (`KeyValueStore::put_if_absent(&store, ...)`).
+//! The typed calls (`put_if_absent`, `gcra`, ...) come from the extension
+//! traits [`KeyValueStoreExt`] and [`RateStoreExt`], implemented for every
+//! store; import them (or `use norepeat::store::prelude::*`) to call a store.
+//!
+//! Why this shape: most implementations of a store are wrappers (a time
+//! budget, a breaker, a fallback, a fault injector, a type-erased store),
+//! and a wrapper does the same thing around every operation. With one
+//! method per operation each wrapper had to forward nine methods, and a new
+//! operation meant an edit in every wrapper. Now a wrapper implements
+//! `execute` and `rate` once, and a new operation is one variant, one typed
+//! call, and one arm in each real backend. The split into two traits keeps
+//! a store that cannot count rates (a SQL table) from being handed to a
+//! rate limiter: the compiler refuses it.
 //!
 //! ```
-//! use norepeat::store::{MemoryStore, Store};
+//! use norepeat::store::{KeyValueStoreExt, MemoryStore};
 //! use std::time::Duration;
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
 //! let store = MemoryStore::new(10_000);
@@ -61,6 +74,24 @@ mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod sql;
 
+mod breaker;
+mod fallback;
+mod key_value;
+pub mod rate;
+mod resilient;
+
+pub use breaker::{Breaker, BreakerState, Permit};
+pub use fallback::Fallback;
+pub use key_value::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt};
+pub use rate::{RateDecision, RateOp, RateStore, RateStoreExt};
+pub use resilient::Resilient;
+
+/// The store traits and their typed calls, to import at once:
+/// `use norepeat::store::prelude::*;`.
+pub mod prelude {
+    pub use super::{KeyValueStore, KeyValueStoreExt, RateStore, RateStoreExt, Store};
+}
+
 pub use any::AnyStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
@@ -72,8 +103,6 @@ pub use sql::SqlStore;
 #[cfg(feature = "sqlite")]
 pub use sql::SqliteStore;
 
-use bytes::Bytes;
-use std::future::Future;
 use std::time::Duration;
 
 /// Why a store call failed.
@@ -100,274 +129,18 @@ pub enum StoreError {
     Protocol(String),
 }
 
-/// The answer of a rate limiter's store call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateDecision {
-    /// Whether this request is admitted.
-    pub allowed: bool,
-    /// Requests still allowed in the current state (0 when rejected).
-    pub remaining: u64,
-    /// When rejected: how long until a request would be admitted. When
-    /// admitted: how long until the limiter is back to its full allowance.
-    pub reset: Duration,
-}
-
-/// The state a guard keeps, as a handful of atomic operations.
-///
-/// Implement this to add a backend. Each method must be atomic with respect
-/// to every other call on the same key, from any process sharing the store,
-/// and must never leave a key without an expiry.
-pub trait Store: Send + Sync + 'static {
-    /// Stores `value` under `key` for `ttl` if the key is absent
-    /// (`SET key value NX PX ttl GET`).
-    ///
-    /// Returns `None` when the value was stored, or the value already there
-    /// (unchanged) when it was not.
-    fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
-
-    /// Deletes `key` only if it still holds `expected`. Returns whether it did.
-    fn delete_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Sets a new time to live on `key` only if it still holds `expected`.
-    /// Returns whether it did.
-    fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Replaces the value of `key` with `value` (and a new `ttl`) only if it
-    /// still holds `expected`. Returns whether it did.
-    fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Fixed window: counts this request in the window `key` names and admits
-    /// it while the count stays within `limit`. The counter expires with its
-    /// window.
-    fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send;
-
-    /// Sliding window (two weighted fixed windows): admits the request while
-    /// `previous * (1 - elapsed/window) + current < limit`.
-    fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send;
-
-    /// GCRA: one stored number per key, the theoretical arrival time.
-    /// `emission` is the interval between requests at the sustained rate,
-    /// `burst` how many may come at once.
-    fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send;
-
-    /// A short name for logs and metrics (`"memory"`, `"redis"`, `"cluster"`).
-    fn kind(&self) -> &'static str;
-
-    /// Drops the store's connections and makes fresh ones. Called by
-    /// [`Resilient`](crate::degrade::Resilient) after repeated timeouts, the
-    /// sign of a connection whose replies will never come. The default does
-    /// nothing.
-    fn reconnect(&self) {}
-}
-
-impl<S: Store> Store for std::sync::Arc<S> {
-    fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
-        Store::put_if_absent(&**self, key, value, ttl)
-    }
-    fn delete_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::delete_if_equals(&**self, key, expected)
-    }
-    fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::expire_if_equals(&**self, key, expected, ttl)
-    }
-    fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::replace_if_equals(&**self, key, expected, value, ttl)
-    }
-    fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        Store::fixed_window(&**self, key, limit, window)
-    }
-    fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        Store::sliding_window(&**self, key, limit, window)
-    }
-    fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
-        Store::gcra(&**self, key, emission, burst)
-    }
-    fn kind(&self) -> &'static str {
-        Store::kind(&**self)
-    }
-    fn reconnect(&self) {
-        Store::reconnect(&**self);
-    }
-}
-
-/// The four conditional key-value operations of a [`Store`], and its name:
-/// what keeping idempotency records and claims needs, and nothing more.
-///
-/// Every [`Store`] implements it (a blanket implementation forwards to the
-/// [`Store`] methods). A backend that cannot run the rate algorithms, such
-/// as `SqlStore` (features `postgres`, `sqlite`), implements only this
-/// trait, so a rate limiter over it does not compile. The contract of each
-/// method is the one documented on [`Store`]: atomic against every other
-/// call on the same key, from any process sharing the store; an expired key
-/// is absent; no key is written without an expiry.
+/// Everything a guard or a rate limiter asks of a backend: a
+/// [`KeyValueStore`] that is also a [`RateStore`]. Implemented for every
+/// such type; implement those two traits, not this one.
 ///
 /// ```
-/// use norepeat::store::{KeyValueStore, MemoryStore};
-/// use std::time::Duration;
-///
-/// /// Claims `key` for `owner`; returns the current owner when taken.
-/// async fn claim<S: KeyValueStore>(store: &S, key: &str, owner: &[u8]) -> Option<Vec<u8>> {
-///     let held = store.put_if_absent(key, owner, Duration::from_secs(30)).await.ok()?;
-///     held.map(|b| b.to_vec())
-/// }
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let store = MemoryStore::default();
-/// assert_eq!(claim(&store, "order-7", b"a").await, None);
-/// assert_eq!(claim(&store, "order-7", b"b").await.as_deref(), Some(&b"a"[..]));
-/// # }
+/// use norepeat::store::{MemoryStore, Store};
+/// fn shared<S: Store + Clone>(store: &S) -> S { store.clone() }
+/// let _ = shared(&MemoryStore::default());
 /// ```
-pub trait KeyValueStore: Send + Sync + 'static {
-    /// Stores `value` under `key` for `ttl` if the key is absent or
-    /// expired. Returns `None` when the value was stored, or the value
-    /// already there (unchanged) when it was not. See
-    /// [`Store::put_if_absent`].
-    fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
+pub trait Store: KeyValueStore + RateStore {}
 
-    /// Deletes `key` only if it still holds `expected`. Returns whether it
-    /// did. See [`Store::delete_if_equals`].
-    fn delete_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Sets a new time to live on `key` only if it still holds `expected`.
-    /// Returns whether it did. See [`Store::expire_if_equals`].
-    fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Replaces the value of `key` with `value` (and a new `ttl`) only if
-    /// it still holds `expected`. Returns whether it did. See
-    /// [`Store::replace_if_equals`].
-    fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// A short name for logs and metrics (`"memory"`, `"redis"`,
-    /// `"postgres"`, `"sqlite"`, ...).
-    fn kind(&self) -> &'static str;
-}
-
-impl<S: Store> KeyValueStore for S {
-    fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
-        Store::put_if_absent(self, key, value, ttl)
-    }
-    fn delete_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::delete_if_equals(self, key, expected)
-    }
-    fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::expire_if_equals(self, key, expected, ttl)
-    }
-    fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Store::replace_if_equals(self, key, expected, value, ttl)
-    }
-    fn kind(&self) -> &'static str {
-        Store::kind(self)
-    }
-}
+impl<S: KeyValueStore + RateStore> Store for S {}
 
 /// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]

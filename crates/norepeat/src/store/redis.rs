@@ -1,6 +1,6 @@
 //! Redis and Redis Cluster backends.
 
-use super::{RateDecision, Store, StoreError, ttl_ms};
+use super::{KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError, ttl_ms};
 use bytes::Bytes;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
@@ -132,92 +132,73 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
     }
 }
 
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        match op {
+            KeyOp::PutIfAbsent { key, value, ttl } => self
+                .put_if_absent(key, value, ttl)
+                .await
+                .map(KeyReply::Held),
+            KeyOp::DeleteIfEquals { key, expected } => self
+                .eval_bool(&self.scripts.release, key, &[expected])
+                .await
+                .map(KeyReply::Changed),
+            KeyOp::ExpireIfEquals { key, expected, ttl } => {
+                let ms = ttl_ms(ttl).to_string();
+                self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()])
+                    .await
+                    .map(KeyReply::Changed)
+            }
+            KeyOp::ReplaceIfEquals {
+                key,
+                expected,
+                value,
+                ttl,
+            } => {
+                let ms = ttl_ms(ttl).to_string();
+                self.eval_bool(
+                    &self.scripts.replace,
+                    key,
+                    &[expected, value, ms.as_bytes()],
+                )
+                .await
+                .map(KeyReply::Changed)
+            }
+        }
+    }
+
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        match op {
+            RateOp::FixedWindow { key, limit, window } => {
+                self.eval_rate(&self.scripts.fixed_window, key, limit, ttl_ms(window))
+                    .await
+            }
+            RateOp::SlidingWindow { key, limit, window } => {
+                self.eval_rate(&self.scripts.sliding_window, key, limit, micros(window))
+                    .await
+            }
+            RateOp::Gcra {
+                key,
+                emission,
+                burst,
+            } => {
+                self.eval_rate(&self.scripts.gcra, key, micros(emission), burst.max(1))
+                    .await
+            }
+        }
+    }
+}
+
+/// The store traits of a Redis store type: its [`Backend`] does the work.
 macro_rules! impl_store {
     ($ty:ty, $kind:literal) => {
-        impl Store for $ty {
-            async fn put_if_absent(
+        impl KeyValueStore for $ty {
+            fn execute(
                 &self,
-                key: &str,
-                value: &[u8],
-                ttl: Duration,
-            ) -> Result<Option<Bytes>, StoreError> {
-                self.0.put_if_absent(key, value, ttl).await
-            }
-
-            async fn delete_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-            ) -> Result<bool, StoreError> {
-                self.0
-                    .eval_bool(&self.0.scripts.release, key, &[expected])
-                    .await
-            }
-
-            async fn expire_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-                ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                let ms = ttl_ms(ttl).to_string();
-                self.0
-                    .eval_bool(&self.0.scripts.renew, key, &[expected, ms.as_bytes()])
-                    .await
-            }
-
-            async fn replace_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-                value: &[u8],
-                ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                let ms = ttl_ms(ttl).to_string();
-                self.0
-                    .eval_bool(
-                        &self.0.scripts.replace,
-                        key,
-                        &[expected, value, ms.as_bytes()],
-                    )
-                    .await
-            }
-
-            async fn fixed_window(
-                &self,
-                key: &str,
-                limit: u64,
-                window: Duration,
-            ) -> Result<RateDecision, StoreError> {
-                self.0
-                    .eval_rate(&self.0.scripts.fixed_window, key, limit, ttl_ms(window))
-                    .await
-            }
-
-            async fn sliding_window(
-                &self,
-                key: &str,
-                limit: u64,
-                window: Duration,
-            ) -> Result<RateDecision, StoreError> {
-                let us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
-                self.0
-                    .eval_rate(&self.0.scripts.sliding_window, key, limit, us)
-                    .await
-            }
-
-            async fn gcra(
-                &self,
-                key: &str,
-                emission: Duration,
-                burst: u64,
-            ) -> Result<RateDecision, StoreError> {
-                let us = u64::try_from(emission.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
-                self.0
-                    .eval_rate(&self.0.scripts.gcra, key, us, burst.max(1))
-                    .await
+                op: KeyOp<'_>,
+            ) -> impl std::future::Future<Output = Result<KeyReply, StoreError>> + Send {
+                self.0.execute(op)
             }
 
             fn kind(&self) -> &'static str {
@@ -226,6 +207,15 @@ macro_rules! impl_store {
 
             fn reconnect(&self) {
                 self.0.con.reconnect();
+            }
+        }
+
+        impl RateStore for $ty {
+            fn rate(
+                &self,
+                op: RateOp<'_>,
+            ) -> impl std::future::Future<Output = Result<RateDecision, StoreError>> + Send {
+                self.0.rate(op)
             }
         }
     };
@@ -418,9 +408,9 @@ impl_store!(RedisStore, "redis");
 ///   refreshed.
 ///
 /// At most 6 retries, and 2 s per call in all (connecting: 1 s). Put the
-/// store behind [`Resilient`](crate::degrade::Resilient) for a guard's much
+/// store behind [`Resilient`](super::Resilient) for a guard's much
 /// shorter budget and a breaker, and behind
-/// [`Fallback`](crate::degrade::Fallback) for fail-open routes: while a
+/// [`Fallback`](super::Fallback) for fail-open routes: while a
 /// master's slots have no master (a few seconds, set by
 /// `cluster-node-timeout`), calls on them fail and the route's policy
 /// applies; calls on other slots are unaffected.

@@ -50,7 +50,7 @@ pub use rows::sql::{POSTGRES_NAMES, SQLITE_NAMES};
 
 use harness::Load;
 use indicatif::{ProgressBar, ProgressStyle};
-use norepeat::store::{AnyStore, MemoryStore, Store};
+use norepeat::store::{AnyStore, KeyValueStore, MemoryStore};
 use std::time::Duration;
 
 /// Runs the bench and prints its report.

@@ -68,7 +68,7 @@
 //! | [`put_if_absent`](KeyValueStore::put_if_absent) | `INSERT ... ON CONFLICT (key) DO UPDATE SET value = CASE WHEN expired THEN new ELSE old END, ... RETURNING nonce = $mine, value` |
 //! | [`delete_if_equals`](KeyValueStore::delete_if_equals) | `DELETE ... WHERE key = $1 AND value = $2 AND expires_at > now` |
 //! | [`expire_if_equals`](KeyValueStore::expire_if_equals) | `UPDATE ... SET expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
-//! | [`replace_if_equals`](KeyValueStore::replace_if_equals) | `UPDATE ... SET value = $3, expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`replace_if_equals`](super::KeyValueStoreExt::replace_if_equals) | `UPDATE ... SET value = $3, expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
 //!
 //! An expired row is absent: every statement tests `expires_at` itself, in
 //! the same statement that acts, so it never matters whether the reaper has
@@ -284,13 +284,19 @@
 //! fixed 72 hours; here a completed record lives for the retention the
 //! caller chose (24 h in the layer), then the same batch reaper removes it.
 
+mod ops;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod reaper;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod statements;
+
+pub use reaper::Reaper;
+use statements::{Statements, map_err, valid_identifier};
 
 use super::{KeyValueStore, StoreError};
-use sqlx::{AssertSqlSafe, Pool};
+use sqlx::Pool;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -387,87 +393,6 @@ pub enum SqlConfigError {
     /// The reaper's batch size is zero.
     #[error("the reaper's batch size must be at least 1")]
     ZeroBatch,
-}
-
-fn valid_identifier(part: &str) -> bool {
-    let mut chars = part.chars();
-    matches!(chars.next(), Some('a'..='z' | '_'))
-        && part.len() <= 63
-        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
-}
-
-/// The statements of one store, built once for its table.
-#[derive(Debug)]
-struct Statements {
-    put: Arc<str>,
-    delete: Arc<str>,
-    expire: Arc<str>,
-    replace: Arc<str>,
-    reap: Arc<str>,
-    ddl: Vec<Arc<str>>,
-}
-
-impl Statements {
-    fn new<DB: SqlBackend>(table: &str) -> Self {
-        let now = DB::NOW_MS;
-        let index = format!("{}_expires_at", table.rsplit('.').next().unwrap_or(table));
-        let s = |sql: String| Arc::<str>::from(sql);
-        Self {
-            put: s(format!(
-                "INSERT INTO {table} AS t (key, value, expires_at, nonce) \
-                 VALUES ($1, $2, {now} + $3, $4) \
-                 ON CONFLICT (key) DO UPDATE SET \
-                 value = CASE WHEN t.expires_at <= {now} THEN excluded.value ELSE t.value END, \
-                 expires_at = CASE WHEN t.expires_at <= {now} THEN excluded.expires_at ELSE t.expires_at END, \
-                 nonce = CASE WHEN t.expires_at <= {now} THEN excluded.nonce ELSE t.nonce END \
-                 RETURNING nonce = $4, value"
-            )),
-            delete: s(format!(
-                "DELETE FROM {table} WHERE key = $1 AND value = $2 AND expires_at > {now}"
-            )),
-            expire: s(format!(
-                "UPDATE {table} SET expires_at = {now} + $3 \
-                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
-            )),
-            replace: s(format!(
-                "UPDATE {table} SET value = $3, expires_at = {now} + $4 \
-                 WHERE key = $1 AND value = $2 AND expires_at > {now}"
-            )),
-            reap: s(format!(
-                "DELETE FROM {table} WHERE key IN (\
-                 SELECT key FROM {table} WHERE expires_at <= {now} LIMIT $1{lock}\
-                 ) AND expires_at <= {now}",
-                lock = DB::REAP_LOCK
-            )),
-            ddl: DB::ddl(table, &index).into_iter().map(s).collect(),
-        }
-    }
-}
-
-/// Statement text for sqlx. The text was built from a checked table name
-/// and constants only; every value is a bound parameter.
-fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    AssertSqlSafe(Arc::clone(s))
-}
-
-/// A TTL in milliseconds, at least 1, and small enough that `now + ttl`
-/// cannot overflow a `BIGINT` (a cap of about 285,000 years).
-fn ttl_millis(ttl: Duration) -> i64 {
-    const CAP: u64 = 1 << 53;
-    i64::try_from(super::ttl_ms(ttl).min(CAP)).unwrap_or(i64::MAX)
-}
-
-fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
-    match e {
-        sqlx::Error::PoolTimedOut => StoreError::Timeout(acquire_timeout),
-        sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Configuration(_) => StoreError::Connection(e.to_string()),
-        sqlx::Error::Database(_) => StoreError::Server(e.to_string()),
-        _ => StoreError::Protocol(e.to_string()),
-    }
 }
 
 /// A [`KeyValueStore`] on one SQL table: PostgreSQL (`PgStore`, feature
@@ -632,289 +557,5 @@ impl<DB: SqlBackend> SqlStoreBuilder<DB> {
             return Err(SqlConfigError::ZeroBatch);
         }
         Ok(SqlStore::build(self.pool, self.table, self.reap_batch))
-    }
-}
-
-/// A running reaper, from [`SqlStore::spawn_reaper`]. The task stops when
-/// this handle is dropped (or [`stop`](Self::stop)ped); a batch cut off
-/// mid-statement is rolled back by the database, never half applied.
-#[derive(Debug)]
-#[must_use = "the reaper stops when its handle is dropped"]
-pub struct Reaper {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Reaper {
-    /// Stops the reaper (the same as dropping the handle).
-    pub fn stop(self) {}
-
-    fn spawn<F, Fut>(every: Duration, kind: &'static str, mut reap: F) -> Self
-    where
-        F: FnMut() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<u64, StoreError>> + Send,
-    {
-        let every = every.max(Duration::from_millis(1));
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match reap().await {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        tracing::debug!(store = kind, rows = n, "reaped expired rows");
-                        metrics::counter!("norepeat_reaped_rows_total", "store" => kind)
-                            .increment(n);
-                    }
-                    Err(e) => {
-                        tracing::warn!(store = kind, error = %e, "reaper failed; retrying next interval")
-                    }
-                }
-            }
-        });
-        Self { task }
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The operations, written once and compiled for each database (their
-/// sqlx types differ; the statements come from [`Statements`]).
-macro_rules! impl_sql_store {
-    ($db:ty) => {
-        impl SqlStore<$db> {
-            /// Creates the table and its expiry index if they do not exist
-            /// (see [Migration](self#migration)). Safe to run on every
-            /// start, from every instance at once.
-            ///
-            /// # Errors
-            /// When the database refuses the DDL or cannot be reached.
-            pub async fn migrate(&self) -> Result<(), StoreError> {
-                let mut tx = self.inner.pool.begin().await.map_err(|e| self.err(e))?;
-                for ddl in &self.inner.sql.ddl {
-                    sqlx::query(sql(ddl))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                }
-                tx.commit().await.map_err(|e| self.err(e))
-            }
-
-            /// Deletes every row that has expired, in batches (see
-            /// [Reaping](self#reaping)), and returns how many it deleted.
-            /// For a test, a cron job, or a process that schedules its own
-            /// maintenance.
-            ///
-            /// # Errors
-            /// When a batch fails; batches before it stay deleted.
-            pub async fn reap_once(&self) -> Result<u64, StoreError> {
-                let batch = self.inner.reap_batch;
-                let mut total = 0;
-                loop {
-                    let done = sqlx::query(sql(&self.inner.sql.reap))
-                        .bind(i64::from(batch))
-                        .execute(&self.inner.pool)
-                        .await
-                        .map_err(|e| self.err(e))?
-                        .rows_affected();
-                    total += done;
-                    if done < u64::from(batch) {
-                        return Ok(total);
-                    }
-                }
-            }
-
-            /// [`replace_if_equals`](KeyValueStore::replace_if_equals) on
-            /// `conn` instead of the pool: inside the caller's transaction,
-            /// so the completed record commits (or rolls back) with the
-            /// caller's own writes. This is the owner check of
-            /// [transactional completion](self#transactional-completion):
-            /// `false` means the claim is no longer `expected` (it expired,
-            /// or another caller took the key over), and the caller must
-            /// roll back rather than commit its effect.
-            ///
-            /// The `UPDATE` locks the row until the transaction ends, so no
-            /// other caller can take the key over between this check and
-            /// the commit.
-            ///
-            /// # Errors
-            /// When the statement fails; the transaction should be rolled
-            /// back.
-            pub async fn replace_if_equals_in(
-                &self,
-                conn: &mut <$db as sqlx::Database>::Connection,
-                key: &str,
-                expected: &[u8],
-                value: &[u8],
-                ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                let done = sqlx::query(sql(&self.inner.sql.replace))
-                    .bind(key)
-                    .bind(expected)
-                    .bind(value)
-                    .bind(ttl_millis(ttl))
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            /// Runs [`reap_once`](Self::reap_once) every `every` (the first
-            /// run at once) in a spawned task, until the returned handle is
-            /// dropped. Failures are logged and retried at the next
-            /// interval. Must be called within a tokio runtime.
-            pub fn spawn_reaper(&self, every: Duration) -> Reaper {
-                let store = self.clone();
-                Reaper::spawn(every, <$db as sealed::Sealed>::KIND, move || {
-                    let store = store.clone();
-                    async move { store.reap_once().await }
-                })
-            }
-        }
-
-        impl sealed::Store for SqlStore<$db> {}
-
-        impl TxStore for SqlStore<$db> {
-            type Database = $db;
-
-            fn begin_tx(
-                &self,
-            ) -> futures_util::future::BoxFuture<
-                '_,
-                Result<sqlx::Transaction<'static, $db>, StoreError>,
-            > {
-                Box::pin(async move { self.inner.pool.begin().await.map_err(|e| self.err(e)) })
-            }
-
-            fn replace_in_tx<'a>(
-                &'a self,
-                tx: &'a mut sqlx::Transaction<'static, $db>,
-                key: &'a str,
-                expected: &'a [u8],
-                value: &'a [u8],
-                ttl: Duration,
-            ) -> futures_util::future::BoxFuture<'a, Result<bool, StoreError>> {
-                Box::pin(self.replace_if_equals_in(&mut *tx, key, expected, value, ttl))
-            }
-
-            fn commit_tx(
-                &self,
-                tx: sqlx::Transaction<'static, $db>,
-            ) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
-                Box::pin(async move { tx.commit().await.map_err(|e| self.err(e)) })
-            }
-        }
-
-        impl KeyValueStore for SqlStore<$db> {
-            async fn put_if_absent(
-                &self,
-                key: &str,
-                value: &[u8],
-                ttl: Duration,
-            ) -> Result<Option<bytes::Bytes>, StoreError> {
-                let nonce: i64 = rand::random();
-                let (stored, current): (bool, Vec<u8>) = sqlx::query_as(sql(&self.inner.sql.put))
-                    .bind(key)
-                    .bind(value)
-                    .bind(ttl_millis(ttl))
-                    .bind(nonce)
-                    .fetch_one(&self.inner.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok((!stored).then(|| bytes::Bytes::from(current)))
-            }
-
-            async fn delete_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-            ) -> Result<bool, StoreError> {
-                let done = sqlx::query(sql(&self.inner.sql.delete))
-                    .bind(key)
-                    .bind(expected)
-                    .execute(&self.inner.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            async fn expire_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-                ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                let done = sqlx::query(sql(&self.inner.sql.expire))
-                    .bind(key)
-                    .bind(expected)
-                    .bind(ttl_millis(ttl))
-                    .execute(&self.inner.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            async fn replace_if_equals(
-                &self,
-                key: &str,
-                expected: &[u8],
-                value: &[u8],
-                ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                let done = sqlx::query(sql(&self.inner.sql.replace))
-                    .bind(key)
-                    .bind(expected)
-                    .bind(value)
-                    .bind(ttl_millis(ttl))
-                    .execute(&self.inner.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            fn kind(&self) -> &'static str {
-                <$db as sealed::Sealed>::KIND
-            }
-        }
-    };
-}
-
-#[cfg(feature = "postgres")]
-impl_sql_store!(sqlx::Postgres);
-#[cfg(feature = "sqlite")]
-impl_sql_store!(sqlx::Sqlite);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_are_plain_identifiers() {
-        for ok in ["norepeat_keys", "_t", "app.keys_2", "a"] {
-            assert!(ok.split('.').all(valid_identifier), "{ok}");
-        }
-        for bad in [
-            "",
-            "Keys",
-            "1t",
-            "t-1",
-            "t;drop",
-            "a b",
-            "\"t\"",
-            &"x".repeat(64),
-        ] {
-            assert!(!bad.split('.').all(valid_identifier), "{bad}");
-        }
-    }
-
-    #[test]
-    fn ttl_is_at_least_a_millisecond_and_capped() {
-        assert_eq!(ttl_millis(Duration::ZERO), 1);
-        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(ttl_millis(Duration::MAX), 1 << 53);
     }
 }

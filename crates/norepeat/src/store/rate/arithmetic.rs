@@ -1,10 +1,10 @@
-//! The three algorithms as pure functions of (state, now).
+//! The three rate algorithms as pure functions of (state, now).
 //!
 //! The memory store calls these under a per-key lock; the Redis scripts in
 //! `src/store/lua/` implement the same arithmetic with Redis `TIME` as the
 //! clock. Times are in microseconds on the caller's clock.
 
-use crate::store::RateDecision;
+use super::RateDecision;
 use std::time::Duration;
 
 /// A fixed window's counter: how many requests, and when the window ends.

@@ -37,7 +37,7 @@ struct Inner {
 /// have a dropped call reported as a failure on its own.
 ///
 /// ```
-/// use norepeat::degrade::{Breaker, BreakerState};
+/// use norepeat::store::{Breaker, BreakerState};
 /// use std::time::Duration;
 /// let b = Breaker::new(2, Duration::from_secs(60));
 /// assert!(b.allow());
@@ -60,7 +60,7 @@ pub struct Breaker {
 /// (the call's future was dropped) counts as a failure if it was the probe.
 ///
 /// ```
-/// use norepeat::degrade::{Breaker, BreakerState};
+/// use norepeat::store::{Breaker, BreakerState};
 /// use std::time::Duration;
 /// let b = Breaker::new(1, Duration::ZERO);
 /// b.permit().expect("closed").record(false);

@@ -1,6 +1,8 @@
 //! A primary store with a local memory store behind it.
 
-use crate::store::{MemoryStore, RateDecision, Store, StoreError};
+use super::{
+    KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore, StoreError,
+};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +36,7 @@ pub struct Fallback<S> {
     enabled: bool,
 }
 
-impl<S: Store> Fallback<S> {
+impl<S: KeyValueStore> Fallback<S> {
     /// `primary`, falling back to `local`.
     #[must_use]
     pub fn new(primary: S, local: MemoryStore) -> Self {
@@ -48,7 +50,7 @@ impl<S: Store> Fallback<S> {
     }
 
     /// `primary` with the local fallback switched off: a failed call stays a
-    /// failure, and the route's [`FailurePolicy`](super::FailurePolicy)
+    /// failure, and the route's [`FailurePolicy`](crate::degrade::FailurePolicy)
     /// decides (fail-open then admits without any memory). Useful to compare
     /// (the shop's storm does) or to keep one store type for every route.
     #[must_use]
@@ -105,135 +107,66 @@ impl<S: Store> Fallback<S> {
     }
 }
 
-impl<S: Store> Store for Fallback<S> {
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        match self.primary.put_if_absent(key, value, ttl).await {
-            Err(e) if !self.enabled => Err(e),
-            Err(e) => {
-                self.degraded(&e);
-                self.hold_locally(ttl);
-                let local = self.local.put_if_absent(key, value, ttl).await;
-                if let Ok(Some(_)) = &local {
-                    // A repeat caught by the local memory during an outage.
-                    metrics::counter!("norepeat_fallback_hits_total").increment(1);
+impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        match op {
+            KeyOp::PutIfAbsent { key, ttl, .. } => match self.primary.execute(op).await {
+                Err(e) if !self.enabled => Err(e),
+                Err(e) => {
+                    self.degraded(&e);
+                    self.hold_locally(ttl);
+                    let local = self.local.execute(op).await;
+                    if let Ok(KeyReply::Held(Some(_))) = &local {
+                        // A repeat caught by the local memory during an outage.
+                        metrics::counter!("norepeat_fallback_hits_total").increment(1);
+                    }
+                    local
                 }
-                local
+                Ok(KeyReply::Held(None)) => Ok(KeyReply::Held(self.reconcile(key))),
+                held => held,
+            },
+            // Releases, renewals and completions go to both stores: the key
+            // may live in either. A renewal or a completion that took hold
+            // locally keeps the local store consulted for its new TTL.
+            KeyOp::DeleteIfEquals { .. }
+            | KeyOp::ExpireIfEquals { .. }
+            | KeyOp::ReplaceIfEquals { .. } => {
+                let local = matches!(self.local.execute(op).await?, KeyReply::Changed(true));
+                if local {
+                    if let KeyOp::ExpireIfEquals { ttl, .. } | KeyOp::ReplaceIfEquals { ttl, .. } =
+                        op
+                    {
+                        self.hold_locally(ttl);
+                    }
+                }
+                match self.primary.execute(op).await {
+                    Ok(KeyReply::Changed(p)) => Ok(KeyReply::Changed(p || local)),
+                    Ok(other) => Ok(other),
+                    Err(_) if local => Ok(KeyReply::Changed(true)),
+                    Err(e) => Err(e),
+                }
             }
-            Ok(None) => Ok(self.reconcile(key)),
-            held => held,
-        }
-    }
-
-    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        let local = self.local.delete_if_equals(key, expected).await?;
-        match self.primary.delete_if_equals(key, expected).await {
-            Ok(p) => Ok(p || local),
-            Err(_) if local => Ok(true),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let local = self.local.expire_if_equals(key, expected, ttl).await?;
-        if local {
-            self.hold_locally(ttl);
-        }
-        match self.primary.expire_if_equals(key, expected, ttl).await {
-            Ok(p) => Ok(p || local),
-            Err(_) if local => Ok(true),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let local = self
-            .local
-            .replace_if_equals(key, expected, value, ttl)
-            .await?;
-        if local {
-            // A completion of a claim taken during the outage: it holds on
-            // this instance for its whole retention.
-            self.hold_locally(ttl);
-        }
-        match self
-            .primary
-            .replace_if_equals(key, expected, value, ttl)
-            .await
-        {
-            Ok(p) => Ok(p || local),
-            Err(_) if local => Ok(true),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        match self.primary.fixed_window(key, limit, window).await {
-            Err(e) if !self.enabled => Err(e),
-            Err(e) => {
-                self.degraded(&e);
-                self.local.fixed_window(key, limit, window).await
-            }
-            ok => ok,
-        }
-    }
-
-    async fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        match self.primary.sliding_window(key, limit, window).await {
-            Err(e) if !self.enabled => Err(e),
-            Err(e) => {
-                self.degraded(&e);
-                self.local.sliding_window(key, limit, window).await
-            }
-            ok => ok,
-        }
-    }
-
-    async fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> Result<RateDecision, StoreError> {
-        match self.primary.gcra(key, emission, burst).await {
-            Err(e) if !self.enabled => Err(e),
-            Err(e) => {
-                self.degraded(&e);
-                self.local.gcra(key, emission, burst).await
-            }
-            ok => ok,
         }
     }
 
     fn kind(&self) -> &'static str {
         self.primary.kind()
     }
+
     fn reconnect(&self) {
         self.primary.reconnect();
+    }
+}
+
+impl<S: RateStore> RateStore for Fallback<S> {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        match self.primary.rate(op).await {
+            Err(e) if !self.enabled => Err(e),
+            Err(e) => {
+                self.degraded(&e);
+                self.local.rate(op).await
+            }
+            ok => ok,
+        }
     }
 }

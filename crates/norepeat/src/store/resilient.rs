@@ -1,8 +1,6 @@
 //! A store call with a time budget, behind a circuit breaker.
 
-use super::Breaker;
-use crate::store::{RateDecision, Store, StoreError};
-use bytes::Bytes;
+use super::{Breaker, KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -31,7 +29,7 @@ use std::time::{Duration, Instant};
 /// Clones share the breaker and the budget.
 ///
 /// ```
-/// use norepeat::degrade::Resilient;
+/// use norepeat::store::Resilient;
 /// use norepeat::store::MemoryStore;
 /// use std::time::Duration;
 /// let store = Resilient::new(MemoryStore::default())
@@ -152,7 +150,7 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-impl<S: Store> Resilient<S> {
+impl<S: KeyValueStore> Resilient<S> {
     /// `inner` with the default budget (adaptive, 50 ms to 1 s) and breaker.
     #[must_use]
     pub fn new(inner: S) -> Self {
@@ -266,67 +264,21 @@ fn error_kind(e: &StoreError) -> &'static str {
     }
 }
 
-impl<S: Store> Store for Resilient<S> {
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
-        self.call(self.inner.put_if_absent(key, value, ttl)).await
-    }
-    async fn delete_if_equals(&self, key: &str, expected: &[u8]) -> Result<bool, StoreError> {
-        self.call(self.inner.delete_if_equals(key, expected)).await
-    }
-    async fn expire_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(self.inner.expire_if_equals(key, expected, ttl))
-            .await
-    }
-    async fn replace_if_equals(
-        &self,
-        key: &str,
-        expected: &[u8],
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.call(self.inner.replace_if_equals(key, expected, value, ttl))
-            .await
-    }
-    async fn fixed_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        self.call(self.inner.fixed_window(key, limit, window)).await
-    }
-    async fn sliding_window(
-        &self,
-        key: &str,
-        limit: u64,
-        window: Duration,
-    ) -> Result<RateDecision, StoreError> {
-        self.call(self.inner.sliding_window(key, limit, window))
-            .await
-    }
-    async fn gcra(
-        &self,
-        key: &str,
-        emission: Duration,
-        burst: u64,
-    ) -> Result<RateDecision, StoreError> {
-        self.call(self.inner.gcra(key, emission, burst)).await
+impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        self.call(self.inner.execute(op)).await
     }
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
     fn reconnect(&self) {
         self.inner.reconnect();
+    }
+}
+
+impl<S: RateStore> RateStore for Resilient<S> {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        self.call(self.inner.rate(op)).await
     }
 }
 

@@ -1,0 +1,230 @@
+//! The key-value half of a store: four conditional operations on one key.
+
+use super::StoreError;
+use bytes::Bytes;
+use std::future::Future;
+use std::time::Duration;
+
+/// One conditional key-value operation, as a backend receives it.
+///
+/// Each is atomic against every other operation on the same key, from any
+/// process sharing the store; an expired key is absent; no key is written
+/// without an expiry. Call them through [`KeyValueStoreExt`], which gives
+/// each its typed answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyOp<'a> {
+    /// Store `value` under `key` for `ttl` if the key is absent
+    /// (`SET key value NX PX ttl GET`). Answers [`KeyReply::Held`]: `None`
+    /// when stored, else the value already there (unchanged).
+    PutIfAbsent {
+        /// The key.
+        key: &'a str,
+        /// The value to store.
+        value: &'a [u8],
+        /// Its time to live.
+        ttl: Duration,
+    },
+    /// Delete `key` only if it still holds `expected`. Answers
+    /// [`KeyReply::Changed`].
+    DeleteIfEquals {
+        /// The key.
+        key: &'a str,
+        /// The value it must hold.
+        expected: &'a [u8],
+    },
+    /// Set a new `ttl` on `key` only if it still holds `expected`. Answers
+    /// [`KeyReply::Changed`].
+    ExpireIfEquals {
+        /// The key.
+        key: &'a str,
+        /// The value it must hold.
+        expected: &'a [u8],
+        /// The new time to live.
+        ttl: Duration,
+    },
+    /// Replace the value of `key` with `value` and a new `ttl` only if it
+    /// still holds `expected`. Answers [`KeyReply::Changed`].
+    ReplaceIfEquals {
+        /// The key.
+        key: &'a str,
+        /// The value it must hold.
+        expected: &'a [u8],
+        /// The new value.
+        value: &'a [u8],
+        /// The new time to live.
+        ttl: Duration,
+    },
+}
+
+impl<'a> KeyOp<'a> {
+    /// The key the operation touches.
+    #[must_use]
+    pub fn key(&self) -> &'a str {
+        match *self {
+            KeyOp::PutIfAbsent { key, .. }
+            | KeyOp::DeleteIfEquals { key, .. }
+            | KeyOp::ExpireIfEquals { key, .. }
+            | KeyOp::ReplaceIfEquals { key, .. } => key,
+        }
+    }
+
+    /// A short name for logs and metrics (`"put_if_absent"`, ...).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            KeyOp::PutIfAbsent { .. } => "put_if_absent",
+            KeyOp::DeleteIfEquals { .. } => "delete_if_equals",
+            KeyOp::ExpireIfEquals { .. } => "expire_if_equals",
+            KeyOp::ReplaceIfEquals { .. } => "replace_if_equals",
+        }
+    }
+}
+
+/// A backend's answer to a [`KeyOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyReply {
+    /// To [`KeyOp::PutIfAbsent`]: `None` when the value was stored, else the
+    /// value that holds the key.
+    Held(Option<Bytes>),
+    /// To the conditional operations: whether the key held the expected
+    /// value (and so was changed).
+    Changed(bool),
+}
+
+/// A backend that keeps keys: runs the four [`KeyOp`]s.
+///
+/// Implement this (and [`RateStore`](super::RateStore) if the backend can
+/// count rates) to add a backend or a wrapper; call a store through
+/// [`KeyValueStoreExt`]. A backend that cannot run the rate algorithms,
+/// such as `SqlStore` (features `postgres`, `sqlite`), implements only this
+/// trait, so a rate limiter over it does not compile. Code that only claims
+/// and completes records should ask for this trait.
+///
+/// ```
+/// use norepeat::store::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt, MemoryStore, StoreError};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// /// A wrapper that counts the operations it forwards: one method, whatever the operation.
+/// struct Counted { inner: MemoryStore, ops: AtomicU64 }
+///
+/// impl KeyValueStore for Counted {
+///     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+///         self.ops.fetch_add(1, Ordering::Relaxed);
+///         self.inner.execute(op).await
+///     }
+///     fn kind(&self) -> &'static str { self.inner.kind() }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), StoreError> {
+/// let store = Counted { inner: MemoryStore::default(), ops: AtomicU64::new(0) };
+/// let ttl = std::time::Duration::from_secs(30);
+/// assert_eq!(store.put_if_absent("order-7", b"a", ttl).await?, None);
+/// assert_eq!(store.put_if_absent("order-7", b"b", ttl).await?.as_deref(), Some(&b"a"[..]));
+/// assert_eq!(store.ops.load(Ordering::Relaxed), 2);
+/// # Ok(()) }
+/// ```
+pub trait KeyValueStore: Send + Sync + 'static {
+    /// Runs one operation, atomically.
+    fn execute(&self, op: KeyOp<'_>) -> impl Future<Output = Result<KeyReply, StoreError>> + Send;
+
+    /// A short name for logs and metrics (`"memory"`, `"redis"`,
+    /// `"cluster"`, `"postgres"`, `"sqlite"`).
+    fn kind(&self) -> &'static str;
+
+    /// Drops the store's connections and makes fresh ones. Called by
+    /// [`Resilient`](super::Resilient) after repeated timeouts, the sign of
+    /// a connection whose replies will never come. The default does
+    /// nothing.
+    fn reconnect(&self) {}
+}
+
+impl<S: KeyValueStore> KeyValueStore for std::sync::Arc<S> {
+    fn execute(&self, op: KeyOp<'_>) -> impl Future<Output = Result<KeyReply, StoreError>> + Send {
+        (**self).execute(op)
+    }
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn reconnect(&self) {
+        (**self).reconnect();
+    }
+}
+
+fn unexpected(op: &'static str, reply: &KeyReply) -> StoreError {
+    StoreError::Protocol(format!("{op} answered {reply:?}"))
+}
+
+/// The typed calls of a [`KeyValueStore`], one per [`KeyOp`]. Implemented
+/// for every key-value store.
+pub trait KeyValueStoreExt: KeyValueStore {
+    /// Stores `value` under `key` for `ttl` if the key is absent or expired
+    /// (`SET key value NX PX ttl GET`).
+    ///
+    /// Returns `None` when the value was stored, or the value already there
+    /// (unchanged) when it was not.
+    fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        async move {
+            match self.execute(KeyOp::PutIfAbsent { key, value, ttl }).await? {
+                KeyReply::Held(held) => Ok(held),
+                other => Err(unexpected("put_if_absent", &other)),
+            }
+        }
+    }
+
+    /// Deletes `key` only if it still holds `expected`. Returns whether it did.
+    fn delete_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move { changed(self.execute(KeyOp::DeleteIfEquals { key, expected })).await }
+    }
+
+    /// Sets a new time to live on `key` only if it still holds `expected`.
+    /// Returns whether it did.
+    fn expire_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move { changed(self.execute(KeyOp::ExpireIfEquals { key, expected, ttl })).await }
+    }
+
+    /// Replaces the value of `key` with `value` (and a new `ttl`) only if it
+    /// still holds `expected`. Returns whether it did.
+    fn replace_if_equals(
+        &self,
+        key: &str,
+        expected: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            let op = KeyOp::ReplaceIfEquals {
+                key,
+                expected,
+                value,
+                ttl,
+            };
+            changed(self.execute(op)).await
+        }
+    }
+}
+
+impl<S: KeyValueStore + ?Sized> KeyValueStoreExt for S {}
+
+async fn changed(
+    reply: impl Future<Output = Result<KeyReply, StoreError>>,
+) -> Result<bool, StoreError> {
+    match reply.await? {
+        KeyReply::Changed(done) => Ok(done),
+        other => Err(unexpected("a conditional operation", &other)),
+    }
+}
