@@ -24,7 +24,7 @@
 //! live keys of one mode unlikely below about 2^48 keys.
 //!
 //! **No hash tag.** Every store operation touches one key (each Lua script
-//! in `store/lua/` reads and writes `KEYS[1]` only), so Redis Cluster can
+//! in `store/redis/lua/` reads and writes `KEYS[1]` only), so Redis Cluster can
 //! place every key where its whole name hashes; no `{...}` is needed, and
 //! none is written. A future operation that touches two keys must give
 //! both the same hash tag. The prefix may not contain `{` or `}`, so it can

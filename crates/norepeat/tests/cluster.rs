@@ -681,9 +681,9 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     // The scripts are on the promoted master now: loaded by the client after
     // its NOSCRIPT (the flush above removed every copy).
     for script in [
-        include_str!("../src/store/lua/release.lua"),
-        include_str!("../src/store/lua/renew.lua"),
-        include_str!("../src/store/lua/replace.lua"),
+        include_str!("../src/store/redis/lua/release.lua"),
+        include_str!("../src/store/redis/lua/renew.lua"),
+        include_str!("../src/store/redis/lua/replace.lua"),
     ] {
         let exists: Vec<bool> = redis::cmd("SCRIPT")
             .arg("EXISTS")

@@ -2,7 +2,7 @@
 //! the wrappers that keep a backend usable when it fails.
 //!
 //! Every operation is one atomic state change. On Redis each is one command
-//! or one Lua script (the scripts live in `src/store/lua/`, one file each,
+//! or one Lua script (the scripts live in `src/store/redis/lua/`, one file each,
 //! with their `KEYS` and `ARGV` documented); in memory each is one per-key
 //! critical section; in SQL one statement. Nothing here reads a value and
 //! then writes it in a second step, nothing deletes a key without checking

@@ -1,7 +1,7 @@
 //! The three rate algorithms as pure functions of (state, now).
 //!
 //! The memory store calls these under a per-key lock; the Redis scripts in
-//! `src/store/lua/` implement the same arithmetic with Redis `TIME` as the
+//! `src/store/redis/lua/` implement the same arithmetic with Redis `TIME` as the
 //! clock. Times are in microseconds on the caller's clock.
 
 use super::RateDecision;

@@ -1,3 +1,5 @@
+// Over 400 lines because most of it is the module's documentation: the
+// table, its statements, migration, reaping and transactional completion.
 //! Records in a SQL table: [`SqlStore`] on PostgreSQL (feature `postgres`)
 //! or SQLite (feature `sqlite`), through [sqlx](https://docs.rs/sqlx).
 //!

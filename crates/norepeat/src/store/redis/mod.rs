@@ -1,0 +1,241 @@
+//! Redis and Redis Cluster backends.
+
+use crate::store::{KeyOp, KeyReply, RateDecision, RateOp, StoreError, ttl_ms};
+use bytes::Bytes;
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Lua scripts, each hashed once; `Script` runs them by EVALSHA and loads
+/// them again when a (restarted or newly promoted) server answers NOSCRIPT.
+struct Scripts {
+    release: Script,
+    renew: Script,
+    replace: Script,
+    fixed_window: Script,
+    sliding_window: Script,
+    gcra: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            release: Script::new(include_str!("lua/release.lua")),
+            renew: Script::new(include_str!("lua/renew.lua")),
+            replace: Script::new(include_str!("lua/replace.lua")),
+            fixed_window: Script::new(include_str!("lua/fixed_window.lua")),
+            sliding_window: Script::new(include_str!("lua/sliding_window.lua")),
+            gcra: Script::new(include_str!("lua/gcra.lua")),
+        }
+    }
+}
+
+fn map_err(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout(Duration::ZERO)
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        StoreError::Connection(e.to_string())
+    } else if is_cluster_reforming(&e) {
+        // The cluster client follows these itself (redirects, slot refresh,
+        // waits); one still here outlived its retries: the slot has no
+        // reachable master right now. An outage, not an answer.
+        StoreError::Connection(format!("cluster re-forming: {e}"))
+    } else if e.code().is_some() {
+        StoreError::Server(e.to_string())
+    } else if e.is_cluster_error() {
+        StoreError::Connection(e.to_string())
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
+}
+
+/// A redirection or a cluster in transition (failover, resharding): `MOVED`,
+/// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`. `READONLY` (a write that
+/// reached a demoted master) stays a server answer, as on one Redis.
+fn is_cluster_reforming(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+    )
+}
+
+fn decision(v: (i64, i64, i64)) -> RateDecision {
+    RateDecision {
+        allowed: v.0 == 1,
+        remaining: u64::try_from(v.1).unwrap_or(0),
+        reset: Duration::from_micros(u64::try_from(v.2).unwrap_or(0)),
+    }
+}
+
+/// The operations, shared by the single-node and cluster stores.
+#[derive(Clone)]
+struct Backend<C> {
+    con: C,
+    scripts: Arc<Scripts>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let mut con = self.con.clone();
+        let old: Option<Vec<u8>> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms(ttl))
+            .arg("GET")
+            .query_async(&mut con)
+            .await
+            .map_err(map_err)?;
+        Ok(old.map(Bytes::from))
+    }
+
+    async fn eval_bool(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<bool, StoreError> {
+        let mut con = self.con.clone();
+        let mut inv = script.key(key);
+        for a in args {
+            inv.arg(*a);
+        }
+        let n: i64 = inv.invoke_async(&mut con).await.map_err(map_err)?;
+        Ok(n == 1)
+    }
+
+    async fn eval_rate(
+        &self,
+        script: &Script,
+        key: &str,
+        a: u64,
+        b: u64,
+    ) -> Result<RateDecision, StoreError> {
+        let mut con = self.con.clone();
+        let v: (i64, i64, i64) = script
+            .key(key)
+            .arg(a)
+            .arg(b)
+            .invoke_async(&mut con)
+            .await
+            .map_err(map_err)?;
+        Ok(decision(v))
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        match op {
+            KeyOp::PutIfAbsent { key, value, ttl } => self
+                .put_if_absent(key, value, ttl)
+                .await
+                .map(KeyReply::Held),
+            KeyOp::DeleteIfEquals { key, expected } => self
+                .eval_bool(&self.scripts.release, key, &[expected])
+                .await
+                .map(KeyReply::Changed),
+            KeyOp::ExpireIfEquals { key, expected, ttl } => {
+                let ms = ttl_ms(ttl).to_string();
+                self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()])
+                    .await
+                    .map(KeyReply::Changed)
+            }
+            KeyOp::ReplaceIfEquals {
+                key,
+                expected,
+                value,
+                ttl,
+            } => {
+                let ms = ttl_ms(ttl).to_string();
+                self.eval_bool(
+                    &self.scripts.replace,
+                    key,
+                    &[expected, value, ms.as_bytes()],
+                )
+                .await
+                .map(KeyReply::Changed)
+            }
+        }
+    }
+
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        match op {
+            RateOp::FixedWindow { key, limit, window } => {
+                self.eval_rate(&self.scripts.fixed_window, key, limit, ttl_ms(window))
+                    .await
+            }
+            RateOp::SlidingWindow { key, limit, window } => {
+                self.eval_rate(&self.scripts.sliding_window, key, limit, micros(window))
+                    .await
+            }
+            RateOp::Gcra {
+                key,
+                emission,
+                burst,
+            } => {
+                self.eval_rate(&self.scripts.gcra, key, micros(emission), burst.max(1))
+                    .await
+            }
+        }
+    }
+}
+
+/// The store traits of a Redis store type: its [`Backend`] does the work.
+macro_rules! impl_store {
+    ($ty:ty, $kind:literal) => {
+        impl $crate::store::KeyValueStore for $ty {
+            fn execute(
+                &self,
+                op: $crate::store::KeyOp<'_>,
+            ) -> impl std::future::Future<
+                Output = Result<$crate::store::KeyReply, $crate::store::StoreError>,
+            > + Send {
+                self.0.execute(op)
+            }
+
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+
+            fn reconnect(&self) {
+                super::Reconnect::reconnect(&self.0.con);
+            }
+        }
+
+        impl $crate::store::RateStore for $ty {
+            fn rate(
+                &self,
+                op: $crate::store::RateOp<'_>,
+            ) -> impl std::future::Future<
+                Output = Result<$crate::store::RateDecision, $crate::store::StoreError>,
+            > + Send {
+                self.0.rate(op)
+            }
+        }
+    };
+}
+
+/// Connections that can be replaced when their replies stop coming.
+trait Reconnect {
+    fn reconnect(&self);
+}
+
+impl Reconnect for ClusterConnection {
+    /// The cluster client replaces broken node connections itself.
+    fn reconnect(&self) {}
+}
+
+mod cluster;
+mod single;
+
+pub use cluster::ClusterStore;
+pub use single::{DEFAULT_CONNECTIONS, RedisStore};

@@ -1,0 +1,167 @@
+//! One Redis server, over a few multiplexed connections.
+
+use super::{Backend, Reconnect, Scripts, map_err};
+use crate::store::StoreError;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// One Redis server, through a [`ConnectionManager`] that multiplexes every
+/// call over one connection and reconnects after a failure.
+///
+/// Cheap to clone; clones share the connection.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = norepeat::store::RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore(Backend<Pool>);
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("connections", &self.0.con.managers.len())
+            .finish()
+    }
+}
+
+/// How many multiplexed connections a [`RedisStore`] spreads its calls over
+/// by default. One connection serialises every write and read through one
+/// socket and one task; two let the client use both cores of a small
+/// machine (see BENCHMARKS.md).
+pub const DEFAULT_CONNECTIONS: usize = 2;
+
+impl RedisStore {
+    /// Connects to the Redis at `url` (`redis://host:port/db`) with
+    /// [`DEFAULT_CONNECTIONS`] multiplexed connections.
+    ///
+    /// # Errors
+    /// When the URL is invalid or the first connection fails.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, DEFAULT_CONNECTIONS).await
+    }
+
+    /// Connects with `connections` multiplexed connections (at least one),
+    /// used in turn.
+    ///
+    /// # Errors
+    /// When the URL is invalid or the first connection fails.
+    pub async fn connect_with(url: &str, connections: usize) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(map_err)?;
+        let mut managers = Vec::new();
+        for _ in 0..connections.max(1) {
+            managers.push(
+                ConnectionManager::new_with_config(client.clone(), manager_config())
+                    .await
+                    .map_err(map_err)?,
+            );
+        }
+        Ok(Self::with_pool(client, managers))
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use: a store
+    /// for a process that must start while Redis is down (its calls fail,
+    /// and the guards' failure policy applies, until Redis answers).
+    ///
+    /// # Errors
+    /// When the URL is invalid.
+    pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(map_err)?;
+        let managers = (0..DEFAULT_CONNECTIONS)
+            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        Ok(Self::with_pool(client, managers))
+    }
+
+    fn with_pool(client: redis::Client, managers: Vec<ConnectionManager>) -> Self {
+        Self(Backend {
+            con: Pool {
+                client,
+                managers: managers
+                    .into_iter()
+                    .map(RwLock::new)
+                    .collect::<Vec<_>>()
+                    .into(),
+                next: Arc::new(AtomicUsize::new(0)),
+            },
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+}
+
+fn manager_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+/// A few connection managers used in turn. Each call clones one (an `Arc`)
+/// under a read lock that is never held across an await.
+#[derive(Clone)]
+struct Pool {
+    client: redis::Client,
+    managers: Arc<[RwLock<ConnectionManager>]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Pool {
+    fn pick(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
+        self.managers[i]
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Reconnect for Pool {
+    /// Replaces every connection with a fresh one (made on first use). A
+    /// multiplexed connection whose replies stopped coming (a half-open TCP
+    /// connection, a partition that swallowed packets) never recovers by
+    /// itself: every later reply would be matched to an abandoned request.
+    fn reconnect(&self) {
+        for slot in self.managers.iter() {
+            match ConnectionManager::new_lazy_with_config(self.client.clone(), manager_config()) {
+                Ok(fresh) => {
+                    *slot
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                }
+                Err(e) => tracing::warn!(error = %e, "could not replace a Redis connection"),
+            }
+        }
+        metrics::counter!("norepeat_store_reconnects_total").increment(1);
+        tracing::warn!("replaced the Redis connections after repeated timeouts");
+    }
+}
+
+impl ConnectionLike for Pool {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let mut con = self.pick();
+        Box::pin(async move { con.req_packed_command(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        let mut con = self.pick();
+        Box::pin(async move { con.req_packed_commands(cmd, offset, count).await })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
+}
+
+impl_store!(RedisStore, "redis");
