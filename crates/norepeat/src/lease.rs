@@ -28,10 +28,15 @@
 //! completion in a task of its own ([`detach`]), and the result is stored
 //! whatever the caller does.
 
+mod renewer;
+
+pub(crate) use renewer::Renewer;
+
 use crate::store::KeyValueStoreExt;
 use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -97,8 +102,8 @@ pub(crate) enum Completion {
 #[derive(Debug)]
 pub(crate) struct Claim<S: KeyValueStore + Clone> {
     store: S,
-    key: String,
-    value: Vec<u8>,
+    key: Arc<str>,
+    value: Bytes,
     ttl: Duration,
     settled: bool,
 }
@@ -114,8 +119,8 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         Ok(match store.put_if_absent(&key, &value, ttl).await? {
             None => Acquired::Owned(Self {
                 store: store.clone(),
-                key,
-                value,
+                key: Arc::from(key),
+                value: Bytes::from(value),
                 ttl,
                 settled: false,
             }),
@@ -145,8 +150,39 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         Ok(renewed)
     }
 
+    /// Drives `work` to its end while `renewer`'s task renews the key per
+    /// `renewal`: this future only registers the claim and removes it when
+    /// it ends or is dropped, so renewal stops with it. Without a Tokio
+    /// runtime, as [`run`](Self::run).
+    pub(crate) async fn run_renewed_by<F: Future>(
+        &self,
+        renewer: &Renewer<S>,
+        work: F,
+        renewal: Renewal,
+    ) -> F::Output {
+        if renewal.every.is_zero() || self.ttl >= renewal.max {
+            return work.await;
+        }
+        let registered = renewer.register(
+            Arc::clone(&self.key),
+            self.value.clone(),
+            self.ttl,
+            renewal.every,
+            renewal.max,
+        );
+        match registered {
+            Some(registration) => {
+                let out = work.await;
+                drop(registration);
+                out
+            }
+            None => self.run(work, renewal).await,
+        }
+    }
+
     /// Drives `work` to its end, renewing the key per `renewal` while it
-    /// runs. No task is spawned: renewal stops with this future.
+    /// runs, with a timer of its own. No task is spawned: renewal stops
+    /// with this future.
     pub(crate) async fn run<F: Future>(&self, work: F, renewal: Renewal) -> F::Output {
         if renewal.every.is_zero() {
             return work.await;
@@ -170,7 +206,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
                     match self.renew().await {
                         Ok(true) => {}
                         Ok(false) => {
-                            tracing::warn!(key = self.key, "claim lost while its work runs");
+                            tracing::warn!(key = &*self.key, "claim lost while its work runs");
                             renewing = false;
                         }
                         Err(e) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
@@ -192,13 +228,13 @@ impl<S: KeyValueStore + Clone> Claim<S> {
             Ok(true) => Completion::Stored,
             Ok(false) => {
                 tracing::warn!(
-                    key = self.key,
+                    key = &*self.key,
                     "claim lost before its work completed; result not stored"
                 );
                 Completion::Lost
             }
             Err(e) => {
-                tracing::warn!(key = self.key, error = %e, "could not store a result; releasing the key");
+                tracing::warn!(key = &*self.key, error = %e, "could not store a result; releasing the key");
                 self.delete().await;
                 Completion::Failed
             }
@@ -218,7 +254,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
 
     async fn delete(&self) {
         if let Err(e) = self.store.delete_if_equals(&self.key, &self.value).await {
-            tracing::warn!(key = self.key, error = %e, "could not release a key; it expires with its TTL");
+            tracing::warn!(key = &*self.key, error = %e, "could not release a key; it expires with its TTL");
         }
     }
 }

@@ -1,0 +1,359 @@
+//! One task that renews every running claim of a guard when it is due.
+//!
+//! A claim whose work runs longer than a third of its TTL is extended
+//! (owner-checked `expire_if_equals`) so that it does not expire under the
+//! work. Arming a timer per request for this costs every request a timer
+//! registration and a `select!`, although almost none runs long enough to
+//! need a renewal. Here a request only inserts its claim into a shared
+//! table on the way in and removes it on the way out (one short lock each);
+//! one task per guard sleeps until the earliest renewal is due and sends
+//! every renewal due then at once (on a multiplexed Redis connection they
+//! leave as one pipeline).
+//!
+//! Renewal still stops with the request: the table entry is removed when
+//! the request's future ends or is dropped, so an abandoned claim keeps
+//! its key no longer than its TTL.
+
+use crate::store::{KeyValueStore, KeyValueStoreExt};
+use bytes::Bytes;
+use futures_util::future::join_all;
+use slab::Slab;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A claim the task renews.
+struct Entry {
+    key: Arc<str>,
+    value: Bytes,
+    ttl: Duration,
+    every: Duration,
+    /// When the next renewal is due.
+    due: Instant,
+    /// The last moment a renewal may start (its new TTL must not pass the
+    /// claim's total hold).
+    last: Instant,
+    /// The claim was lost (renewal answered "not yours"): stop.
+    lost: bool,
+    /// Distinguishes this entry from a later one in the same slot.
+    generation: u64,
+}
+
+struct Shared<S> {
+    store: S,
+    entries: Mutex<Table>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Table {
+    slab: Slab<Entry>,
+    generation: u64,
+    /// When the task means to wake next (`None`: when told).
+    target: Option<Instant>,
+    /// The task renewing this table, once started.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The renewals of one guard's claims. Cheap to clone (clones share the
+/// table and the task). The task starts with the first claim that needs it
+/// and ends (within a few seconds) once every clone and registration is
+/// dropped.
+pub(crate) struct Renewer<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for Renewer<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Renewer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewer").finish_non_exhaustive()
+    }
+}
+
+/// A claim's place in the table; dropping it stops the claim's renewal.
+pub(crate) struct Registration<S: KeyValueStore + Clone> {
+    shared: Arc<Shared<S>>,
+    slot: usize,
+    generation: u64,
+}
+
+impl<S: KeyValueStore + Clone> Renewer<S> {
+    /// An empty table over `store`. No task runs yet.
+    pub(crate) fn new(store: S) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                entries: Mutex::new(Table::default()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// Renews `key` (while it holds `value`) to a full `ttl` every `every`
+    /// until `max` has passed since now, for as long as the returned
+    /// registration lives. `None` when there is no Tokio runtime to run the
+    /// task on (the caller then renews by itself).
+    pub(crate) fn register(
+        &self,
+        key: Arc<str>,
+        value: Bytes,
+        ttl: Duration,
+        every: Duration,
+        max: Duration,
+    ) -> Option<Registration<S>> {
+        let now = Instant::now();
+        let due = now + every.max(Duration::from_millis(1));
+        let last = now + (max - ttl).min(Duration::from_secs(100 * 365 * 86_400));
+        let mut table = lock(&self.shared.entries);
+        // A task ends with its runtime: start one on this runtime then.
+        if table
+            .task
+            .as_ref()
+            .is_none_or(tokio::task::JoinHandle::is_finished)
+        {
+            let handle = tokio::runtime::Handle::try_current().ok()?;
+            table.task = Some(handle.spawn(drive(Arc::downgrade(&self.shared))));
+        }
+        table.generation += 1;
+        let generation = table.generation;
+        let slot = table.slab.insert(Entry {
+            key,
+            value,
+            ttl,
+            every,
+            due,
+            last,
+            lost: false,
+            generation,
+        });
+        let sooner = table.target.is_none_or(|t| due < t);
+        drop(table);
+        if sooner {
+            self.shared.wake.notify_one();
+        }
+        Some(Registration {
+            shared: Arc::clone(&self.shared),
+            slot,
+            generation,
+        })
+    }
+}
+
+impl<S: KeyValueStore + Clone> Drop for Registration<S> {
+    fn drop(&mut self) {
+        let mut table = lock(&self.shared.entries);
+        if table
+            .slab
+            .get(self.slot)
+            .is_some_and(|e| e.generation == self.generation)
+        {
+            table.slab.remove(self.slot);
+        }
+    }
+}
+
+fn lock(m: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The task: sleep until the earliest renewal is due (or a sooner claim
+/// arrives), renew everything due, again. Ends when the renewer is gone.
+async fn drive<S: KeyValueStore + Clone>(shared: Weak<Shared<S>>) {
+    loop {
+        let Some(strong) = shared.upgrade() else {
+            return;
+        };
+        let target = {
+            let mut table = lock(&strong.entries);
+            let next = table
+                .slab
+                .iter()
+                .filter(|(_, e)| !e.lost && e.due <= e.last)
+                .map(|(_, e)| e.due)
+                .min();
+            table.target = next;
+            next
+        };
+        // Every renewer and registration gone: only this task holds the
+        // table, and it ends at its next idle look.
+        let wake = async {
+            match target {
+                Some(t) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(t) => {}
+                        () = strong.wake.notified() => {}
+                    }
+                }
+                None => strong.wake.notified().await,
+            }
+        };
+        let gone = tokio::select! {
+            () = wake => false,
+            // Wake now and then to notice a renewer that was dropped.
+            () = tokio::time::sleep(Duration::from_secs(5)), if target.is_none() => true,
+        };
+        if gone && Arc::strong_count(&strong) == 1 {
+            return;
+        }
+        renew_due(&strong).await;
+    }
+}
+
+/// Renews every entry that is due, all at once.
+async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
+    let now = Instant::now();
+    let due: Vec<(usize, u64, Arc<str>, Bytes, Duration)> = {
+        let mut table = lock(&shared.entries);
+        table
+            .slab
+            .iter_mut()
+            .filter(|(_, e)| !e.lost && e.due <= now && now <= e.last)
+            .map(|(slot, e)| {
+                e.due = now + e.every;
+                (
+                    slot,
+                    e.generation,
+                    Arc::clone(&e.key),
+                    e.value.clone(),
+                    e.ttl,
+                )
+            })
+            .collect()
+    };
+    if due.is_empty() {
+        return;
+    }
+    let results = join_all(
+        due.iter()
+            .map(|(_, _, key, value, ttl)| shared.store.expire_if_equals(key, value, *ttl)),
+    )
+    .await;
+    let mut table = lock(&shared.entries);
+    for ((slot, generation, key, _, _), result) in due.iter().zip(results) {
+        match result {
+            Ok(true) => {
+                metrics::counter!("norepeat_lease_renewals_total", "renewed" => "yes").increment(1);
+            }
+            Ok(false) => {
+                metrics::counter!("norepeat_lease_renewals_total", "renewed" => "lost")
+                    .increment(1);
+                tracing::warn!(key = &**key, "claim lost while its work runs");
+                if let Some(e) = table.slab.get_mut(*slot)
+                    && e.generation == *generation
+                {
+                    e.lost = true;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    /// A claim registered past its TTL keeps its key while registered, and
+    /// loses it once the registration is dropped.
+    #[tokio::test]
+    async fn renews_while_registered_and_stops_when_dropped() {
+        let store = MemoryStore::default();
+        let ttl = Duration::from_millis(60);
+        assert!(
+            store
+                .put_if_absent("k", b"me", ttl)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let renewer = Renewer::new(store.clone());
+        let reg = renewer
+            .register(
+                Arc::from("k"),
+                Bytes::from_static(b"me"),
+                ttl,
+                ttl / 3,
+                Duration::MAX,
+            )
+            .expect("a runtime is here");
+        tokio::time::sleep(ttl * 4).await;
+        assert_eq!(
+            store
+                .put_if_absent("k", b"other", ttl)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some(&b"me"[..]),
+            "renewed past its first TTL"
+        );
+        drop(reg);
+        tokio::time::sleep(ttl * 2).await;
+        assert!(
+            store
+                .put_if_absent("k", b"other", ttl)
+                .await
+                .unwrap()
+                .is_none(),
+            "expired once no longer registered"
+        );
+    }
+
+    /// A claim taken over by someone else is not renewed for them.
+    #[tokio::test]
+    async fn a_lost_claim_is_not_renewed() {
+        let store = MemoryStore::default();
+        let ttl = Duration::from_millis(60);
+        store.put_if_absent("k", b"other", ttl).await.unwrap();
+        let renewer = Renewer::new(store.clone());
+        let _reg = renewer.register(
+            Arc::from("k"),
+            Bytes::from_static(b"me"),
+            ttl,
+            ttl / 3,
+            Duration::MAX,
+        );
+        tokio::time::sleep(ttl * 2).await;
+        assert!(
+            store
+                .put_if_absent("k", b"new", ttl)
+                .await
+                .unwrap()
+                .is_none(),
+            "the other owner's key expired on its own"
+        );
+    }
+
+    /// Renewal stops at the total hold.
+    #[tokio::test]
+    async fn stops_at_the_total_hold() {
+        let store = MemoryStore::default();
+        let ttl = Duration::from_millis(60);
+        store.put_if_absent("k", b"me", ttl).await.unwrap();
+        let renewer = Renewer::new(store.clone());
+        let _reg = renewer.register(
+            Arc::from("k"),
+            Bytes::from_static(b"me"),
+            ttl,
+            ttl / 3,
+            ttl * 2,
+        );
+        tokio::time::sleep(ttl * 4).await;
+        assert!(
+            store
+                .put_if_absent("k", b"new", ttl)
+                .await
+                .unwrap()
+                .is_none(),
+            "held for about two TTLs, then let go"
+        );
+    }
+}
