@@ -72,7 +72,7 @@ impl<DB: Database, T> Field<DB> for T where
 /// aggregate's module (orders, payments, outbox, points, meta) adds its own
 /// `impl` block, with the bounds sqlx needs spelled out once per block:
 ///
-/// ```ignore
+/// ```text
 /// impl<DB> Queries<'_, DB>
 /// where
 ///     DB: Backend,

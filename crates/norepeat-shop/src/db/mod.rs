@@ -20,10 +20,11 @@
 //! Transient errors (SQLite busy/locked, PostgreSQL serialization failures and
 //! deadlocks) are retried, whole transaction at a time, a bounded number of times.
 //!
-//! The queries are organised by aggregate ([`orders`] and stock, [`payments`],
-//! the [`outbox`] and reconciliation, [`points`], and [`meta`] for the shared
-//! secret and the demo reset), each written once, generic over the sqlx
-//! backend ([`backend`]). [`Db`] picks the backend and calls them.
+//! The queries live in one private module per aggregate (`orders` and stock,
+//! `payments`, `outbox` and reconciliation, `points`, and `meta` for the
+//! shared secret and the demo reset), each written once and generic over the
+//! sqlx backend (`backend` holds what differs). [`Db`] picks the backend and
+//! calls them.
 
 mod backend;
 mod ids;
