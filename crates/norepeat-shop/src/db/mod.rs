@@ -19,9 +19,24 @@
 //!
 //! Transient errors (SQLite busy/locked, PostgreSQL serialization failures and
 //! deadlocks) are retried, whole transaction at a time, a bounded number of times.
+//!
+//! The queries live in one private module per aggregate (`orders` and stock,
+//! `payments`, `outbox` and reconciliation, `points`, and `meta` for the
+//! shared secret and the demo reset), each written once and generic over the
+//! sqlx backend (`backend` holds what differs). [`Db`] picks the backend and
+//! calls them.
 
-mod imp;
+mod backend;
+mod ids;
+mod meta;
+mod orders;
+mod outbox;
+mod payments;
+mod points;
+mod retry;
 mod types;
+
+use backend::Queries;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -47,7 +62,7 @@ pub const SEED_STOCK: [(&str, i64); 3] = [("SKU-1", 100), ("SKU-2", 100), ("SKU-
 pub const MAX_PAYMENT_AMOUNT: i64 = 10_000_000;
 
 /// Points awarded per unit ordered when an order is paid.
-pub const POINTS_PER_UNIT: i64 = imp::POINTS_PER_UNIT;
+pub const POINTS_PER_UNIT: i64 = points::POINTS_PER_UNIT;
 
 /// How long a SQLite connection waits for a lock before `SQLITE_BUSY`.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,17 +96,17 @@ pub enum Db {
     Postgres(PgPool),
 }
 
-/// Runs `$body` with `$pool` bound to the concrete pool and `$imp` to the
-/// matching query module.
+/// Runs `$body` with `$q` bound to the [`Queries`] on the pool, whichever
+/// backend it is: the same (generic) code, instantiated for each.
 macro_rules! dispatch {
-    ($self:expr, $imp:ident, $pool:ident => $body:expr) => {
+    ($self:expr, $q:ident => $body:expr) => {
         match $self {
-            Db::Sqlite($pool) => {
-                use imp::sqlite as $imp;
+            Db::Sqlite(pool) => {
+                let $q = Queries::new(pool);
                 $body
             }
-            Db::Postgres($pool) => {
-                use imp::postgres as $imp;
+            Db::Postgres(pool) => {
+                let $q = Queries::new(pool);
                 $body
             }
         }
@@ -134,7 +149,7 @@ impl Db {
                 )));
             }
         };
-        dispatch!(&db, q, pool => q::seed(pool, &SEED_STOCK).await)?;
+        dispatch!(&db, q => q.seed(&SEED_STOCK).await)?;
         Ok(db)
     }
 
@@ -170,8 +185,9 @@ impl Db {
         let pool_opts = pool_opts.acquire_timeout(ACQUIRE_TIMEOUT);
         // Switching a fresh file to WAL needs an exclusive lock that the busy
         // timeout does not cover: retry when another process is doing the same.
-        let pool = imp::retry(|| async { Ok(pool_opts.clone().connect_with(opts.clone()).await?) })
-            .await?;
+        let pool =
+            retry::retry(|| async { Ok(pool_opts.clone().connect_with(opts.clone()).await?) })
+                .await?;
         // SQLite has no migration lock: if another process migrates the same
         // file at once, one of us fails (busy, or the version row already
         // exists); trying again sees the migration applied.
@@ -227,8 +243,8 @@ impl Db {
         biz_id: Option<&str>,
     ) -> Result<CreateOutcome, DbError> {
         check_quantity(quantity)?;
-        let biz_id = biz_id.map_or_else(|| imp::new_id("biz_"), str::to_owned);
-        dispatch!(self, q, pool => q::create_order(pool, user, sku, quantity, &biz_id).await)
+        let biz_id = biz_id.map_or_else(|| ids::new_id("biz_"), str::to_owned);
+        dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id).await)
     }
 
     /// The NAIVE path, only for the storm demo's baseline: no unique key (the
@@ -245,23 +261,23 @@ impl Db {
         gap: Duration,
     ) -> Result<CreateOutcome, DbError> {
         check_quantity(quantity)?;
-        let biz_id = biz_id.map_or_else(|| imp::new_id("biz_"), str::to_owned);
-        dispatch!(self, q, pool => q::create_order_naive(pool, user, sku, quantity, &biz_id, gap).await)
+        let biz_id = biz_id.map_or_else(|| ids::new_id("biz_"), str::to_owned);
+        dispatch!(self, q => q.create_order_naive(user, sku, quantity, &biz_id, gap).await)
     }
 
     /// The user's orders, oldest first.
     pub async fn orders_of(&self, user: &str) -> Result<Vec<Order>, DbError> {
-        dispatch!(self, q, pool => q::orders_of(pool, user).await)
+        dispatch!(self, q => q.orders_of(user).await)
     }
 
     /// One order by id.
     pub async fn order(&self, order_id: &str) -> Result<Option<Order>, DbError> {
-        dispatch!(self, q, pool => q::order(pool, order_id).await)
+        dispatch!(self, q => q.order(order_id).await)
     }
 
     /// Units available of `sku`, `None` if the sku is unknown.
     pub async fn stock(&self, sku: &str) -> Result<Option<i64>, DbError> {
-        dispatch!(self, q, pool => q::stock(pool, sku).await)
+        dispatch!(self, q => q.stock(sku).await)
     }
 
     /// Sets the units available of `sku`, creating the sku if needed. A
@@ -272,7 +288,7 @@ impl Db {
                 "available must not be negative, got {available}"
             )));
         }
-        dispatch!(self, q, pool => q::set_stock(pool, sku, available).await)
+        dispatch!(self, q => q.set_stock(sku, available).await)
     }
 
     /// Moves an order `from -> to` with one conditional update
@@ -295,7 +311,7 @@ impl Db {
         if !from.can_transition_to(to) {
             return Err(DbError::InvalidTransition { from, to });
         }
-        dispatch!(self, q, pool => q::transition_order(pool, order_id, from, to).await)
+        dispatch!(self, q => q.transition_order(order_id, from, to).await)
     }
 
     /// Creates a PENDING payment (`pay_...`) of `amount` for the user's order.
@@ -318,7 +334,7 @@ impl Db {
                 "amount must be between 1 and {MAX_PAYMENT_AMOUNT}, got {amount}"
             )));
         }
-        dispatch!(self, q, pool => q::create_payment(pool, user, order_id, amount).await)
+        dispatch!(self, q => q.create_payment(user, order_id, amount).await)
     }
 
     /// [`create_payment`](Self::create_payment) inside a write transaction
@@ -337,11 +353,15 @@ impl Db {
         }
         Ok(match self {
             Db::Sqlite(pool) => {
-                let (tx, out) = imp::sqlite::begin_payment(pool, user, order_id, amount).await?;
+                let (tx, out) = Queries::new(pool)
+                    .begin_payment(user, order_id, amount)
+                    .await?;
                 (PaymentTx::Sqlite(tx), out)
             }
             Db::Postgres(pool) => {
-                let (tx, out) = imp::postgres::begin_payment(pool, user, order_id, amount).await?;
+                let (tx, out) = Queries::new(pool)
+                    .begin_payment(user, order_id, amount)
+                    .await?;
                 (PaymentTx::Postgres(tx), out)
             }
         })
@@ -349,7 +369,7 @@ impl Db {
 
     /// One payment by id.
     pub async fn payment(&self, payment_id: &str) -> Result<Option<Payment>, DbError> {
-        dispatch!(self, q, pool => q::payment(pool, payment_id).await)
+        dispatch!(self, q => q.payment(payment_id).await)
     }
 
     /// Applies the provider's notice (`success`: SUCCESS, else FAILED):
@@ -371,7 +391,7 @@ impl Db {
         payment_id: &str,
         success: bool,
     ) -> Result<NoticeOutcome, DbError> {
-        dispatch!(self, q, pool => q::apply_payment_notice(pool, payment_id, success).await)
+        dispatch!(self, q => q.apply_payment_notice(payment_id, success).await)
     }
 
     /// One reconciliation pass: orders still UNPAID although a payment for them
@@ -385,17 +405,17 @@ impl Db {
     /// before the one-live-payment constraint, and left for a person to
     /// settle.
     pub async fn reconcile(&self) -> Result<ReconcileReport, DbError> {
-        dispatch!(self, q, pool => q::reconcile(pool).await)
+        dispatch!(self, q => q.reconcile().await)
     }
 
     /// Unpublished outbox events, oldest first, at most `limit`.
     pub async fn pending_events(&self, limit: i64) -> Result<Vec<OutboxEvent>, DbError> {
-        dispatch!(self, q, pool => q::pending_events(pool, limit).await)
+        dispatch!(self, q => q.pending_events(limit).await)
     }
 
     /// Marks an outbox event published (idempotent; unknown ids are ignored).
     pub async fn mark_event_published(&self, event_id: &str) -> Result<(), DbError> {
-        dispatch!(self, q, pool => q::mark_event_published(pool, event_id).await)
+        dispatch!(self, q => q.mark_event_published(event_id).await)
     }
 
     /// Awards `points` to `user` for `order_id` once: true if awarded now,
@@ -407,36 +427,36 @@ impl Db {
         order_id: &str,
         points: i64,
     ) -> Result<bool, DbError> {
-        dispatch!(self, q, pool => q::award_points(pool, user, order_id, points).await)
+        dispatch!(self, q => q.award_points(user, order_id, points).await)
     }
 
     /// The user's total points.
     pub async fn points(&self, user: &str) -> Result<i64, DbError> {
-        dispatch!(self, q, pool => q::points(pool, user).await)
+        dispatch!(self, q => q.points(user).await)
     }
 
     /// 32 random bytes shared by every instance using this database (for
     /// signing repeat tokens): generated once by whoever asks first, then read
     /// back, so all instances agree.
     pub async fn shared_secret(&self) -> Result<[u8; 32], DbError> {
-        dispatch!(self, q, pool => q::shared_secret(pool).await)
+        dispatch!(self, q => q.shared_secret().await)
     }
 
     /// Extra orders sharing a `(user_id, biz_id)` with an earlier one (the
     /// storm's "duplicates").
     pub async fn duplicates(&self) -> Result<i64, DbError> {
-        dispatch!(self, q, pool => q::scalar(pool, imp::DUPLICATES, None).await)
+        dispatch!(self, q => q.duplicates().await)
     }
 
     /// Number of orders (all users, safe and naive).
     pub async fn orders_count(&self) -> Result<i64, DbError> {
-        dispatch!(self, q, pool => q::scalar(pool, imp::ORDERS_COUNT, None).await)
+        dispatch!(self, q => q.orders_count().await)
     }
 
     /// Units ordered of `sku` over all orders; compare with the stock you set
     /// to find units oversold.
     pub async fn units_ordered(&self, sku: &str) -> Result<i64, DbError> {
-        dispatch!(self, q, pool => q::scalar(pool, imp::UNITS_ORDERED, Some(sku)).await)
+        dispatch!(self, q => q.units_ordered(sku).await)
     }
 
     /// Test hook: sets a payment's status WITHOUT touching its order (simulates
@@ -447,13 +467,13 @@ impl Db {
         payment_id: &str,
         status: PaymentStatus,
     ) -> Result<(), DbError> {
-        dispatch!(self, q, pool => q::force_payment_status(pool, payment_id, status).await)
+        dispatch!(self, q => q.force_payment_status(payment_id, status).await)
     }
 
     /// Deletes all orders, payments, points and outbox rows (the storm resets
     /// between scenarios). Stock and the shared secret are kept.
     pub async fn reset_for_demo(&self) -> Result<(), DbError> {
-        dispatch!(self, q, pool => q::reset(pool).await)
+        dispatch!(self, q => q.reset().await)
     }
 }
 
