@@ -1,0 +1,136 @@
+//! The load driver: a row's context, one request or message delivery
+//! timed as a sample, and the logical orders of a scenario spread over
+//! time.
+
+use super::scenarios::logical_order;
+use super::shops::Shops;
+use crate::order_messages::{ConsumeError, Delivered, OrderConsumer, OrderMessage};
+use indicatif::ProgressBar;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What every request of one row shares.
+pub(super) struct RowCtx {
+    pub(super) http: reqwest::Client,
+    pub(super) bases: Vec<String>,
+    /// The instances' order-message consumers (in-process shops only).
+    pub(super) consumers: Vec<OrderConsumer>,
+    pub(super) prefix: String,
+    pub(super) sku: String,
+    pub(super) logical: usize,
+    pub(super) bar: ProgressBar,
+}
+
+impl RowCtx {
+    pub(super) fn user(&self, i: usize) -> String {
+        format!("{}-{i}", self.prefix)
+    }
+    pub(super) fn base(&self, i: usize) -> &str {
+        &self.bases[i % self.bases.len()]
+    }
+    pub(super) fn body(&self, i: usize) -> Value {
+        json!({"sku": self.sku, "quantity": 1, "bizId": format!("b{i}")})
+    }
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sample {
+    pub(super) status: u16,
+    pub(super) ms: f64,
+}
+
+/// One request to a shop, timed.
+pub(super) async fn send(
+    ctx: &RowCtx,
+    base: &str,
+    path: &str,
+    user: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> Sample {
+    let started = Instant::now();
+    let mut req = ctx
+        .http
+        .post(format!("{base}{path}"))
+        .header("x-user-id", user)
+        .json(body);
+    if let Some(t) = token {
+        req = req.header("repeat-token", t);
+    }
+    let status = match req.send().await {
+        Ok(res) => {
+            let s = res.status().as_u16();
+            let _ = res.bytes().await;
+            s
+        }
+        Err(_) => 599,
+    };
+    ctx.bar.inc(1);
+    Sample {
+        status,
+        ms: started.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// One delivery of an order message to an instance's consumer, as a status:
+/// 201 placed, 200 already placed (acknowledged), 409 refused or in
+/// progress elsewhere (not acknowledged: it comes again), 500 failed.
+pub(super) async fn deliver(ctx: &RowCtx, consumer: &OrderConsumer, msg: &OrderMessage) -> Sample {
+    let started = Instant::now();
+    let status = match consumer.handle(msg).await {
+        Ok(Delivered::Placed(_)) => 201,
+        Ok(Delivered::AlreadyPlaced(_)) => 200,
+        Ok(Delivered::Refused) | Err(ConsumeError::Guard(_)) => 409,
+        Err(ConsumeError::Db(_)) => 500,
+    };
+    ctx.bar.inc(1);
+    Sample {
+        status,
+        ms: started.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// A repeat token from the shop at `base` for `user`.
+pub(super) async fn token(ctx: &RowCtx, base: &str, user: &str) -> Option<String> {
+    let v: Value = ctx
+        .http
+        .get(format!("{base}/repeat/token"))
+        .header("x-user-id", user)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    v["repeatToken"].as_str().map(str::to_owned)
+}
+
+/// Sends a row's logical orders, half a millisecond apart, and collects
+/// every sample (taking the store down when the scenario says).
+pub(super) async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
+    let half = ctx.logical / 2;
+    if scenario == "token-outage" {
+        shops.set_outage(true);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..ctx.logical {
+        if scenario == "store-outage" && i == half {
+            // Let the first half land, then the store dies mid-storm.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            shops.set_outage(true);
+        }
+        let ctx = Arc::clone(ctx);
+        tasks.push(tokio::spawn(logical_order(scenario, ctx, i)));
+        // Orders arrive over time, not all in one instant.
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        if let Ok(s) = t.await {
+            samples.extend(s);
+        }
+    }
+    samples
+}
