@@ -92,7 +92,7 @@
 //! );
 //! ```
 
-use crate::body::{self, ReadError};
+use crate::body;
 use crate::problem::{Code, Problem};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -104,7 +104,7 @@ use sha2::Sha256;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The header carrying the signature (lower case, as `http` spells names).
 pub const SIGNATURE_HEADER: &str = "norepeat-signature";
@@ -394,18 +394,7 @@ where
             let (parts, body) = req.into_parts();
             let bytes = match body::read(body, cfg.max_body, &parts.headers).await {
                 Ok(b) => b,
-                Err(ReadError::TooLarge) => {
-                    return refuse(Problem::new(Code::PayloadTooLarge).detail(format!(
-                        "The request body is larger than {} bytes.",
-                        cfg.max_body
-                    )));
-                }
-                Err(ReadError::Broken(e)) => {
-                    return refuse(
-                        Problem::new(Code::InvalidRequest)
-                            .detail(format!("The request body could not be read: {e}")),
-                    );
-                }
+                Err(e) => return refuse(Problem::from(e)),
             };
             if let Err(e) = cfg.verifier.verify_headers(&parts.headers, &bytes) {
                 tracing::debug!(error = %e, "webhook signature refused");
@@ -418,9 +407,7 @@ where
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::clock::now_ms() / 1000
 }
 
 #[cfg(test)]

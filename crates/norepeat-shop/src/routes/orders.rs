@@ -11,9 +11,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::problem::{Code, Problem};
 use norepeat::token::TokenError;
+use norepeat::token::TokenLayer;
 use serde_json::json;
 use std::time::Duration;
 
@@ -23,9 +24,11 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
         (
-            by_token.route_layer(NoRepeatLayer::token(state.tokens.clone())),
+            by_token.route_layer(TokenLayer::new(state.tokens.clone()).missing_token_detail(
+                "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
+            )),
             by_fingerprint.layer(
-                NoRepeatLayer::fingerprint(fingerprints)
+                FingerprintLayer::new(fingerprints)
                     .route("/orders/quick")
                     .max_body(body::MAX_BODY),
             ),

@@ -87,7 +87,7 @@ where
                 .collect();
             let verdict = match check_all(&checks).await {
                 Ok(v) => v,
-                Err(p) => return Ok(reject(&p)),
+                Err(e) => return Ok(reject(&Problem::from(e))),
             };
             if let Some(p) = verdict.to_problem() {
                 tracing::debug!(path = parts.uri.path(), "rate limited");
