@@ -18,6 +18,7 @@
 //! | [`RateLimitError`] | 503 `guard_unavailable` |
 //! | [`BodyError`] | 413 `payload_too_large`; 400 `invalid_request` |
 //! | [`InvalidJson`] | 400 `invalid_request` |
+//! | [`SignatureError`] | 401 `invalid_signature` |
 //!
 //! ```
 //! use norepeat::problem::{Problem, Code};
@@ -33,6 +34,7 @@ use crate::fingerprint::{FingerprintGuardError, InvalidJson};
 use crate::idempotency::IdempotencyError;
 use crate::ratelimit::RateLimitError;
 use crate::token::TokenGuardError;
+use crate::webhook::SignatureError;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
@@ -315,6 +317,12 @@ impl From<BodyError> for Problem {
 impl From<InvalidJson> for Problem {
     fn from(e: InvalidJson) -> Self {
         Problem::new(Code::InvalidRequest).detail(e.to_string())
+    }
+}
+
+impl From<SignatureError> for Problem {
+    fn from(e: SignatureError) -> Self {
+        Problem::new(Code::InvalidSignature).detail(e.to_string())
     }
 }
 
