@@ -1,4 +1,4 @@
-//! The tower service: claim, run, complete or release, replay.
+//! The tower service of [`IdempotencyLayer`](super::IdempotencyLayer): claim, run, complete or release, replay.
 
 use super::body::{Collected, Passthrough, collect_capped};
 use super::claim::{Claimed, claim};

@@ -1,4 +1,4 @@
-//! The tower service.
+//! The tower service of [`RateLimitLayer`](super::RateLimitLayer): extract the keys, ask every quota, answer 429 or pass on.
 
 use super::layer::Config;
 use super::limiter::{RateLimiter, check_all};

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 pub const DEFAULT_MAX_BODY: usize = 64 * 1024;
 
 /// A tower layer that lets through only requests signed for a
-/// [`WebhookVerifier`]. See the [module](self) docs.
+/// [`WebhookVerifier`]. See the [module](super) docs.
 #[derive(Debug, Clone)]
 pub struct WebhookLayer {
     verifier: WebhookVerifier,

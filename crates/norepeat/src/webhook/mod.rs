@@ -72,7 +72,7 @@
 //! ```
 //!
 //! # In an axum handler
-//! Take the body as [`Bytes`], verify, then parse. A refusal
+//! Take the body as [`Bytes`](bytes::Bytes), verify, then parse. A refusal
 //! converts to a 401 `invalid_signature` [`Problem`].
 //!
 //! ```
