@@ -5,7 +5,7 @@
 //! is built from the arguments (each literal segment of the template and
 //! each formatted argument length-prefixed, by `norepeat::keys::KeyParts`,
 //! so no two argument tuples share a key), then the original body runs inside
-//! `norepeat::once::Guarded::run_window` or `run_once`. Because the function
+//! `norepeat::attribute::Guarded::run_window` or `run_once`. Because the function
 //! itself changes (there is no proxy), every call is guarded, including a
 //! call from another method of the same type.
 
@@ -436,7 +436,7 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
         ReturnType::Default => {
             return Err(syn::Error::new(
                 sig.ident.span(),
-                "a guarded fn must return `Result<T, E>` with `E: From<norepeat::once::Rejected>` (a refusal is an error value)",
+                "a guarded fn must return `Result<T, E>` with `E: From<norepeat::attribute::Rejected>` (a refusal is an error value)",
             ));
         }
     };
@@ -494,13 +494,13 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             let d = millis(ms);
             quote!(.wait(#d))
         });
-        quote!(::norepeat::once::Guarded::once(#scope) #retention #lease #wait)
+        quote!(::norepeat::attribute::Guarded::once(#scope) #retention #lease #wait)
     } else {
         let window = args.window.map_or_else(
-            || quote!(::norepeat::once::DEFAULT_WINDOW),
+            || quote!(::norepeat::attribute::DEFAULT_WINDOW),
             |(ms, _)| millis(ms),
         );
-        quote!(::norepeat::once::Guarded::window(#scope, #window))
+        quote!(::norepeat::attribute::Guarded::window(#scope, #window))
     };
     let run = if once {
         quote!(run_once)
@@ -516,7 +516,7 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
         ),
         None => (
             quote! {
-                match ::norepeat::once::default_store() {
+                match ::norepeat::attribute::default_store() {
                     ::core::result::Result::Ok(store) => store,
                     ::core::result::Result::Err(rejected) => {
                         return ::core::result::Result::Err(::core::convert::From::from(rejected));

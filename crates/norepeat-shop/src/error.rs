@@ -120,8 +120,6 @@ impl IntoResponse for ApiError {
 
 /// 401 `unauthenticated`.
 pub fn unauthenticated() -> ApiError {
-    ApiError::Problem(
-        Problem::new(Code::Unauthenticated)
-            .detail("A valid X-User-Id header (1 to 64 visible ASCII characters) is required."),
-    )
+    use norepeat::identity::{Identify, UserHeader};
+    ApiError::Problem(Problem::new(Code::Unauthenticated).detail(UserHeader::default().missing()))
 }

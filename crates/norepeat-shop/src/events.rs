@@ -45,7 +45,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
 use futures_util::StreamExt as _;
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat::store::{Fallback, Resilient};
 use serde::{Deserialize, Serialize};

@@ -12,7 +12,7 @@
 
 use crate::app::{AppState, OpenStore};
 use crate::db::{CreateOutcome, DbError};
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

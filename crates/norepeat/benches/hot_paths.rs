@@ -6,7 +6,7 @@
 //! - `keys/*`: building a store key;
 //! - `memory_store/*`: `put_if_absent` on the in-process store, a new key and
 //!   a held one;
-//! - `layer/*`: one request through `NoRepeatLayer::fingerprint` on the
+//! - `layer/*`: one request through `FingerprintLayer` on the
 //!   memory store over a trivial service, against the bare service.
 //!
 //! `cargo bench -p norepeat --bench hot_paths`
@@ -17,8 +17,8 @@ use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::Full;
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::fingerprint::{Fingerprinter, RequestParts};
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::{MemoryStore, Store};
 use serde_json::{Value, json};
@@ -169,7 +169,7 @@ fn layer(c: &mut Criterion) {
     let inner = tower::service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"created"))))
     });
-    let guarded = NoRepeatLayer::fingerprint(FingerprintGuard::new(MemoryStore::default()))
+    let guarded = FingerprintLayer::new(FingerprintGuard::new(MemoryStore::default()))
         .route("/orders")
         .layer(inner);
     let n = AtomicU64::new(0);

@@ -1,20 +1,67 @@
-//! Reading a request body once, up to a cap.
+//! Request bodies: reading one once, up to a cap ([`read`]), and the one
+//! rule for which bodies are JSON ([`is_json`], [`kind`]).
+//!
+//! Every layer that reads a body (the fingerprint layer, idempotency, the
+//! webhook verifier) reads it here, and an application can too: a
+//! [`BodyError`] converts to the same [`Problem`](crate::problem::Problem)
+//! (413 `payload_too_large` or 400 `invalid_request`) wherever it happens.
+//!
+//! # Which bodies are JSON
+//! A body is JSON when its `Content-Type` says so (`application/json` or any
+//! `type/x+json`, parameters allowed; not NDJSON or `json-seq`). It must
+//! then be one strict JSON value, as [`Fingerprinter::canonicalize`]
+//! reads it (RFC 8259, UTF-8, no key given twice in an object, at most 128
+//! levels deep), else it is the client's error: 400 `invalid_request`. A
+//! body without a content type, or with a generic one (`text/plain`, a
+//! form), that starts like a JSON object or array is read as JSON if it is
+//! strict JSON, else as bytes: a guard cannot call it malformed, since it
+//! never claimed to be JSON. [`check_json`] is the strictness test, for an
+//! application that parses JSON bodies itself.
+//!
+//! ```
+//! use norepeat::body::{self, BodyError};
+//! use norepeat::problem::Problem;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let headers = http::HeaderMap::new();
+//! let small = http_body_util::Full::new(bytes::Bytes::from_static(b"{}"));
+//! assert_eq!(body::read(small, 16, &headers).await.unwrap(), &b"{}"[..]);
+//! let big = http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; 17]));
+//! let err = body::read(big, 16, &headers).await.unwrap_err();
+//! assert!(matches!(err, BodyError::TooLarge { max: 16 }));
+//! assert_eq!(Problem::from(err).code.status(), 413);
+//! # }
+//! ```
+//!
+//! [`Fingerprinter::canonicalize`]: crate::fingerprint::Fingerprinter::canonicalize
 
+use crate::fingerprint::InvalidJson;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-/// Why a body could not be read.
-#[derive(Debug)]
-pub(crate) enum ReadError {
-    TooLarge,
-    Broken(String),
+/// Why a request body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// It is larger than `max` bytes (413 `payload_too_large`).
+    #[error("the request body is larger than {max} bytes")]
+    TooLarge {
+        /// The cap it passed.
+        max: usize,
+    },
+    /// The body stream failed (400 `invalid_request`).
+    #[error("the request body could not be read: {0}")]
+    Unreadable(String),
 }
 
 /// Reads the whole body, refusing it as soon as it passes `max` bytes (and
 /// before reading anything when `Content-Length` already says so).
-pub(crate) async fn read<B>(body: B, max: usize, headers: &HeaderMap) -> Result<Bytes, ReadError>
+///
+/// # Errors
+/// [`BodyError::TooLarge`] past `max`, [`BodyError::Unreadable`] when the
+/// body stream fails.
+pub async fn read<B>(body: B, max: usize, headers: &HeaderMap) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -24,18 +71,38 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
-        return Err(ReadError::TooLarge);
+        return Err(BodyError::TooLarge { max });
     }
     match Limited::new(body, max).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ReadError::TooLarge),
-        Err(e) => Err(ReadError::Broken(e.to_string())),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(BodyError::TooLarge { max })
+        }
+        Err(e) => Err(BodyError::Unreadable(e.to_string())),
     }
 }
 
-/// How a body is fingerprinted.
+/// Whether `body` is strict JSON, by the rule above: one JSON value (RFC
+/// 8259, UTF-8), no key given twice in any object, at most 128 levels deep.
+/// The fingerprint canonicalises exactly the bodies this accepts.
+///
+/// ```
+/// assert!(norepeat::body::check_json(br#"{"a":[1,2.5,"x"]}"#).is_ok());
+/// assert!(norepeat::body::check_json(br#"{"a":1,"a":2}"#).is_err());
+/// ```
+///
+/// # Errors
+/// [`InvalidJson`], saying where and why.
+pub fn check_json(body: &[u8]) -> Result<(), InvalidJson> {
+    crate::fingerprint::Fingerprinter::ignoring::<[&str; 0], &str>([])
+        .canonicalize(body)
+        .map(drop)
+}
+
+/// How a body is read: as JSON, maybe JSON, or bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyKind {
+#[non_exhaustive]
+pub enum BodyKind {
     /// The content type says JSON: canonicalise, and a body that does not
     /// parse is the client's error.
     Json,
@@ -60,7 +127,8 @@ fn essence(content_type: &str) -> String {
 /// (RFC 6839 structured syntax suffix), parameters allowed. Not NDJSON
 /// (`application/x-ndjson`), not `application/json-seq`: a stream of values
 /// is not one JSON value.
-pub(crate) fn is_json(content_type: &str) -> bool {
+#[must_use]
+pub fn is_json(content_type: &str) -> bool {
     let e = essence(content_type);
     match e.split_once('/') {
         Some((ty, sub)) => {
@@ -72,9 +140,9 @@ pub(crate) fn is_json(content_type: &str) -> bool {
     }
 }
 
-/// Sniffs how to fingerprint a body, without parsing it (the fingerprint
-/// parses it once).
-pub(crate) fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
+/// Sniffs how to read a body, by the rule above, without parsing it.
+#[must_use]
+pub fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
     let ct = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

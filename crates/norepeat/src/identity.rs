@@ -1,8 +1,10 @@
-//! Who is calling: a pluggable extractor.
+//! Who is calling: the [`Identify`] extractor and [`UserHeader`], its
+//! header-based default.
 //!
 //! Guards scope their keys by the caller. [`Identify`] turns a request's
 //! head into a caller id (tenant and user, as your application sees it), or
-//! `None`, which a guard answers with 401 `unauthenticated`. Any
+//! `None`, which a guard answers with 401 `unauthenticated` and the
+//! extractor's own [`missing`](Identify::missing) text. Any
 //! `Fn(&http::request::Parts) -> Option<String>` is an extractor.
 //!
 //! ```
@@ -20,11 +22,18 @@
 
 use http::HeaderName;
 use http::request::Parts;
+use std::borrow::Cow;
 
 /// Extracts the caller's id from a request's head.
 pub trait Identify: Send + Sync + 'static {
     /// The caller's id, or `None` when the request carries no valid one.
     fn identify(&self, parts: &Parts) -> Option<String>;
+
+    /// What a request without a valid caller lacks: the `detail` of the 401
+    /// `unauthenticated` answer. Say what the caller must send.
+    fn missing(&self) -> Cow<'static, str> {
+        Cow::Borrowed("This request carries no valid caller identity.")
+    }
 }
 
 impl<F> Identify for F
@@ -84,6 +93,27 @@ impl Identify for UserHeader {
     fn identify(&self, parts: &Parts) -> Option<String> {
         self.user_in(&parts.headers)
     }
+
+    /// "A valid X-User-Id header (1 to 64 visible ASCII characters) is
+    /// required.", naming this extractor's header.
+    fn missing(&self) -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "A valid {} header (1 to 64 visible ASCII characters) is required.",
+            title_case(self.name.as_str())
+        ))
+    }
+}
+
+/// `x-tenant-user` as `X-Tenant-User` (header names are stored in lower
+/// case).
+fn title_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut up = true;
+    for c in name.chars() {
+        out.push(if up { c.to_ascii_uppercase() } else { c });
+        up = c == '-';
+    }
+    out
 }
 
 #[cfg(test)]
@@ -106,5 +136,22 @@ mod tests {
         assert_eq!(id.identify(&parts(b"a b")), None);
         assert_eq!(id.identify(&parts(b"\xff\xfe")), None);
         assert_eq!(id.identify(&http::Request::new(()).into_parts().0), None);
+    }
+
+    #[test]
+    fn missing_names_the_header() {
+        assert_eq!(
+            UserHeader::default().missing(),
+            "A valid X-User-Id header (1 to 64 visible ASCII characters) is required."
+        );
+        assert_eq!(
+            UserHeader::new(HeaderName::from_static("x-tenant-user")).missing(),
+            "A valid X-Tenant-User header (1 to 64 visible ASCII characters) is required."
+        );
+        let closure = |_: &Parts| None;
+        assert_eq!(
+            closure.missing(),
+            "This request carries no valid caller identity."
+        );
     }
 }

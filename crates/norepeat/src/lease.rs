@@ -1,8 +1,8 @@
 //! One claim life cycle, shared by every guard: claim, run with
 //! owner-checked renewal, then complete or release.
 //!
-//! The fingerprint guard ([`crate::guard`]), idempotency
-//! ([`crate::idempotency`]) and the attribute runtime ([`crate::once`]) all
+//! The fingerprint guard ([`crate::fingerprint`]), idempotency
+//! ([`crate::idempotency`]) and the attribute runtime ([`crate::attribute`]) all
 //! hold their key through a [`Claim`]:
 //!
 //! 1. **Claim**: `put_if_absent(key, value, ttl)`. The value is unique per

@@ -7,8 +7,10 @@
 //! button stops none of these but the first. norepeat gives a back end the
 //! pieces to decide for itself:
 //!
-//! - [`guard`](mod@guard): stop the repeat at the door, within a window, with one-time
-//!   [`token`]s or request [`fingerprint`]s;
+//! - [`token`] and [`fingerprint`]: stop the repeat at the door, within a
+//!   window, with one-time tokens (the page fetches one, the submit consumes
+//!   it) or request fingerprints (caller, method, path and canonical body);
+//!   each is a guard you can call and a tower layer;
 //! - [`idempotency`]: let the repeat in and give it the first one's answer
 //!   (`Idempotency-Key` with stored-response replay);
 //! - [`degrade`]: keep deciding (or refuse, per route) when the store fails;
@@ -17,15 +19,25 @@
 //!   operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
-//! - [`keys`], [`identity`], [`problem`]: the shared vocabulary;
-//! - [`guard()`](macro@guard) and [`once`]: `#[norepeat::guard(...)]` on any
+//! - [`keys`], [`identity`], [`problem`], [`body`]: the shared vocabulary
+//!   (store keys, who is calling, RFC 9457 answers, reading a body and the
+//!   one rule for JSON bodies);
+//! - [`guard`] and [`attribute`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
 //!   with the stored result given back to repeats.
 //!
+//! # Layout
+//! Each capability is a module: its core (a guard or limiter you can call,
+//! returning its own error enum that says what it refused and why) and its
+//! tower layer, which turns that error into an HTTP answer at the edge
+//! ([`problem`] holds every `From<...> for Problem`). Modules import only
+//! what sits below them: the layers use the guards, and the guards use one
+//! claim life cycle (a private `lease` module), [`keys`] and the [`store`].
+//!
 //! ```
 //! use axum::{Router, routing::post};
-//! use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
-//! use norepeat::once::Rejected;
+//! use norepeat::attribute::Rejected;
+//! use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 //! use norepeat::store::MemoryStore;
 //!
 //! #[derive(Debug)]
@@ -45,7 +57,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = MemoryStore::default(); // or RedisStore::connect("redis://...").await?
-//! norepeat::once::set_default_store(store.clone())?;
+//! norepeat::attribute::set_default_store(store.clone())?;
 //! assert_eq!(award_points(7, 30).await.unwrap(), 30);
 //! assert_eq!(award_points(7, 99).await.unwrap(), 30); // the stored result
 //!
@@ -53,7 +65,7 @@
 //! let guard = FingerprintGuard::new(store);
 //! let app: Router = Router::new().route(
 //!     "/orders/quick",
-//!     post(|| async { "created" }).layer(NoRepeatLayer::fingerprint(guard)),
+//!     post(|| async { "created" }).layer(FingerprintLayer::new(guard)),
 //! );
 //! # Ok(()) }
 //! ```
@@ -81,15 +93,15 @@
 //! `norepeat = { version = "0.1", default-features = false }`. This table
 //! lists every feature of this version.
 
-mod body;
+pub mod attribute;
+pub mod body;
+mod clock;
 pub mod degrade;
 pub mod fingerprint;
-pub mod guard;
 pub mod idempotency;
 pub mod identity;
 pub mod keys;
 mod lease;
-pub mod once;
 pub mod problem;
 pub mod ratelimit;
 pub mod store;
@@ -102,7 +114,7 @@ pub mod webhook;
 /// #[norepeat::guard(
 ///     key = "TEMPLATE",                    // required: "{arg}", "{arg.field.0}", literal text, "{{" "}}"
 ///     store = EXPR,                        // a value or place whose type is Store + Clone;
-///                                          // default: the process-wide store (once::set_default_store)
+///                                          // default: the process-wide store (attribute::set_default_store)
 ///     mode = window | once,                // default window
 ///     window = "3s",                       // window mode: how long a key is held (default 3 s)
 ///     retention = "24h",                   // once mode: how long the stored result is kept (default 24 h)
@@ -127,18 +139,18 @@ pub mod webhook;
 /// `store = EXPR` is evaluated on each call, then cloned (`(EXPR).clone()`,
 /// so both `self.store` and a `&Store` argument work). Without it, the
 /// function uses the process-wide store: set it once at start with
-/// [`once::set_default_store`] (any [`store::Store`], such as a
+/// [`attribute::set_default_store`] (any [`store::Store`], such as a
 /// `RedisStore` or a [`Resilient`](degrade::Resilient) around one), and
 /// every guarded function that names no store shares it. A call made before
-/// it is set returns `Err(E::from(`[`Rejected::NoDefaultStore`](once::Rejected::NoDefaultStore)`))`
+/// it is set returns `Err(E::from(`[`Rejected::NoDefaultStore`](attribute::Rejected::NoDefaultStore)`))`
 /// without running the body (never a panic, never an unguarded run).
 ///
-/// The function must return `Result<T, E>` with `E: From<`[`once::Rejected`]`>`:
+/// The function must return `Result<T, E>` with `E: From<`[`attribute::Rejected`]`>`:
 /// a refused call returns `Err(E::from(rejected))` without running the body.
 ///
 /// - **`mode = window`** (the default): the first call with a key holds it
 ///   for the window; a repeat within the window gets
-///   [`Rejected::Duplicate`](once::Rejected::Duplicate). After a success the
+///   [`Rejected::Duplicate`](attribute::Rejected::Duplicate). After a success the
 ///   key is held for the rest of the window; after an `Err` or a panic it is
 ///   released at once, so a retry runs. A dropped future (a caller that gave
 ///   up mid-body) counts as done: the key is held for the rest of the window.
@@ -146,7 +158,7 @@ pub mod webhook;
 ///   `Ok` value (`T: Serialize + DeserializeOwned`, JSON in the store) is
 ///   kept for `retention` and every later call gets it back without running
 ///   the body. A call while the first still runs gets
-///   [`Rejected::InProgress`](once::Rejected::InProgress), or with
+///   [`Rejected::InProgress`](attribute::Rejected::InProgress), or with
 ///   `wait = "2s"` waits up to that long (looking again with backoff) and
 ///   gets the first call's result when it is stored, without running the
 ///   body; after the wait, `InProgress`. After an `Err` or
@@ -154,13 +166,13 @@ pub mod webhook;
 ///   next call (a redelivered message) runs again. A dropped future never
 ///   frees the claim early (the body may have had its effect already): the
 ///   claim is kept until its `lease` ends, and calls meanwhile get
-///   `InProgress`. See [`once`] for the detached variant that finishes the
+///   `InProgress`. See [`attribute`] for the detached variant that finishes the
 ///   body and stores its result whatever the caller does.
 /// - **`on_store_failure`**: `fail_open` runs the body unguarded (keep a
 ///   unique key behind it); `fail_closed` refuses with
-///   [`Rejected::Unavailable`](once::Rejected::Unavailable).
+///   [`Rejected::Unavailable`](attribute::Rejected::Unavailable).
 ///
-/// See [`once`] for the runtime it expands to (usable without the macro).
+/// See [`attribute`] for the runtime it expands to (usable without the macro).
 ///
 /// # Calls from the same type are guarded too
 /// Spring's `@NoRepeatSubmit` is an aspect on a proxy: a call from another
@@ -170,7 +182,7 @@ pub mod webhook;
 /// checkout with the same order is still refused.
 ///
 /// ```
-/// use norepeat::once::Rejected;
+/// use norepeat::attribute::Rejected;
 /// use norepeat::store::MemoryStore;
 /// use std::sync::atomic::{AtomicU32, Ordering};
 ///
@@ -210,7 +222,7 @@ pub mod webhook;
 ///
 /// # Once per key, with the stored result
 /// ```
-/// use norepeat::once::Rejected;
+/// use norepeat::attribute::Rejected;
 /// use norepeat::store::MemoryStore;
 ///
 /// #[derive(Debug)]
@@ -244,9 +256,9 @@ pub mod webhook;
 /// writes nothing. On `Err` the transaction rolls back and the key is free.
 /// A crash or a dropped future before the commit leaves no writes and the
 /// claim open until its `lease` ends (meanwhile a repeat gets
-/// [`Rejected::InProgress`](once::Rejected::InProgress)); then the next
+/// [`Rejected::InProgress`](attribute::Rejected::InProgress)); then the next
 /// delivery runs once. This is
-/// `Guarded::run_once_in_tx` (see [`once`]).
+/// `Guarded::run_once_in_tx` (see [`attribute`]).
 ///
 /// The body writes through `&mut *NAME` and must neither commit it nor move
 /// it. It runs in a `move` closure, so it owns the arguments it uses (the
@@ -255,7 +267,7 @@ pub mod webhook;
 ///
 #[cfg_attr(feature = "sqlite", doc = "```")]
 #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
-/// use norepeat::once::Rejected;
+/// use norepeat::attribute::Rejected;
 /// use norepeat::store::SqliteStore;
 ///
 /// #[derive(Debug)]
@@ -312,7 +324,7 @@ pub mod webhook;
 ///
 /// ```compile_fail
 /// # use norepeat::store::MemoryStore;
-/// # struct E; impl From<norepeat::once::Rejected> for E { fn from(_: norepeat::once::Rejected) -> Self { E } }
+/// # struct E; impl From<norepeat::attribute::Rejected> for E { fn from(_: norepeat::attribute::Rejected) -> Self { E } }
 /// #[norepeat::guard(store = store, key = "{id}", window = "3 parsecs")]
 /// async fn f(store: &MemoryStore, id: u64) -> Result<(), E> { Ok(()) }
 /// ```

@@ -6,6 +6,20 @@
 //! problem also rides in the response's extensions, so an outer layer can
 //! log or reshape it.
 //!
+//! The guards themselves say what they refused and why in their own error
+//! types; this module is where each becomes an HTTP answer (`From<...> for
+//! Problem`), as the layers do at the edge:
+//!
+//! | error | answer |
+//! |---|---|
+//! | [`FingerprintGuardError`] | 409 `duplicate_submission` with `Retry-After`; 503 `guard_unavailable` |
+//! | [`TokenGuardError`] | 409 `duplicate_submission`; 503 `guard_unavailable` |
+//! | [`IdempotencyError`] | 409 `idempotency_key_in_use`; 422 `idempotency_key_mismatch`; 503 `guard_unavailable` |
+//! | [`RateLimitError`] | 503 `guard_unavailable` |
+//! | [`BodyError`] | 413 `payload_too_large`; 400 `invalid_request` |
+//! | [`InvalidJson`] | 400 `invalid_request` |
+//! | [`SignatureError`] | 401 `invalid_signature` |
+//!
 //! ```
 //! use norepeat::problem::{Problem, Code};
 //! let p = Problem::new(Code::DuplicateSubmission).retry_after_secs(3);
@@ -15,6 +29,12 @@
 //! assert_eq!(res.headers()["content-type"], "application/problem+json");
 //! ```
 
+use crate::body::BodyError;
+use crate::fingerprint::{FingerprintGuardError, InvalidJson};
+use crate::idempotency::IdempotencyError;
+use crate::ratelimit::RateLimitError;
+use crate::token::TokenGuardError;
+use crate::webhook::SignatureError;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
@@ -218,6 +238,104 @@ impl std::fmt::Display for Problem {
     }
 }
 
+/// The `detail` of 503 `guard_unavailable` from a guard whose store failed.
+const GUARD_UNAVAILABLE: &str = "The duplicate guard cannot decide right now; retry shortly.";
+
+impl From<FingerprintGuardError> for Problem {
+    fn from(e: FingerprintGuardError) -> Self {
+        match e {
+            FingerprintGuardError::Duplicate { retry_after } => {
+                Problem::new(Code::DuplicateSubmission)
+                    .detail("This request was already submitted; wait before sending it again.")
+                    .retry_after(retry_after)
+            }
+            FingerprintGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
+        }
+    }
+}
+
+impl From<TokenGuardError> for Problem {
+    fn from(e: TokenGuardError) -> Self {
+        let duplicate =
+            |detail: &'static str| Problem::new(Code::DuplicateSubmission).detail(detail);
+        match e {
+            TokenGuardError::Used => {
+                duplicate("This form was already submitted. Reload to get a new token.")
+            }
+            TokenGuardError::Expired => {
+                duplicate("The repeat token expired. Reload to get a new one.")
+            }
+            TokenGuardError::Invalid => {
+                duplicate("The repeat token is unknown or belongs to another user.")
+            }
+            TokenGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
+        }
+    }
+}
+
+impl From<IdempotencyError> for Problem {
+    fn from(e: IdempotencyError) -> Self {
+        match e {
+            IdempotencyError::InUse => Problem::new(Code::IdempotencyKeyInUse)
+                .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+            IdempotencyError::Mismatch => Problem::new(Code::IdempotencyKeyMismatch).detail(
+                "This Idempotency-Key was used with a different request; use a new key for a new operation.",
+            ),
+            IdempotencyError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
+        }
+    }
+}
+
+impl From<RateLimitError> for Problem {
+    fn from(e: RateLimitError) -> Self {
+        match e {
+            RateLimitError::Unavailable { .. } => Problem::new(Code::GuardUnavailable)
+                .detail("The rate limiter cannot decide right now; retry shortly.")
+                .retry_after_secs(1),
+        }
+    }
+}
+
+impl From<BodyError> for Problem {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge { max } => Problem::new(Code::PayloadTooLarge)
+                .detail(format!("The request body is larger than {}.", size(max))),
+            BodyError::Unreadable(why) => Problem::new(Code::InvalidRequest)
+                .detail(format!("The request body could not be read: {why}")),
+        }
+    }
+}
+
+impl From<InvalidJson> for Problem {
+    fn from(e: InvalidJson) -> Self {
+        Problem::new(Code::InvalidRequest).detail(e.to_string())
+    }
+}
+
+impl From<SignatureError> for Problem {
+    fn from(e: SignatureError) -> Self {
+        Problem::new(Code::InvalidSignature).detail(e.to_string())
+    }
+}
+
+/// A size as people write it: `64 KiB`, `1 MiB`, else `1000 bytes`.
+fn size(bytes: usize) -> String {
+    match bytes {
+        0 => "0 bytes".to_owned(),
+        n if n % (1024 * 1024) == 0 => format!("{} MiB", n / (1024 * 1024)),
+        n if n % 1024 == 0 => format!("{} KiB", n / 1024),
+        n => format!("{n} bytes"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +353,13 @@ mod tests {
                 .unwrap()
                 .ends_with("idempotency_key_mismatch")
         );
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(64 * 1024), "64 KiB");
+        assert_eq!(size(1024 * 1024), "1 MiB");
+        assert_eq!(size(1000), "1000 bytes");
     }
 
     #[test]

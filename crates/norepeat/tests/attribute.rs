@@ -5,7 +5,7 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
 use norepeat::store::Resilient;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
@@ -297,7 +297,7 @@ async fn free_functions_tuple_fields_and_unit_results() {
     assert_eq!(pairs(&store, (10, "a"), &runs).await, Ok(10));
     assert_eq!(pairs(&store, (10, "b"), &runs).await, Ok(11));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let key = norepeat::once::Guarded::once("tests::pairs")
+    let key = norepeat::attribute::Guarded::once("tests::pairs")
         .store_key(&norepeat::keys::key_from_parts(&["10", "/", "a"]));
     assert!(
         store

@@ -1,5 +1,5 @@
 //! `#[norepeat::guard]` without `store = ...`: the process-wide store set
-//! by `norepeat::once::set_default_store`, shared by free functions; and
+//! by `norepeat::attribute::set_default_store`, shared by free functions; and
 //! the once mode's bounded wait (`wait = "..."`, `Guarded::wait`), on the
 //! memory store and a real Redis.
 //!
@@ -8,7 +8,7 @@
 //! one process or not. `attribute_no_store.rs` covers the unset case.
 #![allow(clippy::unwrap_used)]
 
-use norepeat::once::{Guarded, Rejected};
+use norepeat::attribute::{Guarded, Rejected};
 use norepeat::store::KeyValueStore;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat_testkit::RedisServer;
@@ -29,7 +29,7 @@ impl From<Rejected> for Error {
 
 fn init() {
     // Another test of this process may have set it first: same kind of store.
-    norepeat::once::set_default_store(MemoryStore::default()).ok();
+    norepeat::attribute::set_default_store(MemoryStore::default()).ok();
 }
 
 static SHIPPED: AtomicU32 = AtomicU32::new(0);
@@ -69,10 +69,13 @@ async fn a_free_function_uses_the_process_wide_store() {
 async fn the_store_is_set_once() {
     init();
     assert_eq!(
-        norepeat::once::set_default_store(MemoryStore::default()),
-        Err(norepeat::once::AlreadySet)
+        norepeat::attribute::set_default_store(MemoryStore::default()),
+        Err(norepeat::attribute::AlreadySet)
     );
-    assert_eq!(norepeat::once::default_store().unwrap().kind(), "memory");
+    assert_eq!(
+        norepeat::attribute::default_store().unwrap().kind(),
+        "memory"
+    );
 }
 
 /// Runs of `slow`'s body with the key `w-1` (the tests of this file may

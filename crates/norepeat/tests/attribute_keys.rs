@@ -5,7 +5,7 @@
 // Helpers outside `#[test]` functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::MemoryStore;
 use std::sync::atomic::{AtomicU32, Ordering};
 

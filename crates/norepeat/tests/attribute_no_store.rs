@@ -1,9 +1,9 @@
 //! A guarded function that names no store, called before
-//! `norepeat::once::set_default_store`: a clear error, the body not run,
+//! `norepeat::attribute::set_default_store`: a clear error, the body not run,
 //! never a panic. (Its own test binary: nothing here sets the store.)
 #![allow(clippy::unwrap_used)]
 
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Debug, PartialEq)]
@@ -37,8 +37,8 @@ async fn without_a_store_the_call_is_refused_and_says_what_to_do() {
     assert_eq!(RUNS.load(Ordering::SeqCst), 0);
     let message = Rejected::NoDefaultStore.to_string();
     assert!(
-        message.contains("norepeat::once::set_default_store"),
+        message.contains("norepeat::attribute::set_default_store"),
         "{message}"
     );
-    assert!(norepeat::once::default_store().is_err());
+    assert!(norepeat::attribute::default_store().is_err());
 }

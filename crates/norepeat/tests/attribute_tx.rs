@@ -7,7 +7,7 @@
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;

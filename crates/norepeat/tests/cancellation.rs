@@ -15,9 +15,9 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::attribute::{Guarded, Rejected};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
-use norepeat::once::{Guarded, Rejected};
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat_testkit::RedisServer;
 use std::sync::Arc;
@@ -131,10 +131,7 @@ async fn fingerprint_a_dropped_request_holds_its_key_for_the_window() {
         let effects = Effects::default();
         let guard = FingerprintGuard::new(store).window(Duration::from_secs(2));
         let app = Router::new()
-            .route(
-                "/orders",
-                post(effect).layer(NoRepeatLayer::fingerprint(guard)),
-            )
+            .route("/orders", post(effect).layer(FingerprintLayer::new(guard)))
             .with_state(Arc::clone(&effects));
         give_up(&app, post_to("/orders", None), &effects).await;
         for _ in 0..2 {
@@ -229,7 +226,7 @@ async fn two_concrete_paths_under_one_template_are_two_resources() {
         let template = "/orders/{id}/pay";
         let effects = Effects::default();
         let idem = IdempotencyLayer::new(store.clone()).route(template);
-        let fp = NoRepeatLayer::fingerprint(FingerprintGuard::new(store)).route("/quick/{id}/pay");
+        let fp = FingerprintLayer::new(FingerprintGuard::new(store)).route("/quick/{id}/pay");
         let app = Router::new()
             .route(template, post(effect).layer(idem))
             .route("/quick/{id}/pay", post(effect).layer(fp))

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat_testkit::RedisServer;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use tower::ServiceExt;
 fn app(store: AnyStore) -> Router {
     Router::new().route(
         "/orders",
-        post(|| async { (StatusCode::CREATED, "created") }).layer(NoRepeatLayer::fingerprint(
+        post(|| async { (StatusCode::CREATED, "created") }).layer(FingerprintLayer::new(
             FingerprintGuard::new(store).window(Duration::from_secs(10)),
         )),
     )

@@ -20,13 +20,14 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use http_body_util::BodyExt;
 use norepeat::fingerprint::{Fingerprint, Fingerprinter, RequestParts};
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer, ReleasePolicy, TokenGuard};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
 use norepeat::store::{AnyStore, ClusterStore, MemoryStore, RateDecision, Store};
 use norepeat::store::{Fallback, Resilient};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, RateStoreExt};
 use norepeat::token::TokenSigner;
+use norepeat::token::{TokenGuard, TokenLayer};
 use norepeat_testkit::RedisCluster;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -137,7 +138,18 @@ async fn slot_of(port: u16, key: &str) -> u16 {
 // ---------------------------------------------------------------- guards
 
 /// A route whose handler counts its runs.
-fn counting_route<G: Store + Clone>(layer: NoRepeatLayer<G>, runs: Arc<AtomicUsize>) -> Router {
+/// (Generic over the layer: the token and the fingerprint layer are two types.)
+fn counting_route<L>(layer: L, runs: Arc<AtomicUsize>) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
     Router::new().route(
         "/orders",
         post(move || {
@@ -199,11 +211,11 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
     let window = Duration::from_secs(30);
     let apps = [
         counting_route(
-            NoRepeatLayer::fingerprint(FingerprintGuard::new(any.clone()).window(window)),
+            FingerprintLayer::new(FingerprintGuard::new(any.clone()).window(window)),
             Arc::clone(&runs),
         ),
         counting_route(
-            NoRepeatLayer::fingerprint(FingerprintGuard::new(other.clone()).window(window)),
+            FingerprintLayer::new(FingerprintGuard::new(other.clone()).window(window)),
             Arc::clone(&runs),
         ),
     ];
@@ -226,9 +238,9 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
     let issuer = TokenGuard::new(any.clone(), signer.clone());
     let token = issuer.issue("u1").token;
     let apps = [
-        counting_route(NoRepeatLayer::token(issuer), Arc::clone(&runs)),
+        counting_route(TokenLayer::new(issuer), Arc::clone(&runs)),
         counting_route(
-            NoRepeatLayer::token(TokenGuard::new(other.clone(), signer)),
+            TokenLayer::new(TokenGuard::new(other.clone(), signer)),
             Arc::clone(&runs),
         ),
     ];
@@ -524,7 +536,7 @@ fn fail_open(store: ClusterStore) -> FailOpen {
 fn fingerprint_app(store: FailOpen) -> Router {
     Router::new().route(
         "/orders",
-        post(handler).layer(NoRepeatLayer::fingerprint(
+        post(handler).layer(FingerprintLayer::new(
             FingerprintGuard::new(store).window(Duration::from_secs(60)),
         )),
     )

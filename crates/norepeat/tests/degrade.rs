@@ -10,11 +10,12 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::post;
 use norepeat::degrade::FailurePolicy;
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer, ReleasePolicy, TokenGuard};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::store::KeyValueStoreExt;
 use norepeat::store::{BreakerState, Fallback, Resilient};
 use norepeat::store::{MemoryStore, RedisStore, Store, StoreError};
 use norepeat::token::TokenSigner;
+use norepeat::token::{TokenGuard, TokenLayer};
 use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
 use std::time::{Duration, Instant};
 use tower::ServiceExt as _;
@@ -62,14 +63,11 @@ async fn handler(headers: HeaderMap) -> StatusCode {
 }
 
 fn fingerprint_app<S: Store + Clone>(guard: FingerprintGuard<S>) -> Router {
-    Router::new().route(
-        "/orders",
-        post(handler).layer(NoRepeatLayer::fingerprint(guard)),
-    )
+    Router::new().route("/orders", post(handler).layer(FingerprintLayer::new(guard)))
 }
 
 fn token_app<S: Store + Clone>(guard: TokenGuard<S>) -> Router {
-    Router::new().route("/orders", post(handler).layer(NoRepeatLayer::token(guard)))
+    Router::new().route("/orders", post(handler).layer(TokenLayer::new(guard)))
 }
 
 struct Answer {

@@ -9,10 +9,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use norepeat::fingerprint::Fingerprint;
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer, ReleasePolicy, TokenGuard};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
+use norepeat::problem::Problem;
 use norepeat::store::KeyValueStore;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat::token::TokenSigner;
+use norepeat::token::{TokenGuard, TokenLayer};
 use norepeat_testkit::RedisServer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +22,18 @@ use std::time::Duration;
 use tower::ServiceExt;
 
 /// A route whose handler counts its runs.
-fn counting_route(layer: NoRepeatLayer<AnyStore>, runs: Arc<AtomicUsize>) -> Router {
+/// (Generic over the layer: the token and the fingerprint layer are two types.)
+fn counting_route<L>(layer: L, runs: Arc<AtomicUsize>) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
     Router::new().route(
         "/orders",
         post(move || {
@@ -63,9 +76,7 @@ async fn a_thousand_identical_fingerprints_run_the_handler_once() {
     with_stores(|store| async move {
         let runs = Arc::new(AtomicUsize::new(0));
         let app = counting_route(
-            NoRepeatLayer::fingerprint(
-                FingerprintGuard::new(store).window(Duration::from_secs(10)),
-            ),
+            FingerprintLayer::new(FingerprintGuard::new(store).window(Duration::from_secs(10))),
             Arc::clone(&runs),
         );
         let tasks: Vec<_> = (0..1000)
@@ -100,7 +111,7 @@ async fn a_thousand_uses_of_one_token_run_the_handler_once() {
         let runs = Arc::new(AtomicUsize::new(0));
         let tokens = TokenGuard::new(store, TokenSigner::random());
         let token = tokens.issue("u1").token;
-        let app = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+        let app = counting_route(TokenLayer::new(tokens), Arc::clone(&runs));
         let tasks: Vec<_> = (0..1000)
             .map(|i| {
                 let app = app.clone();
@@ -182,7 +193,7 @@ async fn after_success_the_key_is_held_for_the_window_after_failure_released() {
         let guard = FingerprintGuard::new(store).window(Duration::from_secs(10));
         let ok = Fingerprint([1; 32]);
         guard.acquire(&ok).await.unwrap().finish(true).await;
-        let dup = guard.acquire(&ok).await.unwrap_err();
+        let dup = Problem::from(guard.acquire(&ok).await.unwrap_err());
         assert_eq!(dup.code.as_str(), "duplicate_submission");
         let secs = dup.retry_after.expect("Retry-After");
         assert!((1..=10).contains(&secs), "retry after {secs}s");
@@ -214,7 +225,7 @@ async fn a_5xx_releases_the_fingerprint_so_a_retry_runs() {
                     }
                 }
             })
-            .layer(NoRepeatLayer::fingerprint(FingerprintGuard::new(store))),
+            .layer(FingerprintLayer::new(FingerprintGuard::new(store))),
         );
         let body = r#"{"sku":"SKU-1","quantity":1}"#;
         let first = app.clone().oneshot(order("u1", body)).await.unwrap();
@@ -233,7 +244,7 @@ async fn key_order_ignored_fields_users_and_quantities() {
     with_stores(|store| async move {
         let runs = Arc::new(AtomicUsize::new(0));
         let app = counting_route(
-            NoRepeatLayer::fingerprint(FingerprintGuard::new(store)),
+            FingerprintLayer::new(FingerprintGuard::new(store)),
             Arc::clone(&runs),
         );
         let send = |user: &'static str, body: &'static str| {
@@ -285,11 +296,11 @@ async fn bad_input_gets_the_contracts_4xx() {
     let store = AnyStore::Memory(MemoryStore::default());
     let runs = Arc::new(AtomicUsize::new(0));
     let fp = counting_route(
-        NoRepeatLayer::fingerprint(FingerprintGuard::new(store.clone())),
+        FingerprintLayer::new(FingerprintGuard::new(store.clone())),
         Arc::clone(&runs),
     );
     let tokens = TokenGuard::new(store, TokenSigner::random());
-    let tk = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+    let tk = counting_route(TokenLayer::new(tokens), Arc::clone(&runs));
 
     let (s, p) = problem(fp.clone().oneshot(order("u1", r#"{"sku":"#)).await.unwrap()).await;
     assert_eq!(
@@ -384,7 +395,7 @@ async fn a_token_is_good_for_its_user_only_and_via_the_query_too() {
         let runs = Arc::new(AtomicUsize::new(0));
         let tokens = TokenGuard::new(store, TokenSigner::random());
         let t = tokens.issue("alice").token;
-        let app = counting_route(NoRepeatLayer::token(tokens), Arc::clone(&runs));
+        let app = counting_route(TokenLayer::new(tokens), Arc::clone(&runs));
         let as_bob = Request::post(format!("/orders?repeatToken={t}"))
             .header("x-user-id", "bob")
             .body(Body::from("{}"))
@@ -412,7 +423,7 @@ async fn the_body_reaches_the_handler_unchanged() {
     let app = Router::new().route(
         "/orders",
         post(|body: axum::body::Bytes| async move { body })
-            .layer(NoRepeatLayer::fingerprint(FingerprintGuard::new(store))),
+            .layer(FingerprintLayer::new(FingerprintGuard::new(store))),
     );
     let raw = r#"{ "b": 1,   "a": [1, 2], "traceId": "x" }"#;
     let res = app.oneshot(order("u1", raw)).await.unwrap();
@@ -455,7 +466,7 @@ async fn redis_keys_are_short_expire_and_are_released_by_their_owner() {
 async fn bodies_without_a_json_content_type() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = counting_route(
-        NoRepeatLayer::fingerprint(FingerprintGuard::new(AnyStore::Memory(
+        FingerprintLayer::new(FingerprintGuard::new(AnyStore::Memory(
             MemoryStore::default(),
         ))),
         Arc::clone(&runs),

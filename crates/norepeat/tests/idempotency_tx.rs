@@ -235,11 +235,11 @@ macro_rules! cases {
 
         #[derive(Debug)]
         enum ConsumerError {
-            Rejected(norepeat::once::Rejected),
+            Rejected(norepeat::attribute::Rejected),
             Db,
         }
-        impl From<norepeat::once::Rejected> for ConsumerError {
-            fn from(r: norepeat::once::Rejected) -> Self {
+        impl From<norepeat::attribute::Rejected> for ConsumerError {
+            fn from(r: norepeat::attribute::Rejected) -> Self {
                 ConsumerError::Rejected(r)
             }
         }
@@ -256,7 +256,7 @@ macro_rules! cases {
         /// claim rolls back.
         #[tokio::test]
         async fn guarded_once_in_tx_awards_once() {
-            use norepeat::once::{Guarded, Rejected};
+            use norepeat::attribute::{Guarded, Rejected};
             let (url, _db) = $fresh().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let pool = app.pool.clone();

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::store::KeyValueStore;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
@@ -98,7 +98,7 @@ async fn both_layers_refuse_invalid_json(store: AnyStore) {
 
     let runs = Arc::new(AtomicUsize::new(0));
     let fp = app(
-        NoRepeatLayer::fingerprint(FingerprintGuard::new(store.clone())),
+        FingerprintLayer::new(FingerprintGuard::new(store.clone())),
         &runs,
     );
     for broken in BROKEN {

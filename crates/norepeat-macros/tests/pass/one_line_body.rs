@@ -4,7 +4,7 @@
 //! and without a bounded wait, and a method with its own store.
 #![deny(warnings)]
 
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::MemoryStore;
 
 struct E;
@@ -34,7 +34,7 @@ impl Shop {
 }
 
 fn main() {
-    norepeat::once::set_default_store(MemoryStore::default()).unwrap();
+    norepeat::attribute::set_default_store(MemoryStore::default()).unwrap();
     let shop = Shop { store: MemoryStore::default() };
     // Built, not run: this test is about the expansion's warnings.
     drop((window(1), once(2), shop.place(3)));

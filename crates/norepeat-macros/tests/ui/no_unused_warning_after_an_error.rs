@@ -1,7 +1,7 @@
 // After an argument error the function is kept as written, and an argument
 // used only by the attribute (`store` here) draws no "unused variable"
 // warning: the error is the only message.
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::MemoryStore;
 
 struct E;

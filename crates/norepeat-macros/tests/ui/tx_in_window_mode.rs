@@ -1,4 +1,4 @@
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 use norepeat::store::MemoryStore;
 
 struct E;

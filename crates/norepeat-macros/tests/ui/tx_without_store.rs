@@ -1,4 +1,4 @@
-use norepeat::once::Rejected;
+use norepeat::attribute::Rejected;
 
 struct E;
 impl From<Rejected> for E {

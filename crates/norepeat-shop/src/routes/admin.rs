@@ -73,7 +73,7 @@ async fn set_stock(
             "The sku must be 1 to 64 characters.".into(),
         ));
     }
-    let m = body::object(&body::read(body).await?)?;
+    let m = body::object(&body::read(body, &headers).await?)?;
     let available = body::integer(&m, "available", 0..=1_000_000_000)?;
     s.db.set_stock(&sku, available).await?;
     Ok(Json(json!({"sku": sku, "available": available})))

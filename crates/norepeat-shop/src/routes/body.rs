@@ -3,38 +3,37 @@
 //! [`string`] or [`Segment`], which refuse control characters (U+0000 to
 //! U+001F, U+007F): PostgreSQL refuses NUL in text, and no sku, id or key
 //! needs any of them.
+//!
+//! A body is read by the library's [`norepeat::body::read`], and is valid
+//! JSON by the library's one rule ([`norepeat::body::check_json`]: RFC 8259,
+//! UTF-8, no key given twice, at most 128 levels), so a body the fingerprint
+//! guard refuses as malformed JSON is one every handler refuses too, with
+//! the same answer.
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use norepeat::problem::{Code, Problem};
-use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use norepeat::problem::Problem;
 use serde_json::{Map, Value};
-use std::fmt;
 
 /// Largest body the shop reads.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
 
-/// Reads a body up to [`MAX_BODY`] (413 past it).
-pub(crate) async fn read(body: Body) -> Result<Bytes, ApiError> {
-    match Limited::new(body, MAX_BODY).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::Problem(
-            Problem::new(Code::PayloadTooLarge).detail("The request body is larger than 64 KiB."),
-        )),
-        Err(e) => Err(ApiError::Invalid(format!(
-            "The body could not be read: {e}"
-        ))),
-    }
+/// Reads a body up to [`MAX_BODY`] (413 past it, before reading anything
+/// when `Content-Length` says so).
+pub(crate) async fn read(body: Body, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+    norepeat::body::read(body, MAX_BODY, headers)
+        .await
+        .map_err(|e| ApiError::Problem(Problem::from(e)))
 }
 
-/// Parses a JSON object; a key given twice in any object of it is an error
-/// (not "the last one wins").
+/// Parses a JSON object, strict by the library's rule: a key given twice in
+/// any object of it is an error (not "the last one wins").
 pub(crate) fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Strict>(bytes).map(|s| s.0) {
+    norepeat::body::check_json(bytes).map_err(|e| ApiError::Problem(Problem::from(e)))?;
+    match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::Invalid("The body must be a JSON object.".into())),
         Err(e) => Err(ApiError::Invalid(format!(
@@ -117,64 +116,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Segment {
             ));
         }
         Ok(Segment(v))
-    }
-}
-
-/// A `serde_json::Value` that refuses a key given twice in one object.
-struct Strict(Value);
-
-impl<'de> Deserialize<'de> for Strict {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
-    }
-}
-
-struct StrictVisitor;
-
-impl<'de> Visitor<'de> for StrictVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(Strict(v)) = seq.next_element()? {
-            items.push(v);
-        }
-        Ok(Value::Array(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut m = Map::new();
-        while let Some(k) = map.next_key::<String>()? {
-            let Strict(v) = map.next_value()?;
-            if m.contains_key(&k) {
-                return Err(de::Error::custom(format_args!("duplicate key `{k}`")));
-            }
-            m.insert(k, v);
-        }
-        Ok(Value::Object(m))
     }
 }
 

@@ -43,13 +43,17 @@ Answers exactly as that route does.",
         (status = 413, response = super::openapi::TooLarge),
     )
 )]
-pub(super) async fn notify(State(s): State<AppState>, body: Body) -> Result<Response, ApiError> {
+pub(super) async fn notify(
+    State(s): State<AppState>,
+    sent: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     if !s.cfg.demo_provider {
         return Err(ApiError::NotFound(
             "The demo payment provider is off (NOREPEAT_DEMO_PROVIDER).".into(),
         ));
     }
-    let body = super::body::read(body).await?;
+    let body = super::body::read(body, &sent).await?;
     let mut headers = HeaderMap::new();
     if let Some(verifier) = s.cfg.callback_verifier() {
         let signature = verifier.sign_now(&body);

@@ -11,9 +11,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
-use norepeat::problem::{Code, Problem};
-use norepeat::token::TokenError;
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+use norepeat::problem::Problem;
+use norepeat::token::{TokenGuardError, TokenLayer};
 use serde_json::json;
 use std::time::Duration;
 
@@ -23,9 +23,11 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
         let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
         (
-            by_token.route_layer(NoRepeatLayer::token(state.tokens.clone())),
+            by_token.route_layer(TokenLayer::new(state.tokens.clone()).missing_token_detail(
+                "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
+            )),
             by_fingerprint.layer(
-                NoRepeatLayer::fingerprint(fingerprints)
+                FingerprintLayer::new(fingerprints)
                     .route("/orders/quick")
                     .max_body(body::MAX_BODY),
             ),
@@ -75,7 +77,7 @@ async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     let user = user(&headers)?;
-    let bytes = body::read(body).await?;
+    let bytes = body::read(body, &headers).await?;
     place_order(&s, &user, &bytes).await
 }
 
@@ -119,7 +121,7 @@ async fn create_with_token(
     body: Body,
 ) -> Result<Response, ApiError> {
     let user = user(&headers)?;
-    let bytes = body::read(body).await?;
+    let bytes = body::read(body, &headers).await?;
     let mut req = OrderRequest::parse(&bytes)?;
     if req.biz_id.is_none() {
         req.biz_id = token_biz_id(&s, &user, &headers, &uri)?;
@@ -151,12 +153,10 @@ fn token_biz_id(
     let verified = token.map(|t| s.signer.verify(user, t));
     match verified {
         Some(Ok(v)) => Ok(Some(format!("rt_{}", hex(&v.nonce)))),
-        Some(Err(e)) if s.cfg.defence.guard() => Err(ApiError::Problem(
-            Problem::new(Code::DuplicateSubmission).detail(match e {
-                TokenError::Expired => "The repeat token expired. Reload to get a new one.",
-                _ => "The repeat token is unknown or belongs to another user.",
-            }),
-        )),
+        // The guard's own answer for this token (expired, or unknown).
+        Some(Err(e)) if s.cfg.defence.guard() => {
+            Err(ApiError::Problem(Problem::from(TokenGuardError::from(e))))
+        }
         _ => Ok(None),
     }
 }
@@ -222,10 +222,7 @@ pub(crate) async fn write_order(
         }
         CreateOutcome::Existing(_) if req.keyed_by_token => {
             metrics::counter!("shop_orders_replayed_total").increment(1);
-            Err(ApiError::Problem(
-                Problem::new(Code::DuplicateSubmission)
-                    .detail("This form was already submitted. Reload to get a new token."),
-            ))
+            Err(ApiError::Problem(Problem::from(TokenGuardError::Used)))
         }
         CreateOutcome::Existing(o) => {
             metrics::counter!("shop_orders_replayed_total").increment(1);

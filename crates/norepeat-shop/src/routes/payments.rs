@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use norepeat::degrade::FailurePolicy;
-use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
+use norepeat::idempotency::{IdempotencyError, IdempotencyLayer, IdempotentTx, TxError};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{ByUser, RateLimitLayer, RateLimiter};
 use norepeat::store::{KeyValueStore, PgStore, SqliteStore};
@@ -82,7 +82,7 @@ async fn create_payment(
     body: Body,
 ) -> Result<Response, ApiError> {
     let user = user(&headers)?;
-    let m = body::object(&body::read(body).await?)?;
+    let m = body::object(&body::read(body, &headers).await?)?;
     let order_id = body::string(&m, "orderId", 128)?;
     let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
     if s.cfg.payment_latency_ms > 0 {
@@ -124,7 +124,7 @@ async fn create_payment_in_tx(
     body: Body,
 ) -> Result<Response, ApiError> {
     let user = user(&headers)?;
-    let m = body::object(&body::read(body).await?)?;
+    let m = body::object(&body::read(body, &headers).await?)?;
     let order_id = body::string(&m, "orderId", 128)?;
     let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
     let (tx, outcome) = s.db.begin_payment(&user, &order_id, amount).await?;
@@ -151,11 +151,7 @@ async fn create_payment_in_tx(
         Ok(res) => Ok(res.into_response()),
         // The lease ran out and another request took the key: this payment
         // was rolled back; the retry gets that request's answer.
-        Err(TxError::Lost) => Err(ApiError::Problem(
-            Problem::new(Code::IdempotencyKeyInUse)
-                .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
-                .retry_after_secs(1),
-        )),
+        Err(TxError::Lost) => Err(ApiError::Problem(Problem::from(IdempotencyError::InUse))),
         Err(e) => {
             tracing::warn!(error = %e, "payment not committed");
             Err(unavailable())
@@ -196,7 +192,7 @@ pub(super) async fn callback(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = body::read(body).await?;
+    let bytes = body::read(body, &headers).await?;
     // The provider's signature, over the raw bytes, before anything else.
     if let Some(verifier) = s.cfg.callback_verifier() {
         verifier
@@ -270,7 +266,7 @@ async fn flash_sale(
     body: Body,
 ) -> Result<Response, ApiError> {
     let user = user(&headers)?;
-    let m = body::object(&body::read(body).await?)?;
+    let m = body::object(&body::read(body, &headers).await?)?;
     let req = super::orders::OrderRequest {
         sku,
         quantity: body::integer(&m, "quantity", 1..=100)?,

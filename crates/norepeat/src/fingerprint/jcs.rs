@@ -1,4 +1,5 @@
 //! A strict JSON reader (RFC 8259) that writes RFC 8785 (JCS) text.
+//! (Over 400 lines on purpose: one strict reader and the ECMAScript number form it writes, which read best whole.)
 //!
 //! Reading it here, rather than through `serde_json::Value`, is what lets the
 //! canonical form see what a `Value` hides: a key given twice (an error here,

@@ -1,4 +1,4 @@
-//! The tower layer and its builder.
+//! [`IdempotencyLayer`](super::IdempotencyLayer): the tower layer, its settings, and which responses are stored ([`StorePolicy`](super::StorePolicy)).
 
 use super::service::Idempotency;
 use crate::degrade::FailurePolicy;

@@ -1,6 +1,6 @@
 //! Business idempotency: `Idempotency-Key` with stored-response replay.
 //!
-//! The entry [`guard`](mod@crate::guard) stops a repeat at the door. This module
+//! The entry guards ([`token`](crate::token), [`fingerprint`](crate::fingerprint)) stop a repeat at the door. This module
 //! lets it in and gives it the first one's answer: a payment client that
 //! timed out does not know whether it paid, so it sends the same request
 //! again with the same key and gets the same answer, without paying twice.
@@ -52,7 +52,7 @@
 //! | response over the cap (1 MiB), with trailers, or `text/event-stream` | passed on whole, unstored; key released |
 //!
 //! Invalid JSON gets the same answer from both layers: the fingerprint
-//! [`NoRepeatLayer`](crate::guard::NoRepeatLayer) also answers 400
+//! [`FingerprintLayer`](crate::fingerprint::FingerprintLayer) also answers 400
 //! `invalid_request`. A request that says it is JSON and is not cannot be
 //! compared with its repeats by content, and it is the client's mistake,
 //! not a result worth replaying for a day: the client learns at once and
@@ -110,12 +110,14 @@
 //! store it cannot know whether a request already ran.
 
 mod body;
+mod claim;
 mod layer;
 mod record;
 mod service;
 mod tx;
 
 pub use body::Passthrough;
+pub use claim::IdempotencyError;
 pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
 pub use tx::{IdempotentTx, TxError};

@@ -1,16 +1,17 @@
-//! The tower service: claim, run, complete or release, replay.
+//! The tower service of [`IdempotencyLayer`](super::IdempotencyLayer): claim, run, complete or release, replay.
 
 use super::body::{Collected, Passthrough, collect_capped};
+use super::claim::{Claimed, claim};
 use super::layer::Config;
 use super::record::{self, Completed, Digest, Owner};
 use super::tx::IdempotentTx;
-use crate::body::{self as req_body, ReadError};
-use crate::guard::store_failure;
+use crate::body as request_body;
+use crate::fingerprint::InvalidJson;
 use crate::identity::is_visible_ascii;
 use crate::keys::Mode;
-use crate::lease::{self, Acquired, Claim, Completion, Renewal};
+use crate::lease::{self, Claim, Completion, Renewal};
 use crate::problem::{Code, Problem};
-use crate::store::{KeyValueStore, StoreError};
+use crate::store::KeyValueStore;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
@@ -18,8 +19,6 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
-use tokio::time::Instant;
 use tower::Service;
 
 /// The response body of an idempotent service: the handler's body passed
@@ -32,10 +31,6 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 
 /// The response header that marks a replay.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The longest pause between two looks at a running request's record while
-/// waiting for its result.
-const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// A service made idempotent by an [`IdempotencyLayer`](super::IdempotencyLayer).
 pub struct Idempotency<S, G> {
@@ -143,9 +138,9 @@ where
 {
     let (parts, body) = req.into_parts();
     let Some(user) = cfg.identity.identify(&parts) else {
-        return Ok(reject(&Problem::new(Code::Unauthenticated).detail(
-            "A valid X-User-Id header (1 to 64 visible ASCII characters) is required.",
-        )));
+        return Ok(reject(
+            &Problem::new(Code::Unauthenticated).detail(cfg.identity.missing()),
+        ));
     };
     let client_key = match client_key(&parts.headers) {
         Ok(Some(k)) => k.to_owned(),
@@ -157,22 +152,9 @@ where
         Ok(None) => return Ok(pass(inner.call(Request::from_parts(parts, body)).await?)),
         Err(p) => return Ok(reject(&p)),
     };
-    let bytes = match req_body::read(body, cfg.max_request_body, &parts.headers).await {
+    let bytes = match request_body::read(body, cfg.max_request_body, &parts.headers).await {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => {
-            return Ok(reject(&Problem::new(Code::PayloadTooLarge).detail(
-                format!(
-                    "The request body is larger than {} bytes.",
-                    cfg.max_request_body
-                ),
-            )));
-        }
-        Err(ReadError::Broken(e)) => {
-            return Ok(reject(
-                &Problem::new(Code::InvalidRequest)
-                    .detail(format!("The request body could not be read: {e}")),
-            ));
-        }
+        Err(e) => return Ok(reject(&Problem::from(e))),
     };
     // The scope and the fingerprint take the concrete path: `/orders/1/pay`
     // and `/orders/2/pay` are different resources. The template is a label.
@@ -194,15 +176,13 @@ where
     // layers; the key stays free for the corrected request).
     let fingerprint = match fingerprint_of(&cfg, &user, &path, &parts, &bytes) {
         Ok(fp) => fp,
-        Err(e) => {
-            return Ok(reject(&Problem::new(Code::InvalidRequest).detail(e)));
-        }
+        Err(e) => return Ok(reject(&Problem::from(e))),
     };
 
     let (claim, owner) = match claim(&cfg, &key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
         Claimed::Replay(done) => return Ok(replay(done)),
-        Claimed::Reject(p) => return Ok(reject(&p)),
+        Claimed::Refused(e) => return Ok(reject(&Problem::from(e))),
         Claimed::Unguarded => {
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return Ok(pass(inner.call(req).await?));
@@ -311,11 +291,10 @@ fn fingerprint_of<G>(
     route: &str,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Result<Digest, String> {
+) -> Result<Digest, InvalidJson> {
     let fp = cfg
         .fingerprinter
-        .fingerprint_http(user, parts, route, body)
-        .map_err(|e| e.to_string())?;
+        .fingerprint_http(user, parts, route, body)?;
     let mut out = [0; 16];
     out.copy_from_slice(&fp.0[..16]);
     Ok(out)
@@ -343,78 +322,6 @@ fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
     }
     h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     res
-}
-
-enum Claimed<G: KeyValueStore + Clone> {
-    /// This request holds the key and runs the handler.
-    Owned(Claim<G>, Owner),
-    /// The first request's stored response.
-    Replay(Completed),
-    /// 409, 422 or 503.
-    Reject(Problem),
-    /// The store failed and the route fails open.
-    Unguarded,
-}
-
-/// Takes the key, or learns in the same round trip what holds it. While
-/// waiting for a running request's result, the same call is repeated with
-/// backoff: it replays once the record completes, and takes the key itself
-/// if the first request released it.
-async fn claim<G: KeyValueStore + Clone>(
-    cfg: &Config<G>,
-    key: &str,
-    fingerprint: &Digest,
-) -> Claimed<G> {
-    let owner: Owner = rand::random();
-    let value = record::in_progress(&owner, fingerprint);
-    let deadline = cfg.wait.map(|w| Instant::now() + w);
-    let mut pause = Duration::from_millis(5);
-    loop {
-        let taken = Claim::acquire(&cfg.store, key.to_owned(), value.clone(), cfg.lease).await;
-        let existing = match taken {
-            Ok(Acquired::Owned(c)) => {
-                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
-                return Claimed::Owned(c, owner);
-            }
-            Ok(Acquired::Held(existing)) => existing,
-            Err(e) => return on_failure(cfg, &e),
-        };
-        let rec = match record::decode(&existing) {
-            Ok(r) => r,
-            Err(e) => return on_failure(cfg, &StoreError::Protocol(e.to_string())),
-        };
-        if rec.fingerprint != *fingerprint {
-            metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
-            return Claimed::Reject(Problem::new(Code::IdempotencyKeyMismatch).detail(
-                "This Idempotency-Key was used with a different request; use a new key for a new operation.",
-            ));
-        }
-        if let Some(done) = rec.completed {
-            return Claimed::Replay(done);
-        }
-        let now = Instant::now();
-        match deadline {
-            Some(d) if now < d => {
-                tokio::time::sleep(pause.min(d - now)).await;
-                pause = (pause * 2).min(MAX_POLL);
-            }
-            _ => {
-                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "in_use").increment(1);
-                return Claimed::Reject(
-                    Problem::new(Code::IdempotencyKeyInUse)
-                        .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
-                        .retry_after_secs(1),
-                );
-            }
-        }
-    }
-}
-
-fn on_failure<G: KeyValueStore + Clone>(cfg: &Config<G>, e: &StoreError) -> Claimed<G> {
-    match store_failure("idempotency", cfg.failure, e) {
-        Ok(()) => Claimed::Unguarded,
-        Err(p) => Claimed::Reject(p),
-    }
 }
 
 #[cfg(test)]

@@ -67,8 +67,7 @@ impl<I: Identify> ExtractKey for ByUser<I> {
     }
 
     fn missing(&self) -> Problem {
-        Problem::new(Code::Unauthenticated)
-            .detail("A valid X-User-Id header (1 to 64 visible ASCII characters) is required.")
+        Problem::new(Code::Unauthenticated).detail(self.identity.missing())
     }
 }
 

@@ -1,4 +1,4 @@
-//! The tower layer.
+//! [`RateLimitLayer`](super::RateLimitLayer): one or more quotas in front of a service, each with its key extractor.
 
 use super::key::ExtractKey;
 use super::limiter::RateLimiter;

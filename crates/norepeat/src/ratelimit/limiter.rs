@@ -1,29 +1,32 @@
-//! The limiter: a named quota, an algorithm, a store and a failure policy.
+//! The limiter: a named quota, an algorithm, a store and a failure policy;
+//! [`check_all`] asks several, and says why it could not decide
+//! ([`RateLimitError`]).
 
+use super::verdict::{Checked, Verdict};
 use super::{Algorithm, Quota};
-use crate::degrade::FailurePolicy;
+use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
-use crate::problem::{Code, Problem};
 use crate::store::RateStoreExt;
 use crate::store::{RateDecision, Store, StoreError};
-use http::{HeaderName, HeaderValue};
 use std::borrow::Cow;
-use std::fmt::Write as _;
-use std::sync::Arc;
-use std::time::Duration;
 
-/// The `RateLimit` header of the IETF httpapi draft.
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// The `RateLimit-Policy` header of the IETF httpapi draft.
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-
-#[derive(Debug)]
-struct Config {
-    name: Cow<'static, str>,
-    quota: Quota,
-    algorithm: Algorithm,
-    keys: KeyBuilder,
-    failure: FailurePolicy,
+/// Why [`check_all`] could not decide. A refusal over the rate is not an
+/// error: it is a [`Verdict`] that is not [`allowed`](Verdict::allowed).
+/// The layer answers it as a [`Problem`](crate::problem::Problem) (`From` is
+/// in [`crate::problem`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RateLimitError {
+    /// The store of policy `policy` failed and the limiter fails closed
+    /// (503 `guard_unavailable`).
+    #[error("the store of rate-limit policy \"{policy}\" is unavailable: {error}")]
+    Unavailable {
+        /// The limiter's name.
+        policy: Cow<'static, str>,
+        /// What the store said.
+        #[source]
+        error: StoreError,
+    },
 }
 
 /// One quota, counted in a store under a key per caller (or per whatever
@@ -60,19 +63,14 @@ struct Config {
 ///   enforces the whole quota on its own (N instances admit up to N times
 ///   the quota while Redis is away).
 /// - `FailClosed` refuses with 503 `guard_unavailable` and `Retry-After: 1`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RateLimiter<S> {
     store: S,
-    cfg: Arc<Config>,
-}
-
-impl<S: Clone> Clone for RateLimiter<S> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            cfg: Arc::clone(&self.cfg),
-        }
-    }
+    name: Cow<'static, str>,
+    quota: Quota,
+    algorithm: Algorithm,
+    keys: KeyBuilder,
+    failure: FailurePolicy,
 }
 
 impl<S: Store> RateLimiter<S> {
@@ -81,27 +79,12 @@ impl<S: Store> RateLimiter<S> {
     pub fn new(store: S, quota: Quota) -> Self {
         Self {
             store,
-            cfg: Arc::new(Config {
-                name: Cow::Borrowed("default"),
-                quota,
-                algorithm: Algorithm::default(),
-                keys: KeyBuilder::default(),
-                failure: FailurePolicy::FailOpen,
-            }),
+            name: Cow::Borrowed("default"),
+            quota,
+            algorithm: Algorithm::default(),
+            keys: KeyBuilder::default(),
+            failure: FailurePolicy::FailOpen,
         }
-    }
-
-    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
-        let mut cfg = Config {
-            name: self.cfg.name.clone(),
-            quota: self.cfg.quota,
-            algorithm: self.cfg.algorithm,
-            keys: self.cfg.keys.clone(),
-            failure: self.cfg.failure,
-        };
-        f(&mut cfg);
-        self.cfg = Arc::new(cfg);
-        self
     }
 
     /// The policy's name: it scopes the store keys (two limiters with
@@ -109,51 +92,55 @@ impl<S: Store> RateLimiter<S> {
     /// `RateLimit` headers. Characters other than letters, digits and
     /// `-_.:/` are replaced by `_`.
     #[must_use]
-    pub fn name(self, name: impl Into<Cow<'static, str>>) -> Self {
-        let name = sanitize(name.into());
-        self.with(|c| c.name = name)
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = sanitize(name.into());
+        self
     }
 
     /// The algorithm (default [`Algorithm::Gcra`]).
     #[must_use]
-    pub fn algorithm(self, algorithm: Algorithm) -> Self {
-        self.with(|c| c.algorithm = algorithm)
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
     }
 
     /// The key prefix and layout.
     #[must_use]
-    pub fn keys(self, keys: KeyBuilder) -> Self {
-        self.with(|c| c.keys = keys)
+    pub fn keys(mut self, keys: KeyBuilder) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// What to do when the store fails (default `FailOpen`).
     #[must_use]
-    pub fn on_store_failure(self, policy: FailurePolicy) -> Self {
-        self.with(|c| c.failure = policy)
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
     }
 
-    /// The policy's name.
+    /// The policy's name (set with [`name`](Self::name)).
     #[must_use]
-    pub fn policy_name(&self) -> &str {
-        &self.cfg.name
+    pub fn get_name(&self) -> &str {
+        &self.name
     }
 
-    /// The quota.
+    /// The quota (given to [`new`](Self::new)).
     #[must_use]
     pub fn quota(&self) -> Quota {
-        self.cfg.quota
+        self.quota
     }
 
-    /// The algorithm.
+    /// The algorithm (set with [`algorithm`](Self::algorithm)).
     #[must_use]
-    pub fn algorithm_kind(&self) -> Algorithm {
-        self.cfg.algorithm
+    pub fn get_algorithm(&self) -> Algorithm {
+        self.algorithm
     }
 
-    /// The failure policy.
+    /// The failure policy (set with
+    /// [`on_store_failure`](Self::on_store_failure)).
     #[must_use]
-    pub fn failure_policy(&self) -> FailurePolicy {
-        self.cfg.failure
+    pub fn get_on_store_failure(&self) -> FailurePolicy {
+        self.failure
     }
 
     /// The store.
@@ -171,17 +158,16 @@ impl<S: Store> RateLimiter<S> {
     /// count alone (`5/s` to `10/s`) keeps the keys and the counts.
     #[must_use]
     pub fn store_key(&self, key: &str) -> String {
-        let c = &self.cfg;
-        let scale = match c.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => c.quota.period(),
-            Algorithm::Gcra => c.quota.emission(),
+        let scale = match self.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.quota.period(),
+            Algorithm::Gcra => self.quota.emission(),
         };
         let scale = scale.as_micros().to_string();
-        c.keys.key(
+        self.keys.key(
             Mode::RateLimit,
             &[
-                c.name.as_bytes(),
-                c.algorithm.letter(),
+                self.name.as_bytes(),
+                self.algorithm.letter(),
                 scale.as_bytes(),
                 key.as_bytes(),
             ],
@@ -197,8 +183,8 @@ impl<S: Store> RateLimiter<S> {
     /// When the store fails; no failure policy is applied here.
     pub async fn check(&self, key: &str) -> Result<RateDecision, StoreError> {
         let k = self.store_key(key);
-        let q = self.cfg.quota;
-        match self.cfg.algorithm {
+        let q = self.quota;
+        match self.algorithm {
             Algorithm::FixedWindow => {
                 self.store
                     .fixed_window(&k, u64::from(q.max().get()), q.period())
@@ -230,128 +216,6 @@ fn sanitize(name: Cow<'static, str>) -> Cow<'static, str> {
     }
 }
 
-/// One quota's part in a [`Verdict`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checked {
-    /// The policy's name.
-    pub policy: Cow<'static, str>,
-    /// Its quota.
-    pub quota: Quota,
-    /// The store's decision; `None` when the store failed and the policy
-    /// let the request through (fail-open).
-    pub decision: Option<RateDecision>,
-}
-
-/// The outcome of one request against every quota of a route.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// The quotas asked, in order, up to and including the one that
-    /// refused the request.
-    pub checked: Vec<Checked>,
-    /// The quotas of the route, asked or not: `(name, quota)`.
-    pub policies: Vec<(Cow<'static, str>, Quota)>,
-}
-
-impl Verdict {
-    /// Whether every quota admitted the request.
-    #[must_use]
-    pub fn allowed(&self) -> bool {
-        self.refused_by().is_none()
-    }
-
-    /// The quota that refused the request, if one did.
-    #[must_use]
-    pub fn refused_by(&self) -> Option<&Checked> {
-        self.checked
-            .iter()
-            .find(|c| c.decision.is_some_and(|d| !d.allowed))
-    }
-
-    /// How long to wait before a retry can be admitted (for a refused
-    /// request).
-    #[must_use]
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.refused_by()?.decision.map(|d| d.reset)
-    }
-
-    /// `RateLimit-Policy`: every quota of the route, as
-    /// `"name";q=MAX;w=SECONDS`.
-    #[must_use]
-    pub fn policy_header(&self) -> Option<HeaderValue> {
-        let mut out = String::new();
-        for (name, q) in &self.policies {
-            sep(&mut out);
-            let _ = write!(out, "\"{name}\";q={};w={}", q.max(), whole_secs(q.period()));
-        }
-        HeaderValue::from_str(&out).ok().filter(|_| !out.is_empty())
-    }
-
-    /// `RateLimit`: the quotas asked, as `"name";r=REMAINING;t=SECONDS`,
-    /// where `t` is when the quota is whole again (when admitted) or when a
-    /// request will be admitted again (when refused; then it equals
-    /// `Retry-After`).
-    #[must_use]
-    pub fn limit_header(&self) -> Option<HeaderValue> {
-        let mut out = String::new();
-        for c in &self.checked {
-            let Some(d) = c.decision else { continue };
-            sep(&mut out);
-            let _ = write!(
-                out,
-                "\"{}\";r={};t={}",
-                c.policy,
-                d.remaining,
-                whole_secs(d.reset)
-            );
-        }
-        HeaderValue::from_str(&out).ok().filter(|_| !out.is_empty())
-    }
-
-    /// Both headers, for a response.
-    #[must_use]
-    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = Vec::with_capacity(2);
-        if let Some(v) = self.limit_header() {
-            h.push((RATELIMIT, v));
-        }
-        if let Some(v) = self.policy_header() {
-            h.push((RATELIMIT_POLICY, v));
-        }
-        h
-    }
-
-    /// The 429 `rate_limited` answer with `Retry-After` and both headers,
-    /// for a refused request.
-    #[must_use]
-    pub fn to_problem(&self) -> Option<Problem> {
-        let refused = self.refused_by()?;
-        let wait = refused.decision.map_or(Duration::from_secs(1), |d| d.reset);
-        let mut p = Problem::new(Code::RateLimited)
-            .detail(format!(
-                "Over the rate of policy \"{}\" ({}); retry in {} s.",
-                refused.policy,
-                refused.quota,
-                whole_secs(wait)
-            ))
-            .retry_after_secs(whole_secs(wait));
-        for (k, v) in self.headers() {
-            p = p.header(k, v);
-        }
-        Some(p)
-    }
-}
-
-fn sep(out: &mut String) {
-    if !out.is_empty() {
-        out.push_str(", ");
-    }
-}
-
-/// Whole seconds, rounded up, at least 1.
-fn whole_secs(d: Duration) -> u64 {
-    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
-}
-
 /// Asks every `(limiter, key)` in turn; all must admit. Stops at the first
 /// refusal, so later quotas are not spent by a refused request.
 ///
@@ -364,9 +228,9 @@ fn whole_secs(d: Duration) -> u64 {
 /// at most their own attempt.
 ///
 /// # Errors
-/// A 503 `guard_unavailable` [`Problem`] when a store fails under a
-/// limiter whose policy is `FailClosed`. A fail-open limiter whose store
-/// fails is recorded with no decision and admits.
+/// [`RateLimitError::Unavailable`] when a store fails under a limiter whose
+/// policy is `FailClosed`. A fail-open limiter whose store fails is recorded
+/// with no decision and admits.
 ///
 /// ```
 /// use norepeat::ratelimit::{check_all, Quota, RateLimiter};
@@ -385,25 +249,32 @@ fn whole_secs(d: Duration) -> u64 {
 /// assert!(!ask("u2").await); // the global quota (3/s) is spent
 /// # }
 /// ```
-pub async fn check_all<S: Store>(checks: &[(&RateLimiter<S>, &str)]) -> Result<Verdict, Problem> {
+pub async fn check_all<S: Store>(
+    checks: &[(&RateLimiter<S>, &str)],
+) -> Result<Verdict, RateLimitError> {
     let mut verdict = Verdict {
         checked: Vec::with_capacity(checks.len()),
         policies: checks
             .iter()
-            .map(|(l, _)| (l.cfg.name.clone(), l.cfg.quota))
+            .map(|(l, _)| (l.name.clone(), l.quota))
             .collect(),
     };
     for (limiter, key) in checks {
         let decision = match limiter.check(key).await {
             Ok(d) => Some(d),
-            Err(e) => {
-                store_failure(&limiter.cfg.name, limiter.cfg.failure, &e)?;
+            Err(error) => {
+                on_store_error("ratelimit", limiter.failure, error).map_err(|error| {
+                    RateLimitError::Unavailable {
+                        policy: limiter.name.clone(),
+                        error,
+                    }
+                })?;
                 None
             }
         };
         verdict.checked.push(Checked {
-            policy: limiter.cfg.name.clone(),
-            quota: limiter.cfg.quota,
+            policy: limiter.name.clone(),
+            quota: limiter.quota,
             decision,
         });
         if decision.is_some_and(|d| !d.allowed) {
@@ -416,28 +287,10 @@ pub async fn check_all<S: Store>(checks: &[(&RateLimiter<S>, &str)]) -> Result<V
     Ok(verdict)
 }
 
-/// Applies a failure policy to a store error (the rate limiter's version of
-/// the guards' helper).
-fn store_failure(policy_name: &str, policy: FailurePolicy, e: &StoreError) -> Result<(), Problem> {
-    match policy {
-        FailurePolicy::FailOpen => {
-            metrics::counter!("norepeat_decisions_total", "mode" => "ratelimit", "outcome" => "admitted_degraded").increment(1);
-            tracing::warn!(policy = policy_name, error = %e, "rate limit store failed: admitting (fail-open)");
-            Ok(())
-        }
-        FailurePolicy::FailClosed => {
-            metrics::counter!("norepeat_decisions_total", "mode" => "ratelimit", "outcome" => "rejected", "reason" => "unavailable").increment(1);
-            tracing::warn!(policy = policy_name, error = %e, "rate limit store failed: refusing (fail-closed)");
-            Err(Problem::new(Code::GuardUnavailable)
-                .detail("The rate limiter cannot decide right now; retry shortly.")
-                .retry_after_secs(1))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::Code;
     use crate::store::MemoryStore;
     use std::num::NonZeroU32;
 
@@ -495,13 +348,5 @@ mod tests {
         assert_eq!(p.code, Code::RateLimited);
         assert_eq!(p.retry_after, Some(60));
         assert_eq!(v.limit_header().unwrap(), "\"peruser\";r=0;t=60");
-    }
-
-    #[test]
-    fn whole_seconds_round_up() {
-        assert_eq!(whole_secs(Duration::ZERO), 1);
-        assert_eq!(whole_secs(Duration::from_millis(1)), 1);
-        assert_eq!(whole_secs(Duration::from_millis(1001)), 2);
-        assert_eq!(whole_secs(Duration::from_secs(60)), 60);
     }
 }

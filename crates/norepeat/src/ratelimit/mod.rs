@@ -60,9 +60,11 @@ mod layer;
 mod limiter;
 mod quota;
 mod service;
+mod verdict;
 
 pub use key::{ByClientIp, ByRoute, ByUser, ExtractKey, Global, PeerAddr};
 pub use layer::RateLimitLayer;
-pub use limiter::{Checked, RATELIMIT, RATELIMIT_POLICY, RateLimiter, Verdict, check_all};
+pub use limiter::{RateLimitError, RateLimiter, check_all};
 pub use quota::{Algorithm, ParseQuotaError, Quota};
 pub use service::{RateLimit, ResponseBody};
+pub use verdict::{Checked, RATELIMIT, RATELIMIT_POLICY, Verdict};

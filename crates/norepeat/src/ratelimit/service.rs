@@ -1,4 +1,4 @@
-//! The tower service.
+//! The tower service of [`RateLimitLayer`](super::RateLimitLayer): extract the keys, ask every quota, answer 429 or pass on.
 
 use super::layer::Config;
 use super::limiter::{RateLimiter, check_all};
@@ -87,7 +87,7 @@ where
                 .collect();
             let verdict = match check_all(&checks).await {
                 Ok(v) => v,
-                Err(p) => return Ok(reject(&p)),
+                Err(e) => return Ok(reject(&Problem::from(e))),
             };
             if let Some(p) = verdict.to_problem() {
                 tracing::debug!(path = parts.uri.path(), "rate limited");

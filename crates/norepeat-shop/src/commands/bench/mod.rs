@@ -16,7 +16,7 @@
 //! | `idempotency.replay` | a key whose record is complete: the stored response replayed |
 //! | `ratelimit.gcra` | one GCRA decision (one script by `EVALSHA`) |
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
-//! | `http.guarded` | the same route behind `NoRepeatLayer::fingerprint`, the same load generator, the same run |
+//! | `http.guarded` | the same route behind `FingerprintLayer`, the same load generator, the same run |
 //! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
 //! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |
 //!

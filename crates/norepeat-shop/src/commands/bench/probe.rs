@@ -8,7 +8,7 @@ use super::harness::Load;
 use super::report::{Ceiling, MemoryResult};
 use super::rows::fingerprint;
 use super::rows::idempotency::{Held, Pending, created, held_handler, let_go, payment, status_of};
-use norepeat::guard::FingerprintGuard;
+use norepeat::fingerprint::FingerprintGuard;
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::AnyStore;
@@ -146,7 +146,10 @@ pub(crate) async fn memory_per_key(
                     return Ok::<_, BenchError>(());
                 }
                 let lease = guard.acquire(&fingerprint(run, 3, id)).await.map_err(|p| {
-                    BenchError::Probe(format!("fingerprint refused: {}", p.code.as_str()))
+                    BenchError::Probe(format!(
+                        "fingerprint refused: {}",
+                        norepeat::problem::Problem::from(p).code.as_str()
+                    ))
                 })?;
                 if !lease.is_held() {
                     return Err(BenchError::Probe("the store failed".into()));

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::routing::post;
 use bytes::Bytes;
 use http::StatusCode;
-use norepeat::guard::{FingerprintGuard, NoRepeatLayer};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::store::AnyStore;
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ pub(crate) async fn http(
         let guard = FingerprintGuard::new(store.clone());
         Router::new().route(
             "/orders",
-            post(created).layer(NoRepeatLayer::fingerprint(guard).route("/orders")),
+            post(created).layer(FingerprintLayer::new(guard).route("/orders")),
         )
     } else {
         Router::new().route("/orders", post(created))

@@ -12,9 +12,11 @@ pub(crate) mod sql;
 use super::BenchError;
 use super::harness::{Load, Sample, measure};
 use norepeat::fingerprint::Fingerprint;
-use norepeat::guard::{FingerprintGuard, TokenGuard};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintGuardError};
+use norepeat::problem::Problem;
 use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
 use norepeat::store::AnyStore;
+use norepeat::token::TokenGuard;
 use norepeat::token::TokenSigner;
 use redis::aio::ConnectionManager;
 use std::num::NonZeroU32;
@@ -139,7 +141,10 @@ async fn token_consume(store: &AnyStore, load: &Load) -> Result<Sample, BenchErr
         let token = g.issue("bench-user").token;
         async move {
             g.consume("bench-user", &token).await.map_err(|p| {
-                BenchError::unexpected("token.consume", format!("refused: {}", p.code.as_str()))
+                BenchError::unexpected(
+                    "token.consume",
+                    format!("refused: {}", Problem::from(p).code.as_str()),
+                )
             })
         }
     })
@@ -159,7 +164,7 @@ async fn fingerprint_acquire(
             let lease = g.acquire(&fp).await.map_err(|p| {
                 BenchError::unexpected(
                     "fingerprint.acquire",
-                    format!("refused: {}", p.code.as_str()),
+                    format!("refused: {}", Problem::from(p).code.as_str()),
                 )
             })?;
             if !lease.is_held() {
@@ -187,7 +192,7 @@ async fn fingerprint_duplicate(
         let lease = guard.acquire(&fingerprint(run, 2, id)).await.map_err(|p| {
             BenchError::unexpected(
                 "fingerprint.duplicate",
-                format!("setup: {}", p.code.as_str()),
+                format!("setup: {}", Problem::from(p).code.as_str()),
             )
         })?;
         lease.finish(true).await;
@@ -197,10 +202,10 @@ async fn fingerprint_duplicate(
         let fp = fingerprint(run, 2, id % held);
         async move {
             match g.acquire(&fp).await {
-                Err(p) if p.code.as_str() == "duplicate_submission" => Ok(()),
+                Err(FingerprintGuardError::Duplicate { .. }) => Ok(()),
                 Err(p) => Err(BenchError::unexpected(
                     "fingerprint.duplicate",
-                    p.code.as_str(),
+                    Problem::from(p).code.as_str(),
                 )),
                 Ok(_) => Err(BenchError::unexpected(
                     "fingerprint.duplicate",

@@ -1,4 +1,9 @@
-//! Request fingerprints: who sent what, to which route, canonically.
+//! Request fingerprints: how one is computed ([`Fingerprinter`]), the guard
+//! that holds it for a window ([`FingerprintGuard`]) and its tower layer
+//! ([`FingerprintLayer`]).
+//!
+//! Who sent what, to which route, canonically: good for APIs and service
+//! calls, where a page cannot fetch a token first.
 //!
 //! A fingerprint is BLAKE3 over, in order and length-prefixed: the user,
 //! the method, the route template, the query parameters sorted, and the body.
@@ -39,11 +44,49 @@
 //! assert_eq!(a, b);
 //! assert_ne!(a, c);
 //! ```
+//!
+//! # The guard and the layer
+//! [`FingerprintGuard`] decides a fingerprint with one atomic store
+//! operation and holds it with a [`Lease`]; [`FingerprintLayer`] puts it in
+//! front of any tower service (an axum route, say), answering refusals as
+//! RFC 9457 problems ([`crate::problem`]).
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+//! use norepeat::store::MemoryStore;
+//! use std::time::Duration;
+//!
+//! let guard = FingerprintGuard::new(MemoryStore::default()).window(Duration::from_secs(3));
+//! let app: Router = Router::new().route(
+//!     "/orders/quick",
+//!     post(|| async { "created" }).layer(FingerprintLayer::new(guard).route("/orders/quick")),
+//! );
+//! ```
+//!
+//! # Choosing the window
+//! Longer than the handler's p99 (2 to 3 times, plus a margin) so a
+//! framework's retry after a timeout is still caught; short enough not to
+//! block an honest second order. A handler that runs past the window keeps
+//! its key by renewal (see [`FingerprintGuard::renew_up_to`]).
+//!
+//! # A request that is dropped
+//! hyper drops a handler's future when its client disconnects, and so does
+//! a timeout layer. The handler may already have had its effect, so a
+//! dropped request counts as done: its key is held for the rest of the
+//! window and a retry within it gets 409. Renewal stops with the dropped
+//! future, so the key never outlives its window. An error, a 4xx or 5xx, or
+//! a panic still releases at once under [`ReleasePolicy::HoldOnSuccess`].
 
 use crate::keys::feed_parts;
 use std::sync::Arc;
 
+mod guard;
 mod jcs;
+mod layer;
+
+pub use guard::{FingerprintGuard, FingerprintGuardError, Lease, ReleasePolicy};
+pub use layer::{FingerprintLayer, FingerprintService, ResponseBody};
 
 /// The fields left out of a JSON body's fingerprint unless configured
 /// otherwise: values that differ on every send of the same submission.
@@ -152,10 +195,11 @@ impl Fingerprinter {
         Ok(Fingerprint(*h.finalize().as_bytes()))
     }
 
-    /// The fingerprint of an HTTP request, by the layers' one rule: a body
-    /// whose content type says JSON must parse (else [`InvalidJson`], which
-    /// the layers answer 400); one that only looks like JSON and does not
-    /// parse is hashed as bytes. `path` is the concrete request path.
+    /// The fingerprint of an HTTP request, by the one JSON rule of
+    /// [`crate::body`]: a body whose content type says JSON must parse (else
+    /// [`InvalidJson`], which the layers answer 400); one that only looks
+    /// like JSON and does not parse is hashed as bytes. `path` is the
+    /// concrete request path.
     pub(crate) fn fingerprint_http(
         &self,
         user: &str,

@@ -1,12 +1,34 @@
-//! The fingerprint guard and its lease.
+//! The fingerprint guard: decides a fingerprint against a store, holds it
+//! with a [`Lease`], and says why it refused ([`FingerprintGuardError`]).
 
-use crate::degrade::FailurePolicy;
-use crate::fingerprint::{Fingerprint, Fingerprinter};
+use super::{Fingerprint, Fingerprinter};
+use crate::clock::now_ms;
+use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
 use crate::lease::{Acquired, Claim, Renewal};
-use crate::problem::{Code, Problem};
 use crate::store::{Store, StoreError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+/// Why [`FingerprintGuard::acquire`] refused a fingerprint. The layer
+/// answers it as a [`Problem`](crate::problem::Problem) (`From` is in
+/// [`crate::problem`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FingerprintGuardError {
+    /// The fingerprint was seen within its window (409
+    /// `duplicate_submission`).
+    #[error(
+        "duplicate submission: the same request was sent within its window; retry after {retry_after:?}"
+    )]
+    Duplicate {
+        /// Time left in the window.
+        retry_after: Duration,
+    },
+    /// The store failed and the guard fails closed (503
+    /// `guard_unavailable`).
+    #[error("the duplicate guard's store is unavailable: {0}")]
+    Unavailable(#[source] StoreError),
+}
 
 /// What happens to a fingerprint's key once the handler is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,15 +52,14 @@ pub enum ReleasePolicy {
 /// Decides fingerprints against a store.
 ///
 /// ```
-/// use norepeat::fingerprint::Fingerprint;
-/// use norepeat::guard::FingerprintGuard;
+/// use norepeat::fingerprint::{Fingerprint, FingerprintGuard, FingerprintGuardError};
 /// use norepeat::store::MemoryStore;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = FingerprintGuard::new(MemoryStore::default());
 /// let fp = Fingerprint([1; 32]);
 /// let lease = guard.acquire(&fp).await.expect("first one passes");
 /// let dup = guard.acquire(&fp).await.unwrap_err();
-/// assert_eq!(dup.code.as_str(), "duplicate_submission");
+/// assert!(matches!(dup, FingerprintGuardError::Duplicate { .. }));
 /// lease.finish(true).await; // success: held for the rest of the window
 /// # }
 /// ```
@@ -51,7 +72,6 @@ pub struct FingerprintGuard<S> {
     pub(crate) release: ReleasePolicy,
     pub(crate) failure: FailurePolicy,
     pub(crate) renew_max: Duration,
-    pub(crate) message: &'static str,
 }
 
 impl<S: Store + Clone> FingerprintGuard<S> {
@@ -67,7 +87,6 @@ impl<S: Store + Clone> FingerprintGuard<S> {
             release: ReleasePolicy::default(),
             failure: FailurePolicy::FailOpen,
             renew_max: Duration::from_secs(30),
-            message: "This request was already submitted; wait before sending it again.",
         }
     }
 
@@ -115,13 +134,6 @@ impl<S: Store + Clone> FingerprintGuard<S> {
         self
     }
 
-    /// The `detail` of the 409 answer.
-    #[must_use]
-    pub fn message(mut self, message: &'static str) -> Self {
-        self.message = message;
-        self
-    }
-
     /// The store key of a fingerprint.
     #[must_use]
     pub fn key_of(&self, fp: &Fingerprint) -> String {
@@ -131,9 +143,10 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     /// Takes the fingerprint's place for the window, or tells when to retry.
     ///
     /// # Errors
-    /// A [`Problem`]: 409 `duplicate_submission` with `Retry-After`, or 503
-    /// `guard_unavailable` when the store fails and the policy fails closed.
-    pub async fn acquire(&self, fp: &Fingerprint) -> Result<Lease<S>, Problem> {
+    /// [`FingerprintGuardError::Duplicate`] with the time left in the
+    /// window, or [`FingerprintGuardError::Unavailable`] when the store fails
+    /// and the policy fails closed.
+    pub async fn acquire(&self, fp: &Fingerprint) -> Result<Lease<S>, FingerprintGuardError> {
         let key = self.key_of(fp);
         let owner = Owner::new(self.window);
         match Claim::acquire(&self.store, key, owner.0, self.window).await {
@@ -143,37 +156,12 @@ impl<S: Store + Clone> FingerprintGuard<S> {
             }
             Ok(Acquired::Held(existing)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "rejected", "reason" => "duplicate").increment(1);
-                let left = Owner::time_left(&existing).unwrap_or(self.window);
-                Err(Problem::new(Code::DuplicateSubmission)
-                    .detail(self.message)
-                    .retry_after(left))
+                let retry_after = Owner::time_left(&existing).unwrap_or(self.window);
+                Err(FingerprintGuardError::Duplicate { retry_after })
             }
-            Err(e) => self.on_failure(e).map(|()| Lease::unheld(self)),
-        }
-    }
-
-    fn on_failure(&self, e: StoreError) -> Result<(), Problem> {
-        store_failure("fingerprint", self.failure, &e)
-    }
-}
-
-/// Applies a failure policy to a store error; shared by every guard.
-pub(crate) fn store_failure(
-    mode: &'static str,
-    policy: FailurePolicy,
-    e: &StoreError,
-) -> Result<(), Problem> {
-    match policy {
-        FailurePolicy::FailOpen => {
-            metrics::counter!("norepeat_decisions_total", "mode" => mode, "outcome" => "admitted_degraded").increment(1);
-            tracing::warn!(mode, error = %e, "guard store failed: admitting (fail-open)");
-            Ok(())
-        }
-        FailurePolicy::FailClosed => {
-            metrics::counter!("norepeat_decisions_total", "mode" => mode, "outcome" => "rejected", "reason" => "unavailable").increment(1);
-            Err(Problem::new(Code::GuardUnavailable)
-                .detail("The duplicate guard cannot decide right now; retry shortly.")
-                .retry_after_secs(1))
+            Err(e) => on_store_error("fingerprint", self.failure, e)
+                .map(|()| Lease::unheld(self))
+                .map_err(FingerprintGuardError::Unavailable),
         }
     }
 }
@@ -183,10 +171,10 @@ pub(crate) fn store_failure(
 /// round trip. Decimal `deadline_ms * 10^6 + random`, which Redis stores as a
 /// plain integer (no string allocation).
 #[derive(Debug, Clone)]
-pub(crate) struct Owner(Vec<u8>);
+struct Owner(Vec<u8>);
 
 impl Owner {
-    pub(crate) fn new(ttl: Duration) -> Self {
+    fn new(ttl: Duration) -> Self {
         let deadline = now_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(0));
         let random: u64 = rand::random_range(0..1_000_000);
         Self(
@@ -201,12 +189,6 @@ impl Owner {
         let deadline = v / 1_000_000;
         Some(Duration::from_millis(deadline.saturating_sub(now_ms())))
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
 }
 
 /// A fingerprint's place, held by one request.

@@ -1,28 +1,56 @@
-//! The token guard.
+//! The token guard: issues tokens and consumes each once, and says why it
+//! refused one ([`TokenGuardError`]).
 
-use super::fingerprint::store_failure;
-use crate::degrade::FailurePolicy;
+use super::{IssuedToken, TokenError, TokenSigner};
+use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
-use crate::problem::{Code, Problem};
-use crate::store::KeyValueStoreExt;
-use crate::store::Store;
-use crate::token::{IssuedToken, TokenError, TokenSigner};
+use crate::store::{KeyValueStoreExt, Store, StoreError};
 use std::time::Duration;
+
+/// Why [`TokenGuard::consume`] refused a token. The layer answers it as a
+/// [`Problem`](crate::problem::Problem) (`From` is in [`crate::problem`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenGuardError {
+    /// The token was already used (409 `duplicate_submission`).
+    #[error("repeat token already used")]
+    Used,
+    /// The token's life is over (409 `duplicate_submission`).
+    #[error("repeat token expired")]
+    Expired,
+    /// Not a token of ours, altered, or another user's (409
+    /// `duplicate_submission`).
+    #[error("unknown or invalid repeat token")]
+    Invalid,
+    /// The store failed and the guard fails closed (503
+    /// `guard_unavailable`).
+    #[error("the token guard's store is unavailable: {0}")]
+    Unavailable(#[source] StoreError),
+}
+
+impl From<TokenError> for TokenGuardError {
+    fn from(e: TokenError) -> Self {
+        match e {
+            TokenError::Used => TokenGuardError::Used,
+            TokenError::Expired => TokenGuardError::Expired,
+            _ => TokenGuardError::Invalid,
+        }
+    }
+}
 
 /// Issues one-time tokens and consumes them, once, atomically.
 ///
 /// See [`crate::token`] for why tokens are signed and stateless.
 ///
 /// ```
-/// use norepeat::guard::TokenGuard;
 /// use norepeat::store::MemoryStore;
-/// use norepeat::token::TokenSigner;
+/// use norepeat::token::{TokenGuard, TokenGuardError, TokenSigner};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = TokenGuard::new(MemoryStore::default(), TokenSigner::random());
 /// let t = guard.issue("u1");
 /// assert!(guard.consume("u1", &t.token).await.is_ok());
 /// let again = guard.consume("u1", &t.token).await.unwrap_err();
-/// assert_eq!(again.code.as_str(), "duplicate_submission");
+/// assert!(matches!(again, TokenGuardError::Used));
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -69,9 +97,9 @@ impl<S: Store + Clone> TokenGuard<S> {
         self
     }
 
-    /// The life of a token.
+    /// The life of a token (set with [`ttl`](Self::ttl)).
     #[must_use]
-    pub fn token_ttl(&self) -> Duration {
+    pub fn get_ttl(&self) -> Duration {
         self.ttl
     }
 
@@ -86,13 +114,15 @@ impl<S: Store + Clone> TokenGuard<S> {
     /// its one use with one `SET NX PX`.
     ///
     /// # Errors
-    /// 409 `duplicate_submission` when the token is used, expired, unknown or
-    /// another user's; 503 `guard_unavailable` when the store fails and the
-    /// policy fails closed.
-    pub async fn consume(&self, user: &str, token: &str) -> Result<(), Problem> {
+    /// [`TokenGuardError::Used`], [`Expired`](TokenGuardError::Expired) or
+    /// [`Invalid`](TokenGuardError::Invalid) (unknown, altered or another
+    /// user's); [`Unavailable`](TokenGuardError::Unavailable) when the store
+    /// fails and the policy fails closed.
+    pub async fn consume(&self, user: &str, token: &str) -> Result<(), TokenGuardError> {
         let reject = |why: TokenError| {
-            metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "rejected", "reason" => reason(why)).increment(1);
-            Err(Problem::new(Code::DuplicateSubmission).detail(detail(why)))
+            let why = TokenGuardError::from(why);
+            metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "rejected", "reason" => reason(&why)).increment(1);
+            Err(why)
         };
         let verified = match self.signer.verify(user, token) {
             Ok(v) => v,
@@ -109,23 +139,17 @@ impl<S: Store + Clone> TokenGuard<S> {
                 Ok(())
             }
             Ok(Some(_)) => reject(TokenError::Used),
-            Err(e) => store_failure("token", self.failure, &e),
+            Err(e) => {
+                on_store_error("token", self.failure, e).map_err(TokenGuardError::Unavailable)
+            }
         }
     }
 }
 
-fn reason(e: TokenError) -> &'static str {
+fn reason(e: &TokenGuardError) -> &'static str {
     match e {
-        TokenError::Used => "used",
-        TokenError::Expired => "expired",
+        TokenGuardError::Used => "used",
+        TokenGuardError::Expired => "expired",
         _ => "invalid",
-    }
-}
-
-fn detail(e: TokenError) -> &'static str {
-    match e {
-        TokenError::Used => "This form was already submitted. Reload to get a new token.",
-        TokenError::Expired => "The repeat token expired. Reload to get a new one.",
-        _ => "The repeat token is unknown or belongs to another user.",
     }
 }

@@ -1,4 +1,9 @@
-//! One-time repeat tokens: the page fetches one, the submit consumes it.
+//! One-time repeat tokens: the signer ([`TokenSigner`]), the guard that
+//! consumes each token once ([`TokenGuard`]) and its tower layer
+//! ([`TokenLayer`]).
+//!
+//! The page fetches a token, the submit consumes it: good for pages and
+//! forms.
 //!
 //! # Why signed, stateless tokens
 //!
@@ -30,9 +35,16 @@
 //! assert_eq!(signer.verify("u2", &t.token).unwrap_err(), TokenError::Invalid);
 //! ```
 
+use crate::clock::now_ms;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+mod guard;
+mod layer;
+
+pub use guard::{TokenGuard, TokenGuardError};
+pub use layer::{ResponseBody, TokenLayer, TokenService};
 
 const VERSION: u8 = 1;
 const NONCE: usize = 12;
@@ -84,12 +96,6 @@ impl std::fmt::Debug for TokenSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TokenSigner(..)")
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl TokenSigner {

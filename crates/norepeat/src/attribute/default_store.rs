@@ -1,0 +1,123 @@
+//! The process-wide store of guarded functions that name no `store = ...`.
+
+use super::Rejected;
+use crate::store::{
+    KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, Store, StoreError,
+};
+
+use futures_util::future::BoxFuture;
+
+/// The process-wide store of [`#[norepeat::guard]`](macro@crate::guard)
+/// functions that name no `store = ...`: set once at start with
+/// [`set_default_store`], read with [`default_store`].
+///
+/// It holds any [`Store`] behind an `Arc` (cloning it is cheap); each call
+/// goes through one boxed future, a small price next to a store's round
+/// trip. It is a [`Store`] itself, so [`Guarded`](super::Guarded) can use it without the
+/// attribute.
+#[derive(Clone)]
+pub struct DefaultStore(std::sync::Arc<dyn ErasedStore>);
+
+impl std::fmt::Debug for DefaultStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DefaultStore").field(&self.0.kind()).finish()
+    }
+}
+
+static DEFAULT_STORE: std::sync::OnceLock<DefaultStore> = std::sync::OnceLock::new();
+
+/// [`set_default_store`] was called before: the process-wide store is set
+/// once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the process-wide norepeat store is already set: set it once, at start")]
+pub struct AlreadySet;
+
+/// Sets the store used by every [`#[norepeat::guard]`](macro@crate::guard)
+/// function that names no `store = ...`, for the life of the process. Call
+/// it once, at start, before the first guarded call; until then such a call
+/// returns `Err(E::from(`[`Rejected::NoDefaultStore`]`))` without running
+/// its body.
+///
+/// A function with `store = ...` keeps using its own store. Wrap the store
+/// first if it needs to survive outages
+/// ([`Resilient`](crate::degrade::Resilient)).
+///
+/// # Errors
+/// [`AlreadySet`] when a store was set before (the first one stays).
+///
+/// ```
+/// use norepeat::attribute::Rejected;
+/// use norepeat::store::MemoryStore;
+///
+/// #[derive(Debug)]
+/// struct Failed;
+/// impl From<Rejected> for Failed {
+///     fn from(_: Rejected) -> Self { Failed }
+/// }
+///
+/// // No `store = ...`: the process-wide store.
+/// #[norepeat::guard(key = "{order_id}", mode = once)]
+/// async fn ship(order_id: u64) -> Result<u64, Failed> {
+///     Ok(order_id)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::attribute::AlreadySet> {
+/// norepeat::attribute::set_default_store(MemoryStore::default())?;
+/// assert_eq!(ship(7).await.unwrap(), 7);
+/// # Ok(()) }
+/// ```
+pub fn set_default_store<S: Store>(store: S) -> Result<(), AlreadySet> {
+    DEFAULT_STORE
+        .set(DefaultStore(std::sync::Arc::new(store)))
+        .map_err(|_| AlreadySet)
+}
+
+/// The process-wide store set by [`set_default_store`] (what a guarded
+/// function without `store = ...` uses).
+///
+/// # Errors
+/// [`Rejected::NoDefaultStore`] when none was set.
+pub fn default_store() -> Result<DefaultStore, Rejected> {
+    DEFAULT_STORE.get().cloned().ok_or(Rejected::NoDefaultStore)
+}
+
+/// [`Store`] as an object: each method returns a boxed future.
+trait ErasedStore: Send + Sync + 'static {
+    fn execute<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Result<KeyReply, StoreError>>;
+    fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn kind(&self) -> &'static str;
+    fn reconnect(&self);
+}
+
+impl<S: Store> ErasedStore for S {
+    fn execute<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Result<KeyReply, StoreError>> {
+        Box::pin(KeyValueStore::execute(self, op))
+    }
+    fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
+        Box::pin(RateStore::rate(self, op))
+    }
+    fn kind(&self) -> &'static str {
+        KeyValueStore::kind(self)
+    }
+    fn reconnect(&self) {
+        KeyValueStore::reconnect(self);
+    }
+}
+
+impl KeyValueStore for DefaultStore {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        self.0.execute(op).await
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
+}
+
+impl RateStore for DefaultStore {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        self.0.rate(op).await
+    }
+}
