@@ -25,7 +25,7 @@ impl Guarded {
             GuardMode::Window(w) => w,
             GuardMode::Once { lease, .. } => lease,
         };
-        FingerprintGuard::new(store)
+        FingerprintGuard::for_one_call(store)
             .window(window)
             .release(ReleasePolicy::HoldOnSuccess)
             .on_store_failure(self.failure)

@@ -5,7 +5,7 @@ use super::{Fingerprint, Fingerprinter};
 use crate::clock::now_ms;
 use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
-use crate::lease::{Acquired, Claim, Renewal};
+use crate::lease::{Acquired, Claim, Renewal, Renewer};
 use crate::store::{Store, StoreError};
 use std::time::Duration;
 
@@ -72,6 +72,9 @@ pub struct FingerprintGuard<S> {
     pub(crate) release: ReleasePolicy,
     pub(crate) failure: FailurePolicy,
     pub(crate) renew_max: Duration,
+    /// Renews the keys of handlers that run long, from one task (`None`:
+    /// each lease renews by itself, for a guard built per call).
+    pub(crate) renewer: Option<Renewer<S>>,
 }
 
 impl<S: Store + Clone> FingerprintGuard<S> {
@@ -79,6 +82,17 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     /// fail-open, renewal up to 10 windows, the default ignored fields.
     #[must_use]
     pub fn new(store: S) -> Self {
+        let renewer = Renewer::new(store.clone());
+        Self::with_renewer(store, Some(renewer))
+    }
+
+    /// A guard for one call (the attribute's window mode): its lease renews
+    /// by itself, so no renewal task is started for it.
+    pub(crate) fn for_one_call(store: S) -> Self {
+        Self::with_renewer(store, None)
+    }
+
+    fn with_renewer(store: S, renewer: Option<Renewer<S>>) -> Self {
         Self {
             store,
             keys: KeyBuilder::default(),
@@ -87,6 +101,7 @@ impl<S: Store + Clone> FingerprintGuard<S> {
             release: ReleasePolicy::default(),
             failure: FailurePolicy::FailOpen,
             renew_max: Duration::from_secs(30),
+            renewer,
         }
     }
 
@@ -204,6 +219,7 @@ pub struct Lease<S: Store + Clone> {
     window: Duration,
     renew_max: Duration,
     policy: ReleasePolicy,
+    renewer: Option<Renewer<S>>,
 }
 
 impl<S: Store + Clone> Lease<S> {
@@ -213,6 +229,7 @@ impl<S: Store + Clone> Lease<S> {
             window: g.window,
             renew_max: g.renew_max,
             policy: g.release,
+            renewer: g.renewer.clone(),
         }
     }
 
@@ -222,6 +239,7 @@ impl<S: Store + Clone> Lease<S> {
             window: g.window,
             renew_max: g.renew_max,
             policy: g.release,
+            renewer: None,
         }
     }
 
@@ -251,14 +269,15 @@ impl<S: Store + Clone> Lease<S> {
 
     /// Runs `work` (the handler), renewing the key every third of the window
     /// while it runs, up to the guard's [`renew_up_to`](FingerprintGuard::renew_up_to).
-    /// Renewal lives in this future and stops with it.
+    /// The guard's renewal task does the renewing; this future only
+    /// registers the key with it and removes it when it ends or is
+    /// dropped, so renewal stops with it.
     pub async fn run<F: std::future::Future>(&self, work: F) -> F::Output {
-        match &self.claim {
-            Some(c) => {
-                c.run(work, Renewal::up_to(self.window, self.renew_max))
-                    .await
-            }
-            None => work.await,
+        let renewal = Renewal::up_to(self.window, self.renew_max);
+        match (&self.claim, &self.renewer) {
+            (Some(c), Some(renewer)) => c.run_renewed_by(renewer, work, renewal).await,
+            (Some(c), None) => c.run(work, renewal).await,
+            (None, _) => work.await,
         }
     }
 

@@ -5,6 +5,7 @@ use crate::degrade::FailurePolicy;
 use crate::fingerprint::Fingerprinter;
 use crate::identity::{Identify, UserHeader};
 use crate::keys::KeyBuilder;
+use crate::lease::Renewer;
 use http::{HeaderName, StatusCode, header};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -95,6 +96,8 @@ pub(crate) struct Config<G> {
     pub(crate) wait: Option<Duration>,
     pub(crate) replayed_headers: Arc<[HeaderName]>,
     pub(crate) failure: FailurePolicy,
+    /// Renews the claims of handlers that run long, from one task.
+    pub(crate) renewer: Renewer<G>,
 }
 
 /// Makes a route idempotent under an `Idempotency-Key`: the first request
@@ -164,11 +167,12 @@ impl<G> std::fmt::Debug for IdempotencyLayer<G> {
     }
 }
 
-impl<G> IdempotencyLayer<G> {
+impl<G: Clone> IdempotencyLayer<G> {
     /// A layer keeping its records in `store`, with the defaults above.
     pub fn new(store: G) -> Self {
         Self {
             cfg: Config {
+                renewer: Renewer::new(store.clone()),
                 store,
                 keys: KeyBuilder::default(),
                 fingerprinter: Fingerprinter::default(),

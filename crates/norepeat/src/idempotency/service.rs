@@ -242,7 +242,10 @@ where
     );
     let mut req = req;
     req.extensions_mut().insert(offer.clone());
-    let res = match claim.run(inner.call(req), renewal).await {
+    let res = match claim
+        .run_renewed_by(&cfg.renewer, inner.call(req), renewal)
+        .await
+    {
         Ok(res) => res,
         Err(e) => {
             claim.release().await;
@@ -258,7 +261,10 @@ where
         return Ok(pass(res));
     }
     let (head, body) = res.into_parts();
-    match claim.run(collect_capped(body, cfg.max_body), renewal).await {
+    match claim
+        .run_renewed_by(&cfg.renewer, collect_capped(body, cfg.max_body), renewal)
+        .await
+    {
         Collected::Whole(body) => {
             let headers = head
                 .headers

@@ -85,7 +85,7 @@ pub(crate) struct Registration<S: KeyValueStore + Clone> {
     generation: u64,
 }
 
-impl<S: KeyValueStore + Clone> Renewer<S> {
+impl<S> Renewer<S> {
     /// An empty table over `store`. No task runs yet.
     pub(crate) fn new(store: S) -> Self {
         Self {
@@ -96,7 +96,9 @@ impl<S: KeyValueStore + Clone> Renewer<S> {
             }),
         }
     }
+}
 
+impl<S: KeyValueStore + Clone> Renewer<S> {
     /// Renews `key` (while it holds `value`) to a full `ttl` every `every`
     /// until `max` has passed since now, for as long as the returned
     /// registration lives. `None` when there is no Tokio runtime to run the
