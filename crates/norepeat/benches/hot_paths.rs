@@ -20,7 +20,7 @@ use http_body_util::Full;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::fingerprint::{Fingerprinter, RequestParts};
 use norepeat::keys::{KeyBuilder, Mode};
-use norepeat::store::{MemoryStore, Store};
+use norepeat::store::{KeyValueStoreExt, MemoryStore};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::hint::black_box;

@@ -15,7 +15,7 @@
 //! body without a content type, or with a generic one (`text/plain`, a
 //! form), that starts like a JSON object or array is read as JSON if it is
 //! strict JSON, else as bytes: a guard cannot call it malformed, since it
-//! never claimed to be JSON. [`check_json`] is the strictness test, for an
+//! never claimed to be JSON. [`check_json`](crate::fingerprint::check_json) is the strictness test, for an
 //! application that parses JSON bodies itself.
 //!
 //! ```
@@ -34,7 +34,6 @@
 //!
 //! [`Fingerprinter::canonicalize`]: crate::fingerprint::Fingerprinter::canonicalize
 
-use crate::fingerprint::InvalidJson;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Body;
@@ -80,23 +79,6 @@ where
         }
         Err(e) => Err(BodyError::Unreadable(e.to_string())),
     }
-}
-
-/// Whether `body` is strict JSON, by the rule above: one JSON value (RFC
-/// 8259, UTF-8), no key given twice in any object, at most 128 levels deep.
-/// The fingerprint canonicalises exactly the bodies this accepts.
-///
-/// ```
-/// assert!(norepeat::body::check_json(br#"{"a":[1,2.5,"x"]}"#).is_ok());
-/// assert!(norepeat::body::check_json(br#"{"a":1,"a":2}"#).is_err());
-/// ```
-///
-/// # Errors
-/// [`InvalidJson`], saying where and why.
-pub fn check_json(body: &[u8]) -> Result<(), InvalidJson> {
-    crate::fingerprint::Fingerprinter::ignoring::<[&str; 0], &str>([])
-        .canonicalize(body)
-        .map(drop)
 }
 
 /// How a body is read: as JSON, maybe JSON, or bytes.

@@ -25,7 +25,7 @@
 //!
 //! ```
 //! use norepeat::degrade::FailurePolicy;
-//! use norepeat::guard::FingerprintGuard;
+//! use norepeat::fingerprint::FingerprintGuard;
 //! use norepeat::store::{Fallback, MemoryStore, Resilient};
 //! use std::time::Duration;
 //!

@@ -140,7 +140,7 @@ pub mod webhook;
 /// so both `self.store` and a `&Store` argument work). Without it, the
 /// function uses the process-wide store: set it once at start with
 /// [`attribute::set_default_store`] (any [`store::Store`], such as a
-/// `RedisStore` or a [`Resilient`](degrade::Resilient) around one), and
+/// `RedisStore` or a [`Resilient`](store::Resilient) around one), and
 /// every guarded function that names no store shares it. A call made before
 /// it is set returns `Err(E::from(`[`Rejected::NoDefaultStore`](attribute::Rejected::NoDefaultStore)`))`
 /// without running the body (never a panic, never an unguarded run).

@@ -40,7 +40,7 @@ pub struct AlreadySet;
 ///
 /// A function with `store = ...` keeps using its own store. Wrap the store
 /// first if it needs to survive outages
-/// ([`Resilient`](crate::degrade::Resilient)).
+/// ([`Resilient`](crate::store::Resilient)).
 ///
 /// # Errors
 /// [`AlreadySet`] when a store was set before (the first one stays).

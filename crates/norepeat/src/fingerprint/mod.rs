@@ -266,6 +266,23 @@ fn hash_query(h: &mut blake3::Hasher, query: &str) {
     feed_parts(h, &pairs.iter().map(|p| p.as_bytes()).collect::<Vec<_>>());
 }
 
+/// Whether `body` is strict JSON, by the rule of [`crate::body`]: one JSON value (RFC
+/// 8259, UTF-8), no key given twice in any object, at most 128 levels deep.
+/// The fingerprint canonicalises exactly the bodies this accepts.
+///
+/// ```
+/// assert!(norepeat::fingerprint::check_json(br#"{"a":[1,2.5,"x"]}"#).is_ok());
+/// assert!(norepeat::fingerprint::check_json(br#"{"a":1,"a":2}"#).is_err());
+/// ```
+///
+/// # Errors
+/// [`InvalidJson`], saying where and why.
+pub fn check_json(body: &[u8]) -> Result<(), InvalidJson> {
+    Fingerprinter::ignoring::<[&str; 0], &str>([])
+        .canonicalize(body)
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

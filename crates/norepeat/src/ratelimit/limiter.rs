@@ -57,7 +57,7 @@ pub enum RateLimitError {
 /// apply the limiter's [`FailurePolicy`]:
 /// - `FailOpen` (default) admits the request as far as this quota goes.
 ///   To keep limiting *per instance* during an outage instead, give the
-///   limiter a [`Fallback`](crate::degrade::Fallback) store: it answers
+///   limiter a [`Fallback`](crate::store::Fallback) store: it answers
 ///   from a local [`MemoryStore`](crate::store::MemoryStore) whenever the
 ///   primary fails, so the store never reports a failure and each instance
 ///   enforces the whole quota on its own (N instances admit up to N times

@@ -18,7 +18,7 @@
 //!   Refusals are 429 `rate_limited` with `Retry-After`, `RateLimit` and
 //!   `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers:
 //!   `RateLimit-Policy: "user";q=5;w=1`, `RateLimit: "user";r=0;t=1`).
-//! - [`algorithm`]: the arithmetic as pure functions of (state, now), with
+//! - [`arithmetic`](crate::store::rate::arithmetic) (under the store, which runs it): the arithmetic as pure functions of (state, now), with
 //!   their bounds.
 //!
 //! ```

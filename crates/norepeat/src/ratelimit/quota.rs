@@ -195,7 +195,7 @@ pub enum Algorithm {
     FixedWindow,
     /// Two fixed windows, the previous one weighted by how much of it the
     /// sliding window still covers; see
-    /// [`algorithm::sliding_window`](super::algorithm::sliding_window) for
+    /// [`arithmetic::sliding_window`](crate::store::rate::arithmetic::sliding_window) for
     /// its error bound.
     SlidingWindow,
     /// The generic cell rate algorithm: one stored number per key, the

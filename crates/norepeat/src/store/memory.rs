@@ -63,7 +63,7 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
     }
 }
 
-/// A bounded in-memory [`Store`]: the embedded default, and the local
+/// A bounded in-memory [`Store`](super::Store): the embedded default, and the local
 /// fallback that keeps catching one instance's own repeats while Redis is
 /// away.
 ///

@@ -82,7 +82,7 @@ impl<S: Store + Clone> TokenGuard<S> {
         self
     }
 
-    /// What to do when the store fails. With a [`crate::degrade::Fallback`]
+    /// What to do when the store fails. With a [`crate::store::Fallback`]
     /// store, fail-open still consumes each token once per instance.
     #[must_use]
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {

@@ -24,9 +24,9 @@ use std::time::Duration;
 ///   refreshed.
 ///
 /// At most 6 retries, and 2 s per call in all (connecting: 1 s). Put the
-/// store behind [`Resilient`](super::Resilient) for a guard's much
+/// store behind [`Resilient`](crate::store::Resilient) for a guard's much
 /// shorter budget and a breaker, and behind
-/// [`Fallback`](super::Fallback) for fail-open routes: while a
+/// [`Fallback`](crate::store::Fallback) for fail-open routes: while a
 /// master's slots have no master (a few seconds, set by
 /// `cluster-node-timeout`), calls on them fail and the route's policy
 /// applies; calls on other slots are unaffected.

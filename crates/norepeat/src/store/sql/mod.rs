@@ -67,9 +67,9 @@
 //!
 //! | operation | statement |
 //! |---|---|
-//! | [`put_if_absent`](KeyValueStore::put_if_absent) | `INSERT ... ON CONFLICT (key) DO UPDATE SET value = CASE WHEN expired THEN new ELSE old END, ... RETURNING nonce = $mine, value` |
-//! | [`delete_if_equals`](KeyValueStore::delete_if_equals) | `DELETE ... WHERE key = $1 AND value = $2 AND expires_at > now` |
-//! | [`expire_if_equals`](KeyValueStore::expire_if_equals) | `UPDATE ... SET expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`put_if_absent`](super::KeyValueStoreExt::put_if_absent) | `INSERT ... ON CONFLICT (key) DO UPDATE SET value = CASE WHEN expired THEN new ELSE old END, ... RETURNING nonce = $mine, value` |
+//! | [`delete_if_equals`](super::KeyValueStoreExt::delete_if_equals) | `DELETE ... WHERE key = $1 AND value = $2 AND expires_at > now` |
+//! | [`expire_if_equals`](super::KeyValueStoreExt::expire_if_equals) | `UPDATE ... SET expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
 //! | [`replace_if_equals`](super::KeyValueStoreExt::replace_if_equals) | `UPDATE ... SET value = $3, expires_at = now + ttl WHERE key = $1 AND value = $2 AND expires_at > now` |
 //!
 //! An expired row is absent: every statement tests `expires_at` itself, in
@@ -227,7 +227,7 @@
 //! transaction, which then commits. The layer sees the record completed and
 //! stores nothing more. A message consumer or any other code uses the
 //! primitive underneath, [`SqlStore::replace_if_equals_in`]: claim with
-//! [`put_if_absent`](KeyValueStore::put_if_absent), then effect and
+//! [`put_if_absent`](super::KeyValueStoreExt::put_if_absent), then effect and
 //! completion in one transaction:
 //!
 //! ```no_run
@@ -342,7 +342,7 @@ mod sealed {
 
 /// A store whose records can be completed inside a transaction of the
 /// caller's: [`PgStore`] and [`SqliteStore`]. Sealed; the methods are for
-/// norepeat's own helpers ([`Guarded::run_once_in_tx`](crate::once::Guarded::run_once_in_tx)).
+/// norepeat's own helpers ([`Guarded::run_once_in_tx`](crate::attribute::Guarded::run_once_in_tx)).
 pub trait TxStore: KeyValueStore + Clone + sealed::Store {
     /// The sqlx database the store's table lives in.
     type Database: sqlx::Database;

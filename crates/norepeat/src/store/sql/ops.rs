@@ -12,7 +12,7 @@ macro_rules! impl_sql_store {
     ($db:ty) => {
         impl SqlStore<$db> {
             /// Creates the table and its expiry index if they do not exist
-            /// (see [Migration](self#migration)). Safe to run on every
+            /// (see [Migration](super#migration)). Safe to run on every
             /// start, from every instance at once.
             ///
             /// # Errors
@@ -29,7 +29,7 @@ macro_rules! impl_sql_store {
             }
 
             /// Deletes every row that has expired, in batches (see
-            /// [Reaping](self#reaping)), and returns how many it deleted.
+            /// [Reaping](super#reaping)), and returns how many it deleted.
             /// For a test, a cron job, or a process that schedules its own
             /// maintenance.
             ///
@@ -52,11 +52,11 @@ macro_rules! impl_sql_store {
                 }
             }
 
-            /// [`replace_if_equals`](super::KeyValueStoreExt::replace_if_equals) on
+            /// [`replace_if_equals`](crate::store::KeyValueStoreExt::replace_if_equals) on
             /// `conn` instead of the pool: inside the caller's transaction,
             /// so the completed record commits (or rolls back) with the
             /// caller's own writes. This is the owner check of
-            /// [transactional completion](self#transactional-completion):
+            /// [transactional completion](super#transactional-completion):
             /// `false` means the claim is no longer `expected` (it expired,
             /// or another caller took the key over), and the caller must
             /// roll back rather than commit its effect.

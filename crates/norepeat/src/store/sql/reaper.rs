@@ -3,7 +3,7 @@
 use crate::store::StoreError;
 use std::time::Duration;
 
-/// A running reaper, from [`SqlStore::spawn_reaper`]. The task stops when
+/// A running reaper, from [`SqlStore::spawn_reaper`](super::SqlStore::spawn_reaper). The task stops when
 /// this handle is dropped (or [`stop`](Self::stop)ped); a batch cut off
 /// mid-statement is rolled back by the database, never half applied.
 #[derive(Debug)]
