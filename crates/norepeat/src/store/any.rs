@@ -11,7 +11,7 @@ use super::{
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
-/// use norepeat::store::{AnyStore, Store};
+/// use norepeat::store::{AnyStore, KeyValueStore};
 /// let store = AnyStore::from_url(None).await?; // no URL: in memory
 /// assert_eq!(store.kind(), "memory");
 /// # Ok(()) }

@@ -72,7 +72,7 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 /// to live. It is shared by clones, not across processes.
 ///
 /// ```
-/// use norepeat::store::{MemoryStore, Store};
+/// use norepeat::store::{KeyValueStoreExt, MemoryStore};
 /// use std::time::Duration;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
 /// let store = MemoryStore::new(16 << 20); // 16 MiB

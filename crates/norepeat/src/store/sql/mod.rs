@@ -12,7 +12,7 @@
 //! [`Store`](super::Store) and a rate limiter over it does not compile.
 //!
 //! ```
-//! use norepeat::store::{KeyValueStore, SqliteStore};
+//! use norepeat::store::{KeyValueStoreExt, SqliteStore};
 //! use sqlx::sqlite::SqlitePoolOptions;
 //! use std::time::Duration;
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -231,7 +231,7 @@
 //! completion in one transaction:
 //!
 //! ```no_run
-//! use norepeat::store::{KeyValueStore, PgStore};
+//! use norepeat::store::{KeyValueStoreExt, PgStore};
 //! use std::time::Duration;
 //! # async fn award(store: &PgStore, pool: &sqlx::PgPool, message_id: &str, user: &str) -> Result<(), Box<dyn std::error::Error>> {
 //! let owner: [u8; 16] = rand::random();
