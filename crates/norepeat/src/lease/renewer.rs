@@ -7,8 +7,9 @@
 //! need a renewal. Here a request only inserts its claim into a shared
 //! table on the way in and removes it on the way out (one short lock each);
 //! one task per guard sleeps until the earliest renewal is due and sends
-//! every renewal due then at once (on a multiplexed Redis connection they
-//! leave as one pipeline).
+//! every renewal due then at once, concurrently (on one multiplexed Redis
+//! connection they share the socket rather than each waiting for the
+//! previous reply).
 //!
 //! Renewal still stops with the request: the table entry is removed when
 //! the request's future ends or is dropped, so an abandoned claim keeps
@@ -262,35 +263,39 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::{Acquired, Claim, Renewal};
     use crate::store::MemoryStore;
+
+    const TTL: Duration = Duration::from_millis(60);
+
+    /// Registers `k` held by `me`, renewed every third of [`TTL`] up to `max`.
+    fn register(renewer: &Renewer<MemoryStore>, max: Duration) -> Registration<MemoryStore> {
+        renewer
+            .register(Arc::from("k"), Bytes::from_static(b"me"), TTL, TTL / 3, max)
+            .expect("a runtime is here")
+    }
+
+    /// Whether `k` is free: a new claim on it succeeds.
+    async fn free(store: &MemoryStore) -> bool {
+        store
+            .put_if_absent("k", b"new", TTL)
+            .await
+            .unwrap()
+            .is_none()
+    }
 
     /// A claim registered past its TTL keeps its key while registered, and
     /// loses it once the registration is dropped.
     #[tokio::test]
     async fn renews_while_registered_and_stops_when_dropped() {
         let store = MemoryStore::default();
-        let ttl = Duration::from_millis(60);
-        assert!(
-            store
-                .put_if_absent("k", b"me", ttl)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        assert!(free_for(&store, b"me").await);
         let renewer = Renewer::new(store.clone());
-        let reg = renewer
-            .register(
-                Arc::from("k"),
-                Bytes::from_static(b"me"),
-                ttl,
-                ttl / 3,
-                Duration::MAX,
-            )
-            .expect("a runtime is here");
-        tokio::time::sleep(ttl * 4).await;
+        let reg = register(&renewer, Duration::MAX);
+        tokio::time::sleep(TTL * 4).await;
         assert_eq!(
             store
-                .put_if_absent("k", b"other", ttl)
+                .put_if_absent("k", b"other", TTL)
                 .await
                 .unwrap()
                 .as_deref(),
@@ -298,64 +303,77 @@ mod tests {
             "renewed past its first TTL"
         );
         drop(reg);
-        tokio::time::sleep(ttl * 2).await;
-        assert!(
-            store
-                .put_if_absent("k", b"other", ttl)
-                .await
-                .unwrap()
-                .is_none(),
-            "expired once no longer registered"
-        );
+        tokio::time::sleep(TTL * 2).await;
+        assert!(free(&store).await, "expired once no longer registered");
     }
 
     /// A claim taken over by someone else is not renewed for them.
     #[tokio::test]
     async fn a_lost_claim_is_not_renewed() {
         let store = MemoryStore::default();
-        let ttl = Duration::from_millis(60);
-        store.put_if_absent("k", b"other", ttl).await.unwrap();
+        assert!(free_for(&store, b"other").await);
         let renewer = Renewer::new(store.clone());
-        let _reg = renewer.register(
-            Arc::from("k"),
-            Bytes::from_static(b"me"),
-            ttl,
-            ttl / 3,
-            Duration::MAX,
-        );
-        tokio::time::sleep(ttl * 2).await;
+        let _reg = register(&renewer, Duration::MAX);
+        tokio::time::sleep(TTL * 2).await;
         assert!(
-            store
-                .put_if_absent("k", b"new", ttl)
-                .await
-                .unwrap()
-                .is_none(),
+            free(&store).await,
             "the other owner's key expired on its own"
         );
+    }
+
+    /// A store that forgets (FLUSHALL, a restart without persistence):
+    /// renewal is owner-checked, so it never writes the key back.
+    #[tokio::test]
+    async fn a_forgotten_key_is_not_written_back() {
+        let store = MemoryStore::default();
+        assert!(free_for(&store, b"me").await);
+        let renewer = Renewer::new(store.clone());
+        let _reg = register(&renewer, Duration::MAX);
+        assert!(store.delete_if_equals("k", b"me").await.unwrap());
+        tokio::time::sleep(TTL * 2).await;
+        assert!(free(&store).await, "renewal did not recreate the key");
     }
 
     /// Renewal stops at the total hold.
     #[tokio::test]
     async fn stops_at_the_total_hold() {
         let store = MemoryStore::default();
-        let ttl = Duration::from_millis(60);
-        store.put_if_absent("k", b"me", ttl).await.unwrap();
+        assert!(free_for(&store, b"me").await);
         let renewer = Renewer::new(store.clone());
-        let _reg = renewer.register(
-            Arc::from("k"),
-            Bytes::from_static(b"me"),
-            ttl,
-            ttl / 3,
-            ttl * 2,
-        );
-        tokio::time::sleep(ttl * 4).await;
-        assert!(
-            store
-                .put_if_absent("k", b"new", ttl)
-                .await
-                .unwrap()
-                .is_none(),
-            "held for about two TTLs, then let go"
-        );
+        let _reg = register(&renewer, TTL * 2);
+        tokio::time::sleep(TTL * 4).await;
+        assert!(free(&store).await, "held for about two TTLs, then let go");
+    }
+
+    /// A caller that gives up half-way through `Claim::run_renewed_by`: its
+    /// work is dropped, and with it the registration, so the key is renewed
+    /// no more and ends with its TTL.
+    #[tokio::test]
+    async fn a_caller_that_gives_up_stops_the_renewal() {
+        let store = MemoryStore::default();
+        let Ok(Acquired::Owned(claim)) =
+            Claim::acquire(&store, "k".into(), b"me".to_vec(), TTL).await
+        else {
+            panic!("first claim");
+        };
+        let renewer = Renewer::new(store.clone());
+        let work =
+            claim.run_renewed_by(&renewer, std::future::pending::<()>(), Renewal::thirds(TTL));
+        // Runs (and is renewed) for two TTLs, then the caller gives up.
+        let gave_up = tokio::time::timeout(TTL * 2, work).await;
+        assert!(gave_up.is_err());
+        assert!(!free(&store).await, "renewed while the work ran");
+        tokio::time::sleep(TTL * 2).await;
+        assert!(free(&store).await, "not renewed after the caller gave up");
+        claim.keep();
+    }
+
+    /// Puts `k` for [`TTL`] with `value`; whether it was free.
+    async fn free_for(store: &MemoryStore, value: &[u8]) -> bool {
+        store
+            .put_if_absent("k", value, TTL)
+            .await
+            .unwrap()
+            .is_none()
     }
 }
