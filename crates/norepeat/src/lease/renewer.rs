@@ -35,8 +35,9 @@ struct Entry {
     /// The last moment a renewal may start (its new TTL must not pass the
     /// claim's total hold).
     last: Instant,
-    /// The claim was lost (renewal answered "not yours"): stop.
-    lost: bool,
+    /// Renewal is over: the claim was lost (a renewal answered "not
+    /// yours") or its total hold is reached.
+    stopped: bool,
     /// Distinguishes this entry from a later one in the same slot.
     generation: u64,
 }
@@ -45,6 +46,9 @@ struct Shared<S> {
     store: S,
     entries: Mutex<Table>,
     wake: Notify,
+    /// How often the task woke (for the tests).
+    #[cfg(test)]
+    wakes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -94,6 +98,8 @@ impl<S> Renewer<S> {
                 store,
                 entries: Mutex::new(Table::default()),
                 wake: Notify::new(),
+                #[cfg(test)]
+                wakes: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -134,7 +140,7 @@ impl<S: KeyValueStore + Clone> Renewer<S> {
             every,
             due,
             last,
-            lost: false,
+            stopped: false,
             generation,
         });
         let sooner = table.target.is_none_or(|t| due < t);
@@ -179,7 +185,7 @@ async fn drive<S: KeyValueStore + Clone>(shared: Weak<Shared<S>>) {
             let next = table
                 .slab
                 .iter()
-                .filter(|(_, e)| !e.lost && e.due <= e.last)
+                .filter(|(_, e)| !e.stopped && e.due <= e.last)
                 .map(|(_, e)| e.due)
                 .min();
             table.target = next;
@@ -206,6 +212,10 @@ async fn drive<S: KeyValueStore + Clone>(shared: Weak<Shared<S>>) {
         if gone && Arc::strong_count(&strong) == 1 {
             return;
         }
+        #[cfg(test)]
+        strong
+            .wakes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         renew_due(&strong).await;
     }
 }
@@ -218,16 +228,23 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
         table
             .slab
             .iter_mut()
-            .filter(|(_, e)| !e.lost && e.due <= now && now <= e.last)
-            .map(|(slot, e)| {
+            .filter(|(_, e)| !e.stopped && e.due <= now)
+            .filter_map(|(slot, e)| {
+                if now > e.last {
+                    // Woken after the last moment a renewal may start (a
+                    // busy runtime): stop, or this entry would stay due
+                    // and wake the task again at once, forever.
+                    e.stopped = true;
+                    return None;
+                }
                 e.due = now + e.every;
-                (
+                Some((
                     slot,
                     e.generation,
                     Arc::clone(&e.key),
                     e.value.clone(),
                     e.ttl,
-                )
+                ))
             })
             .collect()
     };
@@ -252,7 +269,7 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
                 if let Some(e) = table.slab.get_mut(*slot)
                     && e.generation == *generation
                 {
-                    e.lost = true;
+                    e.stopped = true;
                 }
             }
             Err(e) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
@@ -366,6 +383,26 @@ mod tests {
         tokio::time::sleep(TTL * 2).await;
         assert!(free(&store).await, "not renewed after the caller gave up");
         claim.keep();
+    }
+
+    /// A task woken after the last moment a renewal may start (the
+    /// runtime was busy) stops renewing that claim; it does not spin on an
+    /// entry that stays due.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_late_wake_past_the_total_hold_does_not_spin() {
+        let store = MemoryStore::default();
+        assert!(free_for(&store, b"me").await);
+        let renewer = Renewer::new(store.clone());
+        // Due after 20 ms, last renewal may start at 40 ms.
+        let _reg = register(&renewer, TTL + TTL * 2 / 3);
+        // The only thread is busy past both.
+        std::thread::sleep(TTL);
+        tokio::time::sleep(TTL * 2).await;
+        let wakes = renewer
+            .shared
+            .wakes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(wakes < 10, "the task woke {wakes} times");
     }
 
     /// Puts `k` for [`TTL`] with `value`; whether it was free.
