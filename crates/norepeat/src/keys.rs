@@ -5,23 +5,35 @@
 //!   Redis;
 //! - `mode` is one letter: `t` token, `f` fingerprint, `i` idempotency,
 //!   `r` rate limit;
-//! - `tag` is the first 96 bits of BLAKE3 over the key's *scope* (tenant or
-//!   user, method, concrete request path) and its *content* (fingerprint, client
-//!   key), in base64url: always 16 characters.
+//! - `tag` is the first bits of BLAKE3 over the key's *scope* (tenant or
+//!   user, method, concrete request path) and its *content* (fingerprint,
+//!   client key), in base64url: 16 characters (96 bits) for tokens,
+//!   idempotency records and rate limits, 10 characters (60 bits) for a
+//!   fingerprint's window ([`Mode::tag_chars`]).
 //!
-//! With the default prefix a key is 20 bytes (`nr:fAbCdEfGhIjKlMnOp`),
-//! against 29 for the former layout (`nr:f:{` + 22 characters + `}`). On
-//! Redis 7.0 this saves no memory (keys of 15 to 30 bytes share one
-//! allocation class); BENCHMARKS.md has the measurement and what the bytes
-//! per key are made of.
+//! With the default prefix a fingerprint key is 14 bytes (`nr:fAbCdEfGhIj`)
+//! and every other key 20 (`nr:iAbCdEfGhIjKlMnOp`).
+//!
+//! **Why a fingerprint key is shorter.** On Redis 7.0 (jemalloc) a key
+//! name lives in an allocation of 1 + length + 1 bytes: up to 14 bytes
+//! that is 16, from 15 to 30 bytes 32. A key with a TTL then costs about
+//! 118 bytes in all at 14 bytes, 134 at 15 to 30 (BENCHMARKS.md has the
+//! measurement). Fingerprint keys are the guard's bulk: one per request in
+//! the window. They live for seconds, and a collision of two of them only
+//! makes a different request look like a repeat for the rest of a window
+//! (a 409, nothing stored or replayed). With `n` live fingerprint keys, a
+//! new request meets an unrelated one with probability `n / 2^60`: below
+//! one in a million million at a million live keys. Records that are kept
+//! for a day (idempotency) or that carry a use (tokens) keep 96 bits.
 //!
 //! **Injective.** The parts are length-prefixed before hashing, so a user id
 //! containing `:`, `{` or `}` can never produce the same input as another
-//! user's. The key itself reads back unambiguously from its end: the last 16
-//! characters are the tag, the one before them the mode, the one before that
-//! the `:` that ends the prefix (base64url has no `:`). So two keys are equal
-//! only if prefix, mode and tag are. 96 bits keep a collision between two
-//! live keys of one mode unlikely below about 2^48 keys.
+//! user's. The key itself reads back unambiguously from its end: base64url
+//! has no `:`, so the last `:` ends the prefix, the letter after it is the
+//! mode, and the rest is the tag, whose length the mode fixes. So two keys
+//! are equal only if prefix, mode and tag are. 96 bits keep a collision
+//! between two live keys of one mode unlikely below about 2^48 keys, 60
+//! bits below about 2^30.
 //!
 //! **No hash tag.** Every store operation touches one key (each Lua script
 //! in `store/redis/lua/` reads and writes `KEYS[1]` only), so Redis Cluster can
@@ -29,6 +41,13 @@
 //! none is written. A future operation that touches two keys must give
 //! both the same hash tag. The prefix may not contain `{` or `}`, so it can
 //! never form a hash tag by accident (base64url has neither).
+//!
+//! **Changing the layout between deployments.** A release that changes a
+//! key's layout makes new keys for the same requests. For fingerprint keys
+//! that lasts one window: while old and new instances serve side by side,
+//! a repeat that reaches one of each is not stopped at the door (the
+//! database's unique keys still stop its effect). Keep the prefix and the
+//! release the same across a fleet when that matters.
 //!
 //! The key string of [`#[norepeat::guard]`](macro@crate::guard) is made the
 //! same way: [`KeyParts`] length-prefixes each literal segment of its
@@ -42,7 +61,8 @@
 //! let b = keys.key(Mode::Fingerprint, &[b"user", b"1:POST", b"/orders"]);
 //! assert_ne!(a, b);
 //! assert!(a.starts_with("shop:f"));
-//! assert_eq!(a.len(), "shop:f".len() + 16);
+//! assert_eq!(a.len(), "shop:f".len() + Mode::Fingerprint.tag_chars());
+//! assert_eq!(KeyBuilder::default().key(Mode::Fingerprint, &[b"n"]).len(), 14);
 //! assert_eq!(KeyBuilder::default().key(Mode::Token, &[b"n"]).len(), 20);
 //! ```
 
@@ -50,7 +70,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use std::sync::Arc;
 
-/// Bytes of digest a key keeps: 96 bits, 16 base64url characters.
+/// The most digest bytes a key reads: 96 bits, 16 base64url characters.
 const TAG_BYTES: usize = 12;
 
 /// What a key is for; one letter in the key.
@@ -76,6 +96,23 @@ impl Mode {
             Mode::Fingerprint => 'f',
             Mode::Idempotency => 'i',
             Mode::RateLimit => 'r',
+        }
+    }
+
+    /// The base64url characters of digest a key of this mode keeps: 10
+    /// (60 bits) for [`Mode::Fingerprint`], 16 (96 bits) for the others.
+    /// The [module docs](self) say why.
+    ///
+    /// ```
+    /// use norepeat::keys::Mode;
+    /// assert_eq!(Mode::Fingerprint.tag_chars(), 10);
+    /// assert_eq!(Mode::Idempotency.tag_chars(), 16);
+    /// ```
+    #[must_use]
+    pub const fn tag_chars(self) -> usize {
+        match self {
+            Mode::Fingerprint => 10,
+            Mode::Token | Mode::Idempotency | Mode::RateLimit => 16,
         }
     }
 }
@@ -124,8 +161,9 @@ impl KeyBuilder {
         self.key_for_digest(mode, h.finalize().as_bytes())
     }
 
-    /// The key for a digest computed elsewhere (its first 12 bytes, 96
-    /// bits, are used).
+    /// The key for a digest computed elsewhere: its first
+    /// [`mode.tag_chars()`](Mode::tag_chars) × 6 bits are used (96 or 60).
+    /// A digest shorter than 12 bytes gives a shorter tag.
     #[must_use]
     pub fn key_for_digest(&self, mode: Mode, digest: &[u8]) -> String {
         let tag = &digest[..digest.len().min(TAG_BYTES)];
@@ -133,7 +171,11 @@ impl KeyBuilder {
         key.push_str(&self.prefix);
         key.push(':');
         key.push(mode.letter());
+        let start = key.len();
         URL_SAFE_NO_PAD.encode_string(tag, &mut key);
+        // base64url is ASCII, so any length is a char boundary; its first
+        // `n` characters are the digest's first 6n bits.
+        key.truncate(start + mode.tag_chars().min(key.len() - start));
         key
     }
 }
@@ -318,8 +360,35 @@ mod tests {
         assert!(k.starts_with("nr:i"));
         assert!(!k.contains(['{', '}']));
         let digest = [0xffu8; 32];
-        let d = KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest);
-        assert_eq!(d, "nr:f________________");
+        let d = KeyBuilder::default().key_for_digest(Mode::Token, &digest);
+        assert_eq!(d, "nr:t________________");
+    }
+
+    #[test]
+    fn fingerprint_keys_are_fourteen_bytes_of_the_first_sixty_bits() {
+        let mut digest = [0u8; 32];
+        digest[..8].copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf0]);
+        let k = KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest);
+        assert_eq!(k, "nr:f__________");
+        // Bits past the 60th do not change the key.
+        digest[7] = 0xff;
+        digest[11] = 0x01;
+        assert_eq!(
+            KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest),
+            k
+        );
+        // Bit 60 (the last one kept) does.
+        digest[7] = 0xe0;
+        assert_ne!(
+            KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest),
+            k
+        );
+        assert_eq!(
+            KeyBuilder::default()
+                .key(Mode::Fingerprint, &[b"u", b"POST"])
+                .len(),
+            14
+        );
     }
 
     proptest! {
@@ -334,7 +403,13 @@ mod tests {
             let modes = [Mode::Token, Mode::Fingerprint, Mode::Idempotency, Mode::RateLimit];
             let a = KeyBuilder::new(&p1).key_for_digest(modes[m1], &d1);
             let b = KeyBuilder::new(&p2).key_for_digest(modes[m2], &d2);
-            prop_assert_eq!(p1 == p2 && m1 == m2 && d1 == d2, a == b);
+            // What a key of the mode keeps: 96 bits, or 60 for fingerprints.
+            let kept = |m: usize, d: &[u8]| -> u128 {
+                let mut v = [0u8; 16];
+                v[..12].copy_from_slice(d);
+                u128::from_be_bytes(v) >> (128 - 6 * modes[m].tag_chars())
+            };
+            prop_assert_eq!(p1 == p2 && m1 == m2 && kept(m1, &d1) == kept(m2, &d2), a == b);
         }
     }
 }

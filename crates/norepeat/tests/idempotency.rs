@@ -16,7 +16,7 @@ use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::Resilient;
-use norepeat::store::{MemoryStore, RedisStore, Store};
+use norepeat::store::{KeyValueStoreExt, MemoryStore, RedisStore, Store};
 use norepeat_testkit::RedisServer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -169,6 +169,7 @@ both!(
     request_describing_4xx_are_stored_moment_ones_not,
     request_body_over_64k_is_413,
     waiting_repeat_runs_itself_when_the_first_fails,
+    a_claim_the_previous_release_wrote_is_honoured,
 );
 
 async fn repeat_is_replayed_byte_for_byte_without_a_run<G: Store + Clone>(store: G) {
@@ -210,6 +211,52 @@ async fn other_request_same_key_is_422<G: Store + Clone>(store: G) {
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.code(), "idempotency_key_mismatch");
     assert_eq!(other.headers["content-type"], "application/problem+json");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A rolling deploy: an instance of the release before the 12-byte
+/// in-progress record (version 3) holds a key with its 28-byte version-2
+/// claim. This release must read it: a retry waits (409), a different
+/// request is refused (422), nothing runs twice; and once the old instance
+/// completes, the result is replayed.
+async fn a_claim_the_previous_release_wrote_is_honoured<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store.clone()), &runs);
+    let first = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // The completed record (version 2) carries the whole 16-byte request
+    // fingerprint after its version and state bytes: the old claim is made
+    // from it.
+    let key = KeyBuilder::default().key(Mode::Idempotency, &[b"u1", b"POST", b"/payments", b"k"]);
+    let ttl = Duration::from_secs(60);
+    let completed = store.put_if_absent(&key, b"x", ttl).await.unwrap().unwrap();
+    assert_eq!(&completed[..2], &[2, 2], "a version-2 completed record");
+    let mut old_claim = vec![2u8, 1];
+    old_claim.extend_from_slice(&completed[2..18]);
+    old_claim.extend_from_slice(&[0xa5; 10]);
+    assert!(
+        store
+            .replace_if_equals(&key, &completed, &old_claim, ttl)
+            .await
+            .unwrap()
+    );
+
+    let retry = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.code(), "idempotency_key_in_use");
+    let other = pay_with(&app, "u1", "k", r#"{"orderId":"o1","amount":2000}"#).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.code(), "idempotency_key_mismatch");
+    // The old instance completes (owner-checked on its own bytes).
+    assert!(
+        store
+            .replace_if_equals(&key, &old_claim, &completed, ttl)
+            .await
+            .unwrap()
+    );
+    let replay = pay_with(&app, "u1", "k", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

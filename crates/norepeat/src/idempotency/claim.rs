@@ -71,7 +71,7 @@ pub(super) async fn claim<G: KeyValueStore + Clone>(
             Ok(r) => r,
             Err(e) => return on_failure(cfg, StoreError::Protocol(e.to_string())),
         };
-        if rec.fingerprint != *fingerprint {
+        if !rec.is_for(fingerprint) {
             metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
             return Claimed::Refused(IdempotencyError::Mismatch);
         }

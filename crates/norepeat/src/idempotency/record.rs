@@ -1,8 +1,8 @@
 //! The record an `Idempotency-Key` holds in the store, as compact bytes.
 //!
 //! ```text
-//! version 2 (written):
-//! in progress: version=2(1) state=1(1) fingerprint(16) owner(10)
+//! written:
+//! in progress: version=3(1) state=1(1) fingerprint(4) owner(6)
 //! completed:   version=2(1) state=2(1) fingerprint(16)
 //!              status(u16) header_count(u8)
 //!              { name  value_len(u16) value } * header_count
@@ -10,47 +10,68 @@
 //!   name: name_len(u8, 1..=255) name, or 0 and an index(u8) into
 //!         WELL_KNOWN (the layer's default allow-list, in a fixed order)
 //!
-//! version 1 (still read, no longer written):
-//! in progress: version=1(1) state=1(1) owner(16) fingerprint(16)
-//! completed:   version=1(1) state=2(1) owner(16) fingerprint(16)
-//!              status(u16) header_count(u16)
-//!              { name_len(u16) name  value_len(u32) value } * header_count
-//!              body (the rest)
+//! still read, no longer written:
+//! in progress, version 2: version=2(1) state=1(1) fingerprint(16) owner(10)
+//! version 1: in progress: version=1(1) state=1(1) owner(16) fingerprint(16)
+//!            completed:   version=1(1) state=2(1) owner(16) fingerprint(16)
+//!                         status(u16) header_count(u16)
+//!                         { name_len(u16) name  value_len(u32) value } * header_count
+//!                         body (the rest)
 //! ```
 //!
 //! Integers are big endian. The first byte is the version, the second the
 //! state; a version this code does not know is refused, never guessed at.
 //!
-//! The in-progress record is 28 bytes and unique per claim (80 random bits
+//! The in-progress record is 12 bytes and unique per claim (48 random bits
 //! of the claim's owner), so the store's compare-and-set on the whole value
 //! is the fence: only the request that wrote these bytes can renew, release
-//! or complete them. A completed record keeps no owner: nothing is fenced
-//! on it (a completion replaces the in-progress bytes, and a completed
-//! record is only read, replayed and left to expire); it decodes with an
-//! all-zero owner. Binary, not JSON with base64: a replayed body is stored
-//! as is, without a third more bytes or a decode step.
+//! or complete them. It keeps 32 bits of the request's fingerprint, enough
+//! to tell a different request under the same key (422) from a retry of
+//! this one (409) while the first still runs; a completed record keeps all
+//! 128, which decide whether a retry is replayed. A completed record keeps
+//! no owner: nothing is fenced on it (a completion replaces the in-progress
+//! bytes, and a completed record is only read, replayed and left to
+//! expire); it decodes with an all-zero owner. Binary, not JSON with
+//! base64: a replayed body is stored as is, without a third more bytes or a
+//! decode step.
 //!
-//! Why these widths (version 2 against version 1), measured by `norepeat
-//! bench` on Redis 7.0 (BENCHMARKS.md): Redis keeps a value of up to 44
-//! bytes in one allocation with its object header (16 + 3 + length + 1
-//! bytes), so 28 bytes fill a 48-byte jemalloc class where version 1's 34
-//! took a 56-byte one. A longer value lives in a separate allocation of
-//! 3 + length + 1 bytes: a completed record of a 64-byte JSON body with its
-//! `content-type` is 105 bytes in version 2 (a 112-byte class) against 136
-//! in version 1 (160); naming `content-type` by its index saves the 11
-//! bytes that keep it under 112. Header names over 255 bytes, values over 64 KiB and
-//! headers past the 255th are left out rather than truncated; the layer's
-//! allow-list stores a handful of short headers.
+//! Why these widths, measured by `norepeat bench` on Redis 7.0
+//! (BENCHMARKS.md): Redis keeps a value of up to 44 bytes in one allocation
+//! with its object header (16 + 3 + length + 1 bytes), so 12 bytes fill a
+//! 32-byte jemalloc class where version 2's 28 took 48 and version 1's 34
+//! took 64: 149 bytes per in-progress key in all, against 165 and 181. A
+//! longer value lives in a separate allocation of 3 + length + 1 bytes: a
+//! completed record of a 64-byte JSON body with its `content-type` is 105
+//! bytes in version 2 (a 112-byte class) against 136 in version 1 (160);
+//! naming `content-type` by its index saves the 11 bytes that keep it under
+//! 112. Header names over 255 bytes, values over 64 KiB and headers past
+//! the 255th are left out rather than truncated; the layer's allow-list
+//! stores a handful of short headers.
+//!
+//! **Between deployments.** Every version here is read, so a release that
+//! writes version 3 reads what the one before it left (in progress or
+//! completed), and a rolling deploy forgets nothing. A release that cannot
+//! read version 3 (before this one) refuses such a record as malformed
+//! while it sees one, that is only while a request claimed by a newer
+//! instance is still running; it then answers as its store-failure policy
+//! says (503 `guard_unavailable` when closed).
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
+/// The version of a completed record (and of a version-2 in-progress one).
 const VERSION: u8 = 2;
 const VERSION_1: u8 = 1;
+/// The version of an in-progress record as written now.
+const VERSION_3: u8 = 3;
 const IN_PROGRESS: u8 = 1;
 const COMPLETED: u8 = 2;
-/// Random bits of the owner an in-progress record keeps, in bytes.
-const OWNER_BYTES: usize = 10;
+/// Random bits of the owner a version-2 in-progress record keeps, in bytes.
+const OWNER_BYTES_V2: usize = 10;
+/// Random bits of the owner a version-3 in-progress record keeps, in bytes.
+const OWNER_BYTES: usize = 6;
+/// Bits of the fingerprint a version-3 in-progress record keeps, in bytes.
+const FINGERPRINT_BYTES_V3: usize = 4;
 /// Version, state and fingerprint: what every version-2 record starts with.
 const HEAD: usize = 2 + 16;
 
@@ -67,7 +88,8 @@ const WELL_KNOWN: [HeaderName; 8] = [
     http::header::LINK,
 ];
 
-/// Who wrote a record: 128 random bits per claim (a record keeps 80).
+/// Who wrote a record: 128 random bits per claim (an in-progress record
+/// keeps 48).
 pub(crate) type Owner = [u8; 16];
 
 /// The part of the request fingerprint a record keeps (128 bits).
@@ -79,9 +101,22 @@ pub(crate) struct Record {
     /// The bits of the owner the record keeps, the rest zero (all zero in a
     /// version-2 completed record).
     pub(crate) owner: Owner,
+    /// The bytes of the fingerprint the record keeps, the rest zero: see
+    /// [`fingerprint_len`](Self::fingerprint_len).
     pub(crate) fingerprint: Digest,
+    /// How many leading bytes of `fingerprint` the record kept: 16, or 4 in
+    /// a version-3 in-progress record.
+    pub(crate) fingerprint_len: usize,
     /// `None` while the first request is still running.
     pub(crate) completed: Option<Completed>,
+}
+
+impl Record {
+    /// Whether `fingerprint` is the request this record was written for,
+    /// as far as the record can tell (the bytes it kept).
+    pub(crate) fn is_for(&self, fingerprint: &Digest) -> bool {
+        self.fingerprint[..self.fingerprint_len] == fingerprint[..self.fingerprint_len]
+    }
 }
 
 /// A stored response.
@@ -97,11 +132,11 @@ pub(crate) struct Completed {
 #[error("malformed idempotency record: {0}")]
 pub(crate) struct Malformed(&'static str);
 
-/// The 28 bytes of an in-progress record.
+/// The 12 bytes of an in-progress record (version 3).
 pub(crate) fn in_progress(owner: &Owner, fingerprint: &Digest) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEAD + OWNER_BYTES);
-    out.extend_from_slice(&[VERSION, IN_PROGRESS]);
-    out.extend_from_slice(fingerprint);
+    let mut out = Vec::with_capacity(2 + FINGERPRINT_BYTES_V3 + OWNER_BYTES);
+    out.extend_from_slice(&[VERSION_3, IN_PROGRESS]);
+    out.extend_from_slice(&fingerprint[..FINGERPRINT_BYTES_V3]);
     out.extend_from_slice(&owner[..OWNER_BYTES]);
     out
 }
@@ -177,17 +212,26 @@ impl Name<'_> {
     }
 }
 
-/// Decodes a record of either version; the body shares `bytes`' buffer.
+/// Decodes a record of any version; the body shares `bytes`' buffer.
 pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
     let mut r = Reader { buf: bytes, at: 0 };
     let version = r.take(1)?[0];
     let state = r.take(1)?[0];
     let mut owner = [0; 16];
+    let mut fingerprint_len = 16;
     let fingerprint = match version {
+        VERSION_3 if state == IN_PROGRESS => {
+            let mut fingerprint = [0; 16];
+            fingerprint[..FINGERPRINT_BYTES_V3].copy_from_slice(r.take(FINGERPRINT_BYTES_V3)?);
+            fingerprint_len = FINGERPRINT_BYTES_V3;
+            owner[..OWNER_BYTES].copy_from_slice(r.take(OWNER_BYTES)?);
+            fingerprint
+        }
+        VERSION_3 => return Err(Malformed("a version-3 record is only ever in progress")),
         VERSION => {
             let fingerprint = r.array16()?;
             if state == IN_PROGRESS {
-                owner[..OWNER_BYTES].copy_from_slice(r.take(OWNER_BYTES)?);
+                owner[..OWNER_BYTES_V2].copy_from_slice(r.take(OWNER_BYTES_V2)?);
             }
             fingerprint
         }
@@ -240,6 +284,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
     Ok(Record {
         owner,
         fingerprint,
+        fingerprint_len,
         completed,
     })
 }

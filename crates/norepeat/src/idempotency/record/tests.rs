@@ -4,17 +4,47 @@ use super::*;
 use proptest::prelude::*;
 
 #[test]
-fn in_progress_round_trips_and_is_28_bytes() {
+fn in_progress_round_trips_and_is_12_bytes() {
     let owner: Owner = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
-    let b = in_progress(&owner, &[2; 16]);
-    assert_eq!(b.len(), 28);
-    assert_eq!(&b[..2], &[VERSION, IN_PROGRESS]);
+    let fingerprint: Digest = std::array::from_fn(|i| u8::try_from(i + 100).unwrap());
+    let b = in_progress(&owner, &fingerprint);
+    assert_eq!(b.len(), 12);
+    assert_eq!(&b[..2], &[VERSION_3, IN_PROGRESS]);
     let r = decode(&Bytes::from(b)).unwrap();
     let mut kept = [0; 16];
     kept[..OWNER_BYTES].copy_from_slice(&owner[..OWNER_BYTES]);
     assert_eq!(r.owner, kept);
-    assert_eq!(r.fingerprint, [2; 16]);
+    assert_eq!(r.fingerprint[..4], fingerprint[..4]);
+    assert_eq!(r.fingerprint_len, 4);
     assert!(r.completed.is_none());
+    // The request it was written for, and no other as far as 32 bits go.
+    assert!(r.is_for(&fingerprint));
+    let mut other = fingerprint;
+    other[3] ^= 1;
+    assert!(!r.is_for(&other));
+}
+
+#[test]
+fn version_2_in_progress_records_are_still_read() {
+    // What the release before version 3 wrote: 28 bytes.
+    let mut b = vec![VERSION, IN_PROGRESS];
+    b.extend_from_slice(&[2; 16]);
+    b.extend_from_slice(&[9; OWNER_BYTES_V2]);
+    let r = decode(&Bytes::from(b)).unwrap();
+    let mut kept = [0; 16];
+    kept[..OWNER_BYTES_V2].copy_from_slice(&[9; OWNER_BYTES_V2]);
+    assert_eq!(
+        (r.owner, r.fingerprint, r.fingerprint_len),
+        (kept, [2; 16], 16)
+    );
+    assert!(r.completed.is_none());
+    assert!(r.is_for(&[2; 16]));
+    let mut other = [2; 16];
+    other[15] = 3;
+    assert!(
+        !r.is_for(&other),
+        "all 16 bytes of a version-2 record count"
+    );
 }
 
 #[test]
@@ -167,6 +197,15 @@ fn rejects_what_it_does_not_understand() {
     let mut b = in_progress(&[0; 16], &[0; 16]);
     b.push(0);
     assert!(decode(&Bytes::from(b)).is_err());
+    let mut b = in_progress(&[0; 16], &[0; 16]);
+    b.pop();
+    assert!(decode(&Bytes::from(b)).is_err());
+    let mut b = in_progress(&[0; 16], &[0; 16]);
+    b[1] = COMPLETED;
+    assert!(
+        decode(&Bytes::from(b)).is_err(),
+        "version 3 is never completed"
+    );
     let h = (
         HeaderName::from_static("etag"),
         HeaderValue::from_static("\"x\""),

@@ -73,13 +73,14 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
     }))
 }
 
-/// A fingerprint unique to this run, `purpose` and `id`. A store key keeps
-/// the first 12 bytes: 4 of the run, the purpose, 7 of the id.
+/// A fingerprint unique to this run, `purpose` and `id`. A fingerprint
+/// key keeps the first 60 bits: 20 of the run, 4 of the purpose, 36 of the
+/// id (68 billion per row and run).
 pub(crate) fn fingerprint(run: u64, purpose: u8, id: u64) -> Fingerprint {
+    let head = (run & 0xF_FFFF) << 44 | u64::from(purpose & 0xF) << 40 | (id & 0xF_FFFF_FFFF) << 4;
     let mut b = [0u8; 32];
-    b[..4].copy_from_slice(&run.to_le_bytes()[..4]);
-    b[4] = purpose;
-    b[5..12].copy_from_slice(&id.to_le_bytes()[..7]);
+    b[..8].copy_from_slice(&head.to_be_bytes());
+    b[8..16].copy_from_slice(&id.to_le_bytes());
     Fingerprint(b)
 }
 
