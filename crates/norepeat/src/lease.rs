@@ -110,17 +110,20 @@ pub(crate) struct Claim<S: KeyValueStore + Clone> {
 
 impl<S: KeyValueStore + Clone> Claim<S> {
     /// Takes `key` for `ttl` with `value`, or learns who holds it.
+    /// `key` and `value` are kept as given when the claim is won: pass an
+    /// `Arc<str>` and `Bytes` to try the same claim again without copies.
     pub(crate) async fn acquire(
         store: &S,
-        key: String,
-        value: Vec<u8>,
+        key: impl Into<Arc<str>>,
+        value: impl Into<Bytes>,
         ttl: Duration,
     ) -> Result<Acquired<S>, StoreError> {
+        let (key, value) = (key.into(), value.into());
         Ok(match store.put_if_absent(&key, &value, ttl).await? {
             None => Acquired::Owned(Self {
                 store: store.clone(),
-                key: Arc::from(key),
-                value: Bytes::from(value),
+                key,
+                value,
                 ttl,
                 settled: false,
             }),
@@ -282,19 +285,29 @@ impl<S: KeyValueStore + Clone> Drop for Claim<S> {
 /// its result) even when the caller's future is dropped. A panic in the
 /// task is resumed in the caller. Without a Tokio runtime the work runs
 /// inline.
-pub(crate) async fn detach<F>(work: F) -> F::Output
+///
+/// The task is spawned by this call, not at the first poll: the caller's
+/// future then holds a join handle rather than `work` itself, which for a
+/// handler under a claim is kilobytes in every request in flight.
+pub(crate) fn detach<F>(work: F) -> impl Future<Output = F::Output> + Send
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return work.await;
-    }
-    match tokio::spawn(work).await {
-        Ok(out) => out,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Only at runtime shutdown: nothing is left to answer to.
-        Err(e) => panic!("detached work cancelled: {e}"),
+    let spawned = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Ok(rt.spawn(work)),
+        Err(_) => Err(Box::pin(work)),
+    };
+    async move {
+        match spawned {
+            Err(inline) => inline.await,
+            Ok(task) => match task.await {
+                Ok(out) => out,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Only at runtime shutdown: nothing is left to answer to.
+                Err(e) => panic!("detached work cancelled: {e}"),
+            },
+        }
     }
 }
 
@@ -307,8 +320,7 @@ mod tests {
     async fn a_dropped_run_keeps_the_key_and_a_panic_releases_it() {
         let store = MemoryStore::default();
         let ttl = Duration::from_secs(5);
-        let Ok(Acquired::Owned(claim)) =
-            Claim::acquire(&store, "k".into(), b"a".to_vec(), ttl).await
+        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
         else {
             panic!("first claim");
         };
@@ -317,8 +329,7 @@ mod tests {
         drop(claim);
         assert!(store.put_if_absent("k", b"b", ttl).await.unwrap().is_some());
 
-        let Ok(Acquired::Owned(claim)) =
-            Claim::acquire(&store, "p".into(), b"a".to_vec(), ttl).await
+        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "p", b"a".to_vec(), ttl).await
         else {
             panic!("second claim");
         };

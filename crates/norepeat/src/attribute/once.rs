@@ -5,9 +5,11 @@ use super::{Guarded, Rejected};
 use crate::degrade::on_store_error;
 use crate::lease::{Acquired, Claim, Renewal};
 use crate::store::{KeyValueStore, Store};
+use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The longest pause between two looks at a running call's claim while
@@ -107,14 +109,15 @@ impl Guarded {
         T: DeserializeOwned,
     {
         let (_, lease) = self.times();
-        let key = self.store_key(key);
+        let key: Arc<str> = Arc::from(self.store_key(key));
         let mut claim_value = Vec::with_capacity(17);
         claim_value.push(CLAIM);
         claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
+        let claim_value = Bytes::from(claim_value);
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut pause = Duration::from_millis(5);
         loop {
-            let existing = match Claim::acquire(store, key.clone(), claim_value.clone(), lease)
+            let existing = match Claim::acquire(store, Arc::clone(&key), claim_value.clone(), lease)
                 .await
             {
                 Ok(Acquired::Owned(claim)) => {

@@ -7,6 +7,7 @@ use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
 use crate::lease::{Acquired, Claim, Renewal, Renewer};
 use crate::store::{Store, StoreError};
+use bytes::Bytes;
 use std::time::Duration;
 
 /// Why [`FingerprintGuard::acquire`] refused a fingerprint. The layer
@@ -186,17 +187,16 @@ impl<S: Store + Clone> FingerprintGuard<S> {
 /// round trip. Decimal `deadline_ms * 10^6 + random`, which Redis stores as a
 /// plain integer (no string allocation).
 #[derive(Debug, Clone)]
-struct Owner(Vec<u8>);
+struct Owner(Bytes);
 
 impl Owner {
     fn new(ttl: Duration) -> Self {
         let deadline = now_ms().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(0));
         let random: u64 = rand::random_range(0..1_000_000);
-        Self(
-            (deadline % 9_000_000_000_000 * 1_000_000 + random)
-                .to_string()
-                .into_bytes(),
-        )
+        let value = deadline % 9_000_000_000_000 * 1_000_000 + random;
+        Self(Bytes::copy_from_slice(
+            itoa::Buffer::new().format(value).as_bytes(),
+        ))
     }
 
     fn time_left(value: &[u8]) -> Option<Duration> {

@@ -6,6 +6,8 @@ use super::record::{self, Completed, Digest, Owner};
 use crate::degrade::on_store_error;
 use crate::lease::{Acquired, Claim};
 use crate::store::{KeyValueStore, StoreError};
+use bytes::Bytes;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -54,11 +56,12 @@ pub(super) async fn claim<G: KeyValueStore + Clone>(
     fingerprint: &Digest,
 ) -> Claimed<G> {
     let owner: Owner = rand::random();
-    let value = record::in_progress(&owner, fingerprint);
+    let value = Bytes::from(record::in_progress(&owner, fingerprint));
+    let key: Arc<str> = Arc::from(key);
     let deadline = cfg.wait.map(|w| Instant::now() + w);
     let mut pause = Duration::from_millis(5);
     loop {
-        let taken = Claim::acquire(&cfg.store, key.to_owned(), value.clone(), cfg.lease).await;
+        let taken = Claim::acquire(&cfg.store, Arc::clone(&key), value.clone(), cfg.lease).await;
         let existing = match taken {
             Ok(Acquired::Owned(c)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);

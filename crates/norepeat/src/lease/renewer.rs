@@ -368,8 +368,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_gives_up_stops_the_renewal() {
         let store = MemoryStore::default();
-        let Ok(Acquired::Owned(claim)) =
-            Claim::acquire(&store, "k".into(), b"me".to_vec(), TTL).await
+        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "k", b"me".to_vec(), TTL).await
         else {
             panic!("first claim");
         };

@@ -39,4 +39,9 @@ pub struct BenchArgs {
     /// when no `--database sqlite://...` is given.
     #[arg(long)]
     pub sql_rows: bool,
+    /// Measure only this row (may be given more than once), without the
+    /// memory figures and the ceiling: for profiling one path.
+    #[arg(long = "only", value_name = "ROW",
+          value_parser = clap::builder::PossibleValuesParser::new(super::RESULT_NAMES))]
+    pub only: Vec<String>,
 }

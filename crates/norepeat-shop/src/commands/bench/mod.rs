@@ -98,7 +98,9 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
 
     // Memory first, while the server holds no keys of this run.
     bar.set_message("redis memory per key");
+    let only = !args.only.is_empty();
     let memory = match (single_redis, url) {
+        _ if only => Err("skipped (--only)".to_owned()),
         (true, Some(u)) => Ok(memory(u, args, run, &load).await?),
         _ => Err(format!("not measured on a {} store", store.kind())),
     };
@@ -106,6 +108,9 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
 
     let mut results = Vec::with_capacity(RESULT_NAMES.len());
     for name in RESULT_NAMES {
+        if only && !args.only.iter().any(|o| o == name) {
+            continue;
+        }
         bar.set_message(name);
         // The memory store evicts early once full (by design): give each
         // row its own, so one row's flood of keys does not evict another's.
@@ -150,6 +155,7 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
     bar.set_message("redis-benchmark ceiling");
     let ceiling = match (single_redis, url) {
         (true, Some(_)) if args.no_ceiling => Err("skipped (--no-ceiling)".to_owned()),
+        _ if only => Err("skipped (--only)".to_owned()),
         (true, Some(u)) => {
             let requests = if args.duration_ms.is_some() {
                 20_000

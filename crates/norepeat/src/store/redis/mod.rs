@@ -76,14 +76,14 @@ struct Backend<C> {
     scripts: Arc<Scripts>,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+impl<C: Connections + Send + Sync + 'static> Backend<C> {
     async fn put_if_absent(
         &self,
         key: &str,
         value: &[u8],
         ttl: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        let mut con = self.con.clone();
+        let mut con = self.con.pick();
         let old: Option<Vec<u8>> = redis::cmd("SET")
             .arg(key)
             .arg(value)
@@ -103,7 +103,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
         key: &str,
         args: &[&[u8]],
     ) -> Result<bool, StoreError> {
-        let mut con = self.con.clone();
+        let mut con = self.con.pick();
         let mut inv = script.key(key);
         for a in args {
             inv.arg(*a);
@@ -119,7 +119,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
         a: u64,
         b: u64,
     ) -> Result<RateDecision, StoreError> {
-        let mut con = self.con.clone();
+        let mut con = self.con.pick();
         let v: (i64, i64, i64) = script
             .key(key)
             .arg(a)
@@ -131,7 +131,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend<C> {
+impl<C: Connections + Send + Sync + 'static> Backend<C> {
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
         match op {
             KeyOp::PutIfAbsent { key, value, ttl } => self
@@ -207,7 +207,7 @@ macro_rules! impl_store {
             }
 
             fn reconnect(&self) {
-                super::Reconnect::reconnect(&self.0.con);
+                super::Connections::reconnect(&self.0.con);
             }
         }
 
@@ -224,12 +224,28 @@ macro_rules! impl_store {
     };
 }
 
-/// Connections that can be replaced when their replies stop coming.
-trait Reconnect {
+/// Where a [`Backend`] gets the connection of one call, and how that is
+/// replaced when its replies stop coming.
+trait Connections {
+    /// The connection one call is sent on.
+    type Con: ConnectionLike + Send;
+
+    /// The connection for the next call: a cheap handle (an `Arc` or a
+    /// channel sender), so a call goes straight to redis-rs with no
+    /// forwarding future of ours in between.
+    fn pick(&self) -> Self::Con;
+
+    /// Replaces connections whose replies stopped coming.
     fn reconnect(&self);
 }
 
-impl Reconnect for ClusterConnection {
+impl Connections for ClusterConnection {
+    type Con = ClusterConnection;
+
+    fn pick(&self) -> ClusterConnection {
+        self.clone()
+    }
+
     /// The cluster client replaces broken node connections itself.
     fn reconnect(&self) {}
 }

@@ -1,8 +1,8 @@
 //! One Redis server, over a few multiplexed connections.
 
-use super::{Backend, Reconnect, Scripts, map_err};
+use super::{Backend, Connections, Scripts, map_err};
 use crate::store::StoreError;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionManager;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -23,7 +23,7 @@ pub struct RedisStore(Backend<Pool>);
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("connections", &self.0.con.managers.len())
+            .field("connections", &self.0.con.0.managers.len())
             .finish()
     }
 }
@@ -79,15 +79,11 @@ impl RedisStore {
 
     fn with_pool(client: redis::Client, managers: Vec<ConnectionManager>) -> Self {
         Self(Backend {
-            con: Pool {
+            con: Pool(Arc::new(PoolInner {
                 client,
-                managers: managers
-                    .into_iter()
-                    .map(RwLock::new)
-                    .collect::<Vec<_>>()
-                    .into(),
-                next: Arc::new(AtomicUsize::new(0)),
-            },
+                managers: managers.into_iter().map(RwLock::new).collect(),
+                next: AtomicUsize::new(0),
+            })),
             scripts: Arc::new(Scripts::new()),
         })
     }
@@ -101,32 +97,37 @@ fn manager_config() -> redis::aio::ConnectionManagerConfig {
 }
 
 /// A few connection managers used in turn. Each call clones one (an `Arc`)
-/// under a read lock that is never held across an await.
+/// under a read lock that is never held across an await. Cloning the pool
+/// (every clone of the store) is one `Arc`.
 #[derive(Clone)]
-struct Pool {
+struct Pool(Arc<PoolInner>);
+
+struct PoolInner {
     client: redis::Client,
-    managers: Arc<[RwLock<ConnectionManager>]>,
-    next: Arc<AtomicUsize>,
+    managers: Box<[RwLock<ConnectionManager>]>,
+    next: AtomicUsize,
 }
 
-impl Pool {
+impl Connections for Pool {
+    type Con = ConnectionManager;
+
     fn pick(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
-        self.managers[i]
+        let p = &*self.0;
+        let i = p.next.fetch_add(1, Ordering::Relaxed) % p.managers.len();
+        p.managers[i]
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-}
 
-impl Reconnect for Pool {
     /// Replaces every connection with a fresh one (made on first use). A
     /// multiplexed connection whose replies stopped coming (a half-open TCP
     /// connection, a partition that swallowed packets) never recovers by
     /// itself: every later reply would be matched to an abandoned request.
     fn reconnect(&self) {
-        for slot in self.managers.iter() {
-            match ConnectionManager::new_lazy_with_config(self.client.clone(), manager_config()) {
+        let p = &*self.0;
+        for slot in &p.managers {
+            match ConnectionManager::new_lazy_with_config(p.client.clone(), manager_config()) {
                 Ok(fresh) => {
                     *slot
                         .write()
@@ -137,30 +138,6 @@ impl Reconnect for Pool {
         }
         metrics::counter!("norepeat_store_reconnects_total").increment(1);
         tracing::warn!("replaced the Redis connections after repeated timeouts");
-    }
-}
-
-impl ConnectionLike for Pool {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        let mut con = self.pick();
-        Box::pin(async move { con.req_packed_command(cmd).await })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        let mut con = self.pick();
-        Box::pin(async move { con.req_packed_commands(cmd, offset, count).await })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.client.get_connection_info().redis_settings().db()
     }
 }
 
