@@ -167,15 +167,19 @@ impl KeyBuilder {
     #[must_use]
     pub fn key_for_digest(&self, mode: Mode, digest: &[u8]) -> String {
         let tag = &digest[..digest.len().min(TAG_BYTES)];
-        let mut key = String::with_capacity(self.prefix.len() + 2 + 16);
+        // 12 bytes encode to exactly 16 characters; the first `n` of them
+        // are the digest's first 6n bits.
+        let mut encoded = [0u8; 16];
+        let len = URL_SAFE_NO_PAD
+            .encode_slice(tag, &mut encoded)
+            .unwrap_or(0)
+            .min(mode.tag_chars());
+        let mut key = String::with_capacity(self.prefix.len() + 2 + len);
         key.push_str(&self.prefix);
         key.push(':');
         key.push(mode.letter());
-        let start = key.len();
-        URL_SAFE_NO_PAD.encode_string(tag, &mut key);
-        // base64url is ASCII, so any length is a char boundary; its first
-        // `n` characters are the digest's first 6n bits.
-        key.truncate(start + mode.tag_chars().min(key.len() - start));
+        // base64url is ASCII: one char per byte.
+        key.extend(encoded[..len].iter().map(|&b| char::from(b)));
         key
     }
 }
