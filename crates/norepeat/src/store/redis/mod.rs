@@ -132,19 +132,26 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
 }
 
 impl<C: Connections + Send + Sync + 'static> Backend<C> {
+    /// One operation. The owner-checked scripts (release, renew, replace)
+    /// are boxed: a script's future (EVALSHA, and SCRIPT LOAD on NOSCRIPT)
+    /// is several times the size of a `SET`'s, and this future is part of
+    /// every claim's, held for every request in flight. A claim (`SET NX`)
+    /// allocates nothing more; a script, once per request at its end, one
+    /// small box.
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
         match op {
             KeyOp::PutIfAbsent { key, value, ttl } => self
                 .put_if_absent(key, value, ttl)
                 .await
                 .map(KeyReply::Held),
-            KeyOp::DeleteIfEquals { key, expected } => self
-                .eval_bool(&self.scripts.release, key, &[expected])
-                .await
-                .map(KeyReply::Changed),
+            KeyOp::DeleteIfEquals { key, expected } => {
+                Box::pin(self.eval_bool(&self.scripts.release, key, &[expected]))
+                    .await
+                    .map(KeyReply::Changed)
+            }
             KeyOp::ExpireIfEquals { key, expected, ttl } => {
                 let ms = ttl_ms(ttl).to_string();
-                self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()])
+                Box::pin(self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()]))
                     .await
                     .map(KeyReply::Changed)
             }
@@ -155,11 +162,11 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 ttl,
             } => {
                 let ms = ttl_ms(ttl).to_string();
-                self.eval_bool(
+                Box::pin(self.eval_bool(
                     &self.scripts.replace,
                     key,
                     &[expected, value, ms.as_bytes()],
-                )
+                ))
                 .await
                 .map(KeyReply::Changed)
             }
