@@ -1,4 +1,4 @@
-//! [`IdempotencyLayer`](super::IdempotencyLayer): the tower layer, its settings, and which responses are stored ([`StorePolicy`](super::StorePolicy)).
+//! [`IdempotencyLayer`]: the tower layer, its settings, and which responses are stored ([`StorePolicy`]).
 
 use super::service::Idempotency;
 use crate::degrade::FailurePolicy;

@@ -1,4 +1,4 @@
-//! [`RateLimitLayer`](super::RateLimitLayer): one or more quotas in front of a service, each with its key extractor.
+//! [`RateLimitLayer`]: one or more quotas in front of a service, each with its key extractor.
 
 use super::key::ExtractKey;
 use super::limiter::RateLimiter;

@@ -7,7 +7,7 @@ use crate::store::{KeyOp, KeyReply, KeyValueStore, StoreError};
 use std::time::Duration;
 
 /// The operations, written once and compiled for each database (their
-/// sqlx types differ; the statements come from [`Statements`]).
+/// sqlx types differ; the statements come from [`Statements`](super::statements::Statements)).
 macro_rules! impl_sql_store {
     ($db:ty) => {
         impl SqlStore<$db> {
