@@ -316,6 +316,33 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
 
+    /// `detach` spawns when called: the work starts without the returned
+    /// future being polled, and that future holds a join handle, not the
+    /// work (before, it held the work until its first poll, which put a
+    /// whole handler's future into every idempotency request's).
+    #[tokio::test]
+    async fn detach_spawns_at_once_and_does_not_carry_the_work() {
+        let (started, is_started) = tokio::sync::oneshot::channel();
+        let work = async move {
+            let buf = [7u8; 4096];
+            let _ = started.send(());
+            tokio::task::yield_now().await;
+            buf.iter().map(|&b| u64::from(b)).sum::<u64>()
+        };
+        assert!(std::mem::size_of_val(&work) >= 4096);
+        let detached = detach(work);
+        assert!(
+            std::mem::size_of_val(&detached) < 256,
+            "the detached future is {} bytes",
+            std::mem::size_of_val(&detached)
+        );
+        tokio::time::timeout(Duration::from_secs(5), is_started)
+            .await
+            .expect("the work runs before its future is polled")
+            .expect("the work sends");
+        assert_eq!(detached.await, 7 * 4096);
+    }
+
     #[tokio::test]
     async fn a_dropped_run_keeps_the_key_and_a_panic_releases_it() {
         let store = MemoryStore::default();

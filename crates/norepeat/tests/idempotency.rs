@@ -83,6 +83,15 @@ fn payment(user: &str, key: Option<&[u8]>) -> http::request::Builder {
 
 const BODY: &str = r#"{"orderId":"o1","amount":1999}"#;
 
+/// The store key of `user`'s `POST /payments` with `Idempotency-Key: key`
+/// (the layer's default key layout).
+fn record_key(user: &str, key: &str) -> String {
+    KeyBuilder::default().key(
+        Mode::Idempotency,
+        &[user.as_bytes(), b"POST", b"/payments", key.as_bytes()],
+    )
+}
+
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,
@@ -227,7 +236,7 @@ async fn a_claim_the_previous_release_wrote_is_honoured<G: Store + Clone>(store:
     // The completed record (version 2) carries the whole 16-byte request
     // fingerprint after its version and state bytes: the old claim is made
     // from it.
-    let key = KeyBuilder::default().key(Mode::Idempotency, &[b"u1", b"POST", b"/payments", b"k"]);
+    let key = record_key("u1", "k");
     let ttl = Duration::from_secs(60);
     let completed = store.put_if_absent(&key, b"x", ttl).await.unwrap().unwrap();
     assert_eq!(&completed[..2], &[2, 2], "a version-2 completed record");
@@ -585,13 +594,50 @@ async fn replay_survives_a_process_restart() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 
     // The record lives in Redis for the retention period, 24 h by default.
-    let key = KeyBuilder::default().key(Mode::Idempotency, &[b"u1", b"POST", b"/payments", b"k"]);
+    let key = record_key("u1", "k");
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
         .query_async(&mut redis.connection().await)
         .await
         .unwrap();
     assert!(pttl > 23 * 3600 * 1000, "pttl {pttl}");
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+/// The store forgets every record (FLUSHALL) while a request runs: a
+/// retry claims the key afresh and runs, and the first request, when it
+/// ends, cannot overwrite the retry's record (the 12-byte claim is still
+/// the fence). Its client still gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "600")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let second = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert!(!second.replayed());
+    assert!(
+        std::str::from_utf8(&second.body)
+            .unwrap()
+            .contains("\"p2\"")
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(std::str::from_utf8(&first.body).unwrap().contains("\"p1\""));
+    let replay = pay_with(&app, "u1", "k", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, second.body, "the retry's record stands");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 

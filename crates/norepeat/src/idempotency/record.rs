@@ -59,9 +59,10 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-/// The version of a completed record (and of a version-2 in-progress one).
-const VERSION: u8 = 2;
 const VERSION_1: u8 = 1;
+/// The version of a completed record as written now (and of a version-2
+/// in-progress one, still read).
+const VERSION_2: u8 = 2;
 /// The version of an in-progress record as written now.
 const VERSION_3: u8 = 3;
 const IN_PROGRESS: u8 = 1;
@@ -69,7 +70,7 @@ const COMPLETED: u8 = 2;
 /// Random bits of the owner a version-2 in-progress record keeps, in bytes.
 const OWNER_BYTES_V2: usize = 10;
 /// Random bits of the owner a version-3 in-progress record keeps, in bytes.
-const OWNER_BYTES: usize = 6;
+const OWNER_BYTES_V3: usize = 6;
 /// Bits of the fingerprint a version-3 in-progress record keeps, in bytes.
 const FINGERPRINT_BYTES_V3: usize = 4;
 /// Version, state and fingerprint: what every version-2 record starts with.
@@ -134,10 +135,10 @@ pub(crate) struct Malformed(&'static str);
 
 /// The 12 bytes of an in-progress record (version 3).
 pub(crate) fn in_progress(owner: &Owner, fingerprint: &Digest) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + FINGERPRINT_BYTES_V3 + OWNER_BYTES);
+    let mut out = Vec::with_capacity(2 + FINGERPRINT_BYTES_V3 + OWNER_BYTES_V3);
     out.extend_from_slice(&[VERSION_3, IN_PROGRESS]);
     out.extend_from_slice(&fingerprint[..FINGERPRINT_BYTES_V3]);
-    out.extend_from_slice(&owner[..OWNER_BYTES]);
+    out.extend_from_slice(&owner[..OWNER_BYTES_V3]);
     out
 }
 
@@ -174,7 +175,7 @@ pub(crate) fn completed<'a>(
             .sum::<usize>()
         + body.len();
     let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&[VERSION, COMPLETED]);
+    out.extend_from_slice(&[VERSION_2, COMPLETED]);
     out.extend_from_slice(fingerprint);
     out.extend_from_slice(&status.as_u16().to_be_bytes());
     // At most u8::MAX headers were taken above.
@@ -224,11 +225,11 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
             let mut fingerprint = [0; 16];
             fingerprint[..FINGERPRINT_BYTES_V3].copy_from_slice(r.take(FINGERPRINT_BYTES_V3)?);
             fingerprint_len = FINGERPRINT_BYTES_V3;
-            owner[..OWNER_BYTES].copy_from_slice(r.take(OWNER_BYTES)?);
+            owner[..OWNER_BYTES_V3].copy_from_slice(r.take(OWNER_BYTES_V3)?);
             fingerprint
         }
         VERSION_3 => return Err(Malformed("a version-3 record is only ever in progress")),
-        VERSION => {
+        VERSION_2 => {
             let fingerprint = r.array16()?;
             if state == IN_PROGRESS {
                 owner[..OWNER_BYTES_V2].copy_from_slice(r.take(OWNER_BYTES_V2)?);

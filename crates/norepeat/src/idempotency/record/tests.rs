@@ -12,7 +12,7 @@ fn in_progress_round_trips_and_is_12_bytes() {
     assert_eq!(&b[..2], &[VERSION_3, IN_PROGRESS]);
     let r = decode(&Bytes::from(b)).unwrap();
     let mut kept = [0; 16];
-    kept[..OWNER_BYTES].copy_from_slice(&owner[..OWNER_BYTES]);
+    kept[..OWNER_BYTES_V3].copy_from_slice(&owner[..OWNER_BYTES_V3]);
     assert_eq!(r.owner, kept);
     assert_eq!(r.fingerprint[..4], fingerprint[..4]);
     assert_eq!(r.fingerprint_len, 4);
@@ -27,7 +27,7 @@ fn in_progress_round_trips_and_is_12_bytes() {
 #[test]
 fn version_2_in_progress_records_are_still_read() {
     // What the release before version 3 wrote: 28 bytes.
-    let mut b = vec![VERSION, IN_PROGRESS];
+    let mut b = vec![VERSION_2, IN_PROGRESS];
     b.extend_from_slice(&[2; 16]);
     b.extend_from_slice(&[9; OWNER_BYTES_V2]);
     let r = decode(&Bytes::from(b)).unwrap();
@@ -50,7 +50,7 @@ fn version_2_in_progress_records_are_still_read() {
 #[test]
 fn claims_with_different_owners_write_different_bytes() {
     let mut other = [1; 16];
-    other[OWNER_BYTES - 1] = 2;
+    other[OWNER_BYTES_V3 - 1] = 2;
     assert_ne!(
         in_progress(&[1; 16], &[2; 16]),
         in_progress(&other, &[2; 16])

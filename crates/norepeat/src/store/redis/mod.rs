@@ -150,7 +150,8 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                     .map(KeyReply::Changed)
             }
             KeyOp::ExpireIfEquals { key, expected, ttl } => {
-                let ms = ttl_ms(ttl).to_string();
+                let mut ms = itoa::Buffer::new();
+                let ms = ms.format(ttl_ms(ttl));
                 Box::pin(self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()]))
                     .await
                     .map(KeyReply::Changed)
@@ -161,7 +162,8 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 value,
                 ttl,
             } => {
-                let ms = ttl_ms(ttl).to_string();
+                let mut ms = itoa::Buffer::new();
+                let ms = ms.format(ttl_ms(ttl));
                 Box::pin(self.eval_bool(
                     &self.scripts.replace,
                     key,
