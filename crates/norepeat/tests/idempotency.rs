@@ -179,6 +179,7 @@ both!(
     request_body_over_64k_is_413,
     waiting_repeat_runs_itself_when_the_first_fails,
     a_claim_the_previous_release_wrote_is_honoured,
+    a_record_this_release_cannot_read_is_refused_not_run,
 );
 
 async fn repeat_is_replayed_byte_for_byte_without_a_run<G: Store + Clone>(store: G) {
@@ -267,6 +268,29 @@ async fn a_claim_the_previous_release_wrote_is_honoured<G: Store + Clone>(store:
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A record of a version this release does not know (what a release
+/// before version 3 meets when a newer instance holds a key): the request
+/// is refused by the store-failure policy (closed by default: 503), never
+/// run as if the key were free.
+async fn a_record_this_release_cannot_read_is_refused_not_run<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store.clone()), &runs);
+    let future_record = [9u8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let held = store
+        .put_if_absent(
+            &record_key("u1", "k"),
+            &future_record,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert!(held.is_none());
+    let refused = pay_with(&app, "u1", "k", BODY).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.code(), "guard_unavailable");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
 async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
