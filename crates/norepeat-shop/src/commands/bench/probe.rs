@@ -60,6 +60,81 @@ impl PrivateRedis {
     }
 }
 
+/// Waits, before a row, until the keys the earlier rows left behind have
+/// expired and the server has reclaimed them.
+///
+/// Every key the bench writes has a TTL (3 s in the rows that write many),
+/// and Redis reclaims expired keys in its own background cycle, on the
+/// same two cores as the bench. Without a wait, a row pays for the row
+/// before it: `token.consume` ran while `redis.raw`'s million keys were
+/// being expired, `fingerprint.acquire` while `token.consume`'s were. The
+/// count watched is the server's keys with a TTL (`INFO keyspace`,
+/// `expires=`, every database), against what it held when the run began.
+pub(crate) struct Settle {
+    con: MultiplexedConnection,
+    baseline: u64,
+}
+
+impl Settle {
+    /// Keys with a TTL the server may hold above the baseline and still
+    /// count as settled (a row's few long-lived keys, other clients').
+    const SLACK: u64 = 2_000;
+    /// The longest wait before a row; a row that starts unsettled is
+    /// logged.
+    const MAX_WAIT: Duration = Duration::from_secs(20);
+
+    /// Connects and reads the baseline.
+    pub(crate) async fn new(url: &str) -> Result<Self, BenchError> {
+        let mut con = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let baseline = expiring_keys(&mut con).await?;
+        Ok(Self { con, baseline })
+    }
+
+    /// Waits until the server is back to the baseline (plus
+    /// [`Self::SLACK`]), at most [`Self::MAX_WAIT`]; returns how long it
+    /// waited.
+    pub(crate) async fn wait(&mut self, row: &str) -> Result<Duration, BenchError> {
+        let start = std::time::Instant::now();
+        loop {
+            let now = expiring_keys(&mut self.con).await?;
+            if now <= self.baseline + Self::SLACK {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() >= Self::MAX_WAIT {
+                tracing::warn!(
+                    row,
+                    keys = now - self.baseline,
+                    "starting the row before earlier rows' keys expired"
+                );
+                return Ok(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Keys with a TTL in every database (`INFO keyspace`, `expires=`).
+async fn expiring_keys(con: &mut MultiplexedConnection) -> Result<u64, BenchError> {
+    let info: String = redis::cmd("INFO").arg("keyspace").query_async(con).await?;
+    Ok(sum_expires(&info))
+}
+
+/// The sum of `expires=N` over the `dbK:` lines of `INFO keyspace`.
+fn sum_expires(info: &str) -> u64 {
+    info.lines()
+        .filter(|l| l.starts_with("db"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("expires="))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// A line `name:value` of `INFO section`.
 async fn info_field(
     con: &mut MultiplexedConnection,
@@ -315,4 +390,16 @@ pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling,
         command: format!("redis-benchmark {shown} {}", command.join(" ")),
         ops_per_s: ops,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sum_expires;
+
+    #[test]
+    fn expiring_keys_are_summed_over_every_database() {
+        let info = "# Keyspace\r\ndb0:keys=10,expires=7,avg_ttl=100\r\ndb3:keys=5,expires=2,avg_ttl=9,subexpiry=0\r\n";
+        assert_eq!(sum_expires(info), 9);
+        assert_eq!(sum_expires("# Keyspace\r\n"), 0);
+    }
 }

@@ -219,7 +219,8 @@ pub(crate) async fn cycle_on<G: KeyValueStore + Clone>(
         tower::service_fn(|_req: Request<Full<Bytes>>| async { Ok::<_, Infallible>(created()) });
     let svc = IdempotencyLayer::new(store.clone())
         .route("/payments")
-        .retention(Duration::from_secs(30))
+        // 3 s, as `redis.raw`'s keys (see `probe::Settle`).
+        .retention(Duration::from_secs(3))
         .layer(inner);
     measure(load, move |id| {
         let svc = svc.clone();
