@@ -55,7 +55,8 @@ pub(super) async fn claim<G: KeyValueStore + Clone>(
     key: &str,
     fingerprint: &Digest,
 ) -> Claimed<G> {
-    let owner: Owner = rand::random();
+    let mut owner: Owner = [0; 16];
+    rand::fill(&mut owner[..]);
     let value = Bytes::from(record::in_progress(&owner, fingerprint));
     let key: Arc<str> = Arc::from(key);
     let deadline = cfg.wait.map(|w| Instant::now() + w);

@@ -130,7 +130,10 @@ impl TokenSigner {
         let expiry = now_ms()
             .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .to_le_bytes();
-        let nonce: [u8; NONCE] = rand::random();
+        // `rand::fill`, not `rand::random()`: an array of bytes from
+        // `random` draws a word per byte.
+        let mut nonce = [0u8; NONCE];
+        rand::fill(&mut nonce[..]);
         let mut raw = [0u8; RAW_LEN];
         raw[0] = VERSION;
         raw[1..9].copy_from_slice(&expiry);

@@ -124,7 +124,12 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
         }
         if let Some(s) = &mut settle {
             bar.set_message(format!("{name}: waiting for earlier keys to expire"));
-            s.wait(name).await?;
+            let waited = s.wait(name).await?;
+            tracing::debug!(
+                row = name,
+                waited_ms = waited.as_millis(),
+                "earlier keys expired"
+            );
         }
         bar.set_message(name);
         // The memory store evicts early once full (by design): give each

@@ -2,9 +2,10 @@
 
 use super::{Backend, Connections, Scripts, map_err};
 use crate::store::StoreError;
+use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One Redis server, through a [`ConnectionManager`] that multiplexes every
@@ -81,8 +82,7 @@ impl RedisStore {
         Self(Backend {
             con: Pool(Arc::new(PoolInner {
                 client,
-                managers: managers.into_iter().map(RwLock::new).collect(),
-                next: AtomicUsize::new(0),
+                managers: managers.into_iter().map(ArcSwap::from_pointee).collect(),
             })),
             scripts: Arc::new(Scripts::new()),
         })
@@ -96,16 +96,23 @@ fn manager_config() -> redis::aio::ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// A few connection managers used in turn. Each call clones one (an `Arc`)
-/// under a read lock that is never held across an await. Cloning the pool
-/// (every clone of the store) is one `Arc`.
+/// A few connection managers used in turn. Each call clones one (an `Arc`);
+/// the slots are read without a lock or a shared counter, so that two
+/// threads picking at once do not write to the same cache line. Cloning the
+/// pool (every clone of the store) is one `Arc`.
 #[derive(Clone)]
 struct Pool(Arc<PoolInner>);
 
 struct PoolInner {
     client: redis::Client,
-    managers: Box<[RwLock<ConnectionManager>]>,
-    next: AtomicUsize,
+    /// Replaced whole by [`Pool::reconnect`].
+    managers: Box<[ArcSwap<ConnectionManager>]>,
+}
+
+thread_local! {
+    /// The turn of this thread's next pick (across pools): round robin per
+    /// thread, with no counter shared between threads.
+    static TURN: Cell<usize> = const { Cell::new(0) };
 }
 
 impl Connections for Pool {
@@ -113,11 +120,12 @@ impl Connections for Pool {
 
     fn pick(&self) -> ConnectionManager {
         let p = &*self.0;
-        let i = p.next.fetch_add(1, Ordering::Relaxed) % p.managers.len();
-        p.managers[i]
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        let turn = TURN.with(|t| {
+            let turn = t.get();
+            t.set(turn.wrapping_add(1));
+            turn
+        });
+        ConnectionManager::clone(&p.managers[turn % p.managers.len()].load())
     }
 
     /// Replaces every connection with a fresh one (made on first use). A
@@ -128,11 +136,7 @@ impl Connections for Pool {
         let p = &*self.0;
         for slot in &p.managers {
             match ConnectionManager::new_lazy_with_config(p.client.clone(), manager_config()) {
-                Ok(fresh) => {
-                    *slot
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
-                }
+                Ok(fresh) => slot.store(Arc::new(fresh)),
                 Err(e) => tracing::warn!(error = %e, "could not replace a Redis connection"),
             }
         }
