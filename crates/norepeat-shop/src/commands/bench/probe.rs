@@ -394,7 +394,33 @@ pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling,
 
 #[cfg(test)]
 mod tests {
-    use super::sum_expires;
+    use super::{Settle, expiring_keys, sum_expires};
+    use norepeat_testkit::RedisServer;
+
+    /// A row waits for the keys of the rows before it: the wait cannot end
+    /// while more of them than the slack are alive, and does end once they
+    /// have expired.
+    #[tokio::test]
+    async fn a_row_waits_until_the_keys_before_it_have_expired() {
+        let redis = RedisServer::start().await;
+        let mut con = redis.connection().await;
+        let mut settle = Settle::new(&redis.url()).await.unwrap();
+        let mut pipe = redis::pipe();
+        for i in 0..(Settle::SLACK + 3_000) {
+            pipe.cmd("SET")
+                .arg(format!("row-key-{i}"))
+                .arg(1)
+                .arg("PX")
+                .arg(400)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut con).await.unwrap();
+        assert!(expiring_keys(&mut con).await.unwrap() > Settle::SLACK);
+
+        settle.wait("next-row").await.unwrap();
+        let left = expiring_keys(&mut con).await.unwrap();
+        assert!(left <= Settle::SLACK, "{left} keys with a TTL left");
+    }
 
     #[test]
     fn expiring_keys_are_summed_over_every_database() {
