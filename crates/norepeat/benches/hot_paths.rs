@@ -1,7 +1,7 @@
 //! The CPU parts of a decision, with criterion:
 //!
-//! - `canonicalise/*`: a request fingerprint of a 1 KiB and a 64 KiB JSON
-//!   body, next to a plain `serde_json::from_slice::<Value>` of the same
+//! - `canonicalise/*`: a request fingerprint of a small order (the shop
+//!   bench's HTTP body), a 1 KiB and a 64 KiB JSON body, next to a plain `serde_json::from_slice::<Value>` of the same
 //!   bytes (the floor: canonicalising parses, then hashes);
 //! - `keys/*`: building a store key;
 //! - `memory_store/*`: `put_if_absent` on the in-process store, a new key and
@@ -60,8 +60,13 @@ fn body_of(size: usize) -> Vec<u8> {
 fn canonicalise(c: &mut Criterion) {
     let fp = Fingerprinter::default();
     let mut g = c.benchmark_group("canonicalise");
-    for (label, size) in [("1KiB", 1024), ("64KiB", 64 * 1024)] {
-        let body = body_of(size);
+    // `small` is the body of the shop bench's HTTP rows (an order).
+    let small = br#"{"sku":"SKU-1","quantity":1,"note":"00000000d2f1c3a7g123456"}"#.to_vec();
+    for (label, body) in [
+        ("small", small),
+        ("1KiB", body_of(1024)),
+        ("64KiB", body_of(64 * 1024)),
+    ] {
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_with_input(
             BenchmarkId::new("serde_json_parse", label),

@@ -7,23 +7,25 @@
 //! rounds an integer beyond 64 bits through `f64`).
 
 use super::InvalidJson;
+use std::borrow::Cow;
 
 /// Deepest nesting read (as `serde_json`'s default limit).
 const MAX_DEPTH: usize = 128;
 
-/// A parsed value, ignored fields already dropped.
-pub(super) enum Value {
+/// A parsed value, ignored fields already dropped. Strings without escapes
+/// and numbers already in canonical form borrow the body's text.
+pub(super) enum Value<'a> {
     Null,
     Bool(bool),
     /// The canonical text of the number.
-    Number(String),
-    String(String),
-    Array(Vec<Value>),
+    Number(Cow<'a, str>),
+    String(Cow<'a, str>),
+    Array(Vec<Value<'a>>),
     /// Members sorted by their keys' UTF-16 code units.
-    Object(Vec<(String, Value)>),
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
 }
 
-impl Value {
+impl Value<'_> {
     /// Appends the RFC 8785 text of the value.
     pub(super) fn write(&self, out: &mut Vec<u8>) {
         match self {
@@ -63,6 +65,13 @@ impl Value {
 /// everything else as itself.
 fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
+    // Runs without a byte to escape are copied whole.
+    let plain = |b: &u8| *b != b'"' && *b != b'\\' && *b >= 0x20;
+    if s.as_bytes().iter().all(plain) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.extend_from_slice(b"\\\""),
@@ -95,9 +104,9 @@ fn err(what: &str, pos: usize) -> InvalidJson {
     InvalidJson(format!("{what} at byte {pos}"))
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     /// One value and nothing but whitespace around it.
-    pub(super) fn document(&mut self) -> Result<Value, InvalidJson> {
+    pub(super) fn document(&mut self) -> Result<Value<'a>, InvalidJson> {
         let v = self.value(0)?;
         self.ws();
         if self.pos != self.s.len() {
@@ -125,7 +134,7 @@ impl Parser<'_> {
         }
     }
 
-    fn literal(&mut self, word: &[u8], v: Value) -> Result<Value, InvalidJson> {
+    fn literal(&mut self, word: &[u8], v: Value<'a>) -> Result<Value<'a>, InvalidJson> {
         if self.s[self.pos..].starts_with(word) {
             self.pos += word.len();
             Ok(v)
@@ -134,7 +143,7 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<Value, InvalidJson> {
+    fn value(&mut self, depth: usize) -> Result<Value<'a>, InvalidJson> {
         self.ws();
         match self.peek() {
             Some(b'{') => self.object(depth + 1),
@@ -149,7 +158,7 @@ impl Parser<'_> {
         }
     }
 
-    fn array(&mut self, depth: usize) -> Result<Value, InvalidJson> {
+    fn array(&mut self, depth: usize) -> Result<Value<'a>, InvalidJson> {
         if depth > MAX_DEPTH {
             return Err(err("nested too deep", self.pos));
         }
@@ -174,13 +183,13 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Value, InvalidJson> {
+    fn object(&mut self, depth: usize) -> Result<Value<'a>, InvalidJson> {
         if depth > MAX_DEPTH {
             return Err(err("nested too deep", self.pos));
         }
         self.pos += 1;
         // Every key, ignored ones included: a duplicate is an error wherever.
-        let mut members: Vec<(String, Option<Value>)> = Vec::new();
+        let mut members: Vec<(Cow<'a, str>, Option<Value<'a>>)> = Vec::new();
         self.ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -207,7 +216,7 @@ impl Parser<'_> {
                 }
             }
         }
-        members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+        members.sort_by(|a, b| utf16_order(&a.0, &b.0));
         if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(InvalidJson(format!("duplicate key {:?}", w[0].0)));
         }
@@ -229,8 +238,22 @@ impl Parser<'_> {
         u32::from_str_radix(digits, 16).map_err(|_| err("bad \\u escape", self.pos))
     }
 
-    fn string(&mut self) -> Result<String, InvalidJson> {
+    fn string(&mut self) -> Result<Cow<'a, str>, InvalidJson> {
         self.pos += 1; // the opening quote
+        // Without an escape, the string is the body's own text.
+        let start = self.pos;
+        while let Some(b) = self.peek() {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
+            }
+            self.pos += 1;
+        }
+        if self.peek() == Some(b'"') {
+            self.pos += 1;
+            // Stops only at ASCII bytes, so on a char boundary.
+            return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
+        }
+        self.pos = start;
         let mut out = String::new();
         loop {
             let start = self.pos;
@@ -245,7 +268,7 @@ impl Parser<'_> {
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(out);
+                    return Ok(Cow::Owned(out));
                 }
                 Some(b'\\') => {
                     self.pos += 1;
@@ -291,7 +314,7 @@ impl Parser<'_> {
         }
     }
 
-    fn number(&mut self) -> Result<Value, InvalidJson> {
+    fn number(&mut self) -> Result<Value<'a>, InvalidJson> {
         let start = self.pos;
         let digits = |p: &mut Self| {
             let from = p.pos;
@@ -329,6 +352,16 @@ impl Parser<'_> {
     }
 }
 
+/// RFC 8785's order of keys: by UTF-16 code units. Two ASCII keys compare
+/// as their bytes do.
+fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        a.cmp(b)
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
+}
+
 /// A decimal number as `(negative, digits, exponent)`: the value is
 /// `digits × 10^exponent`, `digits` without leading or trailing zeros
 /// (empty for zero).
@@ -360,13 +393,20 @@ fn decimal(text: &str) -> Decimal {
             1 << 40
         });
     let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let all = format!("{int}{frac}");
-    let trimmed_lead = all.trim_start_matches('0');
-    let digits = trimmed_lead.trim_end_matches('0');
-    let trailing = (trimmed_lead.len() - digits.len()) as i64;
+    let mut digits = String::with_capacity(int.len() + frac.len());
+    for part in [int, frac] {
+        digits.push_str(if digits.is_empty() {
+            part.trim_start_matches('0')
+        } else {
+            part
+        });
+    }
+    let kept = digits.trim_end_matches('0').len();
+    let trailing = (digits.len() - kept) as i64;
+    digits.truncate(kept);
     Decimal {
         negative,
-        digits: digits.to_owned(),
+        digits,
         exponent: exp - frac.len() as i64 + trailing,
     }
 }
@@ -382,11 +422,33 @@ fn decimal(text: &str) -> Decimal {
 /// the same layout, instead of collapsing into its neighbours. That text is
 /// never the shortest form of any double (it would have parsed to it), so
 /// the two kinds cannot meet.
-fn canonical_number(text: &str) -> String {
+fn canonical_number(text: &str) -> Cow<'_, str> {
+    // A plain integer of at most 15 digits is its own canonical form: a
+    // double holds it exactly, and JSON's grammar allows no leading zero.
+    let magnitude = text.strip_prefix('-').unwrap_or(text);
+    if magnitude.len() <= SURE_DIGITS && magnitude.bytes().all(|b| b.is_ascii_digit()) {
+        return Cow::Borrowed(if magnitude == "0" { "0" } else { text });
+    }
     let exact = decimal(text);
     if exact.digits.is_empty() {
-        return "0".to_owned(); // -0 too, as ECMAScript writes it.
+        return Cow::Borrowed("0"); // -0 too, as ECMAScript writes it.
     }
+    // At most 15 significant digits, well inside the normal doubles: the
+    // double nearest the literal has these digits as its shortest form
+    // (two such decimals never round to one double), so the literal's
+    // digits are the double's.
+    let n = exact.exponent + exact.digits.len() as i64;
+    if exact.digits.len() <= SURE_DIGITS && (-290..=290).contains(&n) {
+        return Cow::Owned(ecmascript(&exact));
+    }
+    Cow::Owned(canonical_number_slow(text, &exact))
+}
+
+/// Significant decimal digits every double keeps (`DBL_DIG`).
+const SURE_DIGITS: usize = 15;
+
+/// [`canonical_number`] through the double the literal denotes.
+fn canonical_number_slow(text: &str, exact: &Decimal) -> String {
     let integer = exact.exponent >= 0;
     match text.parse::<f64>().ok().filter(|f| f.is_finite()) {
         Some(f) => {
@@ -395,16 +457,16 @@ fn canonical_number(text: &str) -> String {
             if shortest.digits.is_empty() {
                 return "0".to_owned(); // underflow to zero, as a double
             }
-            if !integer || shortest == exact {
+            if !integer || shortest == *exact {
                 ecmascript(&shortest)
             } else {
-                ecmascript(&exact)
+                ecmascript(exact)
             }
         }
         // Beyond a double's range: an integer is kept; a fraction this
         // large is an integer too (exponent >= 0), so only the tiny remain,
         // which `parse` gives as 0, finite, above.
-        None => ecmascript(&exact),
+        None => ecmascript(exact),
     }
 }
 
@@ -574,6 +636,31 @@ mod tests {
             if f.abs() < 9_007_199_254_740_992.0 {
                 proptest::prop_assert_eq!(&canon(&format!("{f:.16e}")), &plain);
             }
+        }
+
+        /// The short ways to a number's canonical text (a plain integer of
+        /// at most 15 digits, a literal of at most 15 significant digits)
+        /// give what the way through the double gives, in every notation.
+        #[test]
+        fn short_numbers_take_the_same_form_either_way(
+            digits in 1u64..1_000_000_000_000_000,
+            shift in 0u32..16,
+            exp in -320i32..320,
+            negative in proptest::bool::ANY,
+            notation in 0u8..4,
+        ) {
+            let d = digits.to_string();
+            let sign = if negative { "-" } else { "" };
+            let point = (shift as usize).min(d.len() - 1);
+            let text = match notation {
+                0 => format!("{sign}{d}"),
+                1 => format!("{sign}{}.{}", &d[..d.len() - point], &d[d.len() - point..]),
+                2 => format!("{sign}{d}e{exp}"),
+                _ => format!("{sign}0.{}{d}E{exp:+}", "0".repeat(shift as usize)),
+            };
+            let slow = super::canonical_number_slow(&text, &super::decimal(&text));
+            let fast = super::canonical_number(&text);
+            proptest::prop_assert_eq!(fast.as_ref(), slow.as_str(), "{}", text);
         }
 
         /// Integers: every i64 and u64 canonicalises to a fixed point that
