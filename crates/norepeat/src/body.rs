@@ -95,14 +95,16 @@ pub enum BodyKind {
     Bytes,
 }
 
-/// The media type's essence (`type/subtype`, lower case, no parameters).
-fn essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+/// The media type's essence (`type/subtype`, lower case, no parameters),
+/// borrowed when it already is lower case: no allocation for the usual
+/// `application/json`.
+fn essence(content_type: &str) -> std::borrow::Cow<'_, str> {
+    let e = content_type.split(';').next().unwrap_or("").trim();
+    if e.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(e.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(e)
+    }
 }
 
 /// Whether a media type is JSON: `application/json` or any `type/x+json`
