@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 /// mimalloc rather than glibc's malloc: on the 2-core bench machine the
 /// HTTP rows ran about a third faster, both with and without the guard, and
-/// `idempotency.cycle` about a fifth (BENCHMARKS.md, "The allocator"). The
+/// `idempotency.cycle` about a tenth (BENCHMARKS.md, "Another allocator"). The
 /// library sets no allocator; this is the shop's choice.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

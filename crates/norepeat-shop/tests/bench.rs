@@ -164,3 +164,45 @@ async fn bench_on_redis() {
     // Every key the bench wrote expires.
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
+
+/// `--only ROW` (repeatable) measures those rows and nothing else: no
+/// memory figures, no ceiling, the ratio between them still reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_only_measures_the_rows_it_names() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let json = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--redis",
+            &url,
+            "--only",
+            "fingerprint.acquire",
+            "--only",
+            "redis.raw",
+        ])
+    })
+    .await
+    .unwrap();
+    let names: Vec<&str> = json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["redis.raw", "fingerprint.acquire"], "{json}");
+    check_results(&json, &names);
+    assert!(json["memory"].is_null(), "{json}");
+    assert!(
+        json["memory_skipped"].as_str().unwrap().contains("--only"),
+        "{json}"
+    );
+    assert!(
+        json["ceiling"]["skipped"]
+            .as_str()
+            .unwrap()
+            .contains("--only"),
+        "{json}"
+    );
+    let r = json["ratios"]["fingerprint_acquire_over_raw"].as_f64();
+    assert!(r.is_some_and(|r| r > 0.0), "{json}");
+}

@@ -21,6 +21,7 @@ use norepeat_testkit::RedisServer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 type Runs = Arc<AtomicUsize>;
@@ -424,7 +425,15 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
     };
     tokio::time::sleep(Duration::from_millis(150)).await;
     // The first one's lease has run out: this one takes the key and completes.
-    let second = pay_with(&app, "u1", "k", BODY).await;
+    a_retry_takes_over_from(&app, &runs, stale).await;
+}
+
+/// A retry of key `k` while `first` (paying `p1`, its claim lost) still
+/// runs: the retry runs (`p2`) and completes; `first` still answers its own
+/// client but cannot overwrite the retry's record, which later retries
+/// replay. Two runs in all.
+async fn a_retry_takes_over_from(app: &Router, runs: &Runs, first: JoinHandle<Answer>) {
+    let second = pay_with(app, "u1", "k", BODY).await;
     assert_eq!(second.status, StatusCode::CREATED);
     assert!(!second.replayed());
     assert!(
@@ -432,13 +441,12 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
             .unwrap()
             .contains("\"p2\"")
     );
-    // The first one still answers its own client, but cannot overwrite.
-    let first = stale.await.unwrap();
+    let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(std::str::from_utf8(&first.body).unwrap().contains("\"p1\""));
-    let replay = pay_with(&app, "u1", "k", BODY).await;
+    let replay = pay_with(app, "u1", "k", BODY).await;
     assert!(replay.replayed());
-    assert_eq!(replay.body, second.body, "the new owner's record stands");
+    assert_eq!(replay.body, second.body, "the retry's record stands");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -647,21 +655,7 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         .query_async(&mut redis.connection().await)
         .await
         .unwrap();
-    let second = pay_with(&app, "u1", "k", BODY).await;
-    assert_eq!(second.status, StatusCode::CREATED);
-    assert!(!second.replayed());
-    assert!(
-        std::str::from_utf8(&second.body)
-            .unwrap()
-            .contains("\"p2\"")
-    );
-    let first = first.await.unwrap();
-    assert_eq!(first.status, StatusCode::CREATED);
-    assert!(std::str::from_utf8(&first.body).unwrap().contains("\"p1\""));
-    let replay = pay_with(&app, "u1", "k", BODY).await;
-    assert!(replay.replayed());
-    assert_eq!(replay.body, second.body, "the retry's record stands");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    a_retry_takes_over_from(&app, &runs, first).await;
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 

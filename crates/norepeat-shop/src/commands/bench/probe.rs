@@ -117,8 +117,7 @@ impl Settle {
 
 /// Keys with a TTL in every database (`INFO keyspace`, `expires=`).
 async fn expiring_keys(con: &mut MultiplexedConnection) -> Result<u64, BenchError> {
-    let info: String = redis::cmd("INFO").arg("keyspace").query_async(con).await?;
-    Ok(sum_expires(&info))
+    Ok(sum_expires(&info(con, "keyspace").await?))
 }
 
 /// The sum of `expires=N` over the `dbK:` lines of `INFO keyspace`.
@@ -135,14 +134,20 @@ fn sum_expires(info: &str) -> u64 {
         .sum()
 }
 
+/// `INFO section`.
+async fn info(con: &mut MultiplexedConnection, section: &str) -> Result<String, BenchError> {
+    Ok(redis::cmd("INFO").arg(section).query_async(con).await?)
+}
+
 /// A line `name:value` of `INFO section`.
 async fn info_field(
     con: &mut MultiplexedConnection,
     section: &str,
     name: &str,
 ) -> Result<String, BenchError> {
-    let info: String = redis::cmd("INFO").arg(section).query_async(con).await?;
-    info.lines()
+    info(con, section)
+        .await?
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
         .map(|v| v.trim().to_owned())
         .ok_or_else(|| BenchError::Probe(format!("INFO {section} has no {name}")))

@@ -2,6 +2,7 @@
 
 use crate::store::{KeyOp, KeyReply, RateDecision, RateOp, StoreError, ttl_ms};
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
@@ -97,19 +98,33 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         Ok(old.map(Bytes::from))
     }
 
-    async fn eval_bool(
-        &self,
-        script: &Script,
-        key: &str,
-        args: &[&[u8]],
-    ) -> Result<bool, StoreError> {
-        let mut con = self.con.pick();
-        let mut inv = script.key(key);
-        for a in args {
-            inv.arg(*a);
-        }
-        let n: i64 = inv.invoke_async(&mut con).await.map_err(map_err)?;
-        Ok(n == 1)
+    /// An owner-checked script (release, renew, replace): `args`, then
+    /// `ttl` in milliseconds when given; `true` when it changed the key.
+    ///
+    /// Boxed: a script's future (EVALSHA, and SCRIPT LOAD on NOSCRIPT) is
+    /// several times the size of a `SET`'s, and [`execute`](Self::execute)'s
+    /// future is part of every claim's, held for every request in flight. A
+    /// claim (`SET NX`) allocates nothing more; a script, once per request
+    /// at its end, one small box.
+    fn eval_bool<'a>(
+        &'a self,
+        script: &'a Script,
+        key: &'a str,
+        args: &'a [&'a [u8]],
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut con = self.con.pick();
+            let mut inv = script.key(key);
+            for a in args {
+                inv.arg(*a);
+            }
+            if let Some(ttl) = ttl {
+                inv.arg(itoa::Buffer::new().format(ttl_ms(ttl)));
+            }
+            let n: i64 = inv.invoke_async(&mut con).await.map_err(map_err)?;
+            Ok(n == 1)
+        })
     }
 
     async fn eval_rate(
@@ -132,46 +147,31 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
 }
 
 impl<C: Connections + Send + Sync + 'static> Backend<C> {
-    /// One operation. The owner-checked scripts (release, renew, replace)
-    /// are boxed: a script's future (EVALSHA, and SCRIPT LOAD on NOSCRIPT)
-    /// is several times the size of a `SET`'s, and this future is part of
-    /// every claim's, held for every request in flight. A claim (`SET NX`)
-    /// allocates nothing more; a script, once per request at its end, one
-    /// small box.
+    /// One operation: a claim is one `SET`, the rest one script each.
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        let s = &self.scripts;
         match op {
             KeyOp::PutIfAbsent { key, value, ttl } => self
                 .put_if_absent(key, value, ttl)
                 .await
                 .map(KeyReply::Held),
-            KeyOp::DeleteIfEquals { key, expected } => {
-                Box::pin(self.eval_bool(&self.scripts.release, key, &[expected]))
-                    .await
-                    .map(KeyReply::Changed)
-            }
-            KeyOp::ExpireIfEquals { key, expected, ttl } => {
-                let mut ms = itoa::Buffer::new();
-                let ms = ms.format(ttl_ms(ttl));
-                Box::pin(self.eval_bool(&self.scripts.renew, key, &[expected, ms.as_bytes()]))
-                    .await
-                    .map(KeyReply::Changed)
-            }
+            KeyOp::DeleteIfEquals { key, expected } => self
+                .eval_bool(&s.release, key, &[expected], None)
+                .await
+                .map(KeyReply::Changed),
+            KeyOp::ExpireIfEquals { key, expected, ttl } => self
+                .eval_bool(&s.renew, key, &[expected], Some(ttl))
+                .await
+                .map(KeyReply::Changed),
             KeyOp::ReplaceIfEquals {
                 key,
                 expected,
                 value,
                 ttl,
-            } => {
-                let mut ms = itoa::Buffer::new();
-                let ms = ms.format(ttl_ms(ttl));
-                Box::pin(self.eval_bool(
-                    &self.scripts.replace,
-                    key,
-                    &[expected, value, ms.as_bytes()],
-                ))
+            } => self
+                .eval_bool(&s.replace, key, &[expected, value], Some(ttl))
                 .await
-                .map(KeyReply::Changed)
-            }
+                .map(KeyReply::Changed),
         }
     }
 
