@@ -5,7 +5,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{Cmd, RedisError, RedisResult, Script, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,17 +84,16 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         value: &[u8],
         ttl: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        let mut con = self.con.pick();
-        let old: Option<Vec<u8>> = redis::cmd("SET")
-            .arg(key)
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key)
             .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(ttl_ms(ttl))
-            .arg("GET")
-            .query_async(&mut con)
-            .await
-            .map_err(map_err)?;
+            .arg("GET");
+        let answer = self.con.query(cmd).await.map_err(map_err)?;
+        let old: Option<Vec<u8>> =
+            redis::from_redis_value(answer).map_err(|e| StoreError::Protocol(e.to_string()))?;
         Ok(old.map(Bytes::from))
     }
 
@@ -244,6 +243,10 @@ trait Connections {
     /// forwarding future of ours in between.
     fn pick(&self) -> Self::Con;
 
+    /// Sends one command (a claim's `SET`) and returns its answer, a server
+    /// error as an `Err`.
+    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
+
     /// Replaces connections whose replies stopped coming.
     fn reconnect(&self);
 }
@@ -255,10 +258,17 @@ impl Connections for ClusterConnection {
         self.clone()
     }
 
+    /// The cluster client routes each command to its node itself.
+    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+        let mut con = self.clone();
+        async move { cmd.query_async(&mut con).await }
+    }
+
     /// The cluster client replaces broken node connections itself.
     fn reconnect(&self) {}
 }
 
+mod batch;
 mod cluster;
 mod single;
 

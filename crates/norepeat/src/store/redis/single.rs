@@ -1,9 +1,11 @@
 //! One Redis server, over a few multiplexed connections.
 
+use super::batch::{self, Queue};
 use super::{Backend, Connections, Scripts, map_err};
 use crate::store::StoreError;
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
+use redis::{Cmd, RedisResult, Value};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +26,7 @@ pub struct RedisStore(Backend<Pool>);
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("connections", &self.0.con.0.managers.len())
+            .field("connections", &self.0.con.0.slots.len())
             .finish()
     }
 }
@@ -82,7 +84,13 @@ impl RedisStore {
         Self(Backend {
             con: Pool(Arc::new(PoolInner {
                 client,
-                managers: managers.into_iter().map(ArcSwap::from_pointee).collect(),
+                slots: managers
+                    .into_iter()
+                    .map(|m| Slot {
+                        manager: ArcSwap::from_pointee(m),
+                        queue: Queue::default(),
+                    })
+                    .collect(),
             })),
             scripts: Arc::new(Scripts::new()),
         })
@@ -105,8 +113,26 @@ struct Pool(Arc<PoolInner>);
 
 struct PoolInner {
     client: redis::Client,
+    slots: Box<[Slot]>,
+}
+
+/// One connection and the claims waiting for its next write.
+struct Slot {
     /// Replaced whole by [`Pool::reconnect`].
-    managers: Box<[ArcSwap<ConnectionManager>]>,
+    manager: ArcSwap<ConnectionManager>,
+    queue: Queue,
+}
+
+impl Pool {
+    /// The index of the slot of the next call on this thread.
+    fn turn(&self) -> usize {
+        let turn = TURN.with(|t| {
+            let turn = t.get();
+            t.set(turn.wrapping_add(1));
+            turn
+        });
+        turn % self.0.slots.len()
+    }
 }
 
 thread_local! {
@@ -119,13 +145,27 @@ impl Connections for Pool {
     type Con = ConnectionManager;
 
     fn pick(&self) -> ConnectionManager {
-        let p = &*self.0;
-        let turn = TURN.with(|t| {
-            let turn = t.get();
-            t.set(turn.wrapping_add(1));
-            turn
-        });
-        ConnectionManager::clone(&p.managers[turn % p.managers.len()].load())
+        ConnectionManager::clone(&self.0.slots[self.turn()].manager.load())
+    }
+
+    /// Queued on a slot's [`Queue`] at once (the future only waits for the
+    /// answer, so a claim's future does not carry the command): the call
+    /// that finds the queue empty spawns the task that sends the batch (see
+    /// [`batch`]).
+    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+        let index = self.turn();
+        let (answer, first) = self.0.slots[index].queue.push(cmd);
+        if first {
+            let pool = Arc::clone(&self.0);
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                let slot = &pool.slots[index];
+                let waiting = slot.queue.take();
+                let mut con = ConnectionManager::clone(&slot.manager.load());
+                batch::send(&mut con, waiting).await;
+            });
+        }
+        answer.answer()
     }
 
     /// Replaces every connection with a fresh one (made on first use). A
@@ -134,9 +174,9 @@ impl Connections for Pool {
     /// itself: every later reply would be matched to an abandoned request.
     fn reconnect(&self) {
         let p = &*self.0;
-        for slot in &p.managers {
+        for slot in &p.slots {
             match ConnectionManager::new_lazy_with_config(p.client.clone(), manager_config()) {
-                Ok(fresh) => slot.store(Arc::new(fresh)),
+                Ok(fresh) => slot.manager.store(Arc::new(fresh)),
                 Err(e) => tracing::warn!(error = %e, "could not replace a Redis connection"),
             }
         }

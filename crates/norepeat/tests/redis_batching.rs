@@ -1,0 +1,116 @@
+//! The Redis store sends the claims that arrive together as one pipeline.
+//! Each claim must still get its own answer (its own value, its own server
+//! error), a claim given up before its batch leaves must not be sent, and a
+//! batch on a dead connection must fail every claim in it, not leave one
+//! waiting.
+//!
+//! These run on tokio's current-thread runtime, where the batching is
+//! deterministic: the claims polled together by one `join_all` are queued
+//! before the task that sends them first runs.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
+
+use futures_util::FutureExt;
+use futures_util::future::join_all;
+use norepeat::store::{KeyValueStoreExt, RedisStore, StoreError};
+use norepeat_testkit::RedisServer;
+use redis::AsyncCommands;
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn claims_sent_together_each_get_their_own_answer() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let mut con = redis.connection().await;
+    // Every third key is taken already, with a value of its own; one key
+    // holds a hash, on which `SET ... GET` is a WRONGTYPE error.
+    for i in (0..96).step_by(3) {
+        let _: () = con.set(format!("k{i}"), format!("held {i}")).await.unwrap();
+    }
+    let _: () = con.hset("k95", "f", "v").await.unwrap();
+
+    let keys: Vec<String> = (0..96).map(|i| format!("k{i}")).collect();
+    let answers = join_all(keys.iter().map(|k| store.put_if_absent(k, b"new", TTL))).await;
+
+    for (i, answer) in answers.into_iter().enumerate() {
+        match (i, answer) {
+            (95, Err(StoreError::Server(e))) => assert!(e.contains("WRONGTYPE"), "{e}"),
+            (95, other) => panic!("the hash's claim answered {other:?}"),
+            (i, Ok(Some(v))) if i % 3 == 0 => assert_eq!(v, format!("held {i}").as_bytes()),
+            (i, Ok(None)) if i % 3 != 0 => {
+                let v: Vec<u8> = con.get(format!("k{i}")).await.unwrap();
+                assert_eq!(v, b"new", "k{i}");
+            }
+            (i, other) => panic!("k{i} answered {other:?}"),
+        }
+    }
+    // The error stayed with its own command: the store still works.
+    assert_eq!(store.put_if_absent("after", b"v", TTL).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_claim_given_up_before_its_batch_leaves_is_not_sent() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    // Polled once (queued, its batch's task spawned), then dropped: the
+    // caller gave up before the task ran.
+    assert!(
+        store
+            .put_if_absent("given-up", b"v", TTL)
+            .now_or_never()
+            .is_none()
+    );
+    // Claims after it, on either connection, are answered: by then the
+    // batch that held the dropped claim has been taken and sent.
+    for key in ["later-1", "later-2", "later-3"] {
+        assert_eq!(store.put_if_absent(key, b"v", TTL).await.unwrap(), None);
+    }
+    let mut con = redis.connection().await;
+    let exists: bool = con.exists("given-up").await.unwrap();
+    assert!(!exists, "a claim whose caller had gone was written");
+    let exists: bool = con.exists("later-1").await.unwrap();
+    assert!(exists);
+}
+
+#[tokio::test]
+async fn a_batch_on_a_dead_server_fails_every_claim_in_it_and_the_store_recovers() {
+    let mut redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    assert_eq!(
+        store.put_if_absent("before", b"v", TTL).await.unwrap(),
+        None
+    );
+
+    redis.kill();
+    let keys: Vec<String> = (0..32).map(|i| format!("during{i}")).collect();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(30),
+        join_all(keys.iter().map(|k| store.put_if_absent(k, b"v", TTL))),
+    )
+    .await
+    .expect("a claim in a failed batch was left waiting");
+    for (key, answer) in keys.iter().zip(answers) {
+        assert!(
+            matches!(
+                answer,
+                Err(StoreError::Connection(_) | StoreError::Timeout(_))
+            ),
+            "{key} answered {answer:?} with the server down"
+        );
+    }
+
+    redis.restart().await;
+    let mut recovered = false;
+    for attempt in 0..50 {
+        let keys: Vec<String> = (0..8).map(|i| format!("after{attempt}-{i}")).collect();
+        let answers = join_all(keys.iter().map(|k| store.put_if_absent(k, b"v", TTL))).await;
+        if answers.iter().all(|a| matches!(a, Ok(None))) {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "the store did not come back after the restart");
+}
