@@ -10,10 +10,15 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// One Redis server, through a [`ConnectionManager`] that multiplexes every
-/// call over one connection and reconnects after a failure.
+/// One Redis server, through [`DEFAULT_CONNECTIONS`] [`ConnectionManager`]s
+/// that multiplex the calls and reconnect after a failure.
 ///
-/// Cheap to clone; clones share the connection.
+/// Claims (`SET NX`) that arrive together leave as one pipeline per
+/// connection: one write for the client and one read for Redis instead of
+/// one each per claim, each claim still its own command with its own answer
+/// (see BENCHMARKS.md, "Claims that arrive together leave together").
+///
+/// Cheap to clone; clones share the connections.
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
