@@ -114,3 +114,43 @@ async fn a_batch_on_a_dead_server_fails_every_claim_in_it_and_the_store_recovers
     }
     assert!(recovered, "the store did not come back after the restart");
 }
+
+#[tokio::test]
+async fn scripts_sent_together_run_again_after_the_server_forgot_them() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let keys: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+    for k in &keys {
+        assert_eq!(store.put_if_absent(k, b"owner", TTL).await.unwrap(), None);
+    }
+    // A restart or a failover forgets the scripts (SCRIPT FLUSH here): each
+    // script in the next batch is answered NOSCRIPT, loaded, and sent again.
+    let mut con = redis.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let renewed = join_all(
+        keys.iter()
+            .map(|k| store.expire_if_equals(k, b"owner", Duration::from_secs(120))),
+    )
+    .await;
+    assert!(renewed.into_iter().all(|r| r.unwrap()));
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // Half the releases name the wrong owner: only the others delete.
+    let released = join_all(keys.iter().enumerate().map(|(i, k)| {
+        let owner: &[u8] = if i % 2 == 0 { b"owner" } else { b"someone" };
+        store.delete_if_equals(k, owner)
+    }))
+    .await;
+    for (i, r) in released.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), i % 2 == 0, "s{i}");
+        let exists: bool = con.exists(format!("s{i}")).await.unwrap();
+        assert_eq!(exists, i % 2 == 1, "s{i}");
+    }
+}

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, RedisError, RedisResult, Script, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,9 +92,23 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
             .arg(ttl_ms(ttl))
             .arg("GET");
         let answer = self.con.query(cmd).await.map_err(map_err)?;
-        let old: Option<Vec<u8>> =
-            redis::from_redis_value(answer).map_err(|e| StoreError::Protocol(e.to_string()))?;
+        let old: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(old.map(Bytes::from))
+    }
+
+    /// Runs `script` by `EVALSHA` (the command `evalsha` builds), queued
+    /// like a claim so that it shares its connection's next write. A server
+    /// that answers `NOSCRIPT` (restarted, or newly promoted) did not run
+    /// it: the script is loaded there and the command sent once more, as
+    /// redis-rs's own `invoke_async` does.
+    async fn script(&self, script: &Script, evalsha: impl Fn() -> Cmd) -> RedisResult<Value> {
+        match self.con.query(evalsha()).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script.load_async(&mut self.con.pick()).await?;
+                self.con.query(evalsha()).await
+            }
+            answer => answer,
+        }
     }
 
     /// An owner-checked script (release, renew, replace): `args`, then
@@ -113,15 +127,18 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         ttl: Option<Duration>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut con = self.con.pick();
-            let mut inv = script.key(key);
-            for a in args {
-                inv.arg(*a);
-            }
-            if let Some(ttl) = ttl {
-                inv.arg(itoa::Buffer::new().format(ttl_ms(ttl)));
-            }
-            let n: i64 = inv.invoke_async(&mut con).await.map_err(map_err)?;
+            let evalsha = || {
+                let mut cmd = evalsha(script, key);
+                for a in args {
+                    cmd.arg(*a);
+                }
+                if let Some(ttl) = ttl {
+                    cmd.arg(itoa::Buffer::new().format(ttl_ms(ttl)));
+                }
+                cmd
+            };
+            let answer = self.script(script, evalsha).await.map_err(map_err)?;
+            let n: i64 = redis::from_redis_value(answer).map_err(protocol)?;
             Ok(n == 1)
         })
     }
@@ -133,16 +150,27 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         a: u64,
         b: u64,
     ) -> Result<RateDecision, StoreError> {
-        let mut con = self.con.pick();
-        let v: (i64, i64, i64) = script
-            .key(key)
-            .arg(a)
-            .arg(b)
-            .invoke_async(&mut con)
-            .await
-            .map_err(map_err)?;
+        let evalsha = || {
+            let mut cmd = evalsha(script, key);
+            cmd.arg(a).arg(b);
+            cmd
+        };
+        let answer = self.script(script, evalsha).await.map_err(map_err)?;
+        let v: (i64, i64, i64) = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(decision(v))
     }
+}
+
+/// `EVALSHA <sha1> 1 key`, for the arguments to follow.
+fn evalsha(script: &Script, key: &str) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd
+}
+
+/// An answer of the wrong shape.
+fn protocol(e: redis::ParsingError) -> StoreError {
+    StoreError::Protocol(e.to_string())
 }
 
 impl<C: Connections + Send + Sync + 'static> Backend<C> {
@@ -243,8 +271,8 @@ trait Connections {
     /// forwarding future of ours in between.
     fn pick(&self) -> Self::Con;
 
-    /// Sends one command (a claim's `SET`) and returns its answer, a server
-    /// error as an `Err`.
+    /// Sends one command (a claim's `SET`, a script's `EVALSHA`) and
+    /// returns its answer, a server error as an `Err`.
     fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
 
     /// Replaces connections whose replies stopped coming.
