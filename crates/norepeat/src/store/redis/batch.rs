@@ -1,4 +1,5 @@
-//! Auto-pipelining: the claims that arrive together leave in one write.
+//! Auto-pipelining: the commands (claims, scripts) that arrive together
+//! leave in one write.
 //!
 //! A multiplexed connection writes each command as soon as its task is
 //! polled; at tens of thousands of requests a second few commands share a

@@ -9,8 +9,9 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The Lua scripts, each hashed once; `Script` runs them by EVALSHA and loads
-/// them again when a (restarted or newly promoted) server answers NOSCRIPT.
+/// The Lua scripts, each hashed once; they run by EVALSHA, and are loaded
+/// again when a (restarted or newly promoted) server answers NOSCRIPT (see
+/// [`Backend::script`]).
 struct Scripts {
     release: Script,
     renew: Script,

@@ -13,10 +13,11 @@ use std::time::Duration;
 /// One Redis server, through [`DEFAULT_CONNECTIONS`] [`ConnectionManager`]s
 /// that multiplex the calls and reconnect after a failure.
 ///
-/// Claims (`SET NX`) that arrive together leave as one pipeline per
-/// connection: one write for the client and one read for Redis instead of
-/// one each per claim, each claim still its own command with its own answer
-/// (see BENCHMARKS.md, "Claims that arrive together leave together").
+/// Calls (a claim's `SET NX`, a script's `EVALSHA`) that arrive together
+/// leave as one pipeline per connection: one write for the client and one
+/// read for Redis instead of one each per call, each call still its own
+/// atomic command with its own answer (see BENCHMARKS.md, "Claims that
+/// arrive together leave together").
 ///
 /// Cheap to clone; clones share the connections.
 ///
