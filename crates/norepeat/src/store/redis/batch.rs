@@ -79,8 +79,8 @@ pub(super) async fn send<C: ConnectionLike + Send>(con: &mut C, batch: Vec<Waiti
         0 => {}
         1 => {
             let Waiting { cmd, reply } = batch.pop().expect("one command");
-            let answer = con
-                .req_packed_command(&cmd)
+            let answer = cmd
+                .query_async::<Value>(con)
                 .await
                 .and_then(Value::extract_error);
             let _ = reply.send(answer);
@@ -93,7 +93,9 @@ pub(super) async fn send<C: ConnectionLike + Send>(con: &mut C, batch: Vec<Waiti
                 pipe.add_command(cmd);
                 replies.push(reply);
             }
-            match con.req_packed_commands(&pipe, 0, n).await {
+            // With `ignore_errors`, a command's server error is its own
+            // answer (a `Value::ServerError`), not the pipeline's.
+            match pipe.query_async::<Vec<Value>>(con).await {
                 Ok(values) if values.len() == n => {
                     for (value, reply) in values.into_iter().zip(replies) {
                         let _ = reply.send(value.extract_error());

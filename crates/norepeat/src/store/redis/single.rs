@@ -122,7 +122,7 @@ struct PoolInner {
     slots: Box<[Slot]>,
 }
 
-/// One connection and the claims waiting for its next write.
+/// One connection and the calls waiting for its next write.
 struct Slot {
     /// Replaced whole by [`Pool::reconnect`].
     manager: ArcSwap<ConnectionManager>,
