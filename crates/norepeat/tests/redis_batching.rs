@@ -13,7 +13,7 @@
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use norepeat::store::{KeyValueStoreExt, RedisStore, StoreError};
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
 use redis::AsyncCommands;
 use std::time::Duration;
 
@@ -152,5 +152,36 @@ async fn scripts_sent_together_run_again_after_the_server_forgot_them() {
         assert_eq!(r.unwrap(), i % 2 == 0, "s{i}");
         let exists: bool = con.exists(format!("s{i}")).await.unwrap();
         assert_eq!(exists, i % 2 == 1, "s{i}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_whose_replies_never_come_fails_on_its_own() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    // The bare store, with no timeout of the guards around it: only the
+    // connection's own response timeout can end these calls.
+    let store = RedisStore::connect(&proxy.url_for_redis()).await.unwrap();
+    assert_eq!(
+        store.put_if_absent("before", b"v", TTL).await.unwrap(),
+        None
+    );
+
+    proxy.set_mode(ProxyMode::Swallow);
+    let keys: Vec<String> = (0..16).map(|i| format!("swallowed{i}")).collect();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(10),
+        join_all(keys.iter().map(|k| store.put_if_absent(k, b"v", TTL))),
+    )
+    .await
+    .expect("a batch on a connection that never answers was left waiting");
+    for (key, answer) in keys.iter().zip(answers) {
+        assert!(
+            matches!(
+                answer,
+                Err(StoreError::Timeout(_) | StoreError::Connection(_))
+            ),
+            "{key} answered {answer:?} with its replies swallowed"
+        );
     }
 }

@@ -43,7 +43,7 @@ pub(super) struct Pending(oneshot::Receiver<RedisResult<Value>>);
 
 impl Queue {
     /// Queues `cmd`. `true` when the queue was empty: the caller must then
-    /// see that a [`send`] takes it.
+    /// see that a [`flush`] takes it.
     pub(super) fn push(&self, cmd: Cmd) -> (Pending, bool) {
         let (reply, answer) = oneshot::channel();
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
@@ -52,7 +52,7 @@ impl Queue {
     }
 
     /// Everything queued, in the order it came.
-    pub(super) fn take(&self) -> Vec<Waiting> {
+    fn take(&self) -> Vec<Waiting> {
         std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
@@ -70,10 +70,19 @@ impl Pending {
     }
 }
 
+/// Waits one turn of the runtime (the tasks already ready run first, and
+/// queue their commands), then sends everything in `queue` on the
+/// connection `con` gives at that moment (a replaced connection is not
+/// used).
+pub(super) async fn flush<C: ConnectionLike + Send>(queue: &Queue, con: impl FnOnce() -> C) {
+    tokio::task::yield_now().await;
+    let waiting = queue.take();
+    send(&mut con(), waiting).await;
+}
+
 /// Sends `batch` on `con`, one write, and hands each command its answer.
 /// Commands whose caller has gone are left out.
-pub(super) async fn send<C: ConnectionLike + Send>(con: &mut C, batch: Vec<Waiting>) {
-    let mut batch = batch;
+async fn send<C: ConnectionLike + Send>(con: &mut C, mut batch: Vec<Waiting>) {
     batch.retain(|w| !w.reply.is_closed());
     match batch.len() {
         0 => {}
@@ -87,28 +96,29 @@ pub(super) async fn send<C: ConnectionLike + Send>(con: &mut C, batch: Vec<Waiti
         }
         n => {
             let mut pipe = Pipeline::with_capacity(n);
+            // With `ignore_errors`, a command's server error is its own
+            // answer (a `Value::ServerError`), not the pipeline's.
             pipe.ignore_errors();
             let mut replies = Vec::with_capacity(n);
             for Waiting { cmd, reply } in batch {
                 pipe.add_command(cmd);
                 replies.push(reply);
             }
-            // With `ignore_errors`, a command's server error is its own
-            // answer (a `Value::ServerError`), not the pipeline's.
-            match pipe.query_async::<Vec<Value>>(con).await {
-                Ok(values) if values.len() == n => {
-                    for (value, reply) in values.into_iter().zip(replies) {
-                        let _ = reply.send(value.extract_error());
-                    }
-                }
-                Ok(values) => {
-                    let e = RedisError::from((
+            let answers = pipe.query_async::<Vec<Value>>(con).await.and_then(|v| {
+                if v.len() == n {
+                    Ok(v)
+                } else {
+                    Err(RedisError::from((
                         ErrorKind::Parse,
                         "a pipeline's answers did not match its commands",
-                        format!("{} answers to {n} commands", values.len()),
-                    ));
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
+                        format!("{} answers to {n} commands", v.len()),
+                    )))
+                }
+            });
+            match answers {
+                Ok(values) => {
+                    for (value, reply) in values.into_iter().zip(replies) {
+                        let _ = reply.send(value.extract_error());
                     }
                 }
                 Err(e) => {

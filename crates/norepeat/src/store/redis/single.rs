@@ -103,8 +103,13 @@ impl RedisStore {
     }
 }
 
+/// The response timeout bounds a batch on a connection whose replies
+/// stopped coming: its calls fail after it instead of waiting for a
+/// [`Pool::reconnect`] (redis-rs's default, stated here because the
+/// batching relies on it).
 fn manager_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_millis(500)))
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500))
@@ -164,11 +169,11 @@ impl Connections for Pool {
         if first {
             let pool = Arc::clone(&self.0);
             tokio::spawn(async move {
-                tokio::task::yield_now().await;
                 let slot = &pool.slots[index];
-                let waiting = slot.queue.take();
-                let mut con = ConnectionManager::clone(&slot.manager.load());
-                batch::send(&mut con, waiting).await;
+                batch::flush(&slot.queue, || {
+                    ConnectionManager::clone(&slot.manager.load())
+                })
+                .await;
             });
         }
         answer.answer()
