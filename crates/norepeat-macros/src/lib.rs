@@ -432,7 +432,20 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
         ));
     }
     let ret = match &sig.output {
-        ReturnType::Type(_, ty) => ty.as_ref().clone(),
+        ReturnType::Type(_, ty) if !plainly_not_a_result(ty) => ty.as_ref().clone(),
+        ReturnType::Type(_, ty) => {
+            return Err(syn::Error::new(
+                ty.span(),
+                format!(
+                    "a guarded fn must return `Result<T, E>` with `E: From<norepeat::attribute::Rejected>` (a refusal is an error value); `{}` is not a `Result`",
+                    ty.to_token_stream()
+                        .to_string()
+                        .replace(" < ", "<")
+                        .replace(" >", ">")
+                        .replace(" ,", ",")
+                ),
+            ));
+        }
         ReturnType::Default => {
             return Err(syn::Error::new(
                 sig.ident.span(),
@@ -577,6 +590,37 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
                 .await
         }
     })
+}
+
+/// Whether `ty` is written as a type that cannot be a `Result`: a tuple, a
+/// reference, an array, `impl Trait`, a primitive, or one of std's own
+/// types named plainly (`String`, `Vec<T>`, `Option<T>`). Any other path
+/// may be an alias of `Result` (`io::Result<T>`, `MyResult<T>`) and is left
+/// to the type checker.
+fn plainly_not_a_result(ty: &syn::Type) -> bool {
+    const NOT_RESULTS: [&str; 22] = [
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f32", "f64", "String", "Vec", "Option", "Box", "HashMap",
+    ];
+    match ty {
+        syn::Type::Paren(t) => plainly_not_a_result(&t.elem),
+        syn::Type::Group(t) => plainly_not_a_result(&t.elem),
+        syn::Type::Path(p) => {
+            p.qself.is_none()
+                && p.path.segments.len() == 1
+                && NOT_RESULTS.iter().any(|n| p.path.segments[0].ident == n)
+        }
+        syn::Type::Tuple(_)
+        | syn::Type::Reference(_)
+        | syn::Type::Array(_)
+        | syn::Type::Slice(_)
+        | syn::Type::Ptr(_)
+        | syn::Type::Never(_)
+        | syn::Type::ImplTrait(_)
+        | syn::Type::TraitObject(_)
+        | syn::Type::BareFn(_) => true,
+        _ => false,
+    }
 }
 
 /// `tx = name`: the body runs in a transaction opened on the store's pool

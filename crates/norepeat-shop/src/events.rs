@@ -410,10 +410,8 @@ async fn publish_nats(
                     break;
                 }
             }
-            if sent {
-                if let Err(e) = db.mark_event_published(&ev.event_id).await {
-                    tracing::warn!(error = %e, "could not mark event published; it will be published again");
-                }
+            if sent && let Err(e) = db.mark_event_published(&ev.event_id).await {
+                tracing::warn!(error = %e, "could not mark event published; it will be published again");
             }
         }
     }

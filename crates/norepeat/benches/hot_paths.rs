@@ -50,7 +50,7 @@ fn body_of(size: usize) -> Vec<u8> {
             "sku": format!("SKU-{i:05}"),
             "quantity": i % 7 + 1,
             "unitPrice": 12.5 + i as f64,
-            "options": {"gift": i % 2 == 0, "note": "leave at the door"},
+            "options": {"gift": i.is_multiple_of(2), "note": "leave at the door"},
             "tags": ["a", "b"],
         }));
         i += 1;

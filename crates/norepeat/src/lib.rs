@@ -15,8 +15,8 @@
 //!   (`Idempotency-Key` with stored-response replay);
 //! - [`degrade`]: keep deciding (or refuse, per route) when the store fails;
 //! - [`ratelimit`]: cap the flow of different requests;
-//! - [`store`]: Redis, Redis Cluster or memory, every change one atomic
-//!   operation;
+//! - [`store`]: Redis, Redis Cluster, memory, or a table in your PostgreSQL
+//!   or SQLite database, every change one atomic operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
 //! - [`keys`], [`identity`], [`problem`], [`body`]: the shared vocabulary
@@ -80,19 +80,32 @@
 //!
 //! # Features
 //!
-//! | feature | default | what it adds |
-//! |---|---|---|
-//! | `redis` | **on** | [`store::RedisStore`] (one Redis) and [`store::ClusterStore`] (Redis Cluster), and their `redis://` and `redis+cluster://` URLs in [`store::AnyStore::from_url`]; pulls in the `redis` crate |
+//! | feature | default | what it adds | pulls in |
+//! |---|---|---|---|
+//! | `redis` | **on** | [`store::RedisStore`] (one Redis) and [`store::ClusterStore`] (Redis Cluster), and their `redis://` and `redis+cluster://` URLs in [`store::AnyStore::from_url`] | `redis` |
+//! | `postgres` | off | `store::PgStore` (`SqlStore<Postgres>`): records as rows of your PostgreSQL database, completed in your transaction ([`idempotency::IdempotentTx`], the attribute's `tx = ...`) | `sqlx` 0.9 with `postgres` |
+//! | `sqlite` | off | `store::SqliteStore` (`SqlStore<Sqlite>`), the same on SQLite | `sqlx` 0.9 with `sqlite` (SQLite bundled) |
 //!
-//! Every other part of the crate (the memory store, the guards, the
-//! layers, the attribute) is always there. `redis` is on by default because
-//! a guard is meant to be shared by every instance of a service, and Redis
-//! is the store that does that: `norepeat = "0.1"` is enough, and
-//! `features = ["redis"]` adds nothing. For one process, or for tests, with
-//! the in-memory store only and without the `redis` dependency:
-//! `norepeat = { version = "0.1", default-features = false }`. This table
-//! lists every feature of this version.
+//! This table lists every feature of this version; each pulls only its own
+//! backend (`postgres` builds no SQLite). Every other part of the crate
+//! (the memory store, the guards, the layers, the attribute) is always
+//! there. `redis` is on by default because a guard is meant to be shared by
+//! every instance of a service, and Redis is the store that does that:
+//! `norepeat = "0.1"` is enough. For one process, or for tests, with the
+//! in-memory store only: `norepeat = { version = "0.1", default-features =
+//! false }`. The SQL stores take an `sqlx::Pool` of your own: pair them
+//! with `sqlx = "0.9"` (the version this release is built on; another
+//! major version's pool is another type).
+//!
+//! The stores: [`store::MemoryStore`] (always), `RedisStore` and
+//! `ClusterStore` (`redis`), `PgStore` (`postgres`), `SqliteStore`
+//! (`sqlite`), and [`store::AnyStore`] to pick one from a URL at start-up.
+//!
+//! Minimum Rust: 1.94, what sqlx 0.9 needs (without the SQL features, the
+//! dependencies need 1.88). A test (`tests/packaging.rs`) checks it
+//! against every dependency's declared `rust-version`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod attribute;
 pub mod body;
 mod clock;
@@ -329,3 +342,8 @@ pub mod webhook;
 /// async fn f(store: &MemoryStore, id: u64) -> Result<(), E> { Ok(()) }
 /// ```
 pub use norepeat_macros::guard;
+
+/// The crate README's example, compiled with the doc tests so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -101,6 +101,8 @@ mod default_store;
 mod once;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod tx;
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+mod tx_unavailable;
 mod window;
 
 pub use default_store::{AlreadySet, DefaultStore, default_store, set_default_store};

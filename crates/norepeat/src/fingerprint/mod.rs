@@ -6,7 +6,9 @@
 //! calls, where a page cannot fetch a token first.
 //!
 //! A fingerprint is BLAKE3 over, in order and length-prefixed: the user,
-//! the method, the route template, the query parameters sorted, and the body.
+//! the method, the concrete request path (`/orders/7/pay`, not the route
+//! template `/orders/{id}/pay`: two orders are two requests), the query
+//! parameters sorted, and the body.
 //! A JSON body is canonicalised first, to its RFC 8785 (JSON Canonicalization
 //! Scheme) form with the ignored fields (default `traceId`, `timestamp`,
 //! `random`, `sign`; see [`Fingerprinter::ignoring`]) dropped at every depth:
@@ -99,8 +101,10 @@ pub struct RequestParts<'a> {
     pub user: &'a str,
     /// The HTTP method (or any verb naming the operation).
     pub method: &'a str,
-    /// The route template (`/orders/{id}`), not the concrete path, unless the
-    /// path itself is what should tell requests apart.
+    /// The concrete request path (`/orders/7/pay`), as [`FingerprintLayer`]
+    /// passes it: requests to two resources are two requests. A route
+    /// template here (`/orders/{id}/pay`) would make a payment of order 8
+    /// a repeat of order 7's.
     pub route: &'a str,
     /// The raw query string, if any.
     pub query: Option<&'a str>,

@@ -208,11 +208,11 @@ impl Breaker {
 
     fn report(&self, probe: Option<u64>, ok: bool) {
         let mut g = self.lock();
-        if let Some(n) = probe {
-            if g.state != BreakerState::HalfOpen || g.probe != n {
-                // A probe already counted as failed (past its deadline).
-                return;
-            }
+        if let Some(n) = probe
+            && (g.state != BreakerState::HalfOpen || g.probe != n)
+        {
+            // A probe already counted as failed (past its deadline).
+            return;
         }
         self.apply(&mut g, ok);
     }

@@ -132,12 +132,11 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
             | KeyOp::ExpireIfEquals { .. }
             | KeyOp::ReplaceIfEquals { .. } => {
                 let local = matches!(self.local.execute(op).await?, KeyReply::Changed(true));
-                if local {
-                    if let KeyOp::ExpireIfEquals { ttl, .. } | KeyOp::ReplaceIfEquals { ttl, .. } =
+                if local
+                    && let KeyOp::ExpireIfEquals { ttl, .. } | KeyOp::ReplaceIfEquals { ttl, .. } =
                         op
-                    {
-                        self.hold_locally(ttl);
-                    }
+                {
+                    self.hold_locally(ttl);
                 }
                 match self.primary.execute(op).await {
                     Ok(KeyReply::Changed(p)) => Ok(KeyReply::Changed(p || local)),

@@ -122,7 +122,7 @@ impl Budget {
             r.ring[at] = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
             r.next = (at + 1) % SAMPLES;
             r.len = (r.len + 1).min(SAMPLES);
-            if !raises && r.next % RECOMPUTE_EVERY != 0 {
+            if !raises && !r.next.is_multiple_of(RECOMPUTE_EVERY) {
                 return;
             }
             let mut sorted = r.ring;

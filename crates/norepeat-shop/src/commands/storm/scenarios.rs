@@ -55,7 +55,7 @@ pub(super) async fn logical_order(
             };
             let (s1, s2) = tokio::join!(first, retry);
             out.extend([s1, s2]);
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 // ... and once more just after the answer got lost.
                 out.push(send(&ctx, &a, "/orders/quick", &user, None, &body).await);
             }

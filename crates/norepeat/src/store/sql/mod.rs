@@ -343,6 +343,11 @@ mod sealed {
 /// A store whose records can be completed inside a transaction of the
 /// caller's: [`PgStore`] and [`SqliteStore`]. Sealed; the methods are for
 /// norepeat's own helpers ([`Guarded::run_once_in_tx`](crate::attribute::Guarded::run_once_in_tx)).
+#[diagnostic::on_unimplemented(
+    message = "`tx = ...` and `run_once_in_tx` need a SQL store: `{Self}` cannot open a database transaction",
+    label = "not a `PgStore` or `SqliteStore`",
+    note = "name a `PgStore` or `SqliteStore` with `store = ...`"
+)]
 pub trait TxStore: KeyValueStore + Clone + sealed::Store {
     /// The sqlx database the store's table lives in.
     type Database: sqlx::Database;
