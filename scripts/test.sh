@@ -3,13 +3,16 @@
 #
 # On a fresh Debian machine, as root, it first installs what is missing
 # (redis-server, PostgreSQL, NATS, Chromium, Node.js, Python, cargo-nextest,
-# cargo-hack, Schemathesis) from Debian's packages, crates.io and PyPI,
+# Schemathesis) from Debian's packages, crates.io and PyPI,
 # starts PostgreSQL, Redis and NATS (with JetStream) if they are not running,
 # and installs the browser test's npm packages. Then it runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '==> %s\n' "$*" >&2; }
+started=$SECONDS
+# Each step says when it starts, counted from the script's start, so a slow
+# run shows where its time went.
+log() { printf '==> [%4ds] %s\n' "$((SECONDS - started))" "$*" >&2; }
 
 # 1. Packages.
 missing=()
@@ -29,10 +32,6 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"
   cargo install cargo-nextest --locked
-fi
-if ! cargo hack --version >/dev/null 2>&1; then
-  log "installing cargo-hack"
-  cargo install cargo-hack --locked
 fi
 
 # 2. PostgreSQL running, reachable on 127.0.0.1:5432 by the test kit.
@@ -87,11 +86,23 @@ if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
 fi
 
 # 7. The suite.
-# Every feature combination a user of the library can pick builds, without
-# a warning (clippy is a check plus lints; dev-dependencies left out).
-log "every feature combination of the library (cargo hack)"
-cargo hack clippy --feature-powerset --no-dev-deps -p norepeat -p norepeat-macros -- -D warnings
+# Lints on every crate and every target (library, shop, test kit, tests,
+# examples, benches), with every feature.
+log "clippy: the workspace, every target, every feature"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+# The library under each feature set a user can pick alone builds without a
+# warning (its own targets: dev-dependencies play no part). Every feature
+# together was checked above; these are the others that change which code
+# is compiled.
+for features in "" redis postgres sqlite; do
+  log "clippy: the library with features [${features}] only"
+  cargo clippy -p norepeat --lib --no-default-features ${features:+--features "$features"} -- -D warnings
+done
 log "cargo nextest run"
 cargo nextest run --workspace --all-features --no-fail-fast "$@"
 log "doc tests"
 cargo test --workspace --all-features --doc
+# What is published builds on its own, from the packaged files alone.
+log "cargo package: the published crates, verified"
+cargo package -p norepeat-macros -p norepeat --allow-dirty
+log "done"
