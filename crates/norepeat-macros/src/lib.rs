@@ -651,7 +651,9 @@ fn expand_tx(
         #vis #sig {
             let __norepeat_key: ::std::string::String =
                 ::norepeat::keys::KeyParts::new() #(#key_calls)* .finish();
-            let __norepeat_store = #store_value;
+            // Checked once to be a SQL store: a store that is not is one
+            // error here, and the uses below see an error type (no more).
+            let __norepeat_store = ::norepeat::attribute::__tx_store(#store_value);
             #guarded
                 .on_store_failure(#policy)
                 .#run(&__norepeat_store, &__norepeat_key, move |__norepeat_tx| async move {

@@ -106,6 +106,12 @@ mod tx_unavailable;
 mod window;
 
 pub use default_store::{AlreadySet, DefaultStore, default_store, set_default_store};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[doc(hidden)]
+pub use tx::tx_store as __tx_store;
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+#[doc(hidden)]
+pub use tx_unavailable::tx_store as __tx_store;
 
 /// Why a guarded call did not run. A guarded function's error type converts
 /// from it (`E: From<Rejected>`).

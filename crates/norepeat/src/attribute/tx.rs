@@ -145,3 +145,15 @@ impl Guarded {
         }
     }
 }
+
+/// The store of a `#[norepeat::guard(tx = ...)]` function, checked to be a
+/// SQL store where the attribute names it (the macro calls this; not for
+/// direct use). A store that is not gets the error there, pointing at
+/// `store = ...`; the uses after it see a `TxStore` and add at most one more
+/// of the same error.
+#[doc(hidden)]
+pub fn tx_store<S: crate::store::sql::TxStore>(
+    store: S,
+) -> impl crate::store::sql::TxStore<Database = S::Database> {
+    store
+}
