@@ -261,6 +261,7 @@ fn error_kind(e: &StoreError) -> &'static str {
         StoreError::Connection(_) => "connection",
         StoreError::Server(_) => "server",
         StoreError::Protocol(_) => "protocol",
+        StoreError::InvalidUrl(_) => "invalid_url",
     }
 }
 

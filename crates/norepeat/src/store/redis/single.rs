@@ -2,7 +2,7 @@
 
 use super::batch::{self, Queue, Ticket};
 use super::{Backend, Connections, Scripts, map_err};
-use crate::store::StoreError;
+use crate::store::{StoreError, redact_url};
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisResult, Value};
@@ -47,7 +47,10 @@ impl RedisStore {
     /// [`DEFAULT_CONNECTIONS`] multiplexed connections.
     ///
     /// # Errors
-    /// When the URL is invalid or the first connection fails.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL (it says
+    /// how one looks; nothing is sent), a connection error naming the
+    /// server when the first connection fails. A password in the URL shows
+    /// as `***` in either.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, DEFAULT_CONNECTIONS).await
     }
@@ -57,15 +60,18 @@ impl RedisStore {
     /// on one key leave in the order they were called.
     ///
     /// # Errors
-    /// When the URL is invalid or the first connection fails.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL (it says
+    /// how one looks; nothing is sent), a connection error naming the
+    /// server when the first connection fails. A password in the URL shows
+    /// as `***` in either.
     pub async fn connect_with(url: &str, connections: usize) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(map_err)?;
+        let client = open(url)?;
         let mut managers = Vec::new();
         for _ in 0..connections.max(1) {
             managers.push(
                 ConnectionManager::new_with_config(client.clone(), manager_config())
                     .await
-                    .map_err(map_err)?,
+                    .map_err(|e| at(url, map_err(e)))?,
             );
         }
         Ok(Self::with_pool(client, managers))
@@ -76,13 +82,13 @@ impl RedisStore {
     /// and the guards' failure policy applies, until Redis answers).
     ///
     /// # Errors
-    /// When the URL is invalid.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL.
     pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(map_err)?;
+        let client = open(url)?;
         let managers = (0..DEFAULT_CONNECTIONS)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config()))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err)?;
+            .map_err(|e| at(url, map_err(e)))?;
         Ok(Self::with_pool(client, managers))
     }
 
@@ -100,6 +106,28 @@ impl RedisStore {
             })),
             scripts: Arc::new(Scripts::new()),
         })
+    }
+}
+
+/// The client of `url`, or why the URL is no Redis URL (with its password
+/// replaced by `***`, and how a good one looks).
+fn open(url: &str) -> Result<redis::Client, StoreError> {
+    redis::Client::open(url).map_err(|e| {
+        StoreError::InvalidUrl(format!(
+            "{:?} ({e}); a Redis URL looks like redis://[[user]:password@]host:port[/db] or rediss:// for TLS",
+            redact_url(url)
+        ))
+    })
+}
+
+/// `error`, naming the server it came from (`url` without its password).
+pub(super) fn at(url: &str, error: StoreError) -> StoreError {
+    let url = redact_url(url);
+    match error {
+        StoreError::Connection(e) => StoreError::Connection(format!("{url}: {e}")),
+        StoreError::Server(e) => StoreError::Server(format!("{url}: {e}")),
+        StoreError::Protocol(e) => StoreError::Protocol(format!("{url}: {e}")),
+        other => other,
     }
 }
 
