@@ -42,6 +42,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The longest interval a timer is armed for: a renewal interval or a
+/// total hold past it (a lease of `Duration::MAX`) is this long, so that
+/// adding it to an instant never overflows.
+pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// How a running claim is renewed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Renewal {
@@ -213,7 +218,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     /// or the claim is lost, then waits forever: a future to race against
     /// the work, never to await alone.
     async fn renew_while_held(&self, renewal: Renewal) -> std::convert::Infallible {
-        let every = renewal.every.max(Duration::from_millis(1));
+        let every = renewal.every.clamp(Duration::from_millis(1), FOREVER);
         let started = Instant::now();
         let mut tick = tokio::time::interval_at(started + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -360,6 +365,35 @@ mod tests {
             .expect("the work runs before its future is polled")
             .expect("the work sends");
         assert_eq!(detached.await, 7 * 4096);
+    }
+
+    /// A lease of `Duration::MAX` runs its work, by itself and through the
+    /// shared renewer, without an `Instant` overflow (before: a panic when
+    /// the first renewal was scheduled).
+    #[tokio::test]
+    async fn the_longest_lease_runs_its_work() {
+        let store = MemoryStore::default();
+        let Ok(Acquired::Owned(claim)) =
+            Claim::acquire(&store, "k", b"a".to_vec(), Duration::MAX).await
+        else {
+            panic!("claim");
+        };
+        let renewal = Renewal {
+            every: Duration::MAX / 3,
+            max: Duration::MAX,
+        };
+        assert_eq!(claim.run(async { 7 }, renewal).await, 7);
+        let renewer = Renewer::new(store.clone());
+        let registered = renewer.register(
+            Arc::from("k"),
+            Bytes::from_static(b"a"),
+            Duration::from_secs(1),
+            Duration::MAX,
+            Duration::MAX,
+        );
+        assert!(registered.is_some());
+        tokio::task::yield_now().await;
+        claim.keep();
     }
 
     #[tokio::test]

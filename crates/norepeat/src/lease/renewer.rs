@@ -17,6 +17,7 @@
 //! the request's future ends or is dropped, so an abandoned claim keeps
 //! its key no longer than its TTL.
 
+use super::FOREVER;
 use crate::store::{KeyValueStore, KeyValueStoreExt};
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -121,8 +122,9 @@ impl<S: KeyValueStore + Clone> Renewer<S> {
         max: Duration,
     ) -> Option<Registration<S>> {
         let now = Instant::now();
-        let due = now + every.max(Duration::from_millis(1));
-        let last = now + (max - ttl).min(Duration::from_secs(100 * 365 * 86_400));
+        let every = every.clamp(Duration::from_millis(1), FOREVER);
+        let due = now + every;
+        let last = now + max.saturating_sub(ttl).min(FOREVER);
         let mut table = lock(&self.shared.entries);
         // A task ends with its runtime: start one on this runtime then.
         if table

@@ -203,8 +203,24 @@ pub trait Store: KeyValueStore + RateStore {}
 
 impl<S: KeyValueStore + RateStore> Store for S {}
 
-/// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`) and at most
+/// [`LONGEST_TTL_MS`] (Redis refuses a `PX` whose deadline overflows, so
+/// `Duration::MAX` as a lease or a retention becomes some 285,000 years).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn ttl_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(d.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, LONGEST_TTL_MS)
 }
+
+/// The longest TTL a store writes, in milliseconds: 2^53 (exact in a
+/// double, as Lua and JSON hold numbers; added to today's time in
+/// milliseconds it overflows neither Redis's nor SQL's 64 bits).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) const LONGEST_TTL_MS: u64 = 1 << 53;

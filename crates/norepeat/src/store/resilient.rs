@@ -187,7 +187,7 @@ impl<S: KeyValueStore> Resilient<S> {
     #[must_use]
     pub fn breaker(mut self, threshold: u32, cool_down: Duration) -> Self {
         // A probe reports just after its budget at the latest.
-        let deadline = self.budget.ceiling + self.budget.ceiling / 10;
+        let deadline = self.budget.ceiling.saturating_add(self.budget.ceiling / 10);
         self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
         self
     }
@@ -288,6 +288,16 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// A ceiling of `Duration::MAX` (no cap) does not overflow the
+    /// breaker's probe deadline (before: a panic in `breaker`).
+    #[test]
+    fn the_longest_ceiling_saturates() {
+        let store = Resilient::new(crate::store::MemoryStore::default())
+            .max_timeout(Duration::MAX)
+            .timeout(Duration::MAX);
+        assert!(store.budget() > Duration::from_secs(1 << 40));
+    }
 
     #[test]
     fn a_floor_above_the_ceiling_is_a_fixed_budget() {
