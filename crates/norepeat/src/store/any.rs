@@ -114,6 +114,9 @@ impl KeyValueStore for AnyStore {
     fn reconnect(&self) {
         dispatch!(self, s => s.reconnect());
     }
+    fn report_late_answers(&self, to: super::LateAnswers) {
+        dispatch!(self, s => s.report_late_answers(to));
+    }
 }
 
 impl RateStore for AnyStore {

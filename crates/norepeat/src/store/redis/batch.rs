@@ -32,6 +32,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// The commands waiting for their connection's next write.
@@ -126,17 +127,27 @@ impl Pending {
 /// queue their commands), then sends everything in the ticket's queue on
 /// the connection `con` gives at that moment (a replaced connection is not
 /// used).
-pub(super) async fn flush<P, C>(mut ticket: Ticket<P>, con: impl FnOnce(&P) -> C)
-where
+///
+/// An answer whose caller has gone (it gave up while the command was in
+/// flight) is reported to `late` with the time it took from the write:
+/// a slow store is then seen as slow, not as silent. A command never
+/// answered (its batch failed: a broken connection, the response timeout)
+/// reports nothing.
+pub(super) async fn flush<P, C>(
+    mut ticket: Ticket<P>,
+    con: impl FnOnce(&P) -> C,
+    late: impl Fn(&P, Duration),
+) where
     P: AsRef<Queue>,
     C: ConnectionLike + Send,
 {
     tokio::task::yield_now().await;
     let mut con = con(&ticket.slot);
-    let queue = ticket.slot.as_ref();
+    let slot = &ticket.slot;
+    let queue = slot.as_ref();
     let mut sending = std::pin::pin!(async {
         let batch = queue.take();
-        send(&mut con, batch).await;
+        send(&mut con, batch, |took| late(slot, took)).await;
     });
     // The take and the first poll (which writes the batch into the
     // connection's channel) under the handover lock: a batch taken later
@@ -158,17 +169,31 @@ where
 
 /// Sends `batch` on `con`, one write, and hands each command its answer.
 /// Commands whose caller has gone are left out.
-async fn send<C: ConnectionLike + Send>(con: &mut C, mut batch: Vec<Waiting>) {
+async fn send<C: ConnectionLike + Send>(
+    con: &mut C,
+    mut batch: Vec<Waiting>,
+    late: impl Fn(Duration),
+) {
     batch.retain(|w| !w.reply.is_closed());
+    let sent = Instant::now();
+    // An answer (a value or the command's own server error) its caller no
+    // longer waits for: the store answered, late.
+    let answer = |reply: oneshot::Sender<RedisResult<Value>>, value: RedisResult<Value>| {
+        if reply.send(value).is_err() {
+            late(sent.elapsed());
+        }
+    };
     match batch.len() {
         0 => {}
         1 => {
             let Waiting { cmd, reply } = batch.pop().expect("one command");
-            let answer = cmd
-                .query_async::<Value>(con)
-                .await
-                .and_then(Value::extract_error);
-            let _ = reply.send(answer);
+            match cmd.query_async::<Value>(con).await {
+                // No answer: the connection failed or timed out.
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(value) => answer(reply, value.extract_error()),
+            }
         }
         n => {
             let mut pipe = Pipeline::with_capacity(n);
@@ -194,7 +219,7 @@ async fn send<C: ConnectionLike + Send>(con: &mut C, mut batch: Vec<Waiting>) {
             match answers {
                 Ok(values) => {
                     for (value, reply) in values.into_iter().zip(replies) {
-                        let _ = reply.send(value.extract_error());
+                        answer(reply, value.extract_error());
                     }
                 }
                 Err(e) => {

@@ -251,6 +251,10 @@ macro_rules! impl_store {
             fn reconnect(&self) {
                 super::Connections::reconnect(&self.0.con);
             }
+
+            fn report_late_answers(&self, to: $crate::store::LateAnswers) {
+                super::Connections::report_late_answers(&self.0.con, to);
+            }
         }
 
         impl $crate::store::RateStore for $ty {
@@ -285,6 +289,10 @@ trait Connections {
 
     /// Replaces connections whose replies stopped coming.
     fn reconnect(&self);
+
+    /// Reports the answers that arrive after their callers gave up to
+    /// `to` (see [`KeyValueStore::report_late_answers`](crate::store::KeyValueStore::report_late_answers)).
+    fn report_late_answers(&self, to: crate::store::LateAnswers);
 }
 
 impl Connections for ClusterConnection {
@@ -303,6 +311,11 @@ impl Connections for ClusterConnection {
 
     /// The cluster client replaces broken node connections itself.
     fn reconnect(&self) {}
+
+    /// A cluster call given up is dropped inside the cluster client, which
+    /// does not say when its answer came: nothing is reported (the budget
+    /// of a `Resilient` around it follows the answers in time only).
+    fn report_late_answers(&self, _to: crate::store::LateAnswers) {}
 }
 
 mod batch;

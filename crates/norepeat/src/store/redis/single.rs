@@ -2,11 +2,11 @@
 
 use super::batch::{self, Queue, Ticket};
 use super::{Backend, Connections, Scripts, map_err};
-use crate::store::{StoreError, redact_url};
+use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisResult, Value};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// One Redis server, through [`DEFAULT_CONNECTIONS`] [`ConnectionManager`]s
@@ -103,6 +103,7 @@ impl RedisStore {
                         queue: Queue::default(),
                     })
                     .collect(),
+                late: Mutex::new(Vec::new()),
             })),
             scripts: Arc::new(Scripts::new()),
         })
@@ -152,6 +153,19 @@ struct Pool(Arc<PoolInner>);
 struct PoolInner {
     client: redis::Client,
     slots: Box<[Slot]>,
+    /// Where the answers that came after their callers gave up are
+    /// reported (see [`batch`]); read only when such an answer comes.
+    late: Mutex<Vec<LateAnswers>>,
+}
+
+impl PoolInner {
+    /// Reports one late answer to every live target, forgetting the gone.
+    fn report_late(&self, took: Duration) {
+        self.late
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|to| to.report(took));
+    }
 }
 
 /// One connection and the calls waiting for its next write.
@@ -227,9 +241,11 @@ impl Connections for Pool {
                 pool: Arc::clone(&self.0),
                 index,
             });
-            tokio::spawn(batch::flush(ticket, |s: &SlotOf| {
-                ConnectionManager::clone(&s.slot().manager.load())
-            }));
+            tokio::spawn(batch::flush(
+                ticket,
+                |s: &SlotOf| ConnectionManager::clone(&s.slot().manager.load()),
+                |s: &SlotOf, took| s.pool.report_late(took),
+            ));
         }
         answer.answer()
     }
@@ -248,6 +264,12 @@ impl Connections for Pool {
         }
         metrics::counter!("norepeat_store_reconnects_total").increment(1);
         tracing::warn!("replaced the Redis connections after repeated timeouts");
+    }
+
+    fn report_late_answers(&self, to: LateAnswers) {
+        let mut late = self.0.late.lock().unwrap_or_else(PoisonError::into_inner);
+        late.retain(LateAnswers::is_live);
+        late.push(to);
     }
 }
 
