@@ -11,7 +11,9 @@
 //! 2. **Run** the protected work under [`Claim::run`], which renews the key
 //!    (`expire_if_equals`) every so often while the work runs. Renewal lives
 //!    in that future: it stops the moment the future ends or is dropped, so
-//!    a dead or abandoned caller never keeps a key past its TTL.
+//!    a dead or abandoned caller never keeps a key past its TTL. A renewal
+//!    runs beside the work, never in its way (the work is polled while a
+//!    renewal waits), and has a budget of one renewal interval.
 //! 3. **Complete** (`replace_if_equals`, the fence against a lost claim),
 //!    **release** (`delete_if_equals`), or **keep** (the key expires with its
 //!    TTL).
@@ -39,6 +41,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The longest interval a timer is armed for: a renewal interval or a
+/// total hold past it (a lease of `Duration::MAX`) is this long, so that
+/// adding it to an instant never overflows.
+pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 /// How a running claim is renewed.
 #[derive(Debug, Clone, Copy)]
@@ -186,37 +193,54 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     /// Drives `work` to its end, renewing the key per `renewal` while it
     /// runs, with a timer of its own. No task is spawned: renewal stops
     /// with this future.
+    ///
+    /// The work and the renewals are polled side by side: a renewal in
+    /// flight never pauses the work. (A renewal on a one-connection SQL
+    /// pool whose connection the work holds in a transaction waits for
+    /// that connection; were the work paused meanwhile, neither would move
+    /// until the lease was lost.) Each renewal has a time budget of one
+    /// interval; one that runs out of it is abandoned and the next is tried
+    /// at the next interval.
     pub(crate) async fn run<F: Future>(&self, work: F, renewal: Renewal) -> F::Output {
         if renewal.every.is_zero() {
             return work.await;
         }
-        let every = renewal.every.max(Duration::from_millis(1));
+        let renewals = self.renew_while_held(renewal);
+        tokio::pin!(work, renewals);
+        // The work first: most finish before the first renewal is due.
+        match futures_util::future::select(work, renewals).await {
+            futures_util::future::Either::Left((out, _)) => out,
+            futures_util::future::Either::Right((never, _)) => match never {},
+        }
+    }
+
+    /// Renews the key every `renewal.every` until the total hold is reached
+    /// or the claim is lost, then waits forever: a future to race against
+    /// the work, never to await alone.
+    async fn renew_while_held(&self, renewal: Renewal) -> std::convert::Infallible {
+        let every = renewal.every.clamp(Duration::from_millis(1), FOREVER);
         let started = Instant::now();
         let mut tick = tokio::time::interval_at(started + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(work);
-        let mut renewing = true;
         loop {
-            tokio::select! {
-                // The work first: most finish before the first renewal is due.
-                biased;
-                out = &mut work => return out,
-                _ = tick.tick(), if renewing => {
-                    if started.elapsed().saturating_add(self.ttl) > renewal.max {
-                        renewing = false;
-                        continue;
-                    }
-                    match self.renew().await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::warn!(key = &*self.key, "claim lost while its work runs");
-                            renewing = false;
-                        }
-                        Err(e) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
-                    }
+            tick.tick().await;
+            if started.elapsed().saturating_add(self.ttl) > renewal.max {
+                break;
+            }
+            match tokio::time::timeout(every, self.renew()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    tracing::warn!(key = &*self.key, "claim lost while its work runs");
+                    break;
                 }
+                Ok(Err(e)) => tracing::debug!(error = %e, "claim renewal failed; will retry"),
+                Err(_) => tracing::debug!(
+                    key = &*self.key,
+                    "claim renewal ran out of its time budget; will retry"
+                ),
             }
         }
+        std::future::pending().await
     }
 
     /// Replaces the claim with `done` for `retention`, owner-checked. On a
@@ -341,6 +365,35 @@ mod tests {
             .expect("the work runs before its future is polled")
             .expect("the work sends");
         assert_eq!(detached.await, 7 * 4096);
+    }
+
+    /// A lease of `Duration::MAX` runs its work, by itself and through the
+    /// shared renewer, without an `Instant` overflow (before: a panic when
+    /// the first renewal was scheduled).
+    #[tokio::test]
+    async fn the_longest_lease_runs_its_work() {
+        let store = MemoryStore::default();
+        let Ok(Acquired::Owned(claim)) =
+            Claim::acquire(&store, "k", b"a".to_vec(), Duration::MAX).await
+        else {
+            panic!("claim");
+        };
+        let renewal = Renewal {
+            every: Duration::MAX / 3,
+            max: Duration::MAX,
+        };
+        assert_eq!(claim.run(async { 7 }, renewal).await, 7);
+        let renewer = Renewer::new(store.clone());
+        let registered = renewer.register(
+            Arc::from("k"),
+            Bytes::from_static(b"a"),
+            Duration::from_secs(1),
+            Duration::MAX,
+            Duration::MAX,
+        );
+        assert!(registered.is_some());
+        tokio::task::yield_now().await;
+        claim.keep();
     }
 
     #[tokio::test]

@@ -200,3 +200,54 @@ mod sqlite {
     }
     cases!(sqlx::Sqlite, norepeat::store::SqliteStore, fresh, pool);
 }
+
+/// The documented `run_once_in_tx` example (a one-connection SQLite pool)
+/// with a body longer than a third of the lease: the first renewal is due
+/// while the body holds the pool's only connection in its transaction.
+/// Before, `Claim::run` stopped polling the body while that renewal waited
+/// for the connection, so neither moved until the pool's acquire timeout
+/// (30 s) and the lease was lost; now the body runs on, the renewal gives
+/// up after its budget, and the body commits well within its lease.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn run_once_in_tx_on_one_connection_outlives_a_third_of_its_lease() {
+    use norepeat::attribute::Guarded;
+    use norepeat::store::SqliteStore;
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE points (user_id TEXT, n INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    let lease = Duration::from_millis(900);
+    let once = Guarded::once("points::award").lease(lease);
+    for delivery in 0..3 {
+        let awarded: Result<i64, Error> = tokio::time::timeout(
+            Duration::from_secs(10),
+            once.run_once_in_tx(&store, "order-7", |mut tx| async move {
+                sqlx::query("INSERT INTO points VALUES ('u1', 30)")
+                    .execute(&mut *tx)
+                    .await?;
+                // Past the first renewal (at a third of the lease), well
+                // before the lease ends.
+                tokio::time::sleep(lease / 2).await;
+                Ok::<_, Error>((tx, 30))
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!("delivery {delivery}: the body and its renewal waited on each other")
+        });
+        assert_eq!(awarded.unwrap(), 30, "delivery {delivery}");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM points")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}

@@ -972,3 +972,71 @@ async fn outage_decisions_hold_for_their_whole_ttl_and_recovery_leaves_redis_alo
     drop(proxy);
     assert_every_key_expires(&redis).await;
 }
+
+/// Silence does not teach the budget, late answers do. A Redis that hangs
+/// (accepts, never answers): the calls time out and the budget stays what
+/// it was before the hang, so each costs at most that budget until the
+/// breaker opens (before, each timed-out call counted at its budget and
+/// tripled it: 50, 150, 450 ms, then the 1 s cap). A Redis that turns slow:
+/// the first calls time out, their answers still come, and the budget rises
+/// to wait for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silence_does_not_teach_the_budget_but_late_answers_do() {
+    let redis = RedisServer::start().await;
+    let ttl = Duration::from_secs(5);
+
+    let hanging = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&hanging.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(10, Duration::from_secs(60));
+    for i in 0..5 {
+        store
+            .put_if_absent(&format!("warm{i}"), b"v", ttl)
+            .await
+            .unwrap();
+    }
+    let before = store.budget();
+    hanging.set_mode(ProxyMode::Swallow);
+    for i in 0..6 {
+        let answer = store.put_if_absent(&format!("hang{i}"), b"v", ttl).await;
+        assert!(
+            matches!(answer, Err(StoreError::Timeout(_))),
+            "call {i} on a hanging store answered {answer:?}"
+        );
+        assert_eq!(
+            store.budget(),
+            before,
+            "call {i} on a hanging store changed the budget"
+        );
+    }
+
+    let slow = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&slow.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(10, Duration::from_secs(60));
+    for i in 0..5 {
+        store
+            .put_if_absent(&format!("warm-slow{i}"), b"v", ttl)
+            .await
+            .unwrap();
+    }
+    let before = store.budget();
+    // 60 ms each way: a round trip of 120 ms or more, past the budget.
+    slow.set_mode(ProxyMode::Delay(Duration::from_millis(60)));
+    let raised = eventually(Duration::from_secs(20), || {
+        let store = &store;
+        async move {
+            let _ = store
+                .put_if_absent(&format!("slow{}", rand::random::<u64>()), b"v", ttl)
+                .await;
+            store.budget() >= Duration::from_millis(240)
+        }
+    })
+    .await;
+    assert!(
+        raised,
+        "a slow store's late answers did not raise the budget: {:?} (was {before:?})",
+        store.budget()
+    );
+    slow.set_mode(ProxyMode::Pass);
+}

@@ -228,6 +228,26 @@ mod cases {
         );
     }
 
+    /// `Duration::MAX` as a lease or a retention saturates (to a TTL the
+    /// store can hold) instead of panicking or being refused, and the key
+    /// still has a TTL. Before: the memory store panicked (`Instant +
+    /// Duration` overflow) and Redis refused the `PX` ("invalid expire
+    /// time").
+    pub async fn longest_ttl<S: KeyValueStore>(s: S) {
+        let max = Duration::MAX;
+        assert_eq!(s.put_if_absent("forever", b"a", max).await.unwrap(), None);
+        assert!(holds(&s, "forever", b"a").await);
+        assert!(s.expire_if_equals("forever", b"a", max).await.unwrap());
+        assert!(
+            s.replace_if_equals("forever", b"a", b"b", max)
+                .await
+                .unwrap()
+        );
+        assert!(holds(&s, "forever", b"b").await);
+        assert!(s.delete_if_equals("forever", b"b").await.unwrap());
+        assert!(absent(&s, "forever").await);
+    }
+
     /// Many tasks claim one key at once, each with its own value: exactly
     /// one stores, and every other one is told the winner's value.
     pub async fn concurrent_claims<S: KeyValueStore + Clone>(s: S) {
@@ -323,6 +343,12 @@ macro_rules! behaviour {
             async fn owner_checked() {
                 let (store, _keep) = $make;
                 cases::owner_checked(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn longest_ttl() {
+                let (store, _keep) = $make;
+                cases::longest_ttl(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,8 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-use futures_util::FutureExt;
 use futures_util::future::join_all;
+use futures_util::{FutureExt, StreamExt};
 use norepeat::store::{KeyValueStoreExt, RedisStore, StoreError};
 use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
 use redis::AsyncCommands;
@@ -184,4 +184,128 @@ async fn a_batch_whose_replies_never_come_fails_on_its_own() {
             "{key} answered {answer:?} with its replies swallowed"
         );
     }
+}
+
+/// Every command on one key leaves on one connection (each key has its
+/// connection, by a hash of the key), so a release sent after a completion
+/// cannot overtake it on another connection. Checked with MONITOR, which
+/// names the client of each command: with the connections used in turn
+/// (before), a key's claim, renewal, completion and release went out on
+/// alternating connections.
+#[tokio::test]
+async fn the_commands_on_one_key_leave_on_one_connection() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect_with(&redis.url(), 4).await.unwrap();
+    // Load the scripts first, so MONITOR sees only the calls below.
+    assert_eq!(store.put_if_absent("warm", b"o", TTL).await.unwrap(), None);
+    assert!(store.expire_if_equals("warm", b"o", TTL).await.unwrap());
+    assert!(
+        store
+            .replace_if_equals("warm", b"o", b"d", TTL)
+            .await
+            .unwrap()
+    );
+    assert!(store.delete_if_equals("warm", b"d").await.unwrap());
+
+    let monitor = redis.client().get_async_monitor().await.unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+
+    let keys: Vec<String> = (0..8).map(|i| format!("ordered{i}")).collect();
+    for key in &keys {
+        assert_eq!(store.put_if_absent(key, b"claim", TTL).await.unwrap(), None);
+        assert!(store.expire_if_equals(key, b"claim", TTL).await.unwrap());
+        assert!(
+            store
+                .replace_if_equals(key, b"claim", b"done", TTL)
+                .await
+                .unwrap()
+        );
+        assert!(!store.delete_if_equals(key, b"claim").await.unwrap());
+    }
+
+    // Each line: `<time> [<db> <client address>] "CMD" "arg" ...`; a
+    // script's own commands name `lua` as their client and are skipped.
+    let mut clients: std::collections::HashMap<String, std::collections::HashSet<String>> =
+        std::collections::HashMap::new();
+    let mut seen = 0;
+    while seen < keys.len() * 4 {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next())
+            .await
+            .expect("MONITOR showed every command")
+            .expect("the monitor stays open");
+        let Some((client, command)) = line
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'))
+        else {
+            continue;
+        };
+        let client = client.split_whitespace().nth(1).unwrap_or("").to_owned();
+        if client == "lua" {
+            continue;
+        }
+        let args: Vec<&str> = command.split_whitespace().collect();
+        let key = match args.first().map(|c| c.to_ascii_uppercase()) {
+            Some(c) if c == "\"SET\"" => args[1],
+            Some(c) if c == "\"EVALSHA\"" => args[3],
+            _ => continue,
+        };
+        let key = key.trim_matches('"').to_owned();
+        if keys.contains(&key) {
+            seen += 1;
+            clients.entry(key).or_default().insert(client);
+        }
+    }
+    for key in &keys {
+        assert_eq!(
+            clients[key].len(),
+            1,
+            "{key} went out on connections {:?}",
+            clients[key]
+        );
+    }
+    let used: std::collections::HashSet<&String> = clients.values().flatten().collect();
+    assert!(used.len() > 1, "the keys spread over the connections");
+}
+
+/// A call polled once in a runtime that is then shut down leaves its
+/// batch's task unrun (dropped with that runtime). The next calls, in the
+/// store's own runtime, must still be sent; before, the queue stayed
+/// non-empty with no task to take it, and every later call on that
+/// connection waited forever.
+#[test]
+fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
+    let home = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (redis, store) = home.block_on(async {
+        let redis = RedisServer::start().await;
+        // One connection: every call shares the queue of the dropped task.
+        let store = RedisStore::connect_with(&redis.url(), 1).await.unwrap();
+        (redis, store)
+    });
+
+    let throwaway = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut stranded = Box::pin(store.put_if_absent("stranded", b"v", TTL));
+    throwaway.block_on(async {
+        assert!((&mut stranded).now_or_never().is_none());
+    });
+    drop(throwaway);
+    drop(stranded);
+
+    home.block_on(async {
+        for key in ["next-1", "next-2", "next-3"] {
+            let answer =
+                tokio::time::timeout(Duration::from_secs(10), store.put_if_absent(key, b"v", TTL))
+                    .await
+                    .expect("a call after a dropped batch task was never sent");
+            assert_eq!(answer.unwrap(), None, "{key}");
+        }
+    });
+    drop(store);
+    home.block_on(async move { drop(redis) });
 }

@@ -9,12 +9,15 @@
 //! one task per guard sleeps until the earliest renewal is due and sends
 //! every renewal due then at once, concurrently (on one multiplexed Redis
 //! connection they share the socket rather than each waiting for the
-//! previous reply).
+//! previous reply). Each renewal has a time budget of its claim's renewal
+//! interval: one that hangs is abandoned (and tried again when next due),
+//! so it never holds up the renewals of the other claims.
 //!
 //! Renewal still stops with the request: the table entry is removed when
 //! the request's future ends or is dropped, so an abandoned claim keeps
 //! its key no longer than its TTL.
 
+use super::FOREVER;
 use crate::store::{KeyValueStore, KeyValueStoreExt};
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -119,8 +122,9 @@ impl<S: KeyValueStore + Clone> Renewer<S> {
         max: Duration,
     ) -> Option<Registration<S>> {
         let now = Instant::now();
-        let due = now + every.max(Duration::from_millis(1));
-        let last = now + (max - ttl).min(Duration::from_secs(100 * 365 * 86_400));
+        let every = every.clamp(Duration::from_millis(1), FOREVER);
+        let due = now + every;
+        let last = now + max.saturating_sub(ttl).min(FOREVER);
         let mut table = lock(&self.shared.entries);
         // A task ends with its runtime: start one on this runtime then.
         if table
@@ -223,7 +227,7 @@ async fn drive<S: KeyValueStore + Clone>(shared: Weak<Shared<S>>) {
 /// Renews every entry that is due, all at once.
 async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
     let now = Instant::now();
-    let due: Vec<(usize, u64, Arc<str>, Bytes, Duration)> = {
+    let due: Vec<(usize, u64, Arc<str>, Bytes, Duration, Duration)> = {
         let mut table = lock(&shared.entries);
         table
             .slab
@@ -244,6 +248,7 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
                     Arc::clone(&e.key),
                     e.value.clone(),
                     e.ttl,
+                    e.every,
                 ))
             })
             .collect()
@@ -251,13 +256,25 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
     if due.is_empty() {
         return;
     }
-    let results = join_all(
-        due.iter()
-            .map(|(_, _, key, value, ttl)| shared.store.expire_if_equals(key, value, *ttl)),
-    )
+    // Each renewal has a budget of its interval: one that hangs (a SQL pool
+    // whose only connection is busy) is abandoned, and the others, and the
+    // next renewals of every claim, do not wait for it.
+    let results = join_all(due.iter().map(|(_, _, key, value, ttl, every)| {
+        tokio::time::timeout(
+            (*every).max(Duration::from_millis(1)),
+            shared.store.expire_if_equals(key, value, *ttl),
+        )
+    }))
     .await;
     let mut table = lock(&shared.entries);
-    for ((slot, generation, key, _, _), result) in due.iter().zip(results) {
+    for ((slot, generation, key, _, _, _), result) in due.iter().zip(results) {
+        let Ok(result) = result else {
+            tracing::debug!(
+                key = &**key,
+                "claim renewal ran out of its time budget; will retry"
+            );
+            continue;
+        };
         match result {
             Ok(true) => {
                 metrics::counter!("norepeat_lease_renewals_total", "renewed" => "yes").increment(1);
@@ -402,6 +419,66 @@ mod tests {
             .wakes
             .load(std::sync::atomic::Ordering::Relaxed);
         assert!(wakes < 10, "the task woke {wakes} times");
+    }
+
+    /// A store whose calls on `slow` never answer (a SQL pool whose only
+    /// connection is held elsewhere); every other key is a memory store's.
+    #[derive(Clone, Default)]
+    struct OneKeyHangs(MemoryStore);
+
+    impl KeyValueStore for OneKeyHangs {
+        async fn execute(
+            &self,
+            op: crate::store::KeyOp<'_>,
+        ) -> Result<crate::store::KeyReply, crate::store::StoreError> {
+            if op.key() == "slow" {
+                std::future::pending::<()>().await;
+            }
+            self.0.execute(op).await
+        }
+        fn kind(&self) -> &'static str {
+            "one-key-hangs"
+        }
+    }
+
+    /// One claim whose renewals never answer does not hold up another's:
+    /// each renewal has its interval as its budget. Before, the batch of
+    /// due renewals was awaited whole, so `k` was never renewed again and
+    /// expired under its work.
+    #[tokio::test]
+    async fn a_renewal_that_hangs_does_not_hold_up_the_others() {
+        let store = OneKeyHangs::default();
+        assert!(free_for(&store.0, b"me").await);
+        let renewer = Renewer::new(store.clone());
+        let _slow = renewer
+            .register(
+                Arc::from("slow"),
+                Bytes::from_static(b"me"),
+                TTL,
+                TTL / 3,
+                Duration::MAX,
+            )
+            .expect("a runtime is here");
+        let _reg = renewer
+            .register(
+                Arc::from("k"),
+                Bytes::from_static(b"me"),
+                TTL,
+                TTL / 3,
+                Duration::MAX,
+            )
+            .expect("a runtime is here");
+        tokio::time::sleep(TTL * 4).await;
+        assert_eq!(
+            store
+                .0
+                .put_if_absent("k", b"other", TTL)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some(&b"me"[..]),
+            "k was renewed past its first TTL"
+        );
     }
 
     /// Puts `k` for [`TTL`] with `value`; whether it was free.

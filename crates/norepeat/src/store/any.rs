@@ -46,8 +46,9 @@ impl AnyStore {
             Some(u) if u.starts_with("redis://") || u.starts_with("rediss://") => {
                 Ok(Self::Redis(super::RedisStore::connect(u).await?))
             }
-            Some(u) => Err(StoreError::Protocol(format!(
-                "unsupported store URL {u:?}: expected redis:// or redis+cluster://"
+            Some(u) => Err(StoreError::InvalidUrl(format!(
+                "{:?}: expected redis://[[user]:password@]host:port[/db], rediss://... or redis+cluster://host:port,host:port",
+                super::redact_url(u)
             ))),
         }
     }
@@ -61,8 +62,9 @@ const CLUSTER_SCHEME: &str = "redis+cluster://";
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 fn cluster_nodes(url: &str) -> Result<Vec<String>, StoreError> {
     let bad = |why: &str| {
-        StoreError::Protocol(format!(
-            "invalid cluster URL {url:?}: {why} (expected redis+cluster://host:port,host:port)"
+        StoreError::InvalidUrl(format!(
+            "{:?}: {why} (expected redis+cluster://[[user]:password@]host:port,host:port)",
+            super::redact_url(url)
         ))
     };
     let rest = url
@@ -112,6 +114,9 @@ impl KeyValueStore for AnyStore {
     fn reconnect(&self) {
         dispatch!(self, s => s.reconnect());
     }
+    fn report_late_answers(&self, to: super::LateAnswers) {
+        dispatch!(self, s => s.report_late_answers(to));
+    }
 }
 
 impl RateStore for AnyStore {
@@ -138,6 +143,72 @@ mod tests {
         let claim = store.put_if_absent("k", b"v", Duration::from_secs(1));
         let size = std::mem::size_of_val(&claim);
         assert!(size <= 512, "put_if_absent's future is {size} bytes");
+    }
+
+    /// A URL that is not one is said to be invalid, with how a good one
+    /// looks, and a password never shows in an error. Before: "unexpected
+    /// answer from store" for a URL without a scheme (nothing was sent),
+    /// and a cluster URL's password in the error as written.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_bad_url_is_called_invalid_and_its_password_is_hidden() {
+        use crate::store::{AnyStore, RedisStore, StoreError};
+        let Err(StoreError::InvalidUrl(e)) = RedisStore::connect("127.0.0.1:6379").await else {
+            panic!("a URL without a scheme is invalid");
+        };
+        assert!(
+            e.contains("127.0.0.1:6379") && e.contains("redis://"),
+            "{e}"
+        );
+        assert!(matches!(
+            RedisStore::connect_lazy("127.0.0.1:6379"),
+            Err(StoreError::InvalidUrl(_))
+        ));
+        for url in [
+            "redis+cluster://u:hunter2@/",
+            "memcached://u:hunter2@cache:11211",
+            "redis://:hunter2@127.0.0.1:1",
+        ] {
+            let e = AnyStore::from_url(Some(url))
+                .await
+                .expect_err("no store there")
+                .to_string();
+            assert!(!e.contains("hunter2") && e.contains("***"), "{url}: {e}");
+        }
+        assert!(matches!(
+            AnyStore::from_url(Some("memcached://cache:11211")).await,
+            Err(StoreError::InvalidUrl(_))
+        ));
+    }
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        use crate::store::redact_url;
+        for (url, shown) in [
+            ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+            ("rediss://user:pw@h:6379", "rediss://user:***@h:6379"),
+            (
+                "redis+cluster://u:p%40ss@h1:7000,h2:7000/",
+                "redis+cluster://u:***@h1:7000,h2:7000/",
+            ),
+            (
+                "postgres://shop:pw@db:5432/shop?sslmode=require",
+                "postgres://shop:***@db:5432/shop?sslmode=require",
+            ),
+            (
+                "postgres://db/shop?user=u&password=pw&x=1",
+                "postgres://db/shop?user=u&password=***&x=1",
+            ),
+            (
+                "postgres://a:pw@db/shop?password=pw",
+                "postgres://a:***@db/shop?password=***",
+            ),
+            ("sqlite://shop.db?mode=rwc", "sqlite://shop.db?mode=rwc"),
+            ("redis://user@h:6379", "redis://user@h:6379"),
+            ("127.0.0.1:6379", "127.0.0.1:6379"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 
     #[test]

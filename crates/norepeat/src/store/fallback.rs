@@ -155,6 +155,10 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
     fn reconnect(&self) {
         self.primary.reconnect();
     }
+
+    fn report_late_answers(&self, to: super::LateAnswers) {
+        self.primary.report_late_answers(to);
+    }
 }
 
 impl<S: RateStore> RateStore for Fallback<S> {

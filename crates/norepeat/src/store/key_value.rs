@@ -137,6 +137,73 @@ pub trait KeyValueStore: Send + Sync + 'static {
     /// a connection whose replies will never come. The default does
     /// nothing.
     fn reconnect(&self) {}
+
+    /// Asks the store to report, to `to`, the latency of each answer that
+    /// arrives after its caller gave up (a call past its time budget whose
+    /// command was already sent). [`Resilient`](super::Resilient) asks
+    /// this of the store it wraps, so that a store that turns slow raises
+    /// its budget while a store that is silent does not. A wrapper passes
+    /// it on to the store it wraps; the default ignores it (a store that
+    /// cannot tell).
+    fn report_late_answers(&self, to: LateAnswers) {
+        let _ = to;
+    }
+}
+
+/// Where a store reports the latency of answers that came after their
+/// callers had given up (see [`KeyValueStore::report_late_answers`]). It
+/// holds its target weakly: once the target is gone, reports go nowhere.
+///
+/// ```
+/// use norepeat::store::LateAnswers;
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+/// let seen = Arc::new(AtomicU64::new(0));
+/// let counted = Arc::clone(&seen);
+/// let target: Arc<dyn Fn(Duration) + Send + Sync> =
+///     Arc::new(move |d: Duration| { counted.fetch_add(d.as_millis() as u64, Ordering::Relaxed); });
+/// let late = LateAnswers::new(&target);
+/// assert!(late.report(Duration::from_millis(7)));
+/// drop(target);
+/// assert!(!late.report(Duration::from_millis(7)), "its target is gone");
+/// assert_eq!(seen.load(Ordering::Relaxed), 7);
+/// ```
+#[derive(Clone)]
+pub struct LateAnswers(std::sync::Weak<dyn Fn(Duration) + Send + Sync>);
+
+impl LateAnswers {
+    /// Reports to `target` for as long as it lives.
+    #[must_use]
+    pub fn new(target: &std::sync::Arc<dyn Fn(Duration) + Send + Sync>) -> Self {
+        Self(std::sync::Arc::downgrade(target))
+    }
+
+    /// Whether its target still lives.
+    #[must_use]
+    pub fn is_live(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+
+    /// Reports one late answer that took `took`; `false` when the target
+    /// is gone (the reporter may then forget this `LateAnswers`).
+    pub fn report(&self, took: Duration) -> bool {
+        match self.0.upgrade() {
+            Some(target) => {
+                target(took);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for LateAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LateAnswers")
+            .field("alive", &(self.0.strong_count() > 0))
+            .finish()
+    }
 }
 
 impl<S: KeyValueStore> KeyValueStore for std::sync::Arc<S> {
@@ -148,6 +215,9 @@ impl<S: KeyValueStore> KeyValueStore for std::sync::Arc<S> {
     }
     fn reconnect(&self) {
         (**self).reconnect();
+    }
+    fn report_late_answers(&self, to: LateAnswers) {
+        (**self).report_late_answers(to);
     }
 }
 

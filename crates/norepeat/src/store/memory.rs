@@ -69,7 +69,8 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 ///
 /// Each operation runs under moka's per-key lock, so it is atomic against
 /// every other operation on the same key. Entries expire at their own time
-/// to live. It is shared by clones, not across processes.
+/// to live. A time to live past ten years (`Duration::MAX` as a
+/// lease or a retention) is ten years; none overflows. It is shared by clones, not across processes.
 ///
 /// ```
 /// use norepeat::store::{KeyValueStoreExt, MemoryStore};
@@ -248,7 +249,7 @@ impl MemoryStore {
             (
                 Op::Put(Entry {
                     value,
-                    expires_at: now + ttl,
+                    expires_at: deadline(now, ttl),
                 }),
                 decision,
             )
@@ -259,8 +260,19 @@ impl MemoryStore {
 fn bytes_entry(value: &[u8], now: Instant, ttl: Duration) -> Entry {
     Entry {
         value: Value::Bytes(Bytes::copy_from_slice(value)),
-        expires_at: now + ttl.max(Duration::from_millis(1)),
+        expires_at: deadline(now, ttl.max(Duration::from_millis(1))),
     }
+}
+
+/// The longest an entry lives: ten years, far past any process's life,
+/// and far inside what moka's clock (nanoseconds in 64 bits) can add.
+const LONGEST_TTL: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// When an entry written at `now` for `ttl` expires: a TTL past
+/// [`LONGEST_TTL`] (`Duration::MAX` as a lease or a retention) is that
+/// long, never an overflow.
+fn deadline(now: Instant, ttl: Duration) -> Instant {
+    now + ttl.min(LONGEST_TTL)
 }
 
 impl KeyValueStore for MemoryStore {
@@ -363,6 +375,22 @@ fn micros(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::store::KeyValueStoreExt;
+
+    /// Every rate algorithm takes `Duration::MAX` as its window or
+    /// emission interval without panicking (the entry's deadline
+    /// saturates).
+    #[tokio::test]
+    async fn the_longest_durations_saturate() {
+        use crate::store::RateStoreExt;
+        let s = MemoryStore::default();
+        let max = Duration::MAX;
+        assert!(s.fixed_window("f", 2, max).await.unwrap().allowed);
+        assert!(s.sliding_window("s", 2, max).await.unwrap().allowed);
+        assert!(s.gcra("g", max, 2).await.unwrap().allowed);
+        let _ = s.gcra("g", max, 2).await.unwrap();
+        assert!(s.put_if_absent("k", b"v", max).await.unwrap().is_none());
+        assert_eq!(s.peek("k").as_deref(), Some(&b"v"[..]));
+    }
 
     #[tokio::test]
     async fn entries_expire() {

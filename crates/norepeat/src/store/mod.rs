@@ -82,7 +82,7 @@ mod resilient;
 
 pub use breaker::{Breaker, BreakerState, Permit};
 pub use fallback::Fallback;
-pub use key_value::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt};
+pub use key_value::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt, LateAnswers};
 pub use rate::{RateDecision, RateOp, RateStore, RateStoreExt};
 pub use resilient::Resilient;
 
@@ -127,6 +127,67 @@ pub enum StoreError {
     /// The store answered something this crate does not understand.
     #[error("unexpected answer from store: {0}")]
     Protocol(String),
+    /// The store's URL is not one this crate can use: nothing was sent.
+    /// The message names the URL (its password replaced by `***`, see
+    /// [`redact_url`]) and how a good one looks.
+    #[error("invalid store URL: {0}")]
+    InvalidUrl(String),
+}
+
+/// `url` with its password replaced by `***`, for errors and logs: the
+/// password of the user part (`scheme://user:password@host`) and a
+/// `password=` query parameter (as PostgreSQL URLs allow). A URL without
+/// either is returned as it is.
+///
+/// ```
+/// use norepeat::store::redact_url;
+/// assert_eq!(redact_url("redis://:s3cret@cache:6379/0"), "redis://:***@cache:6379/0");
+/// assert_eq!(redact_url("postgres://shop:s3cret@db/shop"), "postgres://shop:***@db/shop");
+/// assert_eq!(redact_url("postgres://db/shop?user=a&password=s3cret"), "postgres://db/shop?user=a&password=***");
+/// assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+/// ```
+#[must_use]
+pub fn redact_url(url: &str) -> std::borrow::Cow<'_, str> {
+    let mut out = String::new();
+    let mut rest = url;
+    if let Some(scheme_end) = url.find("://") {
+        let authority_start = scheme_end + 3;
+        let authority_end = url[authority_start..]
+            .find(['/', '?', '#'])
+            .map_or(url.len(), |i| authority_start + i);
+        let authority = &url[authority_start..authority_end];
+        if let Some(at) = authority.rfind('@')
+            && let Some(colon) = authority[..at].find(':')
+        {
+            out.push_str(&url[..authority_start + colon + 1]);
+            out.push_str("***");
+            rest = &url[authority_start + at..];
+        }
+    }
+    if let Some(query) = rest.find('?') {
+        let (head, tail) = rest.split_at(query);
+        let mut redacted = String::with_capacity(tail.len());
+        for (i, pair) in tail[1..].split('&').enumerate() {
+            redacted.push(if i == 0 { '?' } else { '&' });
+            match pair.split_once('=') {
+                Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                    redacted.push_str(name);
+                    redacted.push_str("=***");
+                }
+                _ => redacted.push_str(pair),
+            }
+        }
+        if redacted != tail {
+            out.push_str(head);
+            out.push_str(&redacted);
+            rest = "";
+        }
+    }
+    if out.is_empty() {
+        return std::borrow::Cow::Borrowed(url);
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Everything a guard or a rate limiter asks of a backend: a
@@ -142,8 +203,24 @@ pub trait Store: KeyValueStore + RateStore {}
 
 impl<S: KeyValueStore + RateStore> Store for S {}
 
-/// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// Milliseconds in `d`, at least 1 (Redis refuses `PX 0`) and at most
+/// [`LONGEST_TTL_MS`] (Redis refuses a `PX` whose deadline overflows, so
+/// `Duration::MAX` as a lease or a retention becomes some 285,000 years).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn ttl_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(d.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, LONGEST_TTL_MS)
 }
+
+/// The longest TTL a store writes, in milliseconds: 2^53 (exact in a
+/// double, as Lua and JSON hold numbers; added to today's time in
+/// milliseconds it overflows neither Redis's nor SQL's 64 bits).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) const LONGEST_TTL_MS: u64 = 1 << 53;

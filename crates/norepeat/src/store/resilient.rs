@@ -16,10 +16,14 @@ use std::time::{Duration, Instant};
 /// The budget adapts to the store's observed latency: 3 times the p99 of the
 /// last 100 calls, kept between a floor ([`timeout`](Self::timeout), default
 /// 50 ms) and a ceiling ([`max_timeout`](Self::max_timeout), default 1 s).
-/// A call that runs out of its budget counts at the budget it used, so a
-/// store that turns slow raises the budget within a few calls, and requests
-/// wait for it instead of failing open; a store that is down answers errors
-/// at once, or keeps timing out until the breaker opens. The current budget
+/// A call that runs out of its budget records nothing then: silence does
+/// not teach the budget. If its answer still comes (the store's
+/// [`report_late_answers`](KeyValueStore::report_late_answers); the Redis
+/// store does), it is recorded at the time it really took, so a store that
+/// turns slow raises the budget within a few calls, and requests wait for
+/// it instead of failing open. A store that hangs (accepts, never answers)
+/// costs each request at most the budget it had before the hang, until
+/// the breaker opens; a store that is down answers errors at once. The current budget
 /// is [`budget`](Self::budget), and the gauge `norepeat_store_budget_ms`.
 /// `timeout(d).max_timeout(d)` makes it fixed.
 ///
@@ -38,7 +42,7 @@ use std::time::{Duration, Instant};
 ///     .breaker(3, Duration::from_millis(500));
 /// assert_eq!(store.budget(), Duration::from_millis(20));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Resilient<S> {
     inner: S,
     budget: Arc<Budget>,
@@ -46,6 +50,19 @@ pub struct Resilient<S> {
     /// Timeouts since the last answer; past [`RECONNECT_AFTER`] the store is
     /// asked to reconnect.
     timeouts: Arc<AtomicU32>,
+    /// What the store reports late answers to (it holds this weakly): the
+    /// budget's [`Budget::observe`].
+    late: Arc<dyn Fn(Duration) + Send + Sync>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Resilient<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resilient")
+            .field("inner", &self.inner)
+            .field("budget", &self.budget)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Consecutive timed-out calls after which the store's connections are
@@ -155,31 +172,42 @@ impl<S: KeyValueStore> Resilient<S> {
     #[must_use]
     pub fn new(inner: S) -> Self {
         let kind = inner.kind();
+        let budget = Arc::new(Budget::new(FLOOR, CEILING, kind));
         Self {
+            late: late_to(&inner, &budget),
             inner,
-            budget: Arc::new(Budget::new(FLOOR, CEILING, kind)),
+            budget,
             breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
             timeouts: Arc::new(AtomicU32::new(0)),
         }
         .breaker(5, Duration::from_secs(1))
     }
 
+    /// Replaces the budget (and what late answers teach).
+    fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = Arc::new(budget);
+        self.late = late_to(&self.inner, &self.budget);
+        self
+    }
+
     /// Sets the floor of the time budget (default 50 ms): the budget of a
     /// fast store, and where it starts.
     #[must_use]
-    pub fn timeout(mut self, floor: Duration) -> Self {
-        self.budget = Arc::new(Budget::new(floor, self.budget.ceiling, self.inner.kind()));
-        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
-        self.breaker(threshold, cool_down)
+    pub fn timeout(self, floor: Duration) -> Self {
+        let budget = Budget::new(floor, self.budget.ceiling, self.inner.kind());
+        let this = self.with_budget(budget);
+        let (threshold, cool_down) = (this.breaker.threshold(), this.breaker.cool_down());
+        this.breaker(threshold, cool_down)
     }
 
     /// Sets the ceiling of the time budget (default 1 s): the longest a call
     /// waits, however slow the store has been.
     #[must_use]
-    pub fn max_timeout(mut self, ceiling: Duration) -> Self {
-        self.budget = Arc::new(Budget::new(self.budget.floor, ceiling, self.inner.kind()));
-        let (threshold, cool_down) = (self.breaker.threshold(), self.breaker.cool_down());
-        self.breaker(threshold, cool_down)
+    pub fn max_timeout(self, ceiling: Duration) -> Self {
+        let budget = Budget::new(self.budget.floor, ceiling, self.inner.kind());
+        let this = self.with_budget(budget);
+        let (threshold, cool_down) = (this.breaker.threshold(), this.breaker.cool_down());
+        this.breaker(threshold, cool_down)
     }
 
     /// Replaces the breaker: opens after `threshold` consecutive failures,
@@ -187,7 +215,7 @@ impl<S: KeyValueStore> Resilient<S> {
     #[must_use]
     pub fn breaker(mut self, threshold: u32, cool_down: Duration) -> Self {
         // A probe reports just after its budget at the latest.
-        let deadline = self.budget.ceiling + self.budget.ceiling / 10;
+        let deadline = self.budget.ceiling.saturating_add(self.budget.ceiling / 10);
         self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
         self
     }
@@ -226,12 +254,11 @@ impl<S: KeyValueStore> Resilient<S> {
             Err(_) => Err(StoreError::Timeout(budget)),
         };
         let took = started.elapsed();
-        // A timed-out call took at least its budget: counted so, it raises
-        // the budget of the next calls.
-        self.budget.observe(match &result {
-            Err(StoreError::Timeout(_)) => budget,
-            _ => took,
-        });
+        // A timed-out call records nothing now: its answer, if it comes,
+        // is recorded then (see `late`); a silent store teaches nothing.
+        if !matches!(result, Err(StoreError::Timeout(_))) {
+            self.budget.observe(took);
+        }
         metrics::histogram!("norepeat_store_seconds", "store" => self.inner.kind())
             .record(took.as_secs_f64());
         if let Err(e) = &result {
@@ -261,6 +288,7 @@ fn error_kind(e: &StoreError) -> &'static str {
         StoreError::Connection(_) => "connection",
         StoreError::Server(_) => "server",
         StoreError::Protocol(_) => "protocol",
+        StoreError::InvalidUrl(_) => "invalid_url",
     }
 }
 
@@ -274,6 +302,21 @@ impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
     fn reconnect(&self) {
         self.inner.reconnect();
     }
+    fn report_late_answers(&self, to: super::LateAnswers) {
+        self.inner.report_late_answers(to);
+    }
+}
+
+/// Asks `inner` to report its late answers to `budget`; the returned
+/// target must be kept (the store holds it weakly).
+fn late_to<S: KeyValueStore>(
+    inner: &S,
+    budget: &Arc<Budget>,
+) -> Arc<dyn Fn(Duration) + Send + Sync> {
+    let budget = Arc::clone(budget);
+    let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| budget.observe(took));
+    inner.report_late_answers(super::LateAnswers::new(&late));
+    late
 }
 
 impl<S: RateStore> RateStore for Resilient<S> {
@@ -287,6 +330,16 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// A ceiling of `Duration::MAX` (no cap) does not overflow the
+    /// breaker's probe deadline (before: a panic in `breaker`).
+    #[test]
+    fn the_longest_ceiling_saturates() {
+        let store = Resilient::new(crate::store::MemoryStore::default())
+            .max_timeout(Duration::MAX)
+            .timeout(Duration::MAX);
+        assert!(store.budget() > Duration::from_secs(1 << 40));
+    }
 
     #[test]
     fn a_floor_above_the_ceiling_is_a_fixed_budget() {

@@ -181,7 +181,7 @@ pub fn gcra(tat: Option<u64>, now: u64, emission: u64, burst: u64) -> (u64, Rate
     }
     let decision = RateDecision {
         allowed: true,
-        remaining: (now + tolerance - new_tat) / emission.max(1),
+        remaining: now.saturating_add(tolerance).saturating_sub(new_tat) / emission.max(1),
         reset: Duration::from_micros(new_tat - now),
     };
     (new_tat, decision)

@@ -10,11 +10,17 @@
 //! guarded request pays.
 //!
 //! So each connection has a [`Queue`]. A call puts its command there, and
-//! the call that finds the queue empty spawns a task that yields once (the
-//! tasks already ready on the runtime run first, and add theirs), takes
-//! everything queued and sends it as one pipeline. Every command is still
-//! its own atomic command: a pipeline is not a transaction, and one
+//! the call that finds no task due to take the queue spawns one that yields
+//! once (the tasks already ready on the runtime run first, and add theirs),
+//! takes everything queued and sends it as one pipeline. Every command is
+//! still its own atomic command: a pipeline is not a transaction, and one
 //! command's error is that command's answer alone.
+//!
+//! The queue never stalls: a task dropped before it took the queue (its
+//! runtime shut down first) gives its [`Ticket`] back, and the next call
+//! spawns another. And batches reach their connection in the order they
+//! were taken, so with each key on one connection the commands on a key
+//! leave in the order they were called.
 //!
 //! A caller that gives up before its batch leaves takes its command out of
 //! it (nothing is sent for it); one that gives up later is in the same
@@ -23,13 +29,27 @@
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// The commands waiting for their connection's next write.
 #[derive(Default)]
 pub(super) struct Queue {
-    waiting: Mutex<Vec<Waiting>>,
+    state: Mutex<State>,
+    /// Held from the moment a batch is taken until it is in the
+    /// connection's hands (the first poll of its send), so two batches of
+    /// one queue reach the connection in the order they were taken.
+    handover: Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: Vec<Waiting>,
+    /// A [`Ticket`] is out: a task will take what is queued.
+    scheduled: bool,
 }
 
 /// One queued command and where its answer goes.
@@ -42,18 +62,51 @@ pub(super) struct Waiting {
 pub(super) struct Pending(oneshot::Receiver<RedisResult<Value>>);
 
 impl Queue {
-    /// Queues `cmd`. `true` when the queue was empty: the caller must then
-    /// see that a [`flush`] takes it.
-    pub(super) fn push(&self, cmd: Cmd) -> (Pending, bool) {
-        let (reply, answer) = oneshot::channel();
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.push(Waiting { cmd, reply });
-        (Pending(answer), waiting.len() == 1)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Everything queued, in the order it came.
+    /// Queues `cmd`. `true` when no task is due to take the queue: the
+    /// caller must then hand a [`Ticket`] to a task that runs [`flush`].
+    pub(super) fn push(&self, cmd: Cmd) -> (Pending, bool) {
+        let (reply, answer) = oneshot::channel();
+        let mut state = self.state();
+        state.waiting.push(Waiting { cmd, reply });
+        let first = !std::mem::replace(&mut state.scheduled, true);
+        (Pending(answer), first)
+    }
+
+    /// Everything queued, in the order it came; the next push schedules
+    /// the next batch.
     fn take(&self) -> Vec<Waiting> {
-        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut state = self.state();
+        state.scheduled = false;
+        std::mem::take(&mut state.waiting)
+    }
+}
+
+/// The duty to send a queue's next batch, held by the task that will.
+/// Dropped before it took the queue (its task never ran: its runtime shut
+/// down first), it gives the duty back, so that the next call schedules a
+/// new task instead of queueing behind one that will never come.
+pub(super) struct Ticket<P: AsRef<Queue>> {
+    slot: P,
+    taken: bool,
+}
+
+impl<P: AsRef<Queue>> Ticket<P> {
+    /// The ticket of `slot`'s queue, after a [`Queue::push`] that answered
+    /// `true`.
+    pub(super) fn new(slot: P) -> Self {
+        Self { slot, taken: false }
+    }
+}
+
+impl<P: AsRef<Queue>> Drop for Ticket<P> {
+    fn drop(&mut self) {
+        if !self.taken {
+            self.slot.as_ref().state().scheduled = false;
+        }
     }
 }
 
@@ -71,28 +124,76 @@ impl Pending {
 }
 
 /// Waits one turn of the runtime (the tasks already ready run first, and
-/// queue their commands), then sends everything in `queue` on the
-/// connection `con` gives at that moment (a replaced connection is not
+/// queue their commands), then sends everything in the ticket's queue on
+/// the connection `con` gives at that moment (a replaced connection is not
 /// used).
-pub(super) async fn flush<C: ConnectionLike + Send>(queue: &Queue, con: impl FnOnce() -> C) {
+///
+/// An answer whose caller has gone (it gave up while the command was in
+/// flight) is reported to `late` with the time it took from the write:
+/// a slow store is then seen as slow, not as silent. A command never
+/// answered (its batch failed: a broken connection, the response timeout)
+/// reports nothing.
+pub(super) async fn flush<P, C>(
+    mut ticket: Ticket<P>,
+    con: impl FnOnce(&P) -> C,
+    late: impl Fn(&P, Duration),
+) where
+    P: AsRef<Queue>,
+    C: ConnectionLike + Send,
+{
     tokio::task::yield_now().await;
-    let waiting = queue.take();
-    send(&mut con(), waiting).await;
+    let mut con = con(&ticket.slot);
+    let slot = &ticket.slot;
+    let queue = slot.as_ref();
+    let mut sending = std::pin::pin!(async {
+        let batch = queue.take();
+        send(&mut con, batch, |took| late(slot, took)).await;
+    });
+    // The take and the first poll (which writes the batch into the
+    // connection's channel) under the handover lock: a batch taken later
+    // (a release after a completion, on the same key) cannot reach the
+    // connection first.
+    let done = std::future::poll_fn(|cx| {
+        let _handover = queue
+            .handover
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Poll::Ready(sending.as_mut().poll(cx).is_ready())
+    })
+    .await;
+    ticket.taken = true;
+    if !done {
+        sending.await;
+    }
 }
 
 /// Sends `batch` on `con`, one write, and hands each command its answer.
 /// Commands whose caller has gone are left out.
-async fn send<C: ConnectionLike + Send>(con: &mut C, mut batch: Vec<Waiting>) {
+async fn send<C: ConnectionLike + Send>(
+    con: &mut C,
+    mut batch: Vec<Waiting>,
+    late: impl Fn(Duration),
+) {
     batch.retain(|w| !w.reply.is_closed());
+    let sent = Instant::now();
+    // An answer (a value or the command's own server error) its caller no
+    // longer waits for: the store answered, late.
+    let answer = |reply: oneshot::Sender<RedisResult<Value>>, value: RedisResult<Value>| {
+        if reply.send(value).is_err() {
+            late(sent.elapsed());
+        }
+    };
     match batch.len() {
         0 => {}
         1 => {
             let Waiting { cmd, reply } = batch.pop().expect("one command");
-            let answer = cmd
-                .query_async::<Value>(con)
-                .await
-                .and_then(Value::extract_error);
-            let _ = reply.send(answer);
+            match cmd.query_async::<Value>(con).await {
+                // No answer: the connection failed or timed out.
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(value) => answer(reply, value.extract_error()),
+            }
         }
         n => {
             let mut pipe = Pipeline::with_capacity(n);
@@ -118,7 +219,7 @@ async fn send<C: ConnectionLike + Send>(con: &mut C, mut batch: Vec<Waiting>) {
             match answers {
                 Ok(values) => {
                     for (value, reply) in values.into_iter().zip(replies) {
-                        let _ = reply.send(value.extract_error());
+                        answer(reply, value.extract_error());
                     }
                 }
                 Err(e) => {

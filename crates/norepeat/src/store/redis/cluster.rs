@@ -1,7 +1,8 @@
 //! Redis Cluster.
 
+use super::single::at;
 use super::{Backend, Scripts, map_err};
-use crate::store::StoreError;
+use crate::store::{StoreError, redact_url};
 use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,11 @@ impl ClusterStore {
     /// When no node can be reached or a URL is invalid.
     pub async fn connect<S: AsRef<str>>(nodes: &[S]) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let shown = nodes
+            .iter()
+            .map(|n| redact_url(n))
+            .collect::<Vec<_>>()
+            .join(",");
         let client = redis::cluster::ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
@@ -66,8 +72,15 @@ impl ClusterStore {
             .max_retry_wait(500)
             .retry_wait_formula(20, 2)
             .build()
-            .map_err(map_err)?;
-        let con = client.get_async_connection().await.map_err(map_err)?;
+            .map_err(|e| {
+                StoreError::InvalidUrl(format!(
+                    "{shown:?} ({e}); a node's URL looks like redis://[[user]:password@]host:port"
+                ))
+            })?;
+        let con = client
+            .get_async_connection()
+            .await
+            .map_err(|e| at(&shown, map_err(e)))?;
         Ok(Self(Backend {
             con,
             scripts: Arc::new(Scripts::new()),

@@ -92,7 +92,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
             .arg("PX")
             .arg(ttl_ms(ttl))
             .arg("GET");
-        let answer = self.con.query(cmd).await.map_err(map_err)?;
+        let answer = self.con.query(key, cmd).await.map_err(map_err)?;
         let old: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(old.map(Bytes::from))
     }
@@ -102,11 +102,16 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
     /// that answers `NOSCRIPT` (restarted, or newly promoted) did not run
     /// it: the script is loaded there and the command sent once more, as
     /// redis-rs's own `invoke_async` does.
-    async fn script(&self, script: &Script, evalsha: impl Fn() -> Cmd) -> RedisResult<Value> {
-        match self.con.query(evalsha()).await {
+    async fn script(
+        &self,
+        script: &Script,
+        key: &str,
+        evalsha: impl Fn() -> Cmd,
+    ) -> RedisResult<Value> {
+        match self.con.query(key, evalsha()).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.load_async(&mut self.con.pick()).await?;
-                self.con.query(evalsha()).await
+                script.load_async(&mut self.con.pick(key)).await?;
+                self.con.query(key, evalsha()).await
             }
             answer => answer,
         }
@@ -138,7 +143,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 }
                 cmd
             };
-            let answer = self.script(script, evalsha).await.map_err(map_err)?;
+            let answer = self.script(script, key, evalsha).await.map_err(map_err)?;
             let n: i64 = redis::from_redis_value(answer).map_err(protocol)?;
             Ok(n == 1)
         })
@@ -156,7 +161,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
             cmd.arg(a).arg(b);
             cmd
         };
-        let answer = self.script(script, evalsha).await.map_err(map_err)?;
+        let answer = self.script(script, key, evalsha).await.map_err(map_err)?;
         let v: (i64, i64, i64) = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(decision(v))
     }
@@ -246,6 +251,10 @@ macro_rules! impl_store {
             fn reconnect(&self) {
                 super::Connections::reconnect(&self.0.con);
             }
+
+            fn report_late_answers(&self, to: $crate::store::LateAnswers) {
+                super::Connections::report_late_answers(&self.0.con, to);
+            }
         }
 
         impl $crate::store::RateStore for $ty {
@@ -267,34 +276,46 @@ trait Connections {
     /// The connection one call is sent on.
     type Con: ConnectionLike + Send;
 
-    /// The connection for the next call: a cheap handle (an `Arc` or a
+    /// The connection of the calls on `key`: a cheap handle (an `Arc` or a
     /// channel sender), so a call goes straight to redis-rs with no
     /// forwarding future of ours in between.
-    fn pick(&self) -> Self::Con;
+    fn pick(&self, key: &str) -> Self::Con;
 
-    /// Sends one command (a claim's `SET`, a script's `EVALSHA`) and
-    /// returns its answer, a server error as an `Err`.
-    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
+    /// Sends one command on `key` (a claim's `SET`, a script's `EVALSHA`)
+    /// and returns its answer, a server error as an `Err`. The commands on
+    /// one key leave on one connection, in the order of these calls: a
+    /// release never overtakes a completion sent before it.
+    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
 
     /// Replaces connections whose replies stopped coming.
     fn reconnect(&self);
+
+    /// Reports the answers that arrive after their callers gave up to
+    /// `to` (see [`KeyValueStore::report_late_answers`](crate::store::KeyValueStore::report_late_answers)).
+    fn report_late_answers(&self, to: crate::store::LateAnswers);
 }
 
 impl Connections for ClusterConnection {
     type Con = ClusterConnection;
 
-    fn pick(&self) -> ClusterConnection {
+    fn pick(&self, _key: &str) -> ClusterConnection {
         self.clone()
     }
 
-    /// The cluster client routes each command to its node itself.
-    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+    /// The cluster client routes each command to its node itself, over one
+    /// connection per node: the commands on one key stay in order.
+    fn query(&self, _key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
         let mut con = self.clone();
         async move { cmd.query_async(&mut con).await }
     }
 
     /// The cluster client replaces broken node connections itself.
     fn reconnect(&self) {}
+
+    /// A cluster call given up is dropped inside the cluster client, which
+    /// does not say when its answer came: nothing is reported (the budget
+    /// of a `Resilient` around it follows the answers in time only).
+    fn report_late_answers(&self, _to: crate::store::LateAnswers) {}
 }
 
 mod batch;

@@ -1,13 +1,12 @@
 //! One Redis server, over a few multiplexed connections.
 
-use super::batch::{self, Queue};
+use super::batch::{self, Queue, Ticket};
 use super::{Backend, Connections, Scripts, map_err};
-use crate::store::StoreError;
+use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisResult, Value};
-use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// One Redis server, through [`DEFAULT_CONNECTIONS`] [`ConnectionManager`]s
@@ -48,24 +47,31 @@ impl RedisStore {
     /// [`DEFAULT_CONNECTIONS`] multiplexed connections.
     ///
     /// # Errors
-    /// When the URL is invalid or the first connection fails.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL (it says
+    /// how one looks; nothing is sent), a connection error naming the
+    /// server when the first connection fails. A password in the URL shows
+    /// as `***` in either.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, DEFAULT_CONNECTIONS).await
     }
 
-    /// Connects with `connections` multiplexed connections (at least one),
-    /// used in turn.
+    /// Connects with `connections` multiplexed connections (at least one).
+    /// Each key has its connection (by a hash of the key), so the commands
+    /// on one key leave in the order they were called.
     ///
     /// # Errors
-    /// When the URL is invalid or the first connection fails.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL (it says
+    /// how one looks; nothing is sent), a connection error naming the
+    /// server when the first connection fails. A password in the URL shows
+    /// as `***` in either.
     pub async fn connect_with(url: &str, connections: usize) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(map_err)?;
+        let client = open(url)?;
         let mut managers = Vec::new();
         for _ in 0..connections.max(1) {
             managers.push(
                 ConnectionManager::new_with_config(client.clone(), manager_config())
                     .await
-                    .map_err(map_err)?,
+                    .map_err(|e| at(url, map_err(e)))?,
             );
         }
         Ok(Self::with_pool(client, managers))
@@ -76,13 +82,13 @@ impl RedisStore {
     /// and the guards' failure policy applies, until Redis answers).
     ///
     /// # Errors
-    /// When the URL is invalid.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL.
     pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(map_err)?;
+        let client = open(url)?;
         let managers = (0..DEFAULT_CONNECTIONS)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config()))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err)?;
+            .map_err(|e| at(url, map_err(e)))?;
         Ok(Self::with_pool(client, managers))
     }
 
@@ -97,9 +103,32 @@ impl RedisStore {
                         queue: Queue::default(),
                     })
                     .collect(),
+                late: Mutex::new(Vec::new()),
             })),
             scripts: Arc::new(Scripts::new()),
         })
+    }
+}
+
+/// The client of `url`, or why the URL is no Redis URL (with its password
+/// replaced by `***`, and how a good one looks).
+fn open(url: &str) -> Result<redis::Client, StoreError> {
+    redis::Client::open(url).map_err(|e| {
+        StoreError::InvalidUrl(format!(
+            "{:?} ({e}); a Redis URL looks like redis://[[user]:password@]host:port[/db] or rediss:// for TLS",
+            redact_url(url)
+        ))
+    })
+}
+
+/// `error`, naming the server it came from (`url` without its password).
+pub(super) fn at(url: &str, error: StoreError) -> StoreError {
+    let url = redact_url(url);
+    match error {
+        StoreError::Connection(e) => StoreError::Connection(format!("{url}: {e}")),
+        StoreError::Server(e) => StoreError::Server(format!("{url}: {e}")),
+        StoreError::Protocol(e) => StoreError::Protocol(format!("{url}: {e}")),
+        other => other,
     }
 }
 
@@ -115,16 +144,28 @@ fn manager_config() -> redis::aio::ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// A few connection managers used in turn. Each call clones one (an `Arc`);
-/// the slots are read without a lock or a shared counter, so that two
-/// threads picking at once do not write to the same cache line. Cloning the
-/// pool (every clone of the store) is one `Arc`.
+/// A few connection managers, each key on one of them. Each call clones
+/// one (an `Arc`); the slots are read without a lock or a shared counter.
+/// Cloning the pool (every clone of the store) is one `Arc`.
 #[derive(Clone)]
 struct Pool(Arc<PoolInner>);
 
 struct PoolInner {
     client: redis::Client,
     slots: Box<[Slot]>,
+    /// Where the answers that came after their callers gave up are
+    /// reported (see [`batch`]); read only when such an answer comes.
+    late: Mutex<Vec<LateAnswers>>,
+}
+
+impl PoolInner {
+    /// Reports one late answer to every live target, forgetting the gone.
+    fn report_late(&self, took: Duration) {
+        self.late
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|to| to.report(took));
+    }
 }
 
 /// One connection and the calls waiting for its next write.
@@ -135,46 +176,76 @@ struct Slot {
 }
 
 impl Pool {
-    /// The index of the slot of the next call on this thread.
-    fn turn(&self) -> usize {
-        let turn = TURN.with(|t| {
-            let turn = t.get();
-            t.set(turn.wrapping_add(1));
-            turn
-        });
-        turn % self.0.slots.len()
+    /// The index of `key`'s slot: every command on one key goes through one
+    /// connection, so a release cannot overtake the completion sent before
+    /// it on another connection. Keys spread evenly (a hash), at the cost of
+    /// a few nanoseconds and no allocation.
+    fn slot_of(&self, key: &str) -> usize {
+        let n = self.0.slots.len();
+        if n == 1 {
+            return 0;
+        }
+        // usize is at most 64 bits, and the remainder is below `n`.
+        #[allow(clippy::cast_possible_truncation)]
+        let index = (spread(key.as_bytes()) % n as u64) as usize;
+        index
     }
 }
 
-thread_local! {
-    /// The turn of this thread's next pick (across pools): round robin per
-    /// thread, with no counter shared between threads.
-    static TURN: Cell<usize> = const { Cell::new(0) };
+/// FNV-1a over `bytes`, its high bits folded into the low ones (which
+/// alone decide a remainder by a small count).
+fn spread(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^ (h >> 32)
+}
+
+/// A slot of a pool, owned: what a [`Ticket`] holds while its task waits
+/// to run.
+struct SlotOf {
+    pool: Arc<PoolInner>,
+    index: usize,
+}
+
+impl SlotOf {
+    fn slot(&self) -> &Slot {
+        &self.pool.slots[self.index]
+    }
+}
+
+impl AsRef<Queue> for SlotOf {
+    fn as_ref(&self) -> &Queue {
+        &self.slot().queue
+    }
 }
 
 impl Connections for Pool {
     type Con = ConnectionManager;
 
-    fn pick(&self) -> ConnectionManager {
-        ConnectionManager::clone(&self.0.slots[self.turn()].manager.load())
+    fn pick(&self, key: &str) -> ConnectionManager {
+        ConnectionManager::clone(&self.0.slots[self.slot_of(key)].manager.load())
     }
 
     /// Queued on a slot's [`Queue`] at once (the future only waits for the
     /// answer, so a claim's future does not carry the command): the call
-    /// that finds the queue empty spawns the task that sends the batch (see
-    /// [`batch`]).
-    fn query(&self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
-        let index = self.turn();
+    /// that finds no task due to take the queue spawns the one that sends
+    /// the batch (see [`batch`]).
+    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+        let index = self.slot_of(key);
         let (answer, first) = self.0.slots[index].queue.push(cmd);
         if first {
-            let pool = Arc::clone(&self.0);
-            tokio::spawn(async move {
-                let slot = &pool.slots[index];
-                batch::flush(&slot.queue, || {
-                    ConnectionManager::clone(&slot.manager.load())
-                })
-                .await;
+            let ticket = Ticket::new(SlotOf {
+                pool: Arc::clone(&self.0),
+                index,
             });
+            tokio::spawn(batch::flush(
+                ticket,
+                |s: &SlotOf| ConnectionManager::clone(&s.slot().manager.load()),
+                |s: &SlotOf, took| s.pool.report_late(took),
+            ));
         }
         answer.answer()
     }
@@ -193,6 +264,12 @@ impl Connections for Pool {
         }
         metrics::counter!("norepeat_store_reconnects_total").increment(1);
         tracing::warn!("replaced the Redis connections after repeated timeouts");
+    }
+
+    fn report_late_answers(&self, to: LateAnswers) {
+        let mut late = self.0.late.lock().unwrap_or_else(PoisonError::into_inner);
+        late.retain(LateAnswers::is_live);
+        late.push(to);
     }
 }
 

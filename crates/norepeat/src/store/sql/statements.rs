@@ -71,8 +71,7 @@ pub(super) fn sql(s: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
 /// A TTL in milliseconds, at least 1, and small enough that `now + ttl`
 /// cannot overflow a `BIGINT` (a cap of about 285,000 years).
 pub(super) fn ttl_millis(ttl: Duration) -> i64 {
-    const CAP: u64 = 1 << 53;
-    i64::try_from(crate::store::ttl_ms(ttl).min(CAP)).unwrap_or(i64::MAX)
+    i64::try_from(crate::store::ttl_ms(ttl)).unwrap_or(i64::MAX)
 }
 
 pub(super) fn map_err(e: sqlx::Error, acquire_timeout: Duration) -> StoreError {
