@@ -96,7 +96,16 @@ pub(crate) enum Completion {
     Lost,
     /// The store failed; the claim was released (best effort).
     Failed,
+    /// The store failed and stayed away while
+    /// [`complete_retrying`](Claim::complete_retrying) tried: the claim was
+    /// left as it is and ends with its TTL.
+    Expiring,
 }
+
+/// The first pause between two tries of a completion that failed.
+const FIRST_RETRY: Duration = Duration::from_millis(20);
+/// The longest pause between two tries of a completion that failed.
+const MAX_RETRY: Duration = Duration::from_secs(1);
 
 /// A held key. See the [module docs](self) for what dropping it does.
 #[derive(Debug)]
@@ -240,6 +249,101 @@ impl<S: KeyValueStore + Clone> Claim<S> {
                 tracing::warn!(key = &*self.key, error = %e, "could not store a result; releasing the key");
                 self.delete().await;
                 Completion::Failed
+            }
+        }
+    }
+
+    /// Replaces the claim with `done` for `retention`, owner-checked, once.
+    /// On a store failure the claim is handed back untouched, for
+    /// [`complete_retrying`](Self::complete_retrying): unlike
+    /// [`complete`](Self::complete), nothing is deleted.
+    pub(crate) async fn try_complete(
+        mut self,
+        done: &[u8],
+        retention: Duration,
+    ) -> Result<Completion, Self> {
+        match self
+            .store
+            .replace_if_equals(&self.key, &self.value, done, retention)
+            .await
+        {
+            Ok(true) => {
+                self.settled = true;
+                Ok(Completion::Stored)
+            }
+            Ok(false) => {
+                self.settled = true;
+                tracing::warn!(
+                    key = &*self.key,
+                    "claim lost before its work completed; result not stored"
+                );
+                Ok(Completion::Lost)
+            }
+            Err(e) => {
+                tracing::debug!(key = &*self.key, error = %e, "could not store a result; will try again");
+                Err(self)
+            }
+        }
+    }
+
+    /// Tries again, after [`try_complete`](Self::try_complete) failed, to
+    /// replace the claim with `done`: with backoff (20 ms doubling to 1 s)
+    /// for up to `within`, and never deleting the key: the work has had its
+    /// effect, and a free key would let a retry run it a second time. If
+    /// the store stays away the claim is left to end with its TTL
+    /// ([`Completion::Expiring`]).
+    ///
+    /// The failed try may have landed with only its reply lost: when a
+    /// later try finds the claim gone, the key is checked for `done` itself
+    /// (one conditional call, `replace_if_equals(done, done)`) before the
+    /// completion is called lost.
+    pub(crate) async fn complete_retrying(
+        mut self,
+        done: &[u8],
+        retention: Duration,
+        within: Duration,
+    ) -> Completion {
+        self.settled = true;
+        let deadline = Instant::now().checked_add(within);
+        let mut pause = FIRST_RETRY;
+        loop {
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                tracing::warn!(
+                    key = &*self.key,
+                    "could not store a result while the lease lasted; the key ends with it"
+                );
+                return Completion::Expiring;
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(MAX_RETRY);
+            let tried = match self
+                .store
+                .replace_if_equals(&self.key, &self.value, done, retention)
+                .await
+            {
+                Ok(true) => Ok(true),
+                Ok(false) => {
+                    self.store
+                        .replace_if_equals(&self.key, done, done, retention)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok(true) => return Completion::Stored,
+                Ok(false) => {
+                    tracing::warn!(
+                        key = &*self.key,
+                        "claim lost before its work completed; result not stored"
+                    );
+                    return Completion::Lost;
+                }
+                Err(e) => {
+                    tracing::debug!(key = &*self.key, error = %e, "could not store a result; trying again");
+                }
             }
         }
     }

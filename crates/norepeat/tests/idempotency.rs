@@ -17,7 +17,7 @@ use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::Resilient;
 use norepeat::store::{KeyValueStoreExt, MemoryStore, RedisStore, Store};
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -656,6 +656,59 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         .await
         .unwrap();
     a_retry_takes_over_from(&app, &runs, first).await;
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+/// Sends the request `req` builds until it is no longer answered 409
+/// (the first one still holds the key), for at most 20 s.
+async fn until_not_in_use(app: &Router, req: impl Fn() -> Request<Body>) -> Answer {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let res = send(app, req()).await;
+        if res.status != StatusCode::CONFLICT || tokio::time::Instant::now() > deadline {
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The store breaks while the handler runs, so storing its response fails,
+/// and comes back a moment later: the key is not freed, the completion is
+/// tried again until it lands, and the client's retry waits (409), then
+/// gets the replay. The handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_fails_is_tried_again_and_the_retry_replays() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = RedisStore::connect(&proxy.url_for_redis()).await.unwrap();
+    let runs = Runs::default();
+    let app = app(
+        IdempotencyLayer::new(store).lease(Duration::from_secs(3)),
+        &runs,
+    );
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "500")).await })
+    };
+    // The key is claimed long before the handler answers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while redis.dbsize().await == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set_mode(ProxyMode::Refuse);
+    // The answer comes once the first try to store it has failed.
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    proxy.set_mode(ProxyMode::Pass);
+
+    let retry = until_not_in_use(&app, || {
+        payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap()
+    })
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the retry ran the handler again");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 

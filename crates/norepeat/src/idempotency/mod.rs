@@ -30,6 +30,12 @@
 //!    lease expired and whose key another request took cannot overwrite the
 //!    new owner's record. Or **release**: `delete_if_equals`, owner-checked,
 //!    when the response is not stored, so a retry runs again.
+//!    A completion the store refuses (its time budget runs out, the
+//!    connection breaks) is tried again with backoff, in a task of its own,
+//!    for up to the lease, while the client gets its answer; the key of a
+//!    handler that answered is never deleted. If the store stays away that
+//!    long, the claim ends with its lease and a retry runs again: the
+//!    metric `norepeat_idempotency_completion_lost_total` counts these.
 //!
 //! Records are compact binary (version, state, owner, fingerprint; then
 //! status, allowed headers and the body as is), never JSON with base64.

@@ -271,9 +271,7 @@ where
                 .iter()
                 .filter(|(n, _)| cfg.replayed_headers.contains(n));
             let done = record::completed(&owner, &fingerprint, head.status, headers, &body);
-            if claim.complete(&done, cfg.retention).await == Completion::Lost {
-                metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
-            }
+            complete(&cfg, claim, done).await;
             Ok(Response::from_parts(head, Either::Right(Full::new(body))))
         }
         Collected::Partial(rest) => {
@@ -284,6 +282,38 @@ where
             claim.release().await;
             Ok(Response::from_parts(head, Either::Left(rest)))
         }
+    }
+}
+
+/// Stores the completed record `done` in place of the claim. When the
+/// store fails, the completion is tried again in a task of its own, with
+/// backoff, for up to the lease (the claim's life since its last renewal),
+/// while the client gets its answer: the key of a handler that answered is
+/// never deleted, so a retry waits (409) and then gets the replay. If the
+/// store stays away that long, the claim ends with its lease and the loss
+/// is counted (`norepeat_idempotency_completion_lost_total`).
+async fn complete<G: KeyValueStore + Clone>(cfg: &Arc<Config<G>>, claim: Claim<G>, done: Vec<u8>) {
+    let claim = match claim.try_complete(&done, cfg.retention).await {
+        Ok(outcome) => return count(outcome),
+        Err(claim) => claim,
+    };
+    let (retention, lease) = (cfg.retention, cfg.lease);
+    let retry = async move { count(claim.complete_retrying(&done, retention, lease).await) };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn(retry)),
+        Err(_) => retry.await,
+    }
+}
+
+fn count(outcome: Completion) {
+    match outcome {
+        Completion::Lost => {
+            metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
+        }
+        Completion::Expiring | Completion::Failed => {
+            metrics::counter!("norepeat_idempotency_completion_lost_total").increment(1);
+        }
+        Completion::Stored => {}
     }
 }
 
