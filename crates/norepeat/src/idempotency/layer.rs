@@ -13,7 +13,9 @@ use std::time::Duration;
 use tower::Layer;
 
 /// Which finished responses are stored and replayed. A response that is
-/// not stored releases the key, so a retry runs the handler again.
+/// not stored releases the key, so a retry runs the handler again. A
+/// stored response whose body cannot be kept (over the cap, an event
+/// stream, trailers, a body that breaks) is stored without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum StorePolicy {
@@ -76,6 +78,7 @@ pub(crate) fn never_stored(name: &HeaderName) -> bool {
             | "upgrade"
             | "content-length"
             | "idempotent-replayed"
+            | "idempotent-body"
     )
 }
 
@@ -222,7 +225,9 @@ impl<G: Clone> IdempotencyLayer<G> {
     }
 
     /// The largest response body stored (default 1 MiB). A larger one is
-    /// passed through whole, unstored, and the key released.
+    /// passed through whole and its outcome stored without it: a retry gets
+    /// the status and `Idempotent-Body: omitted`, and the handler does not
+    /// run again.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.cfg.max_body = bytes;
         self

@@ -55,7 +55,7 @@
 //! | request body over 64 KiB | 413 `payload_too_large` |
 //! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
 //! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
-//! | response over the cap (1 MiB), with trailers, or `text/event-stream` | passed on whole, unstored; key released |
+//! | stored status (2xx by default) whose body cannot be kept: over the cap (1 MiB), `text/event-stream`, trailers, or a body that breaks half-way | passed on whole; the outcome is stored without its body, and a retry gets the first status, an empty body, `Idempotent-Replayed: true` and `Idempotent-Body: omitted` (the handler does not run again) |
 //!
 //! Invalid JSON gets the same answer from both layers: the fingerprint
 //! [`FingerprintLayer`](crate::fingerprint::FingerprintLayer) also answers 400
@@ -67,7 +67,13 @@
 //!
 //! A truncated body is never stored: a body is read up to the cap, and the
 //! moment it passes the cap, what was read is sent on followed by the rest.
-//! A response is stored only if the handler's body ended cleanly.
+//! A body is stored only if the handler's body ended cleanly; otherwise
+//! the outcome is stored without it (the handler answered: its effect
+//! happened, and a free key would run it again). Only a status the
+//! [`StorePolicy`] does not store frees the key. The record of an omitted
+//! body is an ordinary completed record carrying the header
+//! `Idempotent-Body: omitted`, so an instance of the release before this
+//! one, in a rolling deploy, replays it alike.
 //!
 //! # Compared with Stripe and the IETF draft
 //!
@@ -125,5 +131,6 @@ mod tx;
 pub use body::Passthrough;
 pub use claim::IdempotencyError;
 pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use record::IDEMPOTENT_BODY;
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
 pub use tx::{IdempotentTx, TxError};

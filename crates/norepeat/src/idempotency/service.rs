@@ -256,8 +256,19 @@ where
         claim.keep();
         return Ok(pass(res));
     }
-    if !cfg.policy.stores(res.status()) || !storable_shape(&res, cfg.max_body) {
+    if !cfg.policy.stores(res.status()) {
         claim.release().await;
+        return Ok(pass(res));
+    }
+    // The outcome is stored from here on; only its body may not be.
+    if !storable_shape(&res, cfg.max_body) {
+        let done = record::completed_without_body(
+            &owner,
+            &fingerprint,
+            res.status(),
+            replayed(&cfg, res.headers()),
+        );
+        complete(&cfg, claim, done).await;
         return Ok(pass(res));
     }
     let (head, body) = res.into_parts();
@@ -266,23 +277,38 @@ where
         .await
     {
         Collected::Whole(body) => {
-            let headers = head
-                .headers
-                .iter()
-                .filter(|(n, _)| cfg.replayed_headers.contains(n));
+            let headers = replayed(&cfg, &head.headers);
             let done = record::completed(&owner, &fingerprint, head.status, headers, &body);
             complete(&cfg, claim, done).await;
             Ok(Response::from_parts(head, Either::Right(Full::new(body))))
         }
         Collected::Partial(rest) => {
+            // The handler answered: its effect happened, whatever the body
+            // does now. The outcome is kept without the body.
             tracing::debug!(
                 route,
-                "response not stored: over the cap, trailers or broken"
+                "response body not stored (over the cap, trailers or broken); its outcome is"
             );
-            claim.release().await;
+            let done = record::completed_without_body(
+                &owner,
+                &fingerprint,
+                head.status,
+                replayed(&cfg, &head.headers),
+            );
+            complete(&cfg, claim, done).await;
             Ok(Response::from_parts(head, Either::Left(rest)))
         }
     }
+}
+
+/// The headers of a response that are stored and replayed.
+fn replayed<'a, G>(
+    cfg: &'a Config<G>,
+    headers: &'a HeaderMap,
+) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
+    headers
+        .iter()
+        .filter(|(n, _)| cfg.replayed_headers.contains(n))
 }
 
 /// Stores the completed record `done` in place of the claim. When the
