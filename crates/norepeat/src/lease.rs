@@ -402,16 +402,40 @@ where
         Ok(rt) => Ok(rt.spawn(work)),
         Err(_) => Err(Box::pin(work)),
     };
-    async move {
-        match spawned {
-            Err(inline) => inline.await,
-            Ok(task) => match task.await {
-                Ok(out) => out,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only at runtime shutdown: nothing is left to answer to.
-                Err(e) => panic!("detached work cancelled: {e}"),
-            },
-        }
+    joined(spawned)
+}
+
+/// [`detach`], the task tracked by `tracker`: a server can close the
+/// tracker and wait for the work to end before it exits.
+pub(crate) fn detach_tracked<F>(
+    tracker: &tokio_util::task::TaskTracker,
+    work: F,
+) -> impl Future<Output = F::Output> + Send + use<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let spawned = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Ok(tracker.spawn_on(work, &rt)),
+        Err(_) => Err(Box::pin(tracker.track_future(work))),
+    };
+    joined(spawned)
+}
+
+/// The output of detached work: awaited from its task, or run inline.
+async fn joined<F, T>(spawned: Result<tokio::task::JoinHandle<T>, std::pin::Pin<Box<F>>>) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    match spawned {
+        Err(inline) => inline.await,
+        Ok(task) => match task.await {
+            Ok(out) => out,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only at runtime shutdown: nothing is left to answer to.
+            Err(e) => panic!("detached work cancelled: {e}"),
+        },
     }
 }
 

@@ -252,7 +252,52 @@ both!(
     waiting_repeat_runs_itself_when_the_first_fails,
     a_claim_the_previous_release_wrote_is_honoured,
     a_record_this_release_cannot_read_is_refused_not_run,
+    past_max_detached_is_503_before_the_claim,
 );
+
+/// Past `max_detached` handlers running at once (here one, whose client
+/// left), a request is answered 503 `guard_unavailable` with
+/// `Retry-After` before its key is claimed: the key stays free, and once a
+/// slot is free the retry runs.
+async fn past_max_detached_is_503_before_the_claim<G: KeyValueStore + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store.clone()).max_detached(1);
+    let detached = layer.detached_tasks();
+    let app = app(layer, &runs);
+    let gone = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k1", ("x-sleep-ms", "600")).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gone.abort();
+    assert_eq!(detached.len(), 1, "the handler runs on without its client");
+
+    let refused = pay_with(&app, "u1", "k2", BODY).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.code(), "guard_unavailable");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The key was not claimed.
+    let key = record_key("u1", "k2");
+    let probe = store
+        .put_if_absent(&key, b"probe", Duration::from_secs(60))
+        .await;
+    assert_eq!(probe.unwrap(), None, "k2 was claimed");
+    assert!(store.delete_if_equals(&key, b"probe").await.unwrap());
+
+    detached.close();
+    tokio::time::timeout(Duration::from_secs(20), detached.wait())
+        .await
+        .expect("the detached handler ends");
+    let retry = pay_with(&app, "u1", "k2", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(pay_with(&app, "u1", "k1", BODY).await.replayed());
+}
 
 async fn repeat_is_replayed_byte_for_byte_without_a_run<G: Store + Clone>(store: G) {
     let runs = Runs::default();

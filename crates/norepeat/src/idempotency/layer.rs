@@ -1,5 +1,6 @@
 //! [`IdempotencyLayer`]: the tower layer, its settings, and which responses are stored ([`StorePolicy`]).
 
+use super::detached::DetachedTasks;
 use super::service::Idempotency;
 use crate::degrade::FailurePolicy;
 use crate::fingerprint::Fingerprinter;
@@ -10,6 +11,7 @@ use http::{HeaderName, StatusCode, header};
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tower::Layer;
 
 /// Which finished responses are stored and replayed. A response that is
@@ -105,7 +107,14 @@ pub(crate) struct Config<G> {
     pub(crate) failure: FailurePolicy,
     /// Renews the claims of handlers that run long, from one task.
     pub(crate) renewer: Renewer<G>,
+    /// The detached handlers, for a server to wait for.
+    pub(crate) detached: DetachedTasks,
+    /// One permit per detached handler that may run at once.
+    pub(crate) slots: Arc<Semaphore>,
 }
+
+/// How many detached handlers a layer runs at once by default.
+pub const DEFAULT_MAX_DETACHED: usize = 1024;
 
 /// Makes a route idempotent under an `Idempotency-Key`: the first request
 /// runs, its response is stored, and a repeat gets that response again,
@@ -195,8 +204,38 @@ impl<G: Clone> IdempotencyLayer<G> {
                 wait: None,
                 replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
                 failure: FailurePolicy::FailClosed,
+                detached: DetachedTasks::new(),
+                slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             },
         }
+    }
+
+    /// How many handlers may run at once, each in a task of its own
+    /// (default [`DEFAULT_MAX_DETACHED`], 1024; at least 1). Past it the
+    /// layer answers 503 `guard_unavailable` with `Retry-After: 1` *before
+    /// claiming the key*: the handler does not run and the key stays free,
+    /// so the retry runs normally. A client that gives up does not stop its
+    /// handler, so without a bound, clients that send and leave could start
+    /// handlers without end.
+    pub fn max_detached(mut self, handlers: usize) -> Self {
+        self.cfg.slots = Arc::new(Semaphore::new(handlers.clamp(1, Semaphore::MAX_PERMITS)));
+        self
+    }
+
+    /// Tracks this layer's detached handlers in `tasks` (shared), rather
+    /// than in a set of its own: one [`DetachedTasks`] then waits for every
+    /// layer of a server at shutdown.
+    pub fn detached_tasks_in(mut self, tasks: &DetachedTasks) -> Self {
+        self.cfg.detached = tasks.clone();
+        self
+    }
+
+    /// The handle on this layer's detached handlers: close it and wait for
+    /// it at shutdown, after the server stopped accepting (see
+    /// [`DetachedTasks`]).
+    #[must_use]
+    pub fn detached_tasks(&self) -> DetachedTasks {
+        self.cfg.detached.clone()
     }
 
     /// Whether a request without `Idempotency-Key` is refused with 400

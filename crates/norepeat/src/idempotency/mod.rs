@@ -123,6 +123,7 @@
 
 mod body;
 mod claim;
+mod detached;
 mod layer;
 mod record;
 mod service;
@@ -130,7 +131,8 @@ mod tx;
 
 pub use body::Passthrough;
 pub use claim::IdempotencyError;
-pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use detached::DetachedTasks;
+pub use layer::{DEFAULT_MAX_DETACHED, DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
 pub use record::IDEMPOTENT_BODY;
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
 pub use tx::{IdempotentTx, TxError};

@@ -179,6 +179,16 @@ where
         Err(e) => return Ok(reject(&Problem::from(e))),
     };
 
+    // The bound on detached handlers, before the claim: a request refused
+    // here leaves the key free, and its retry runs normally.
+    let Ok(slot) = Arc::clone(&cfg.slots).try_acquire_owned() else {
+        metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "max_detached").increment(1);
+        return Ok(reject(
+            &Problem::new(Code::GuardUnavailable)
+                .detail("Too many requests are being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+        ));
+    };
     let (claim, owner) = match claim(&cfg, &key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
         Claimed::Replay(done) => return Ok(replay(done)),
@@ -194,16 +204,15 @@ where
     // caller that gives up (a disconnected client, a timeout layer) does not
     // stop it, its result is stored, and a retry gets the replay (or 409
     // while it still runs). The claim is never freed early.
+    // The task holds the slot: a handler whose client left still counts.
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    lease::detach(run_claimed(
-        cfg,
-        inner,
-        req,
-        claim,
-        owner,
-        fingerprint,
-        route,
-    ))
+    let tracker = cfg.detached.tracker().clone();
+    let work = run_claimed(cfg, inner, req, claim, owner, fingerprint, route);
+    lease::detach_tracked(&tracker, async move {
+        let out = work.await;
+        drop(slot);
+        out
+    })
     .await
 }
 
@@ -326,7 +335,7 @@ async fn complete<G: KeyValueStore + Clone>(cfg: &Arc<Config<G>>, claim: Claim<G
     let (retention, lease) = (cfg.retention, cfg.lease);
     let retry = async move { count(claim.complete_retrying(&done, retention, lease).await) };
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn(retry)),
+        Ok(rt) => drop(cfg.detached.tracker().spawn_on(retry, &rt)),
         Err(_) => retry.await,
     }
 }
