@@ -130,7 +130,9 @@ pub const DEFAULT_MAX_DETACHED: usize = 1024;
 /// The handler runs in a task of its own (`tokio::spawn`) once the key is
 /// claimed, so the inner service's future and response must be `Send +
 /// 'static` (an axum route's are): a client that gives up does not stop a
-/// request that started, and its response is stored for the retry.
+/// request that started, and its response is stored for the retry. These
+/// tasks are bounded ([`max_detached`](Self::max_detached)) and tracked:
+/// wait for them at shutdown through [`detached_tasks`](Self::detached_tasks).
 ///
 /// ```
 /// use axum::{Router, body::Body, routing::post};

@@ -55,7 +55,12 @@
 //! | request body over 64 KiB | 413 `payload_too_large` |
 //! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
 //! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
+//! | 401, 403, 404, 408, 409, 413 or 429 (default policy) | passed on, not stored; key released: nothing happened and the answer describes the caller or a moment, and a client sending fresh keys piles up no records |
 //! | stored status (2xx by default) whose body cannot be kept: over the cap (1 MiB), `text/event-stream`, trailers, or a body that breaks half-way | passed on whole; the outcome is stored without its body, and a retry gets the first status, an empty body, `Idempotent-Replayed: true` and `Idempotent-Body: omitted` (the handler does not run again) |
+//!
+//! | storing the response fails (the store's budget runs out, the connection breaks) | the client gets its answer; the completion is tried again with backoff for up to the lease, the key never deleted; a retry gets 409, then the replay |
+//! | the store stays away for the whole lease (a lost completion) | the claim ends with its lease and a retry runs again; counted in `norepeat_idempotency_completion_lost_total` |
+//! | [`max_detached`](IdempotencyLayer::max_detached) handlers (1024) already running | 503 `guard_unavailable` with `Retry-After: 1`, before the claim: the key stays free, the handler does not run |
 //!
 //! Invalid JSON gets the same answer from both layers: the fingerprint
 //! [`FingerprintLayer`](crate::fingerprint::FingerprintLayer) also answers 400
@@ -112,6 +117,14 @@
 //! (the claim expires and a retry runs once) or the effect with its record,
 //! never the effect with the key free. See "Transactional completion" in
 //! the docs of `store::sql`.
+//!
+//! # Shutdown
+//! A handler whose client left runs on in a task of its own, which a
+//! server's graceful shutdown does not wait for. The layer tracks these
+//! tasks in a [`DetachedTasks`]: after the server stopped accepting and its
+//! requests ended, close it and wait for it (with a time limit), so no
+//! handler is killed between its effect and its record. See
+//! [`DetachedTasks`] for an example.
 //!
 //! # Deployment caveat
 //! Idempotency is as durable as its store. With Redis, a failover that
