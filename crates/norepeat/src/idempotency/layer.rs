@@ -218,7 +218,9 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// claiming the key*: the handler does not run and the key stays free,
     /// so the retry runs normally. A client that gives up does not stop its
     /// handler, so without a bound, clients that send and leave could start
-    /// handlers without end.
+    /// handlers without end. A request holds its slot from before the claim
+    /// to its handler's end; one waiting for another's result
+    /// ([`wait_for_result`](Self::wait_for_result)) holds one while it waits.
     pub fn max_detached(mut self, handlers: usize) -> Self {
         self.cfg.slots = Arc::new(Semaphore::new(handlers.clamp(1, Semaphore::MAX_PERMITS)));
         self
