@@ -29,7 +29,8 @@ type Runs = Arc<AtomicUsize>;
 /// A payment handler that counts its runs. Request headers steer it:
 /// `x-sleep-ms`, `x-status`, `x-big` (a body of that many bytes, exact
 /// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`,
-/// `x-break` (that many chunks, then an error).
+/// `x-break` (that many chunks, then an error), `x-trailers` (a body with
+/// trailers).
 async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Response {
     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
     let num = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
@@ -65,6 +66,17 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
             }
         }));
         return (status, common, Body::from_stream(stream)).into_response();
+    }
+    if headers.contains_key("x-trailers") {
+        let frames = [
+            Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from_static(b"paid"))),
+            Ok(http_body::Frame::trailers(HeaderMap::from_iter([(
+                http::HeaderName::from_static("x-checksum"),
+                HeaderValue::from_static("1"),
+            )]))),
+        ];
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        return (status, common, Body::new(body)).into_response();
     }
     if headers.contains_key("x-sse") {
         return (
@@ -643,6 +655,12 @@ async fn streaming_response_passes_through_whole_and_its_outcome_is_kept<
     let again = pay_steered(&app, "k-sse", ("x-sse", "1")).await;
     assert_replayed_without_body(&again, &sse);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Nor is a body with trailers (a replay could not give them back).
+    let trailers = pay_steered(&app, "k-tr", ("x-trailers", "1")).await;
+    assert_eq!(&trailers.body[..], b"paid");
+    let again = pay_steered(&app, "k-tr", ("x-trailers", "1")).await;
+    assert_replayed_without_body(&again, &trailers);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
 /// A 2xx whose body fails half-way: the effect happened, so the key is
