@@ -7,6 +7,7 @@ use crate::outage::Outage;
 use crate::routes;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use norepeat::idempotency::DetachedTasks;
 use norepeat::ratelimit::Quota;
 use norepeat::store::sql::Reaper;
 use norepeat::store::{AnyStore, MemoryStore, PgStore, SqliteStore};
@@ -46,6 +47,9 @@ pub struct AppState {
     pub outage: Outage<AnyStore>,
     /// Where `POST /payments` keeps its idempotency records.
     pub payments: PaymentsStore,
+    /// The payment handlers the Idempotency-Key layer runs on for clients
+    /// that left: `serve` waits for them at shutdown.
+    pub detached: DetachedTasks,
 }
 
 /// The idempotency store of `POST /payments` (`NOREPEAT_IDEMPOTENCY_STORE`).
@@ -208,6 +212,7 @@ impl AppState {
             events,
             outage,
             payments,
+            detached: DetachedTasks::new(),
         })
     }
 }

@@ -173,6 +173,34 @@ impl ShopProcess {
         }
     }
 
+    /// Sends `SIGTERM` (what a process manager sends to stop a service
+    /// gracefully), through `kill -TERM`. Does nothing if it already ended.
+    ///
+    /// # Panics
+    ///
+    /// Panics when `kill` cannot be run.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.pid() {
+            let status = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .unwrap_or_else(|e| panic!("norepeat-testkit: cannot run kill: {e}"));
+            tracing::debug!(pid, %status, "sent SIGTERM");
+        }
+    }
+
+    /// Waits up to `within` for the process to exit, and reaps it: its exit
+    /// status, or `None` while it still runs (or was already reaped).
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = tokio::time::timeout(within, child.wait())
+            .await
+            .ok()?
+            .ok()?;
+        self.child = None;
+        Some(status)
+    }
+
     /// SIGKILLs the process and reaps it. Does nothing if it already ended.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -103,7 +103,16 @@ pub(crate) enum Completion {
     Lost,
     /// The store failed; the claim was released (best effort).
     Failed,
+    /// The store failed and stayed away while
+    /// [`complete_retrying`](Claim::complete_retrying) tried: the claim was
+    /// left as it is and ends with its TTL.
+    Expiring,
 }
+
+/// The first pause between two tries of a completion that failed.
+const FIRST_RETRY: Duration = Duration::from_millis(20);
+/// The longest pause between two tries of a completion that failed.
+const MAX_RETRY: Duration = Duration::from_secs(1);
 
 /// A held key. See the [module docs](self) for what dropping it does.
 #[derive(Debug)]
@@ -268,6 +277,101 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         }
     }
 
+    /// Replaces the claim with `done` for `retention`, owner-checked, once.
+    /// On a store failure the claim is handed back untouched, for
+    /// [`complete_retrying`](Self::complete_retrying): unlike
+    /// [`complete`](Self::complete), nothing is deleted.
+    pub(crate) async fn try_complete(
+        mut self,
+        done: &[u8],
+        retention: Duration,
+    ) -> Result<Completion, Self> {
+        match self
+            .store
+            .replace_if_equals(&self.key, &self.value, done, retention)
+            .await
+        {
+            Ok(true) => {
+                self.settled = true;
+                Ok(Completion::Stored)
+            }
+            Ok(false) => {
+                self.settled = true;
+                tracing::warn!(
+                    key = &*self.key,
+                    "claim lost before its work completed; result not stored"
+                );
+                Ok(Completion::Lost)
+            }
+            Err(e) => {
+                tracing::debug!(key = &*self.key, error = %e, "could not store a result; will try again");
+                Err(self)
+            }
+        }
+    }
+
+    /// Tries again, after [`try_complete`](Self::try_complete) failed, to
+    /// replace the claim with `done`: with backoff (20 ms doubling to 1 s)
+    /// for up to `within`, and never deleting the key: the work has had its
+    /// effect, and a free key would let a retry run it a second time. If
+    /// the store stays away the claim is left to end with its TTL
+    /// ([`Completion::Expiring`]).
+    ///
+    /// The failed try may have landed with only its reply lost: when a
+    /// later try finds the claim gone, the key is checked for `done` itself
+    /// (one conditional call, `replace_if_equals(done, done)`) before the
+    /// completion is called lost.
+    pub(crate) async fn complete_retrying(
+        mut self,
+        done: &[u8],
+        retention: Duration,
+        within: Duration,
+    ) -> Completion {
+        self.settled = true;
+        let deadline = Instant::now().checked_add(within);
+        let mut pause = FIRST_RETRY;
+        loop {
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                tracing::warn!(
+                    key = &*self.key,
+                    "could not store a result while the lease lasted; the key ends with it"
+                );
+                return Completion::Expiring;
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(MAX_RETRY);
+            let tried = match self
+                .store
+                .replace_if_equals(&self.key, &self.value, done, retention)
+                .await
+            {
+                Ok(true) => Ok(true),
+                Ok(false) => {
+                    self.store
+                        .replace_if_equals(&self.key, done, done, retention)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok(true) => return Completion::Stored,
+                Ok(false) => {
+                    tracing::warn!(
+                        key = &*self.key,
+                        "claim lost before its work completed; result not stored"
+                    );
+                    return Completion::Lost;
+                }
+                Err(e) => {
+                    tracing::debug!(key = &*self.key, error = %e, "could not store a result; trying again");
+                }
+            }
+        }
+    }
+
     /// Releases the key (owner-checked), so a retry runs again.
     pub(crate) async fn release(mut self) {
         self.settled = true;
@@ -322,16 +426,40 @@ where
         Ok(rt) => Ok(rt.spawn(work)),
         Err(_) => Err(Box::pin(work)),
     };
-    async move {
-        match spawned {
-            Err(inline) => inline.await,
-            Ok(task) => match task.await {
-                Ok(out) => out,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only at runtime shutdown: nothing is left to answer to.
-                Err(e) => panic!("detached work cancelled: {e}"),
-            },
-        }
+    joined(spawned)
+}
+
+/// [`detach`], the task tracked by `tracker`: a server can close the
+/// tracker and wait for the work to end before it exits.
+pub(crate) fn detach_tracked<F>(
+    tracker: &tokio_util::task::TaskTracker,
+    work: F,
+) -> impl Future<Output = F::Output> + Send + use<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let spawned = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Ok(tracker.spawn_on(work, &rt)),
+        Err(_) => Err(Box::pin(tracker.track_future(work))),
+    };
+    joined(spawned)
+}
+
+/// The output of detached work: awaited from its task, or run inline.
+async fn joined<F, T>(spawned: Result<tokio::task::JoinHandle<T>, std::pin::Pin<Box<F>>>) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    match spawned {
+        Err(inline) => inline.await,
+        Ok(task) => match task.await {
+            Ok(out) => out,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only at runtime shutdown: nothing is left to answer to.
+            Err(e) => panic!("detached work cancelled: {e}"),
+        },
     }
 }
 

@@ -16,8 +16,8 @@ use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::Resilient;
-use norepeat::store::{KeyValueStoreExt, MemoryStore, RedisStore, Store};
-use norepeat_testkit::RedisServer;
+use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, RedisStore, Store};
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -28,7 +28,9 @@ type Runs = Arc<AtomicUsize>;
 
 /// A payment handler that counts its runs. Request headers steer it:
 /// `x-sleep-ms`, `x-status`, `x-big` (a body of that many bytes, exact
-/// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`.
+/// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`,
+/// `x-break` (that many chunks, then an error), `x-trailers` (a body with
+/// trailers).
 async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Response {
     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
     let num = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
@@ -54,6 +56,28 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
         );
         return (status, common, Body::from_stream(stream)).into_response();
     }
+    if let Some(chunks) = num("x-break") {
+        // That many chunks, then the stream fails.
+        let stream = futures_util::stream::iter((0..=chunks).map(move |i| {
+            if i < chunks {
+                Ok(Bytes::from_static(b"chunk"))
+            } else {
+                Err(std::io::Error::other("the stream broke"))
+            }
+        }));
+        return (status, common, Body::from_stream(stream)).into_response();
+    }
+    if headers.contains_key("x-trailers") {
+        let frames = [
+            Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from_static(b"paid"))),
+            Ok(http_body::Frame::trailers(HeaderMap::from_iter([(
+                http::HeaderName::from_static("x-checksum"),
+                HeaderValue::from_static("1"),
+            )]))),
+        ];
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        return (status, common, Body::new(body)).into_response();
+    }
     if headers.contains_key("x-sse") {
         return (
             status,
@@ -66,7 +90,7 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
     (status, common, [("content-type", "application/json")], body).into_response()
 }
 
-fn app<G: Store + Clone>(layer: IdempotencyLayer<G>, runs: &Runs) -> Router {
+fn app<G: KeyValueStore + Clone>(layer: IdempotencyLayer<G>, runs: &Runs) -> Router {
     Router::new()
         .route("/payments", post(pay).layer(layer.route("/payments")))
         .with_state(Arc::clone(runs))
@@ -105,6 +129,11 @@ impl Answer {
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true")
     }
+    fn body_omitted(&self) -> bool {
+        self.headers
+            .get("idempotent-body")
+            .is_some_and(|v| v == "omitted")
+    }
     fn code(&self) -> String {
         let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
         v["code"].as_str().unwrap().to_owned()
@@ -117,7 +146,12 @@ async fn send(app: &Router, req: Request<Body>) -> Answer {
     Answer {
         status: parts.status,
         headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
+        // A body that broke half-way reads as what came before the break.
+        body: body
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .unwrap_or_default(),
     }
 }
 
@@ -161,6 +195,57 @@ macro_rules! both {
     )*};
 }
 
+/// Stamps `both!`'s two runs of each case and, with the features, a
+/// PostgreSQL and a SQLite run (the layer runs on any key-value store).
+macro_rules! every_store {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$case(norepeat::store::MemoryStore::default()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                let redis = norepeat_testkit::RedisServer::start().await;
+                let store = norepeat::store::RedisStore::connect(&redis.url()).await.unwrap();
+                super::$case(store).await;
+                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+            }
+
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let db = norepeat_testkit::PgDatabase::fresh().await;
+                let pool = sqlx::PgPool::connect(&db.url()).await.unwrap();
+                let store = norepeat::store::PgStore::new(pool);
+                store.migrate().await.unwrap();
+                super::$case(store).await;
+            }
+
+            #[cfg(feature = "sqlite")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                // One connection: each connection to `:memory:` is a database of its own.
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect("sqlite::memory:")
+                    .await
+                    .unwrap();
+                let store = norepeat::store::SqliteStore::new(pool);
+                store.migrate().await.unwrap();
+                super::$case(store).await;
+            }
+        }
+    )*};
+}
+
+every_store!(
+    oversized_response_passes_through_and_its_outcome_is_kept,
+    streaming_response_passes_through_whole_and_its_outcome_is_kept,
+    a_success_whose_body_breaks_is_not_run_again,
+);
+
 both!(
     repeat_is_replayed_byte_for_byte_without_a_run,
     other_request_same_key_is_422,
@@ -171,8 +256,6 @@ both!(
     hundred_concurrent_with_waiting_all_get_the_replay,
     stale_completion_is_fenced_out,
     renewal_keeps_a_slow_handlers_claim,
-    oversized_response_passes_through_unstored,
-    streaming_response_passes_through_whole,
     small_stream_is_stored,
     server_errors_release_the_key,
     store_all_replays_server_errors,
@@ -181,7 +264,52 @@ both!(
     waiting_repeat_runs_itself_when_the_first_fails,
     a_claim_the_previous_release_wrote_is_honoured,
     a_record_this_release_cannot_read_is_refused_not_run,
+    past_max_detached_is_503_before_the_claim,
 );
+
+/// Past `max_detached` handlers running at once (here one, whose client
+/// left), a request is answered 503 `guard_unavailable` with
+/// `Retry-After` before its key is claimed: the key stays free, and once a
+/// slot is free the retry runs.
+async fn past_max_detached_is_503_before_the_claim<G: KeyValueStore + Clone>(store: G) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store.clone()).max_detached(1);
+    let detached = layer.detached_tasks();
+    let app = app(layer, &runs);
+    let gone = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k1", ("x-sleep-ms", "600")).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gone.abort();
+    assert_eq!(detached.len(), 1, "the handler runs on without its client");
+
+    let refused = pay_with(&app, "u1", "k2", BODY).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.code(), "guard_unavailable");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The key was not claimed.
+    let key = record_key("u1", "k2");
+    let probe = store
+        .put_if_absent(&key, b"probe", Duration::from_secs(60))
+        .await;
+    assert_eq!(probe.unwrap(), None, "k2 was claimed");
+    assert!(store.delete_if_equals(&key, b"probe").await.unwrap());
+
+    detached.close();
+    tokio::time::timeout(Duration::from_secs(20), detached.wait())
+        .await
+        .expect("the detached handler ends");
+    let retry = pay_with(&app, "u1", "k2", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(pay_with(&app, "u1", "k1", BODY).await.replayed());
+}
 
 async fn repeat_is_replayed_byte_for_byte_without_a_run<G: Store + Clone>(store: G) {
     let runs = Runs::default();
@@ -470,39 +598,88 @@ async fn renewal_keeps_a_slow_handlers_claim<G: Store + Clone>(store: G) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-async fn oversized_response_passes_through_unstored<G: Store + Clone>(store: G) {
+/// The retry of a success whose body was not kept: the first status, an
+/// empty body, `Idempotent-Replayed: true`, `Idempotent-Body: omitted`,
+/// the replayable headers but those describing the body; no second run.
+fn assert_replayed_without_body(retry: &Answer, first: &Answer) {
+    assert_eq!(retry.status, first.status);
+    assert!(retry.replayed());
+    assert!(retry.body_omitted());
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.headers.get("location"), first.headers.get("location"));
+    assert!(!retry.headers.contains_key("content-type"));
+}
+
+async fn oversized_response_passes_through_and_its_outcome_is_kept<G: KeyValueStore + Clone>(
+    store: G,
+) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store).max_body(1024), &runs);
-    for run in 1..=2 {
-        let big = pay_steered(&app, "k", ("x-big", "4096")).await;
-        assert_eq!(big.status, StatusCode::CREATED);
-        assert!(!big.replayed());
-        assert_eq!(big.body.len(), 4096, "passed through whole");
-        assert_eq!(runs.load(Ordering::SeqCst), run, "not stored: runs again");
-    }
+    let big = pay_steered(&app, "k", ("x-big", "4096")).await;
+    assert_eq!(big.status, StatusCode::CREATED);
+    assert!(!big.replayed());
+    assert!(!big.body_omitted());
+    assert_eq!(big.body.len(), 4096, "passed through whole");
+    let retry = pay_steered(&app, "k", ("x-big", "4096")).await;
+    assert_replayed_without_body(&retry, &big);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the effect is not run again"
+    );
     // Exactly at the cap is stored.
     let at_cap = pay_steered(&app, "k2", ("x-big", "1024")).await;
     let again = pay_steered(&app, "k2", ("x-big", "1024")).await;
     assert!(again.replayed());
+    assert!(!again.body_omitted());
     assert_eq!(again.body, at_cap.body);
 }
 
-async fn streaming_response_passes_through_whole<G: Store + Clone>(store: G) {
+async fn streaming_response_passes_through_whole_and_its_outcome_is_kept<
+    G: KeyValueStore + Clone,
+>(
+    store: G,
+) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store).max_body(2500), &runs);
-    for run in 1..=2 {
-        let res = pay_steered(&app, "k", ("x-stream", "5")).await;
-        assert_eq!(res.status, StatusCode::CREATED);
-        assert!(!res.replayed());
-        let expected: Vec<u8> = (0..5u8).flat_map(|i| vec![b'a' + i; 1000]).collect();
-        assert_eq!(&res.body[..], &expected[..], "every chunk, in order");
-        assert_eq!(runs.load(Ordering::SeqCst), run);
-    }
-    // An event stream is never held back to be stored.
+    let res = pay_steered(&app, "k", ("x-stream", "5")).await;
+    assert_eq!(res.status, StatusCode::CREATED);
+    assert!(!res.replayed());
+    let expected: Vec<u8> = (0..5u8).flat_map(|i| vec![b'a' + i; 1000]).collect();
+    assert_eq!(&res.body[..], &expected[..], "every chunk, in order");
+    assert_replayed_without_body(&pay_steered(&app, "k", ("x-stream", "5")).await, &res);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // An event stream is never held back to be stored; its outcome is kept.
     let sse = pay_steered(&app, "k-sse", ("x-sse", "1")).await;
     assert_eq!(&sse.body[..], b"data: hi\n\n");
-    assert!(!pay_steered(&app, "k-sse", ("x-sse", "1")).await.replayed());
-    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    let again = pay_steered(&app, "k-sse", ("x-sse", "1")).await;
+    assert_replayed_without_body(&again, &sse);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Nor is a body with trailers (a replay could not give them back).
+    let trailers = pay_steered(&app, "k-tr", ("x-trailers", "1")).await;
+    assert_eq!(&trailers.body[..], b"paid");
+    let again = pay_steered(&app, "k-tr", ("x-trailers", "1")).await;
+    assert_replayed_without_body(&again, &trailers);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// A 2xx whose body fails half-way: the effect happened, so the key is
+/// not freed; the retry gets the outcome without the body.
+async fn a_success_whose_body_breaks_is_not_run_again<G: KeyValueStore + Clone>(store: G) {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store), &runs);
+    let broken = pay_steered(&app, "k", ("x-break", "2")).await;
+    assert_eq!(broken.status, StatusCode::CREATED);
+    let retry = pay_steered(&app, "k", ("x-break", "2")).await;
+    assert_replayed_without_body(&retry, &broken);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // A 5xx is not stored (the default policy): it frees the key, even
+    // when its body breaks too.
+    pay_steered(&app, "k5", ("x-status", "500")).await;
+    let after_5xx = pay_with(&app, "u1", "k5", BODY).await;
+    assert_eq!(after_5xx.status, StatusCode::CREATED);
+    assert!(!after_5xx.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
 async fn small_stream_is_stored<G: Store + Clone>(store: G) {
@@ -545,13 +722,15 @@ async fn store_all_replays_server_errors<G: Store + Clone>(store: G) {
 async fn request_describing_4xx_are_stored_moment_ones_not<G: Store + Clone>(store: G) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store.clone()), &runs);
-    pay_steered(&app, "k404", ("x-status", "404")).await;
-    let again = pay_with(&app, "u1", "k404", BODY).await;
+    pay_steered(&app, "k400", ("x-status", "400")).await;
+    let again = pay_with(&app, "u1", "k400", BODY).await;
     assert_eq!(
         (again.status, again.replayed()),
-        (StatusCode::NOT_FOUND, true)
+        (StatusCode::BAD_REQUEST, true)
     );
-    for (i, s) in ["401", "403", "408", "409", "429"].into_iter().enumerate() {
+    // What describes the caller or a moment is not kept: the key is freed.
+    let moment = ["401", "403", "404", "408", "409", "413", "429"];
+    for (i, s) in moment.into_iter().enumerate() {
         let key = format!("k{s}");
         pay_steered(&app, &key, ("x-status", s)).await;
         let retry = pay_with(&app, "u1", &key, BODY).await;
@@ -656,6 +835,62 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         .await
         .unwrap();
     a_retry_takes_over_from(&app, &runs, first).await;
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+/// Sends the request `req` builds, as a client that honours
+/// `Retry-After` would, until it is answered neither 409 (the first one
+/// still holds the key) nor 503 (the store is not back yet), for at most
+/// 20 s.
+async fn until_not_in_use(app: &Router, req: impl Fn() -> Request<Body>) -> Answer {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let res = send(app, req()).await;
+        let wait = [StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE].contains(&res.status);
+        if !wait || tokio::time::Instant::now() > deadline {
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The store breaks while the handler runs, so storing its response fails,
+/// and comes back a moment later: the key is not freed, the completion is
+/// tried again until it lands, and the client's retry waits (409), then
+/// gets the replay. The handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_fails_is_tried_again_and_the_retry_replays() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = RedisStore::connect(&proxy.url_for_redis()).await.unwrap();
+    let runs = Runs::default();
+    let app = app(
+        IdempotencyLayer::new(store).lease(Duration::from_secs(3)),
+        &runs,
+    );
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "500")).await })
+    };
+    // The key is claimed long before the handler answers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while redis.dbsize().await == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set_mode(ProxyMode::Refuse);
+    // The answer comes once the first try to store it has failed.
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    proxy.set_mode(ProxyMode::Pass);
+
+    let retry = until_not_in_use(&app, || {
+        payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap()
+    })
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the retry ran the handler again");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 

@@ -2,10 +2,19 @@
 
 use crate::app::{AppState, StartError, app};
 use crate::config::ShopConfig;
+use std::future::IntoFuture;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
-/// Runs the shop until Ctrl-C.
+/// How long a shutdown waits for requests in flight and detached handlers.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the shop until `SIGTERM` or Ctrl-C, then shuts down gracefully:
+/// stops accepting, lets the requests in flight and the payment handlers
+/// still running for clients that left finish, for at most
+/// [`SHUTDOWN_GRACE`] in all, and returns (the process exits 0).
 ///
 /// # Errors
 /// When the database, the store or the listener cannot be opened.
@@ -19,12 +28,65 @@ pub async fn run(cfg: ShopConfig) -> Result<(), StartError> {
         writeln!(out, "listening on http://{addr}")?;
         out.flush()?;
     }
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let detached = state.detached.clone();
+    let stopping = Arc::new(Notify::new());
+    let server = axum::serve(listener, app(state)).with_graceful_shutdown({
+        let stopping = Arc::clone(&stopping);
+        async move {
+            shutdown_signal().await;
+            stopping.notify_one();
+        }
+    });
+    let mut server = std::pin::pin!(server.into_future());
+    // Serve until the signal; the grace period starts with it.
+    let ended = tokio::select! {
+        served = &mut server => {
+            served?;
+            true
+        }
+        () = stopping.notified() => false,
+    };
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    if !ended {
+        tracing::info!("shutting down: finishing the requests in flight");
+        match tokio::time::timeout_at(deadline, &mut server).await {
+            Ok(served) => served?,
+            Err(_) => tracing::warn!("requests still open after the grace period"),
+        }
+    }
+    detached.close();
+    if tokio::time::timeout_at(deadline, detached.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            running = detached.len(),
+            "payment handlers still running after the grace period"
+        );
+    }
     Ok(())
+}
+
+/// Resolves on `SIGTERM` (what a process manager sends) or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
 }
 
 /// Runs a reconciliation pass every `NOREPEAT_RECONCILE_EVERY_S` seconds.

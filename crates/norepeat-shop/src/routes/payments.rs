@@ -24,16 +24,24 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     // retry is not a second payment, so it refuses (503) instead.
     // With `NOREPEAT_IDEMPOTENCY_STORE=database` the record is a row of the
     // shop's database, completed in the payment's own transaction.
-    fn layer<G: KeyValueStore + Clone>(store: G) -> IdempotencyLayer<G> {
+    // Its detached handlers are waited for at shutdown (`serve`).
+    fn layer<G: KeyValueStore + Clone>(store: G, state: &AppState) -> IdempotencyLayer<G> {
         IdempotencyLayer::new(store)
             .route("/payments")
             .on_store_failure(FailurePolicy::FailClosed)
+            .detached_tasks_in(&state.detached)
     }
     let pay = match &state.payments {
-        PaymentsStore::Primary(_) => post(create_payment).layer(layer(state.primary.clone())),
-        PaymentsStore::Memory(m) => post(create_payment).layer(layer(m.clone())),
-        PaymentsStore::Postgres(pg, _) => post(create_payment_in_tx).layer(layer(pg.clone())),
-        PaymentsStore::Sqlite(lite, _) => post(create_payment_in_tx).layer(layer(lite.clone())),
+        PaymentsStore::Primary(_) => {
+            post(create_payment).layer(layer(state.primary.clone(), state))
+        }
+        PaymentsStore::Memory(m) => post(create_payment).layer(layer(m.clone(), state)),
+        PaymentsStore::Postgres(pg, _) => {
+            post(create_payment_in_tx).layer(layer(pg.clone(), state))
+        }
+        PaymentsStore::Sqlite(lite, _) => {
+            post(create_payment_in_tx).layer(layer(lite.clone(), state))
+        }
     };
     let quota = state.flash_quota();
     let flash = post(flash_sale).layer(

@@ -1,5 +1,6 @@
 //! [`IdempotencyLayer`]: the tower layer, its settings, and which responses are stored ([`StorePolicy`]).
 
+use super::detached::DetachedTasks;
 use super::service::Idempotency;
 use crate::degrade::FailurePolicy;
 use crate::fingerprint::Fingerprinter;
@@ -10,16 +11,23 @@ use http::{HeaderName, StatusCode, header};
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tower::Layer;
 
 /// Which finished responses are stored and replayed. A response that is
-/// not stored releases the key, so a retry runs the handler again.
+/// not stored releases the key, so a retry runs the handler again. A
+/// stored response whose body cannot be kept (over the cap, an event
+/// stream, trailers, a body that breaks) is stored without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum StorePolicy {
-    /// 2xx, and the 4xx that describe the request itself; not 401, 403,
-    /// 408, 409 or 429, which describe a moment (a login, a lock, a rate)
-    /// and may well pass on retry. No 1xx, 3xx or 5xx.
+    /// 2xx, and the 4xx that describe the request itself (400, 422, 410,
+    /// ...). Not 401, 403, 404, 408, 409, 413 or 429: nothing happened, and
+    /// the answer describes the caller or a moment (a login, a missing
+    /// resource, a lock, a size limit, a rate), not an effect; it may well
+    /// change on retry, and a client sending fresh keys must not pile up a
+    /// day's record for each (a 404 per unknown id at 5k requests/s is
+    /// gigabytes an hour). No 1xx, 3xx or 5xx.
     #[default]
     Default,
     /// Every response once the handler has started, 5xx included: Stripe's
@@ -39,7 +47,7 @@ impl StorePolicy {
             StorePolicy::Default => {
                 status.is_success()
                     || (status.is_client_error()
-                        && !matches!(status.as_u16(), 401 | 403 | 408 | 409 | 429))
+                        && !matches!(status.as_u16(), 401 | 403 | 404 | 408 | 409 | 413 | 429))
             }
         }
     }
@@ -76,6 +84,7 @@ pub(crate) fn never_stored(name: &HeaderName) -> bool {
             | "upgrade"
             | "content-length"
             | "idempotent-replayed"
+            | "idempotent-body"
     )
 }
 
@@ -98,7 +107,14 @@ pub(crate) struct Config<G> {
     pub(crate) failure: FailurePolicy,
     /// Renews the claims of handlers that run long, from one task.
     pub(crate) renewer: Renewer<G>,
+    /// The detached handlers, for a server to wait for.
+    pub(crate) detached: DetachedTasks,
+    /// One permit per detached handler that may run at once.
+    pub(crate) slots: Arc<Semaphore>,
 }
+
+/// How many detached handlers a layer runs at once by default.
+pub const DEFAULT_MAX_DETACHED: usize = 1024;
 
 /// Makes a route idempotent under an `Idempotency-Key`: the first request
 /// runs, its response is stored, and a repeat gets that response again,
@@ -114,7 +130,9 @@ pub(crate) struct Config<G> {
 /// The handler runs in a task of its own (`tokio::spawn`) once the key is
 /// claimed, so the inner service's future and response must be `Send +
 /// 'static` (an axum route's are): a client that gives up does not stop a
-/// request that started, and its response is stored for the retry.
+/// request that started, and its response is stored for the retry. These
+/// tasks are bounded ([`max_detached`](Self::max_detached)) and tracked:
+/// wait for them at shutdown through [`detached_tasks`](Self::detached_tasks).
 ///
 /// ```
 /// use axum::{Router, body::Body, routing::post};
@@ -188,8 +206,40 @@ impl<G: Clone> IdempotencyLayer<G> {
                 wait: None,
                 replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
                 failure: FailurePolicy::FailClosed,
+                detached: DetachedTasks::new(),
+                slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             },
         }
+    }
+
+    /// How many handlers may run at once, each in a task of its own
+    /// (default [`DEFAULT_MAX_DETACHED`], 1024; at least 1). Past it the
+    /// layer answers 503 `guard_unavailable` with `Retry-After: 1` *before
+    /// claiming the key*: the handler does not run and the key stays free,
+    /// so the retry runs normally. A client that gives up does not stop its
+    /// handler, so without a bound, clients that send and leave could start
+    /// handlers without end. A request holds its slot from before the claim
+    /// to its handler's end; one waiting for another's result
+    /// ([`wait_for_result`](Self::wait_for_result)) holds one while it waits.
+    pub fn max_detached(mut self, handlers: usize) -> Self {
+        self.cfg.slots = Arc::new(Semaphore::new(handlers.clamp(1, Semaphore::MAX_PERMITS)));
+        self
+    }
+
+    /// Tracks this layer's detached handlers in `tasks` (shared), rather
+    /// than in a set of its own: one [`DetachedTasks`] then waits for every
+    /// layer of a server at shutdown.
+    pub fn detached_tasks_in(mut self, tasks: &DetachedTasks) -> Self {
+        self.cfg.detached = tasks.clone();
+        self
+    }
+
+    /// The handle on this layer's detached handlers: close it and wait for
+    /// it at shutdown, after the server stopped accepting (see
+    /// [`DetachedTasks`]).
+    #[must_use]
+    pub fn detached_tasks(&self) -> DetachedTasks {
+        self.cfg.detached.clone()
     }
 
     /// Whether a request without `Idempotency-Key` is refused with 400
@@ -222,7 +272,9 @@ impl<G: Clone> IdempotencyLayer<G> {
     }
 
     /// The largest response body stored (default 1 MiB). A larger one is
-    /// passed through whole, unstored, and the key released.
+    /// passed through whole and its outcome stored without it: a retry gets
+    /// the status and `Idempotent-Body: omitted`, and the handler does not
+    /// run again.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.cfg.max_body = bytes;
         self
@@ -314,10 +366,10 @@ mod tests {
     #[test]
     fn default_policy_stores_what_describes_the_request() {
         let p = StorePolicy::Default;
-        for s in [200, 201, 204, 400, 404, 410, 422] {
+        for s in [200, 201, 204, 400, 410, 422] {
             assert!(p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        for s in [101, 302, 401, 403, 408, 409, 429, 500, 502, 503] {
+        for s in [101, 302, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503] {
             assert!(!p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         assert!(StorePolicy::All.stores(StatusCode::INTERNAL_SERVER_ERROR));

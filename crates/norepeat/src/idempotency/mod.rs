@@ -30,6 +30,12 @@
 //!    lease expired and whose key another request took cannot overwrite the
 //!    new owner's record. Or **release**: `delete_if_equals`, owner-checked,
 //!    when the response is not stored, so a retry runs again.
+//!    A completion the store refuses (its time budget runs out, the
+//!    connection breaks) is tried again with backoff, in a task of its own,
+//!    for up to the lease, while the client gets its answer; the key of a
+//!    handler that answered is never deleted. If the store stays away that
+//!    long, the claim ends with its lease and a retry runs again: the
+//!    metric `norepeat_idempotency_completion_lost_total` counts these.
 //!
 //! Records are compact binary (version, state, owner, fingerprint; then
 //! status, allowed headers and the body as is), never JSON with base64.
@@ -49,7 +55,12 @@
 //! | request body over 64 KiB | 413 `payload_too_large` |
 //! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
 //! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
-//! | response over the cap (1 MiB), with trailers, or `text/event-stream` | passed on whole, unstored; key released |
+//! | 401, 403, 404, 408, 409, 413 or 429 (default policy) | passed on, not stored; key released: nothing happened and the answer describes the caller or a moment, and a client sending fresh keys piles up no records |
+//! | stored status (2xx by default) whose body cannot be kept: over the cap (1 MiB), `text/event-stream`, trailers, or a body that breaks half-way | passed on whole; the outcome is stored without its body, and a retry gets the first status, an empty body, `Idempotent-Replayed: true` and `Idempotent-Body: omitted` (the handler does not run again) |
+//!
+//! | storing the response fails (the store's budget runs out, the connection breaks) | the client gets its answer; the completion is tried again with backoff for up to the lease, the key never deleted; a retry gets 409, then the replay |
+//! | the store stays away for the whole lease (a lost completion) | the claim ends with its lease and a retry runs again; counted in `norepeat_idempotency_completion_lost_total` |
+//! | [`max_detached`](IdempotencyLayer::max_detached) handlers (1024) already running | 503 `guard_unavailable` with `Retry-After: 1`, before the claim: the key stays free, the handler does not run |
 //!
 //! Invalid JSON gets the same answer from both layers: the fingerprint
 //! [`FingerprintLayer`](crate::fingerprint::FingerprintLayer) also answers 400
@@ -61,7 +72,13 @@
 //!
 //! A truncated body is never stored: a body is read up to the cap, and the
 //! moment it passes the cap, what was read is sent on followed by the rest.
-//! A response is stored only if the handler's body ended cleanly.
+//! A body is stored only if the handler's body ended cleanly; otherwise
+//! the outcome is stored without it (the handler answered: its effect
+//! happened, and a free key would run it again). Only a status the
+//! [`StorePolicy`] does not store frees the key. The record of an omitted
+//! body is an ordinary completed record carrying the header
+//! `Idempotent-Body: omitted`, so an instance of the release before this
+//! one, in a rolling deploy, replays it alike.
 //!
 //! # Compared with Stripe and the IETF draft
 //!
@@ -72,7 +89,7 @@
 //! | same key, other request | 422 `idempotency_key_mismatch` | an `idempotency_error` (compares incoming parameters) | 422 |
 //! | same key, still running | 409 with `Retry-After`, or a bounded wait and the replay | 409 conflict, nothing saved | 409 |
 //! | what is replayed | status, allow-listed headers, body byte for byte, `Idempotent-Replayed: true` | status code and body | the stored response |
-//! | which responses are stored | configurable: 2xx and request-describing 4xx (default), all, or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
+//! | which responses are stored | configurable: 2xx and request-describing 4xx, not 401, 403, 404, 408, 409, 413 or 429 (default); all; or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
 //! | retention | 24 h default, configurable | keys may be pruned after at least 24 h | expiry policy is the server's, and should be published |
 //! | scope | caller + method + concrete path + key | account + key | the resource |
 //! | lost claim (slow or dead owner) | lease with renewal; a stale completion is fenced out | not documented | not specified |
@@ -101,6 +118,14 @@
 //! never the effect with the key free. See "Transactional completion" in
 //! the docs of `store::sql`.
 //!
+//! # Shutdown
+//! A handler whose client left runs on in a task of its own, which a
+//! server's graceful shutdown does not wait for. The layer tracks these
+//! tasks in a [`DetachedTasks`]: after the server stopped accepting and its
+//! requests ended, close it and wait for it (with a time limit), so no
+//! handler is killed between its effect and its record. See
+//! [`DetachedTasks`] for an example.
+//!
 //! # Deployment caveat
 //! Idempotency is as durable as its store. With Redis, a failover that
 //! loses the last writes can forget a completed record, and a retry then
@@ -111,6 +136,7 @@
 
 mod body;
 mod claim;
+mod detached;
 mod layer;
 mod record;
 mod service;
@@ -118,6 +144,8 @@ mod tx;
 
 pub use body::Passthrough;
 pub use claim::IdempotencyError;
-pub use layer::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use detached::DetachedTasks;
+pub use layer::{DEFAULT_MAX_DETACHED, DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use record::IDEMPOTENT_BODY;
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
 pub use tx::{IdempotentTx, TxError};

@@ -48,6 +48,12 @@
 //! the 255th are left out rather than truncated; the layer's allow-list
 //! stores a handful of short headers.
 //!
+//! A response whose body is not kept (over the cap, an event stream,
+//! trailers, a body that broke) is a completed version-2 record with an
+//! empty body and one more header, `idempotent-body: omitted`, spelled out:
+//! not a flag and not a new version, so a release that knew nothing of it
+//! replays it the same way (status, headers, that header, no body).
+//!
 //! **Between deployments.** Every version here is read, so a release that
 //! writes version 3 reads what the one before it left (in progress or
 //! completed), and a rolling deploy forgets nothing. A release that cannot
@@ -195,6 +201,48 @@ pub(crate) fn completed<'a>(
     out.extend_from_slice(body);
     out
 }
+
+/// The response header that marks a replay whose body was not kept
+/// (`Idempotent-Body: omitted`): the first response was a success the
+/// store could not hold (over the cap, an event stream, trailers, or a body
+/// that broke half-way), so the outcome is replayed without it.
+pub const IDEMPOTENT_BODY: HeaderName = HeaderName::from_static("idempotent-body");
+
+/// The headers that describe a body, left out of a record without one.
+fn describes_the_body(name: &HeaderName) -> bool {
+    [
+        http::header::CONTENT_TYPE,
+        http::header::CONTENT_ENCODING,
+        http::header::CONTENT_LANGUAGE,
+    ]
+    .contains(name)
+}
+
+/// A completed record of a response whose body is not kept: its status,
+/// the given headers but those describing the body, no body, and the
+/// header `Idempotent-Body: omitted`, which a replay sends as it is.
+///
+/// No flag and no new version: this is a version-2 completed record with
+/// one more header, spelled out (not a [`WELL_KNOWN`] index, which a
+/// release before this one would refuse). So every release that reads
+/// version 2, this one and those before it, replays it alike and never
+/// runs the handler again.
+pub(crate) fn completed_without_body<'a>(
+    owner: &Owner,
+    fingerprint: &Digest,
+    status: StatusCode,
+    headers: impl IntoIterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) -> Vec<u8> {
+    let headers = headers
+        .into_iter()
+        .filter(|(n, _)| !describes_the_body(n) && **n != IDEMPOTENT_BODY)
+        .chain(std::iter::once((&IDEMPOTENT_BODY_NAME, &OMITTED)));
+    completed(owner, fingerprint, status, headers, &[])
+}
+
+/// [`IDEMPOTENT_BODY`] and its value as statics, to lend out.
+static IDEMPOTENT_BODY_NAME: HeaderName = IDEMPOTENT_BODY;
+static OMITTED: HeaderValue = HeaderValue::from_static("omitted");
 
 /// A header name as a version-2 record writes it.
 enum Name<'a> {

@@ -179,6 +179,16 @@ where
         Err(e) => return Ok(reject(&Problem::from(e))),
     };
 
+    // The bound on detached handlers, before the claim: a request refused
+    // here leaves the key free, and its retry runs normally.
+    let Ok(slot) = Arc::clone(&cfg.slots).try_acquire_owned() else {
+        metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "max_detached").increment(1);
+        return Ok(reject(
+            &Problem::new(Code::GuardUnavailable)
+                .detail("Too many requests are being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+        ));
+    };
     let (claim, owner) = match claim(&cfg, &key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
         Claimed::Replay(done) => return Ok(replay(done)),
@@ -194,16 +204,15 @@ where
     // caller that gives up (a disconnected client, a timeout layer) does not
     // stop it, its result is stored, and a retry gets the replay (or 409
     // while it still runs). The claim is never freed early.
+    // The task holds the slot: a handler whose client left still counts.
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    lease::detach(run_claimed(
-        cfg,
-        inner,
-        req,
-        claim,
-        owner,
-        fingerprint,
-        route,
-    ))
+    let tracker = cfg.detached.tracker().clone();
+    let work = run_claimed(cfg, inner, req, claim, owner, fingerprint, route);
+    lease::detach_tracked(&tracker, async move {
+        let out = work.await;
+        drop(slot);
+        out
+    })
     .await
 }
 
@@ -256,8 +265,19 @@ where
         claim.keep();
         return Ok(pass(res));
     }
-    if !cfg.policy.stores(res.status()) || !storable_shape(&res, cfg.max_body) {
+    if !cfg.policy.stores(res.status()) {
         claim.release().await;
+        return Ok(pass(res));
+    }
+    // The outcome is stored from here on; only its body may not be.
+    if !storable_shape(&res, cfg.max_body) {
+        let done = record::completed_without_body(
+            &owner,
+            &fingerprint,
+            res.status(),
+            replayed(&cfg, res.headers()),
+        );
+        complete(&cfg, claim, done).await;
         return Ok(pass(res));
     }
     let (head, body) = res.into_parts();
@@ -266,24 +286,69 @@ where
         .await
     {
         Collected::Whole(body) => {
-            let headers = head
-                .headers
-                .iter()
-                .filter(|(n, _)| cfg.replayed_headers.contains(n));
+            let headers = replayed(&cfg, &head.headers);
             let done = record::completed(&owner, &fingerprint, head.status, headers, &body);
-            if claim.complete(&done, cfg.retention).await == Completion::Lost {
-                metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
-            }
+            complete(&cfg, claim, done).await;
             Ok(Response::from_parts(head, Either::Right(Full::new(body))))
         }
         Collected::Partial(rest) => {
+            // The handler answered: its effect happened, whatever the body
+            // does now. The outcome is kept without the body.
             tracing::debug!(
                 route,
-                "response not stored: over the cap, trailers or broken"
+                "response body not stored (over the cap, trailers or broken); its outcome is"
             );
-            claim.release().await;
+            let done = record::completed_without_body(
+                &owner,
+                &fingerprint,
+                head.status,
+                replayed(&cfg, &head.headers),
+            );
+            complete(&cfg, claim, done).await;
             Ok(Response::from_parts(head, Either::Left(rest)))
         }
+    }
+}
+
+/// The headers of a response that are stored and replayed.
+fn replayed<'a, G>(
+    cfg: &'a Config<G>,
+    headers: &'a HeaderMap,
+) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
+    headers
+        .iter()
+        .filter(|(n, _)| cfg.replayed_headers.contains(n))
+}
+
+/// Stores the completed record `done` in place of the claim. When the
+/// store fails, the completion is tried again in a task of its own, with
+/// backoff, for up to the lease (the claim's life since its last renewal),
+/// while the client gets its answer: the key of a handler that answered is
+/// never deleted, so a retry waits (409) and then gets the replay. If the
+/// store stays away that long, the claim ends with its lease and the loss
+/// is counted (`norepeat_idempotency_completion_lost_total`).
+async fn complete<G: KeyValueStore + Clone>(cfg: &Arc<Config<G>>, claim: Claim<G>, done: Vec<u8>) {
+    let claim = match claim.try_complete(&done, cfg.retention).await {
+        Ok(outcome) => return count(outcome),
+        Err(claim) => claim,
+    };
+    let (retention, lease) = (cfg.retention, cfg.lease);
+    let retry = async move { count(claim.complete_retrying(&done, retention, lease).await) };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(cfg.detached.tracker().spawn_on(retry, &rt)),
+        Err(_) => retry.await,
+    }
+}
+
+fn count(outcome: Completion) {
+    match outcome {
+        Completion::Lost => {
+            metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
+        }
+        Completion::Expiring | Completion::Failed => {
+            metrics::counter!("norepeat_idempotency_completion_lost_total").increment(1);
+        }
+        Completion::Stored => {}
     }
 }
 

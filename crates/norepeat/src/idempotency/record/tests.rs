@@ -229,3 +229,31 @@ proptest! {
         }
     }
 }
+
+/// A record of a success whose body was not kept is a plain version-2
+/// completed record (what the release before this one reads and replays
+/// as it is): the status, the headers but those describing the body, the
+/// header `Idempotent-Body: omitted` spelled out, and no body.
+#[test]
+fn a_record_without_its_body_is_a_version_2_completed_record() {
+    let location = HeaderValue::from_static("/payments/p1");
+    let json = HeaderValue::from_static("application/json");
+    let headers = [
+        (&http::header::CONTENT_TYPE, &json),
+        (&http::header::LOCATION, &location),
+    ];
+    let b = completed_without_body(&[1; 16], &[2; 16], StatusCode::CREATED, headers);
+    assert_eq!(&b[..2], &[VERSION_2, COMPLETED]);
+    let r = decode(&Bytes::from(b)).unwrap();
+    assert_eq!(r.fingerprint, [2; 16]);
+    let done = r.completed.unwrap();
+    assert_eq!(done.status, StatusCode::CREATED);
+    assert!(done.body.is_empty());
+    assert_eq!(
+        done.headers,
+        vec![
+            (http::header::LOCATION, location),
+            (IDEMPOTENT_BODY, HeaderValue::from_static("omitted")),
+        ]
+    );
+}
