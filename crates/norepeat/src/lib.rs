@@ -19,9 +19,9 @@
 //!   operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
-//! - [`keys`], [`identity`], [`problem`], [`body`]: the shared vocabulary
-//!   (store keys, who is calling, RFC 9457 answers, reading a body and the
-//!   one rule for JSON bodies);
+//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`]: the shared
+//!   vocabulary (store keys, who is calling, the path the client sent,
+//!   RFC 9457 answers, reading a body and the one rule for JSON bodies);
 //! - [`guard`] and [`attribute`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
 //!   with the stored result given back to repeats.
@@ -104,6 +104,7 @@ pub mod keys;
 mod lease;
 pub mod problem;
 pub mod ratelimit;
+pub mod request;
 pub mod store;
 pub mod token;
 pub mod webhook;
