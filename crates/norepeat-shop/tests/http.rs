@@ -393,6 +393,41 @@ async fn identity_is_required_where_the_contract_says() {
     }
 }
 
+/// A proxy that appends `X-User-Id` rather than replacing it must not let
+/// the client pick the first: the header twice is no identity, on every
+/// route that needs one.
+#[tokio::test]
+async fn the_user_header_twice_is_401() {
+    let s = shop().await;
+    let t = s.token("u1").await;
+    let requests = [
+        Request::get("/repeat/token"),
+        Request::get("/orders"),
+        Request::get("/points"),
+        Request::post("/orders").header("repeat-token", &t),
+        Request::post("/orders/quick"),
+        Request::post("/payments").header("idempotency-key", "k-1"),
+        Request::post("/flash-sale/SKU-1"),
+    ];
+    for b in requests {
+        let req = b
+            .header("x-user-id", "mallory")
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                r#"{"sku":"SKU-1","quantity":1,"orderId":"o","amount":1}"#,
+            ))
+            .unwrap();
+        let what = format!("{} {}", req.method(), req.uri());
+        let a = s.send(req).await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (401, Some("unauthenticated")),
+            "{what}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn reading_orders_and_stock() {
     let s = shop().await;
