@@ -19,9 +19,10 @@
 //!   operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
-//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`]: the shared
-//!   vocabulary (store keys, who is calling, the path the client sent,
-//!   RFC 9457 answers, reading a body and the one rule for JSON bodies);
+//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`], [`clock`]:
+//!   the shared vocabulary (store keys, who is calling, the path the client
+//!   sent, RFC 9457 answers, reading a body and the one rule for JSON
+//!   bodies, the wall clock);
 //! - [`guard`] and [`attribute`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
 //!   with the stored result given back to repeats.
@@ -95,7 +96,7 @@
 
 pub mod attribute;
 pub mod body;
-mod clock;
+pub mod clock;
 pub mod degrade;
 pub mod fingerprint;
 pub mod idempotency;
