@@ -139,14 +139,15 @@ impl AppState {
     /// # Errors
     /// When either cannot be reached.
     pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
+        // A wrong setting is refused before anything is opened.
+        cfg.check_callback_secret().map_err(StartError::Config)?;
+        cfg.idempotency_store().map_err(StartError::Config)?;
         if cfg.callback_verifier().is_none() {
             tracing::warn!(
                 "NOREPEAT_CALLBACK_SECRET is not set: payment callbacks are accepted unsigned, \
                  so anyone who can reach POST /payments/callback can mark a payment paid"
             );
         }
-        // A wrong setting is refused before anything is opened.
-        cfg.idempotency_store().map_err(StartError::Config)?;
         let db = Db::connect(cfg.database_url.as_deref()).await?;
         let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
             Ok(s) => s,
@@ -170,13 +171,15 @@ impl AppState {
     /// Builds the state from an open database and store.
     ///
     /// # Errors
-    /// When the shared secret cannot be read.
+    /// When the configuration is invalid (a blank callback secret, a bad
+    /// rate) or the shared secret cannot be read.
     pub async fn with(
         db: Db,
         store: AnyStore,
         cfg: ShopConfig,
         events: crate::events::Events,
     ) -> Result<Self, StartError> {
+        cfg.check_callback_secret().map_err(StartError::Config)?;
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
         })?;

@@ -288,6 +288,54 @@ async fn without_a_secret_callbacks_are_unsigned_and_health_says_so() {
     assert_eq!(a.body, json!({"result": "applied"}));
 }
 
+/// `NOREPEAT_CALLBACK_SECRET` set but blank: someone meant to sign the
+/// callbacks, so the shop refuses to start and names the variable, rather
+/// than serve them unsigned.
+#[tokio::test]
+async fn a_blank_callback_secret_stops_the_start() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let dir = std::env::temp_dir().join(format!("nr-sec-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
+    for blank in ["", "   ", "\t"] {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", &url)
+            .env("NOREPEAT_CALLBACK_SECRET", blank)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // A shop that starts says so on stdout: then the test has failed
+        // (and the child is killed on drop), with no need to wait for it.
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = std::time::Duration::from_secs(60);
+        let first = tokio::time::timeout(deadline, stdout.next_line())
+            .await
+            .expect("the shop neither started nor stopped");
+        assert_eq!(first.unwrap(), None, "{blank:?}: the shop started");
+        let status = tokio::time::timeout(deadline, child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .await
+            .unwrap();
+        assert!(!status.success(), "{blank:?}: {status}");
+        assert!(
+            stderr.contains("NOREPEAT_CALLBACK_SECRET is set but empty"),
+            "{blank:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The page's stand-in for the provider signs with the shop's secret, and
 /// only when asked for: off, it is not there at all.
 #[tokio::test]
