@@ -548,6 +548,89 @@ async fn the_page_is_served() {
     );
 }
 
+/// `12.0` is the integer 12 wherever the shop wants an integer (JSON
+/// Schema's `integer`, the document's type, admits it); `12.5` and values
+/// out of range are still 400.
+#[tokio::test]
+async fn integers_may_carry_a_zero_fraction() {
+    let s = shop().await;
+    let code = |a: &Answer| {
+        (
+            a.status.as_u16(),
+            a.body["code"].as_str().map(str::to_owned),
+        )
+    };
+    let order = s
+        .post(
+            "/orders/quick",
+            "z1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 12.0}),
+        )
+        .await;
+    assert_eq!(order.status, StatusCode::CREATED, "{}", order.body);
+    assert_eq!(order.body["quantity"], 12);
+    for bad in [json!(12.5), json!(1e3), json!(0.0)] {
+        let a = s
+            .post(
+                "/orders/quick",
+                "z2",
+                &[],
+                json!({"sku": "SKU-1", "quantity": bad}),
+            )
+            .await;
+        assert_eq!(code(&a), (400, Some("invalid_request".into())), "{bad}");
+    }
+    let flash = s
+        .post("/flash-sale/SKU-2", "z1", &[], json!({"quantity": 2.0}))
+        .await;
+    assert_eq!(flash.status, StatusCode::CREATED, "{}", flash.body);
+
+    let order_id = order.body["orderId"].as_str().unwrap();
+    let bad = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-0")],
+            json!({"orderId": order_id, "amount": 1999.5}),
+        )
+        .await;
+    assert_eq!(code(&bad), (400, Some("invalid_request".into())));
+    let paid = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-1")],
+            json!({"orderId": order_id, "amount": 1999.0}),
+        )
+        .await;
+    assert_eq!(paid.status, StatusCode::CREATED, "{}", paid.body);
+    assert_eq!(paid.body["amount"], 1999);
+    // The retry written as `1999` is the same request: the replay.
+    let again = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-1")],
+            json!({"orderId": order_id, "amount": 1999}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.body, paid.body);
+
+    let stock = s
+        .send(
+            Request::put("/admin/stock/SKU-3")
+                .header("x-admin-token", "secret")
+                .header("content-type", "application/json")
+                .body(Body::from(r#"{"available": 50.0}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(stock.status, StatusCode::OK, "{}", stock.body);
+}
+
 #[tokio::test]
 async fn payments_replay_mismatch_and_key_rules() {
     let s = shop().await;
