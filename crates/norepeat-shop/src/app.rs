@@ -183,6 +183,9 @@ impl AppState {
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
         })?;
+        Quota::parse(&cfg.payment_rate).map_err(|e| {
+            StartError::Config(format!("NOREPEAT_PAYMENT_RATE={:?}: {e}", cfg.payment_rate))
+        })?;
         // The recorder first, so the store's budget gauge is recorded from the start.
         let metrics = metrics_handle();
         let kind = cfg.idempotency_store().map_err(StartError::Config)?;
@@ -226,6 +229,34 @@ impl AppState {
 const DEFAULT_FLASH_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(5) {
     Some(n) => n,
     None => panic!("5 is not zero"),
+};
+
+impl AppState {
+    /// The per-user quota of `POST /payments` (validated at start).
+    #[must_use]
+    pub fn payment_quota(&self) -> Quota {
+        Quota::parse(&self.cfg.payment_rate).unwrap_or(Quota::per_second(DEFAULT_PAYMENT_RATE))
+    }
+
+    /// The per-address quota of `POST /payments`: ten times the per-user
+    /// one (an address may hold many users: an office, a carrier's NAT).
+    #[must_use]
+    pub fn payment_address_quota(&self) -> Quota {
+        let user = self.payment_quota();
+        Quota::new(user.max().saturating_mul(TEN), user.period())
+            .unwrap_or(user)
+            .allow_burst(user.burst().saturating_mul(TEN))
+    }
+}
+
+const DEFAULT_PAYMENT_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(20) {
+    Some(n) => n,
+    None => panic!("20 is not zero"),
+};
+
+const TEN: std::num::NonZeroU32 = match std::num::NonZeroU32::new(10) {
+    Some(n) => n,
+    None => panic!("10 is not zero"),
 };
 
 /// The shop's router.

@@ -85,6 +85,10 @@ pub struct ShopConfig {
     /// Per-user rate of `POST /flash-sale/{sku}` (`N/s`, `N/m`).
     #[arg(long, env = "NOREPEAT_FLASH_RATE", default_value = "5/s")]
     pub flash_rate: String,
+    /// Per-user rate of `POST /payments` (`N/s`, `N/m`), checked before the
+    /// Idempotency-Key is claimed; each client address gets 10 times it.
+    #[arg(long, env = "NOREPEAT_PAYMENT_RATE", default_value = "20/s")]
+    pub payment_rate: String,
     /// Longest a request waits on the guard store, in milliseconds.
     #[arg(long, env = "NOREPEAT_STORE_TIMEOUT_MS", default_value_t = 50)]
     pub store_timeout_ms: u64,
@@ -125,6 +129,7 @@ impl Default for ShopConfig {
             token_ttl_s: 60,
             payment_latency_ms: 0,
             flash_rate: "5/s".into(),
+            payment_rate: "20/s".into(),
             store_timeout_ms: 50,
             nats_url: None,
             duplicate_events: 1,

@@ -873,5 +873,20 @@ async fn a_bad_flash_rate_stops_the_start() {
         )
         .await;
         assert!(r.is_err(), "{rate} accepted");
+        let cfg = ShopConfig {
+            payment_rate: rate.into(),
+            ..ShopConfig::default()
+        };
+        let r = AppState::with(
+            db.clone(),
+            AnyStore::Memory(MemoryStore::default()),
+            cfg,
+            Events::disabled(),
+        )
+        .await;
+        let Err(e) = r else {
+            panic!("payment rate {rate} accepted")
+        };
+        assert!(e.to_string().contains("NOREPEAT_PAYMENT_RATE"), "{e}");
     }
 }

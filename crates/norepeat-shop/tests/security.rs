@@ -288,6 +288,52 @@ async fn without_a_secret_callbacks_are_unsigned_and_health_says_so() {
     assert_eq!(a.body, json!({"result": "applied"}));
 }
 
+/// `POST /payments` is rate limited per user (`NOREPEAT_PAYMENT_RATE`) and
+/// per client address (ten times that), before the Idempotency-Key layer
+/// (a request without a key over the rate is 429, not 400), with the
+/// headers of the contract.
+#[tokio::test]
+async fn payments_are_rate_limited_per_user_and_per_address() {
+    let s = shop(Backend::Sqlite, &[("NOREPEAT_PAYMENT_RATE", "2/m")]).await;
+    let pay = |user: String, key: Option<String>| {
+        let mut b = s
+            .http
+            .post(format!("{}/payments", s.base))
+            .header("x-user-id", user)
+            .header("content-type", "application/json")
+            .body(r#"{"orderId":"ord_none","amount":1999}"#);
+        if let Some(k) = key {
+            b = b.header("idempotency-key", k);
+        }
+        async move { b.send().await.unwrap() }
+    };
+    // Within the rate: the route answers (an unknown order, 404).
+    for i in 0..2 {
+        let res = pay("u1".into(), Some(format!("k{i}"))).await;
+        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    }
+    let over = pay("u1".into(), None).await;
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    for h in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(over.headers().contains_key(h), "{h}: {:?}", over.headers());
+    }
+    let body: Value = over.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+
+    // Another user from the same address has a quota of their own, until
+    // the address's (20 a minute) runs out.
+    let mut refused = 0;
+    for i in 0..25 {
+        let res = pay(format!("v{i}"), Some("k".into())).await;
+        match res.status() {
+            StatusCode::NOT_FOUND => {}
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("v{i}: {other}"),
+        }
+    }
+    assert!((5..=8).contains(&refused), "{refused} refused");
+}
+
 /// `NOREPEAT_CALLBACK_SECRET` set but blank: someone meant to sign the
 /// callbacks, so the shop refuses to start and names the variable, rather
 /// than serve them unsigned.

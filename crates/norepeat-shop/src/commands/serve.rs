@@ -19,7 +19,9 @@ pub async fn run(cfg: ShopConfig) -> Result<(), StartError> {
         writeln!(out, "listening on http://{addr}")?;
         out.flush()?;
     }
-    axum::serve(listener, app(state))
+    // With the peer's address: `POST /payments` is rate limited per address.
+    let app = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
