@@ -244,6 +244,11 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
         }
         let a = s.post_json("/payments/callback", &h, &body).await;
         assert_eq!(a.code(), (401, "invalid_signature"), "{what}");
+        if sig.is_empty() {
+            // The answer names the header that is missing.
+            let detail = a.body["detail"].as_str().unwrap();
+            assert!(detail.contains("Norepeat-Signature"), "{detail}");
+        }
     }
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
     assert_eq!(
@@ -262,6 +267,16 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
     assert_eq!(a.body, json!({"result": "applied"}));
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
     assert_eq!(o.body["status"], "PAID");
+    // The same signed notice resent within its window: the contract's
+    // answer, not a signature-replay refusal.
+    let again = s
+        .post_json(
+            "/payments/callback",
+            &[("norepeat-signature", &good)],
+            &body,
+        )
+        .await;
+    assert_eq!(again.body, json!({"result": "already_applied"}));
 }
 
 #[tokio::test]

@@ -121,7 +121,7 @@ impl Identify for UserHeader {
 
 /// `x-tenant-user` as `X-Tenant-User` (header names are stored in lower
 /// case).
-fn title_case(name: &str) -> String {
+pub(crate) fn title_case(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut up = true;
     for c in name.chars() {
