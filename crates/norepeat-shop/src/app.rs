@@ -143,14 +143,15 @@ impl AppState {
     /// # Errors
     /// When either cannot be reached.
     pub async fn connect(cfg: ShopConfig) -> Result<Self, StartError> {
+        // A wrong setting is refused before anything is opened.
+        cfg.check_callback_secret().map_err(StartError::Config)?;
+        cfg.idempotency_store().map_err(StartError::Config)?;
         if cfg.callback_verifier().is_none() {
             tracing::warn!(
                 "NOREPEAT_CALLBACK_SECRET is not set: payment callbacks are accepted unsigned, \
                  so anyone who can reach POST /payments/callback can mark a payment paid"
             );
         }
-        // A wrong setting is refused before anything is opened.
-        cfg.idempotency_store().map_err(StartError::Config)?;
         let db = Db::connect(cfg.database_url.as_deref()).await?;
         let store = match AnyStore::from_url(cfg.redis_url.as_deref()).await {
             Ok(s) => s,
@@ -174,15 +175,20 @@ impl AppState {
     /// Builds the state from an open database and store.
     ///
     /// # Errors
-    /// When the shared secret cannot be read.
+    /// When the configuration is invalid (a blank callback secret, a bad
+    /// rate) or the shared secret cannot be read.
     pub async fn with(
         db: Db,
         store: AnyStore,
         cfg: ShopConfig,
         events: crate::events::Events,
     ) -> Result<Self, StartError> {
+        cfg.check_callback_secret().map_err(StartError::Config)?;
         Quota::parse(&cfg.flash_rate).map_err(|e| {
             StartError::Config(format!("NOREPEAT_FLASH_RATE={:?}: {e}", cfg.flash_rate))
+        })?;
+        Quota::parse(&cfg.payment_rate).map_err(|e| {
+            StartError::Config(format!("NOREPEAT_PAYMENT_RATE={:?}: {e}", cfg.payment_rate))
         })?;
         // The recorder first, so the store's budget gauge is recorded from the start.
         let metrics = metrics_handle();
@@ -228,6 +234,34 @@ impl AppState {
 const DEFAULT_FLASH_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(5) {
     Some(n) => n,
     None => panic!("5 is not zero"),
+};
+
+impl AppState {
+    /// The per-user quota of `POST /payments` (validated at start).
+    #[must_use]
+    pub fn payment_quota(&self) -> Quota {
+        Quota::parse(&self.cfg.payment_rate).unwrap_or(Quota::per_second(DEFAULT_PAYMENT_RATE))
+    }
+
+    /// The per-address quota of `POST /payments`: ten times the per-user
+    /// one (an address may hold many users: an office, a carrier's NAT).
+    #[must_use]
+    pub fn payment_address_quota(&self) -> Quota {
+        let user = self.payment_quota();
+        Quota::new(user.max().saturating_mul(TEN), user.period())
+            .unwrap_or(user)
+            .allow_burst(user.burst().saturating_mul(TEN))
+    }
+}
+
+const DEFAULT_PAYMENT_RATE: std::num::NonZeroU32 = match std::num::NonZeroU32::new(20) {
+    Some(n) => n,
+    None => panic!("20 is not zero"),
+};
+
+const TEN: std::num::NonZeroU32 = match std::num::NonZeroU32::new(10) {
+    Some(n) => n,
+    None => panic!("10 is not zero"),
 };
 
 /// The shop's router.

@@ -62,8 +62,9 @@ pub struct ShopConfig {
     #[arg(long, env = "NOREPEAT_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
     /// Shared secret of the payment provider: every `POST /payments/callback`
-    /// must carry a valid `Norepeat-Signature`; unset or empty: callbacks are
-    /// accepted unsigned (and the shop warns at start).
+    /// must carry a valid `Norepeat-Signature`; unset: callbacks are accepted
+    /// unsigned (and the shop warns at start); set but empty or only
+    /// whitespace: the shop refuses to start.
     #[arg(long, env = "NOREPEAT_CALLBACK_SECRET", hide_env_values = true)]
     pub callback_secret: Option<String>,
     /// Serve `POST /demo/provider/notify`, a stand-in for the payment
@@ -84,6 +85,10 @@ pub struct ShopConfig {
     /// Per-user rate of `POST /flash-sale/{sku}` (`N/s`, `N/m`).
     #[arg(long, env = "NOREPEAT_FLASH_RATE", default_value = "5/s")]
     pub flash_rate: String,
+    /// Per-user rate of `POST /payments` (`N/s`, `N/m`), checked before the
+    /// Idempotency-Key is claimed; each client address gets 10 times it.
+    #[arg(long, env = "NOREPEAT_PAYMENT_RATE", default_value = "20/s")]
+    pub payment_rate: String,
     /// Longest a request waits on the guard store, in milliseconds.
     #[arg(long, env = "NOREPEAT_STORE_TIMEOUT_MS", default_value_t = 50)]
     pub store_timeout_ms: u64,
@@ -124,6 +129,7 @@ impl Default for ShopConfig {
             token_ttl_s: 60,
             payment_latency_ms: 0,
             flash_rate: "5/s".into(),
+            payment_rate: "20/s".into(),
             store_timeout_ms: 50,
             nats_url: None,
             duplicate_events: 1,
@@ -194,19 +200,63 @@ impl ShopConfig {
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref().filter(|t| !t.is_empty())
     }
-    /// The verifier of the payment provider's callbacks, if a (non-empty)
-    /// secret is set.
+    /// The verifier of the payment provider's callbacks, if a secret is set
+    /// (and not blank: [`check_callback_secret`](Self::check_callback_secret)
+    /// refuses that at start).
     #[must_use]
     pub fn callback_verifier(&self) -> Option<norepeat::webhook::WebhookVerifier> {
         self.callback_secret
             .as_deref()
-            .filter(|t| !t.is_empty())
+            .filter(|t| !t.trim().is_empty())
             .map(norepeat::webhook::WebhookVerifier::new)
+    }
+
+    /// Refuses a callback secret that is set but empty or only whitespace:
+    /// someone meant to sign the callbacks, and serving them unsigned (or
+    /// signed with a blank key) would turn that off without a word. Unset
+    /// is the documented unsigned demo mode.
+    ///
+    /// # Errors
+    /// A message naming `NOREPEAT_CALLBACK_SECRET`.
+    pub fn check_callback_secret(&self) -> Result<(), String> {
+        match self.callback_secret.as_deref() {
+            Some(s) if s.trim().is_empty() => Err(
+                "NOREPEAT_CALLBACK_SECRET is set but empty: set the payment provider's secret, \
+                 or unset the variable to accept unsigned callbacks (demo only)"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
     }
     /// The store time budget.
     #[must_use]
     pub fn store_timeout(&self) -> Duration {
         Duration::from_millis(self.store_timeout_ms.max(1))
+    }
+}
+
+#[cfg(test)]
+mod callback_secret_tests {
+    use super::*;
+
+    fn with(secret: Option<&str>) -> ShopConfig {
+        ShopConfig {
+            callback_secret: secret.map(Into::into),
+            ..ShopConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_blank_secret_is_refused_and_unset_is_unsigned() {
+        for blank in ["", " ", "\t\n "] {
+            let e = with(Some(blank)).check_callback_secret().unwrap_err();
+            assert!(e.contains("NOREPEAT_CALLBACK_SECRET"), "{blank:?}: {e}");
+            assert!(with(Some(blank)).callback_verifier().is_none());
+        }
+        assert_eq!(with(None).check_callback_secret(), Ok(()));
+        assert!(with(None).callback_verifier().is_none());
+        assert_eq!(with(Some("whsec")).check_callback_secret(), Ok(()));
+        assert!(with(Some("whsec")).callback_verifier().is_some());
     }
 }
 

@@ -393,6 +393,41 @@ async fn identity_is_required_where_the_contract_says() {
     }
 }
 
+/// A proxy that appends `X-User-Id` rather than replacing it must not let
+/// the client pick the first: the header twice is no identity, on every
+/// route that needs one.
+#[tokio::test]
+async fn the_user_header_twice_is_401() {
+    let s = shop().await;
+    let t = s.token("u1").await;
+    let requests = [
+        Request::get("/repeat/token"),
+        Request::get("/orders"),
+        Request::get("/points"),
+        Request::post("/orders").header("repeat-token", &t),
+        Request::post("/orders/quick"),
+        Request::post("/payments").header("idempotency-key", "k-1"),
+        Request::post("/flash-sale/SKU-1"),
+    ];
+    for b in requests {
+        let req = b
+            .header("x-user-id", "mallory")
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                r#"{"sku":"SKU-1","quantity":1,"orderId":"o","amount":1}"#,
+            ))
+            .unwrap();
+        let what = format!("{} {}", req.method(), req.uri());
+        let a = s.send(req).await;
+        assert_eq!(
+            (a.status.as_u16(), a.body["code"].as_str()),
+            (401, Some("unauthenticated")),
+            "{what}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn reading_orders_and_stock() {
     let s = shop().await;
@@ -511,6 +546,89 @@ async fn the_page_is_served() {
             .unwrap()
             .starts_with("text/html")
     );
+}
+
+/// `12.0` is the integer 12 wherever the shop wants an integer (JSON
+/// Schema's `integer`, the document's type, admits it); `12.5` and values
+/// out of range are still 400.
+#[tokio::test]
+async fn integers_may_carry_a_zero_fraction() {
+    let s = shop().await;
+    let code = |a: &Answer| {
+        (
+            a.status.as_u16(),
+            a.body["code"].as_str().map(str::to_owned),
+        )
+    };
+    let order = s
+        .post(
+            "/orders/quick",
+            "z1",
+            &[],
+            json!({"sku": "SKU-1", "quantity": 12.0}),
+        )
+        .await;
+    assert_eq!(order.status, StatusCode::CREATED, "{}", order.body);
+    assert_eq!(order.body["quantity"], 12);
+    for bad in [json!(12.5), json!(1e3), json!(0.0)] {
+        let a = s
+            .post(
+                "/orders/quick",
+                "z2",
+                &[],
+                json!({"sku": "SKU-1", "quantity": bad}),
+            )
+            .await;
+        assert_eq!(code(&a), (400, Some("invalid_request".into())), "{bad}");
+    }
+    let flash = s
+        .post("/flash-sale/SKU-2", "z1", &[], json!({"quantity": 2.0}))
+        .await;
+    assert_eq!(flash.status, StatusCode::CREATED, "{}", flash.body);
+
+    let order_id = order.body["orderId"].as_str().unwrap();
+    let bad = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-0")],
+            json!({"orderId": order_id, "amount": 1999.5}),
+        )
+        .await;
+    assert_eq!(code(&bad), (400, Some("invalid_request".into())));
+    let paid = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-1")],
+            json!({"orderId": order_id, "amount": 1999.0}),
+        )
+        .await;
+    assert_eq!(paid.status, StatusCode::CREATED, "{}", paid.body);
+    assert_eq!(paid.body["amount"], 1999);
+    // The retry written as `1999` is the same request: the replay.
+    let again = s
+        .post(
+            "/payments",
+            "z1",
+            &[("idempotency-key", "z-1")],
+            json!({"orderId": order_id, "amount": 1999}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.body, paid.body);
+
+    let stock = s
+        .send(
+            Request::put("/admin/stock/SKU-3")
+                .header("x-admin-token", "secret")
+                .header("content-type", "application/json")
+                .body(Body::from(r#"{"available": 50.0}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(stock.status, StatusCode::OK, "{}", stock.body);
 }
 
 #[tokio::test]
@@ -755,5 +873,20 @@ async fn a_bad_flash_rate_stops_the_start() {
         )
         .await;
         assert!(r.is_err(), "{rate} accepted");
+        let cfg = ShopConfig {
+            payment_rate: rate.into(),
+            ..ShopConfig::default()
+        };
+        let r = AppState::with(
+            db.clone(),
+            AnyStore::Memory(MemoryStore::default()),
+            cfg,
+            Events::disabled(),
+        )
+        .await;
+        let Err(e) = r else {
+            panic!("payment rate {rate} accepted")
+        };
+        assert!(e.to_string().contains("NOREPEAT_PAYMENT_RATE"), "{e}");
     }
 }

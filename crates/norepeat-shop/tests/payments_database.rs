@@ -230,7 +230,11 @@ async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
 async fn fifty_requests_one_key_two_processes_one_payment() {
     let db = Database::Postgres(PgDatabase::fresh().await);
     let redis = RedisServer::start().await;
-    let slow = [("NOREPEAT_PAYMENT_LATENCY_MS", "300")];
+    // One user's 50 requests at once: above the default payment rate (20/s).
+    let slow = [
+        ("NOREPEAT_PAYMENT_LATENCY_MS", "300"),
+        ("NOREPEAT_PAYMENT_RATE", "1000/s"),
+    ];
     let a = shop(&db, Some(&redis), &slow).await;
     let b = shop(&db, Some(&redis), &slow).await;
     let http = reqwest::Client::new();

@@ -244,6 +244,11 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
         }
         let a = s.post_json("/payments/callback", &h, &body).await;
         assert_eq!(a.code(), (401, "invalid_signature"), "{what}");
+        if sig.is_empty() {
+            // The answer names the header that is missing.
+            let detail = a.body["detail"].as_str().unwrap();
+            assert!(detail.contains("Norepeat-Signature"), "{detail}");
+        }
     }
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
     assert_eq!(
@@ -262,6 +267,16 @@ async fn callbacks_need_a_good_signature(backend: Backend) {
     assert_eq!(a.body, json!({"result": "applied"}));
     let o = s.get(&format!("/orders/{order_id}"), "buyer").await;
     assert_eq!(o.body["status"], "PAID");
+    // The same signed notice resent within its window: the contract's
+    // answer, not a signature-replay refusal.
+    let again = s
+        .post_json(
+            "/payments/callback",
+            &[("norepeat-signature", &good)],
+            &body,
+        )
+        .await;
+    assert_eq!(again.body, json!({"result": "already_applied"}));
 }
 
 #[tokio::test]
@@ -286,6 +301,100 @@ async fn without_a_secret_callbacks_are_unsigned_and_health_says_so() {
     let body = json!({"paymentId": payment_id, "status": "SUCCESS"}).to_string();
     let a = s.post_json("/payments/callback", &[], &body).await;
     assert_eq!(a.body, json!({"result": "applied"}));
+}
+
+/// `POST /payments` is rate limited per user (`NOREPEAT_PAYMENT_RATE`) and
+/// per client address (ten times that), before the Idempotency-Key layer
+/// (a request without a key over the rate is 429, not 400), with the
+/// headers of the contract.
+#[tokio::test]
+async fn payments_are_rate_limited_per_user_and_per_address() {
+    let s = shop(Backend::Sqlite, &[("NOREPEAT_PAYMENT_RATE", "2/m")]).await;
+    let pay = |user: String, key: Option<String>| {
+        let mut b = s
+            .http
+            .post(format!("{}/payments", s.base))
+            .header("x-user-id", user)
+            .header("content-type", "application/json")
+            .body(r#"{"orderId":"ord_none","amount":1999}"#);
+        if let Some(k) = key {
+            b = b.header("idempotency-key", k);
+        }
+        async move { b.send().await.unwrap() }
+    };
+    // Within the rate: the route answers (an unknown order, 404).
+    for i in 0..2 {
+        let res = pay("u1".into(), Some(format!("k{i}"))).await;
+        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    }
+    let over = pay("u1".into(), None).await;
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    for h in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(over.headers().contains_key(h), "{h}: {:?}", over.headers());
+    }
+    let body: Value = over.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+
+    // Another user from the same address has a quota of their own, until
+    // the address's (20 a minute) runs out.
+    let mut refused = 0;
+    for i in 0..25 {
+        let res = pay(format!("v{i}"), Some("k".into())).await;
+        match res.status() {
+            StatusCode::NOT_FOUND => {}
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("v{i}: {other}"),
+        }
+    }
+    assert!((5..=8).contains(&refused), "{refused} refused");
+}
+
+/// `NOREPEAT_CALLBACK_SECRET` set but blank: someone meant to sign the
+/// callbacks, so the shop refuses to start and names the variable, rather
+/// than serve them unsigned.
+#[tokio::test]
+async fn a_blank_callback_secret_stops_the_start() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let dir = std::env::temp_dir().join(format!("nr-sec-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
+    for blank in ["", "   ", "\t"] {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", &url)
+            .env("NOREPEAT_CALLBACK_SECRET", blank)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // A shop that starts says so on stdout: then the test has failed
+        // (and the child is killed on drop), with no need to wait for it.
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = std::time::Duration::from_secs(60);
+        let first = tokio::time::timeout(deadline, stdout.next_line())
+            .await
+            .expect("the shop neither started nor stopped");
+        assert_eq!(first.unwrap(), None, "{blank:?}: the shop started");
+        let status = tokio::time::timeout(deadline, child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .await
+            .unwrap();
+        assert!(!status.success(), "{blank:?}: {status}");
+        assert!(
+            stderr.contains("NOREPEAT_CALLBACK_SECRET is set but empty"),
+            "{blank:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The page's stand-in for the provider signs with the shop's secret, and

@@ -47,7 +47,19 @@ where
 
 /// Takes the caller from a header holding 1 to 64 visible ASCII characters
 /// (default `X-User-Id`). Anything else (missing, empty, longer, not
-/// ASCII, not UTF-8) is no identity.
+/// ASCII, not UTF-8) is no identity, and so is the header sent twice: a
+/// proxy that appends its header rather than replacing the client's must
+/// not let the client choose which one counts.
+///
+/// ```
+/// use norepeat::identity::{Identify, UserHeader};
+/// let req = http::Request::builder()
+///     .header("x-user-id", "mallory")
+///     .header("x-user-id", "u1")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(UserHeader::default().identify(&req.into_parts().0), None);
+/// ```
 ///
 /// This trusts the header: put it behind an authentication layer that sets
 /// it, never straight on the internet.
@@ -77,11 +89,14 @@ pub fn is_visible_ascii(s: &[u8], max: usize) -> bool {
 }
 
 impl UserHeader {
-    /// The caller named in `headers`, if valid.
+    /// The caller named in `headers`, if the header is there once and
+    /// valid.
     #[must_use]
     pub fn user_in(&self, headers: &http::HeaderMap) -> Option<String> {
-        let v = headers.get(&self.name)?.as_bytes();
-        if !is_visible_ascii(v, 64) {
+        let mut values = headers.get_all(&self.name).iter();
+        let v = values.next()?.as_bytes();
+        // Two values are two claims; which one is true is a guess.
+        if values.next().is_some() || !is_visible_ascii(v, 64) {
             return None;
         }
         // Visible ASCII is valid UTF-8.
@@ -94,11 +109,11 @@ impl Identify for UserHeader {
         self.user_in(&parts.headers)
     }
 
-    /// "A valid X-User-Id header (1 to 64 visible ASCII characters) is
-    /// required.", naming this extractor's header.
+    /// "Exactly one valid X-User-Id header (1 to 64 visible ASCII
+    /// characters) is required.", naming this extractor's header.
     fn missing(&self) -> Cow<'static, str> {
         Cow::Owned(format!(
-            "A valid {} header (1 to 64 visible ASCII characters) is required.",
+            "Exactly one valid {} header (1 to 64 visible ASCII characters) is required.",
             title_case(self.name.as_str())
         ))
     }
@@ -106,7 +121,7 @@ impl Identify for UserHeader {
 
 /// `x-tenant-user` as `X-Tenant-User` (header names are stored in lower
 /// case).
-fn title_case(name: &str) -> String {
+pub(crate) fn title_case(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut up = true;
     for c in name.chars() {
@@ -139,14 +154,27 @@ mod tests {
     }
 
     #[test]
+    fn the_header_twice_is_no_identity() {
+        let id = UserHeader::default();
+        for (a, b) in [("mallory", "u1"), ("u1", "u1")] {
+            let req = http::Request::builder()
+                .header("x-user-id", a)
+                .header("x-user-id", b)
+                .body(())
+                .unwrap();
+            assert_eq!(id.identify(&req.into_parts().0), None, "{a}, {b}");
+        }
+    }
+
+    #[test]
     fn missing_names_the_header() {
         assert_eq!(
             UserHeader::default().missing(),
-            "A valid X-User-Id header (1 to 64 visible ASCII characters) is required."
+            "Exactly one valid X-User-Id header (1 to 64 visible ASCII characters) is required."
         );
         assert_eq!(
             UserHeader::new(HeaderName::from_static("x-tenant-user")).missing(),
-            "A valid X-Tenant-User header (1 to 64 visible ASCII characters) is required."
+            "Exactly one valid X-Tenant-User header (1 to 64 visible ASCII characters) is required."
         );
         let closure = |_: &Parts| None;
         assert_eq!(

@@ -19,9 +19,10 @@
 //!   or SQLite database, every change one atomic operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
-//! - [`keys`], [`identity`], [`problem`], [`body`]: the shared vocabulary
-//!   (store keys, who is calling, RFC 9457 answers, reading a body and the
-//!   one rule for JSON bodies);
+//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`], [`clock`]:
+//!   the shared vocabulary (store keys, who is calling, the path the client
+//!   sent, RFC 9457 answers, reading a body and the one rule for JSON
+//!   bodies, the wall clock);
 //! - [`guard`] and [`attribute`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
 //!   with the stored result given back to repeats.
@@ -108,7 +109,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod attribute;
 pub mod body;
-mod clock;
+pub mod clock;
 pub mod degrade;
 pub mod fingerprint;
 pub mod idempotency;
@@ -117,6 +118,7 @@ pub mod keys;
 mod lease;
 pub mod problem;
 pub mod ratelimit;
+pub mod request;
 pub mod store;
 pub mod token;
 pub mod webhook;

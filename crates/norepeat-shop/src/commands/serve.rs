@@ -30,7 +30,9 @@ pub async fn run(cfg: ShopConfig) -> Result<(), StartError> {
     }
     let detached = state.detached.clone();
     let stopping = Arc::new(Notify::new());
-    let server = axum::serve(listener, app(state)).with_graceful_shutdown({
+    // With the peer's address: `POST /payments` is rate limited per address.
+    let app = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let server = axum::serve(listener, app).with_graceful_shutdown({
         let stopping = Arc::clone(&stopping);
         async move {
             shutdown_signal().await;

@@ -69,7 +69,10 @@ pub(crate) fn opt_string(
     }
 }
 
-/// A required integer field within `range`.
+/// A required integer field within `range`. A number with a zero fraction
+/// (`12.0`, `1.2e1`) is that integer: JSON Schema's `integer` (the OpenAPI
+/// document's type) admits it, and the fingerprint takes `12` and `12.0`
+/// for one request (RFC 8785), so the handler must not refuse one of them.
 pub(crate) fn integer(
     m: &Map<String, Value>,
     field: &str,
@@ -78,10 +81,10 @@ pub(crate) fn integer(
     let v = m
         .get(field)
         .ok_or_else(|| ApiError::Invalid(format!("`{field}` is required.")))?;
-    let n = v
-        .as_i64()
+    let n = whole_number(v)
         .ok_or_else(|| ApiError::Invalid(format!("`{field}` must be an integer.")))?;
-    if range.contains(&n) {
+    let within = i128::from(*range.start())..=i128::from(*range.end());
+    if let Some(n) = within.contains(&n).then(|| i64::try_from(n).ok()).flatten() {
         Ok(n)
     } else {
         Err(ApiError::Invalid(format!(
@@ -90,6 +93,22 @@ pub(crate) fn integer(
             range.end()
         )))
     }
+}
+
+/// The integer a JSON number denotes, if it has no fraction: `12`, `12.0`,
+/// `1.2e1`; `None` for `12.5` and for anything not a number. Past what
+/// `i128` holds (`1e300`) it saturates, which is out of every range.
+fn whole_number(v: &Value) -> Option<i128> {
+    let n = v.as_number()?;
+    if let Some(i) = n.as_i64() {
+        return Some(i.into());
+    }
+    if let Some(u) = n.as_u64() {
+        return Some(u.into());
+    }
+    let f = n.as_f64()?;
+    // A float-to-int `as` saturates (and is exact for a whole f64 in range).
+    (f.is_finite() && f.fract() == 0.0).then_some(f as i128)
 }
 
 /// Whether a string carries a control character (U+0000 to U+001F, U+007F).
@@ -130,6 +149,28 @@ mod tests {
         assert!(object(br#"{"a":1,"\u0061":2}"#).is_err());
         let m = object(br#"{"a":{"b":1},"b":[1,2.5,"x",null,true]}"#).expect("valid");
         assert_eq!(m["b"][1], 2.5);
+    }
+
+    #[test]
+    fn integers_may_be_written_with_a_zero_fraction() {
+        let m = object(
+            br#"{"a":12,"b":12.0,"c":1.2e1,"d":12.5,"e":"12","f":-0.0,"g":1e300,"h":18446744073709551615,"i":100.0,"j":101.0}"#,
+        )
+        .expect("valid");
+        for f in ["a", "b", "c"] {
+            assert_eq!(integer(&m, f, 1..=100).expect(f), 12, "{f}");
+        }
+        assert_eq!(integer(&m, "f", 0..=100).expect("f"), 0);
+        assert_eq!(integer(&m, "i", 1..=100).expect("i"), 100);
+        let message = |f: &str| match integer(&m, f, 1..=100) {
+            Err(ApiError::Invalid(s)) => s,
+            other => panic!("{f}: {other:?}"),
+        };
+        assert_eq!(message("d"), "`d` must be an integer.");
+        assert_eq!(message("e"), "`e` must be an integer.");
+        for f in ["g", "h", "j"] {
+            assert_eq!(message(f), format!("`{f}` must be between 1 and 100."));
+        }
     }
 
     #[test]

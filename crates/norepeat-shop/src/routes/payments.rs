@@ -6,7 +6,9 @@ use crate::app::{AppState, PaymentsStore};
 use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome, PaymentTx};
 use crate::error::ApiError;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::extract::{Extension, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -14,9 +16,10 @@ use axum::{Json, Router};
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyError, IdempotencyLayer, IdempotentTx, TxError};
 use norepeat::problem::{Code, Problem};
-use norepeat::ratelimit::{ByUser, RateLimitLayer, RateLimiter};
+use norepeat::ratelimit::{ByClientIp, ByUser, ExtractKey, PeerAddr, RateLimitLayer, RateLimiter};
 use norepeat::store::{KeyValueStore, PgStore, SqliteStore};
 use serde_json::json;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
@@ -31,7 +34,7 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
             .on_store_failure(FailurePolicy::FailClosed)
             .detached_tasks_in(&state.detached)
     }
-    let pay = match &state.payments {
+    let pay: axum::routing::MethodRouter<AppState> = match &state.payments {
         PaymentsStore::Primary(_) => {
             post(create_payment).layer(layer(state.primary.clone(), state))
         }
@@ -43,6 +46,22 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
             post(create_payment_in_tx).layer(layer(lite.clone(), state))
         }
     };
+    // Outside the Idempotency-Key layer, so a request over the rate is
+    // refused before it claims a key (and before it stores anything): per
+    // user, and per client address at ten times that.
+    let pay = pay
+        .layer(
+            RateLimitLayer::new(
+                RateLimiter::new(state.open.clone(), state.payment_quota()).name("payments"),
+                ByUser::default(),
+            )
+            .and(
+                RateLimiter::new(state.open.clone(), state.payment_address_quota())
+                    .name("payments-address"),
+                by_address,
+            ),
+        )
+        .layer(axum::middleware::map_request(peer_addr));
     let quota = state.flash_quota();
     let flash = post(flash_sale).layer(
         RateLimitLayer::new(
@@ -57,6 +76,30 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
         .route("/flash-sale/{sku}", flash)
 }
 
+/// The client's address as [`ByClientIp`] keys it. A request that came
+/// through no socket (a test driving the router in process) has none: those
+/// share one bucket.
+fn by_address(parts: &Parts) -> Option<String> {
+    Some(
+        ByClientIp::new()
+            .extract_key(parts)
+            .unwrap_or_else(|| "no-peer".to_owned()),
+    )
+}
+
+/// Hands the connection's peer (axum's `ConnectInfo`, set by `serve`) to
+/// the rate limiter as [`PeerAddr`].
+async fn peer_addr(mut req: axum::extract::Request) -> axum::extract::Request {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| *addr);
+    if let Some(addr) = peer {
+        req.extensions_mut().insert(PeerAddr(addr));
+    }
+    req
+}
+
 #[utoipa::path(
     post,
     path = "/payments",
@@ -65,7 +108,9 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     description = "Pays for one of the caller's orders. The same `Idempotency-Key` (per user) and body \
 again replay the stored answer byte for byte with `Idempotent-Replayed: true`; another body answers 422; \
 while the first is running, 409 `idempotency_key_in_use`. Fails closed: 503 with the store down. \
-At most one live payment per order: otherwise 409 `order_not_payable` naming it in `paymentId`.",
+At most one live payment per order: otherwise 409 `order_not_payable` naming it in `paymentId`. \
+Rate limited per user (`NOREPEAT_PAYMENT_RATE`, default 20/s) and per client address (10 times that) \
+before the key is claimed: 429 `rate_limited`.",
     params(super::openapi::UserId, super::openapi::IdempotencyKey),
     request_body = super::openapi::PaymentRequest,
     responses(
@@ -81,6 +126,7 @@ At most one live payment per order: otherwise 409 `order_not_payable` naming it 
         (status = 409, response = super::openapi::Conflict),
         (status = 413, response = super::openapi::TooLarge),
         (status = 422, response = super::openapi::KeyMismatch),
+        (status = 429, response = super::openapi::RateLimited),
         (status = 503, response = super::openapi::Unavailable),
     )
 )]

@@ -84,7 +84,8 @@ impl<G> FingerprintLayer<G> {
     }
 
     /// The route template (`/orders/{id}/pay`), a label for logs and traces
-    /// only. The fingerprint always takes the concrete request path, so
+    /// only. The fingerprint always takes the concrete path the client sent
+    /// (also inside `Router::nest`, see [`crate::request`]), so
     /// `/orders/1/pay` and `/orders/2/pay` never meet.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
         self.settings.route = Some(template.into());
@@ -198,8 +199,9 @@ where
         Err(e) => return Ok(reject(Problem::from(e))),
     };
     // The concrete path goes into the fingerprint (`/orders/1/pay` and
-    // `/orders/2/pay` are different requests); the template is a label.
-    let path = parts.uri.path();
+    // `/orders/2/pay` are different requests), as the client sent it (a
+    // nesting router has shortened `parts.uri`); the template is a label.
+    let path = crate::request::client_path(&parts);
     let route = s.route.as_deref().unwrap_or(path);
     let fp = match s
         .guard

@@ -158,7 +158,7 @@ where
     };
     // The scope and the fingerprint take the concrete path: `/orders/1/pay`
     // and `/orders/2/pay` are different resources. The template is a label.
-    let path = parts.uri.path().to_owned();
+    let path = crate::request::client_path(&parts).to_owned();
     let route = cfg.route.as_deref().unwrap_or(&path).to_owned();
     let method = parts.method.clone();
     let method = method.as_str();

@@ -82,7 +82,9 @@ impl ExtractKey for Global {
 }
 
 /// Counts per method and path (`POST /flash-sale/SKU-1`): one quota for
-/// each resource the layer covers, shared by every caller.
+/// each resource the layer covers, shared by every caller. The path is the
+/// one the client sent, also inside a nested router
+/// ([`client_path`](crate::request::client_path)).
 ///
 /// The key space is as large as the set of paths clients send; the store
 /// bounds it (memory) or expires it (every key has a TTL).
@@ -91,13 +93,18 @@ pub struct ByRoute;
 
 impl ExtractKey for ByRoute {
     fn extract_key(&self, parts: &Parts) -> Option<String> {
-        Some(format!("{} {}", parts.method, parts.uri.path()))
+        Some(format!(
+            "{} {}",
+            parts.method,
+            crate::request::client_path(parts)
+        ))
     }
 }
 
 /// The address of the connection's peer, put in the request's extensions by
-/// the server. The library does not depend on axum, so it cannot read
-/// axum's `ConnectInfo`; copy it over in one line:
+/// the server. The library does not take axum's server side (where
+/// `ConnectInfo` lives), so it cannot read `ConnectInfo`; copy it over in
+/// one line:
 ///
 /// ```
 /// use axum::{Router, extract::{ConnectInfo, Request}, routing::get};

@@ -59,11 +59,12 @@ pub struct TokenGuard<S> {
     keys: KeyBuilder,
     signer: TokenSigner,
     ttl: Duration,
+    skew: Duration,
     failure: FailurePolicy,
 }
 
 impl<S: Store + Clone> TokenGuard<S> {
-    /// Tokens living 60 s, fail-open.
+    /// Tokens living 60 s, a clock-skew allowance of 60 s, fail-open.
     #[must_use]
     pub fn new(store: S, signer: TokenSigner) -> Self {
         Self {
@@ -71,8 +72,20 @@ impl<S: Store + Clone> TokenGuard<S> {
             keys: KeyBuilder::default(),
             signer,
             ttl: Duration::from_secs(60),
+            skew: Duration::from_secs(60),
             failure: FailurePolicy::FailOpen,
         }
+    }
+
+    /// How far apart the clocks of the instances sharing the store may be
+    /// (default 60 s). A used token's marker lives for the token's whole
+    /// life plus this, so an instance whose clock is behind, and still
+    /// takes the token for valid, finds the marker (see
+    /// [`crate::token`], "Clocks that differ").
+    #[must_use]
+    pub fn clock_skew(mut self, skew: Duration) -> Self {
+        self.skew = skew;
+        self
     }
 
     /// How long a token lives.
@@ -111,7 +124,8 @@ impl<S: Store + Clone> TokenGuard<S> {
     }
 
     /// Consumes `token` for `user`: checks it without the store, then records
-    /// its one use with one `SET NX PX`.
+    /// its one use with one `SET NX PX` of a marker living the token's life
+    /// plus the [clock-skew allowance](Self::clock_skew).
     ///
     /// # Errors
     /// [`TokenGuardError::Used`], [`Expired`](TokenGuardError::Expired) or
@@ -129,11 +143,12 @@ impl<S: Store + Clone> TokenGuard<S> {
             Err(why) => return reject(why),
         };
         let key = self.keys.key(Mode::Token, &[&verified.nonce]);
-        match self
-            .store
-            .put_if_absent(&key, b"1", verified.remaining)
-            .await
-        {
+        // Not `verified.remaining`: that is this instance's view, and an
+        // instance with a slower clock takes the token for longer. A token
+        // signed for more than this guard's `ttl` (by another issuer) is
+        // covered by `remaining`.
+        let marker_life = self.ttl.max(verified.remaining).saturating_add(self.skew);
+        match self.store.put_if_absent(&key, b"1", marker_life).await {
             Ok(None) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "admitted").increment(1);
                 Ok(())

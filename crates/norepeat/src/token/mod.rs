@@ -11,20 +11,31 @@
 //! (keyed BLAKE3, 128 bits) binds the token to the user it was issued to and
 //! to its expiry, so a forged, altered, expired or borrowed token is refused
 //! *without asking the store*. The store only records that a token was
-//! *used*: one `SET NX PX` of a marker that lives as long as the token had
-//! left. Three things follow:
+//! *used*: one `SET NX PX` of a marker that lives for the token's whole life
+//! plus a clock-skew allowance (see [`TokenGuard::clock_skew`]). Three things
+//! follow:
 //!
 //! - Issuing writes nothing, so a flood of token requests cannot fill Redis.
 //!   The only keys are markers of tokens already consumed by a submission, and
-//!   each expires with its token: the number a user can hold in the store is
-//!   capped by their submissions within one token life, which the rate
-//!   limiter bounds.
+//!   each expires one token life and the skew allowance after its use: the
+//!   number a user can hold in the store is capped by their submissions
+//!   within that time, which the rate limiter bounds.
 //! - A token can be issued and checked while Redis is down; its one use is
 //!   then recorded in the local fallback store (see [`crate::degrade`]).
 //! - Every instance that shares the secret accepts every other's tokens.
 //!
 //! The price: the secret must be shared by every instance and kept secret
 //! (the demo shop keeps it in its database).
+//!
+//! # Clocks that differ
+//! Each instance checks a token's expiry against its own clock, so an
+//! instance whose clock is 30 s behind accepts a token 30 s longer than one
+//! whose clock is right. The used-marker must outlive that last acceptance:
+//! were it to live "expiry minus this instance's clock", the instance with
+//! the fast clock would write a marker that is gone while the slow one
+//! still takes the token, and both would accept it. So the marker lives for
+//! the token's whole life plus an allowance for the skew between any two
+//! instances' clocks (60 s by default, [`TokenGuard::clock_skew`]).
 //!
 //! ```
 //! use norepeat::token::{TokenSigner, TokenError};
@@ -35,9 +46,10 @@
 //! assert_eq!(signer.verify("u2", &t.token).unwrap_err(), TokenError::Invalid);
 //! ```
 
-use crate::clock::now_ms;
+use crate::clock::{Clock, SystemClock};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod guard;
@@ -82,7 +94,7 @@ pub struct IssuedToken {
 pub struct VerifiedToken {
     /// The token's random nonce: what the used-marker's key is made of.
     pub nonce: [u8; NONCE],
-    /// Time left before it expires.
+    /// Time left before it expires, by this instance's clock.
     pub remaining: Duration,
 }
 
@@ -90,6 +102,7 @@ pub struct VerifiedToken {
 #[derive(Clone)]
 pub struct TokenSigner {
     key: [u8; 32],
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for TokenSigner {
@@ -103,7 +116,28 @@ impl TokenSigner {
     /// same tokens needs the same secret.
     #[must_use]
     pub fn new(secret: [u8; 32]) -> Self {
-        Self { key: secret }
+        Self {
+            key: secret,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Reads the time from `clock` (default: the system's), for tests that
+    /// run instances whose clocks differ.
+    ///
+    /// ```
+    /// use norepeat::token::{TokenError, TokenSigner};
+    /// use std::time::Duration;
+    /// let early = TokenSigner::new([7; 32]).with_clock(|| 1_000_000);
+    /// let late = TokenSigner::new([7; 32]).with_clock(|| 1_000_000 + 61_000);
+    /// let t = early.issue("u1", Duration::from_secs(60));
+    /// assert!(early.verify("u1", &t.token).is_ok());
+    /// assert_eq!(late.verify("u1", &t.token), Err(TokenError::Expired));
+    /// ```
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// A signer with a random secret: for a single instance, or tests.
@@ -127,7 +161,9 @@ impl TokenSigner {
     /// Issues a token for `user`, good for `ttl`.
     #[must_use]
     pub fn issue(&self, user: &str, ttl: Duration) -> IssuedToken {
-        let expiry = now_ms()
+        let expiry = self
+            .clock
+            .now_ms()
             .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .to_le_bytes();
         // `rand::fill`, not `rand::random()`: an array of bytes from
@@ -171,7 +207,7 @@ impl TokenSigner {
         }
         let mut e = [0u8; 8];
         e.copy_from_slice(expiry);
-        let remaining = u64::from_le_bytes(e).saturating_sub(now_ms());
+        let remaining = u64::from_le_bytes(e).saturating_sub(self.clock.now_ms());
         if remaining == 0 {
             return Err(TokenError::Expired);
         }

@@ -45,7 +45,9 @@
 //! # As a layer
 //! [`WebhookLayer`] verifies before the handler runs and hands the body on
 //! unchanged; a refusal is a 401 `invalid_signature` problem+json (413
-//! `payload_too_large` past the cap, default 64 KiB).
+//! `payload_too_large` past the cap, default 64 KiB). A request without the
+//! header is told which one it lacks (`Norepeat-Signature`, or the name set
+//! with [`WebhookVerifier::header`]).
 //!
 //! ```
 //! use axum::{Router, body::{Body, Bytes}, http::{Request, StatusCode}, routing::post};
@@ -71,6 +73,29 @@
 //! # }
 //! ```
 //!
+//! # Replays within the window
+//! A signature proves who sent a notice, not that it is the first
+//! delivery: the same notice resent 3 s later verifies again, for the
+//! whole tolerance. Opt in to [`WebhookLayer::remember_in`] and the layer
+//! records each accepted signature in a store (one `SET NX PX` per `t` and
+//! matching `v1`, kept for twice the tolerance, so for as long as it could
+//! verify anywhere). A byte-identical replay then gets 409
+//! `duplicate_submission` ([`OnReplay::Refuse`]), or reaches the handler
+//! marked with a [`Repeated`] extension ([`OnReplay::PassMarked`]), for a
+//! handler that answers repeats itself.
+//!
+//! This catches the replayed *signature*. A provider that delivers the same
+//! event again signs it again (a new `t`, a new `v1`): that passes the
+//! memory. What makes the *event* take effect once is a guard on its id,
+//! `#[norepeat::guard(key = "{event_id}", mode = once)]` on the function
+//! that applies it (see [`crate::guard`]), which gives every later delivery
+//! the first one's result for its retention (24 h by default, far longer
+//! than the window). Together: the once guard is the rule, and the
+//! signature memory turns away a captured request replayed inside the
+//! window before it reaches any code. Behind a once guard, prefer
+//! `PassMarked` (or no memory) when the provider may resend a notice
+//! unchanged and expects 2xx: a 409 would read to it as a failure.
+//!
 //! # In an axum handler
 //! Take the body as [`Bytes`](bytes::Bytes), verify, then parse. A refusal
 //! converts to a 401 `invalid_signature` [`Problem`].
@@ -94,7 +119,7 @@
 
 use crate::problem::Problem;
 use hmac::{Hmac, KeyInit, Mac};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::Sha256;
 use std::fmt;
 use std::sync::Arc;
@@ -102,7 +127,7 @@ use std::time::Duration;
 
 mod layer;
 
-pub use layer::{DEFAULT_MAX_BODY, ResponseBody, Webhook, WebhookLayer};
+pub use layer::{DEFAULT_MAX_BODY, OnReplay, Repeated, ResponseBody, Webhook, WebhookLayer};
 
 /// The header carrying the signature (lower case, as `http` spells names).
 pub const SIGNATURE_HEADER: &str = "norepeat-signature";
@@ -115,8 +140,10 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SignatureError {
-    /// No signature header (or one that is not visible ASCII).
-    #[error("the request is not signed")]
+    /// No signature header (or one that is not visible ASCII). The
+    /// message names the default header; [`WebhookVerifier::problem`]
+    /// names the one the verifier reads.
+    #[error("the request carries no Norepeat-Signature header")]
     Missing,
     /// The header is not `t=<seconds>,v1=<hex>[,v1=<hex>...]`.
     #[error("the signature header is malformed: {0}")]
@@ -157,6 +184,7 @@ impl SignatureError {
 pub struct WebhookVerifier {
     secret: Arc<[u8]>,
     tolerance: Duration,
+    header: HeaderName,
 }
 
 impl fmt::Debug for WebhookVerifier {
@@ -164,6 +192,7 @@ impl fmt::Debug for WebhookVerifier {
         f.debug_struct("WebhookVerifier")
             .field("secret", &"<redacted>")
             .field("tolerance", &self.tolerance)
+            .field("header", &self.header)
             .finish()
     }
 }
@@ -183,6 +212,50 @@ impl WebhookVerifier {
         Self {
             secret: Arc::from(secret.as_ref()),
             tolerance: DEFAULT_TOLERANCE,
+            header: HeaderName::from_static(SIGNATURE_HEADER),
+        }
+    }
+
+    /// The header [`verify_headers`](Self::verify_headers) reads (default
+    /// [`SIGNATURE_HEADER`], `Norepeat-Signature`), for a provider that
+    /// names it otherwise.
+    ///
+    /// ```
+    /// use norepeat::webhook::WebhookVerifier;
+    /// let v = WebhookVerifier::new("s").header(http::HeaderName::from_static("x-provider-signature"));
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert("x-provider-signature", v.sign_now(b"{}").parse().unwrap());
+    /// assert!(v.verify_headers(&headers, b"{}").is_ok());
+    /// ```
+    #[must_use]
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.header = name;
+        self
+    }
+
+    /// The tolerance set with [`tolerance`](Self::tolerance).
+    #[must_use]
+    pub fn get_tolerance(&self) -> Duration {
+        self.tolerance
+    }
+
+    /// The 401 `invalid_signature` problem for `e`, naming the header this
+    /// verifier reads when it is missing.
+    ///
+    /// ```
+    /// use norepeat::webhook::{SignatureError, WebhookVerifier};
+    /// let v = WebhookVerifier::new("s").header(http::HeaderName::from_static("x-sig"));
+    /// let p = v.problem(&SignatureError::Missing);
+    /// assert_eq!(p.detail, "The request carries no X-Sig header.");
+    /// ```
+    #[must_use]
+    pub fn problem(&self, e: &SignatureError) -> Problem {
+        match e {
+            SignatureError::Missing => Problem::from(e.clone()).detail(format!(
+                "The request carries no {} header.",
+                crate::identity::title_case(self.header.as_str())
+            )),
+            other => Problem::from(other.clone()),
         }
     }
 
@@ -232,11 +305,23 @@ impl WebhookVerifier {
     /// # Errors
     /// A [`SignatureError`] saying why the request is refused.
     pub fn verify_headers(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), SignatureError> {
-        let header = match headers.get(SIGNATURE_HEADER) {
+        self.verified_tag(headers, body, unix_now()).map(|_| ())
+    }
+
+    /// Verifies the request's header at `now` and returns what identifies
+    /// the notice: its `t` and our MAC over `t` and the body (the `v1` that
+    /// matched), whatever else the header carries.
+    pub(crate) fn verified_tag(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: u64,
+    ) -> Result<(u64, [u8; 32]), SignatureError> {
+        let header = match headers.get(&self.header) {
             None => None,
             Some(v) => Some(v.to_str().map_err(|_| SignatureError::Missing)?),
         };
-        self.verify(header, body)
+        self.check(header, body, now)
     }
 
     /// Verifies as if the time were `now` (unix seconds).
@@ -249,6 +334,15 @@ impl WebhookVerifier {
         body: &[u8],
         now: u64,
     ) -> Result<(), SignatureError> {
+        self.check(header, body, now).map(|_| ())
+    }
+
+    fn check(
+        &self,
+        header: Option<&str>,
+        body: &[u8],
+        now: u64,
+    ) -> Result<(u64, [u8; 32]), SignatureError> {
         let header = header.ok_or(SignatureError::Missing)?;
         let mut timestamp = None;
         let mut tags: Vec<&str> = Vec::new();
@@ -294,14 +388,14 @@ impl WebhookVerifier {
             }
         }
         if ok {
-            Ok(())
+            Ok((t, mac.finalize().into_bytes().into()))
         } else {
             Err(SignatureError::Mismatch)
         }
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     crate::clock::now_ms() / 1000
 }
 

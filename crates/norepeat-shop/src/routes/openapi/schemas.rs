@@ -18,7 +18,7 @@ pub(crate) struct OrderRequest {
         example = "SKU-1"
     )]
     sku: String,
-    /// Units, 1 to 100.
+    /// Units, 1 to 100: a whole number (`12.0` is `12`, `12.5` is refused).
     #[schema(minimum = 1, maximum = 100, example = 1)]
     quantity: i64,
     /// The client's business id: a second order with the same `bizId` (same
@@ -32,7 +32,7 @@ pub(crate) struct OrderRequest {
 #[schema(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub(crate) struct FlashSaleRequest {
-    /// Units, 1 to 100.
+    /// Units, 1 to 100: a whole number (`12.0` is `12`, `12.5` is refused).
     #[schema(minimum = 1, maximum = 100, example = 1)]
     quantity: i64,
     /// The client's business id, as in `POST /orders`: 1 to 128 characters.
@@ -68,7 +68,8 @@ pub(crate) struct PaymentRequest {
     /// The order to pay (the caller's own).
     #[schema(min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F]+$")]
     order_id: String,
-    /// Amount in minor units (cents), 1 to 10 000 000.
+    /// Amount in minor units (cents), 1 to 10 000 000: a whole number
+    /// (`1999.0` is `1999`, `1999.5` is refused).
     #[schema(minimum = 1, maximum = 10_000_000, example = 1999)]
     amount: i64,
 }
@@ -131,7 +132,7 @@ pub(crate) struct Stock {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub(crate) struct StockUpdate {
-    /// Units available, 0 to 1 000 000 000.
+    /// Units available, 0 to 1 000 000 000: a whole number (`50.0` is `50`).
     #[schema(minimum = 0, maximum = 1_000_000_000, example = 50)]
     available: i64,
 }

@@ -136,3 +136,27 @@ fn headers_of_the_contract_are_declared() {
     assert_eq!(amount["minimum"], 1);
     assert_eq!(amount["maximum"], 10_000_000);
 }
+
+/// The shop reads `12.0` as `12` wherever it wants an integer; the document
+/// says `integer` there, which JSON Schema (2020-12, OpenAPI 3.1's) defines
+/// as any number with a zero fraction, so the two agree. A `multipleOf`, a
+/// `pattern` or a `type` other than `integer` would not.
+#[test]
+fn integer_fields_are_json_schema_integers() {
+    let d = doc();
+    let schemas = &d["components"]["schemas"];
+    for (schema, field) in [
+        ("OrderRequest", "quantity"),
+        ("FlashSaleRequest", "quantity"),
+        ("PaymentRequest", "amount"),
+        ("StockUpdate", "available"),
+    ] {
+        let p = &schemas[schema]["properties"][field];
+        assert_eq!(p["type"], "integer", "{schema}.{field}: {p}");
+        assert!(p.get("multipleOf").is_none(), "{schema}.{field}: {p}");
+        assert!(
+            p["description"].as_str().unwrap().contains("whole number"),
+            "{schema}.{field}: {p}"
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! Identity is never guessed: a request carrying the caller's header twice
+//! has no caller, in every layer that needs one (401 `unauthenticated`),
+//! against a real Redis.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
+use norepeat::store::RedisStore;
+use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
+use norepeat_testkit::RedisServer;
+use std::num::NonZeroU32;
+use tower::ServiceExt;
+
+/// `users` as `X-User-Id` headers, one each, on a request every layer
+/// would otherwise let through to its answer.
+fn order(users: &[&str]) -> Request<Body> {
+    let mut b = Request::post("/orders")
+        .header("idempotency-key", "k-1")
+        .header("repeat-token", "not-a-token")
+        .header("content-type", "application/json");
+    for u in users {
+        b = b.header("x-user-id", *u);
+    }
+    b.body(Body::from(r#"{"sku":"SKU-1"}"#)).unwrap()
+}
+
+async fn answer(app: &Router, req: Request<Body>) -> (u16, String) {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    (status, v["code"].as_str().unwrap_or("").to_owned())
+}
+
+#[tokio::test]
+async fn the_user_header_twice_is_401_in_every_layer() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let handler = post(|| async { (StatusCode::CREATED, "created") });
+    let quota = Quota::per_minute(NonZeroU32::new(100).unwrap());
+    let apps: Vec<(&str, Router)> = vec![
+        (
+            "fingerprint",
+            Router::new().route(
+                "/orders",
+                handler
+                    .clone()
+                    .layer(FingerprintLayer::new(FingerprintGuard::new(store.clone()))),
+            ),
+        ),
+        (
+            "token",
+            Router::new().route(
+                "/orders",
+                handler.clone().layer(TokenLayer::new(TokenGuard::new(
+                    store.clone(),
+                    TokenSigner::random(),
+                ))),
+            ),
+        ),
+        (
+            "idempotency",
+            Router::new().route(
+                "/orders",
+                handler.clone().layer(IdempotencyLayer::new(store.clone())),
+            ),
+        ),
+        (
+            "ratelimit",
+            Router::new().route(
+                "/orders",
+                handler.clone().layer(RateLimitLayer::new(
+                    RateLimiter::new(store.clone(), quota),
+                    ByUser::default(),
+                )),
+            ),
+        ),
+    ];
+    for (name, app) in &apps {
+        for users in [&["mallory", "u1"][..], &["u1", "u1"][..]] {
+            assert_eq!(
+                answer(app, order(users)).await,
+                (401, "unauthenticated".to_owned()),
+                "{name}: {users:?}"
+            );
+        }
+        // One header is a caller: the layer gets past identity.
+        let (status, _) = answer(app, order(&["u1"])).await;
+        assert_ne!(status, 401, "{name}");
+    }
+    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+}

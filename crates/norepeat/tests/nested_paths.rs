@@ -1,0 +1,133 @@
+//! The path a guard sees is the path the client sent: inside
+//! `Router::nest` axum strips the prefix, and every guard keyed on the
+//! stripped path would take `/shop/orders/2/pay` for a repeat of
+//! `/shop/orders/1/pay`. Routes here are nested two levels deep, against a
+//! real Redis and the memory store.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::OriginalUri;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::ratelimit::{ByRoute, Quota, RateLimitLayer, RateLimiter};
+use norepeat::store::{MemoryStore, RedisStore, Store};
+use norepeat_testkit::RedisServer;
+use std::num::NonZeroU32;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// `/shop/orders/{id}/pay`, two nests deep, guarded by `layer`; the handler
+/// answers with the path it was sent.
+fn nested<L>(layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
+    let pay = Router::new().route(
+        "/pay",
+        post(|OriginalUri(uri): OriginalUri| async move {
+            (StatusCode::CREATED, format!("paid {}", uri.path()))
+        })
+        .layer(layer),
+    );
+    Router::new().nest("/shop", Router::new().nest("/orders/{id}", pay))
+}
+
+/// Sends the same request (caller, key, body) to order `order` and returns
+/// its status, whether it was a replay, and its body.
+async fn pay(app: &Router, order: u32) -> (StatusCode, bool, String) {
+    let req = Request::post(format!("/shop/orders/{order}/pay"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-1")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"amount":1999}"#))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, replayed, String::from_utf8(body.to_vec()).unwrap())
+}
+
+async fn idempotency_key_is_per_order<G: Store + Clone>(store: G) {
+    let app = nested(IdempotencyLayer::new(store).route("/shop/orders/{id}/pay"));
+    let first = pay(&app, 1).await;
+    assert_eq!(
+        first,
+        (StatusCode::CREATED, false, "paid /shop/orders/1/pay".into())
+    );
+    // Order 2, same key, same body: its own payment, not order 1's answer.
+    let other = pay(&app, 2).await;
+    assert_eq!(
+        other,
+        (StatusCode::CREATED, false, "paid /shop/orders/2/pay".into())
+    );
+    // A true repeat is still a replay.
+    let again = pay(&app, 1).await;
+    assert_eq!(
+        again,
+        (StatusCode::CREATED, true, "paid /shop/orders/1/pay".into())
+    );
+}
+
+async fn fingerprint_is_per_order<G: Store + Clone>(store: G) {
+    let guard = FingerprintGuard::new(store).window(Duration::from_secs(60));
+    let app = nested(FingerprintLayer::new(guard).route("/shop/orders/{id}/pay"));
+    assert_eq!(pay(&app, 1).await.0, StatusCode::CREATED);
+    let other = pay(&app, 2).await;
+    assert_eq!(
+        other.0,
+        StatusCode::CREATED,
+        "order 2 is not order 1's duplicate: {other:?}"
+    );
+    assert_eq!(pay(&app, 1).await.0, StatusCode::CONFLICT);
+}
+
+async fn by_route_bucket_is_per_order<G: Store + Clone>(store: G) {
+    let limiter =
+        RateLimiter::new(store, Quota::per_minute(NonZeroU32::new(1).unwrap())).name("nested");
+    let app = nested(RateLimitLayer::new(limiter, ByRoute));
+    assert_eq!(pay(&app, 1).await.0, StatusCode::CREATED);
+    let other = pay(&app, 2).await;
+    assert_eq!(
+        other.0,
+        StatusCode::CREATED,
+        "order 2 has its own bucket: {other:?}"
+    );
+    assert_eq!(pay(&app, 1).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+macro_rules! both {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test]
+            async fn memory() {
+                super::$case(super::MemoryStore::default()).await;
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let redis = super::RedisServer::start().await;
+                let store = super::RedisStore::connect(&redis.url()).await.unwrap();
+                super::$case(store).await;
+                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+            }
+        }
+    )*};
+}
+
+both!(
+    idempotency_key_is_per_order,
+    fingerprint_is_per_order,
+    by_route_bucket_is_per_order,
+);
