@@ -273,6 +273,9 @@ async fn idempotency_records(
         .lease(Duration::from_secs(300))
         .lease_renewal(false)
         .retention(Duration::from_secs(300))
+        // Every handler is held until all records are counted: thousands
+        // at once, past the default bound on detached handlers.
+        .max_detached(usize::MAX)
         .layer(held_handler(created));
     let client_key = |i: u64| format!("m{run:x}-{i}");
     let before = settled_memory(con).await?;

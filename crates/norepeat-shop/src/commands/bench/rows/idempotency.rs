@@ -172,6 +172,9 @@ pub(crate) async fn claim(store: &AnyStore, load: &Load, run: u64) -> Result<Sam
         .route("/payments")
         .lease(Duration::from_secs(60))
         .lease_renewal(false)
+        // Held to the row's end: thousands at once, past the default bound
+        // on detached handlers (which would answer 503 before claiming).
+        .max_detached(usize::MAX)
         .layer(held_handler(unavailable));
     let held: Arc<Mutex<Vec<Pending>>> = Arc::new(Mutex::new(Vec::new()));
     let pending = Arc::clone(&held);
