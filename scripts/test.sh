@@ -86,23 +86,32 @@ if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
 fi
 
 # 7. The suite.
-# Lints on every crate and every target (library, shop, test kit, tests,
-# examples, benches), with every feature.
-log "clippy: the workspace, every target, every feature"
-cargo clippy --workspace --all-targets --all-features -- -D warnings
+# One build for the lints and the tests: the workspace's crates are compiled
+# by clippy's driver with warnings denied, in the very build the tests run
+# from (lib, bins, tests, examples; the benches below). Given as cargo
+# `--config`, not as environment, so the cargo that the tests start
+# themselves (trybuild's) builds as a user's would.
+clippy_driver="$(rustc --print sysroot)/bin/clippy-driver"
+if [ ! -x "$clippy_driver" ]; then
+  log "clippy is missing: rustup component add clippy"
+  exit 1
+fi
+lint=(--config "build.rustc-workspace-wrapper=\"$clippy_driver\"" --config 'build.rustflags=["-D", "warnings"]')
+log "cargo nextest run (built with clippy's lints, warnings denied)"
+cargo nextest run --workspace --all-features --no-fail-fast "${lint[@]}" "$@"
+log "benches: built with clippy's lints (not run: see BENCHMARKS.md)"
+cargo test --workspace --all-features --benches --no-run "${lint[@]}"
+log "doc tests"
+cargo test --workspace --all-features --doc "${lint[@]}"
 # The library under each feature set a user can pick alone builds without a
 # warning (its own targets: dev-dependencies play no part). Every feature
-# together was checked above; these are the others that change which code
-# is compiled.
+# together was linted above; these are the others that change which code is
+# compiled.
 for features in "" redis postgres sqlite; do
   log "clippy: the library with features [${features}] only"
   cargo clippy -p norepeat --lib --no-default-features ${features:+--features "$features"} -- -D warnings
 done
-log "cargo nextest run"
-cargo nextest run --workspace --all-features --no-fail-fast "$@"
-log "doc tests"
-cargo test --workspace --all-features --doc
 # What is published builds on its own, from the packaged files alone.
 log "cargo package: the published crates, verified"
-cargo package -p norepeat-macros -p norepeat --allow-dirty
+cargo package -p norepeat-macros -p norepeat --allow-dirty "${lint[@]}"
 log "done"
