@@ -90,7 +90,7 @@ where
                 Err(e) => return Ok(reject(&Problem::from(e))),
             };
             if let Some(p) = verdict.to_problem() {
-                tracing::debug!(path = parts.uri.path(), "rate limited");
+                tracing::debug!(path = crate::request::client_path(&parts), "rate limited");
                 return Ok(reject(&p));
             }
             let mut res = inner
