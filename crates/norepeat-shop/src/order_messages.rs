@@ -11,7 +11,8 @@
 //! scenario drives this path.
 
 use crate::app::{AppState, OpenStore};
-use crate::db::{CreateOutcome, DbError};
+use crate::config::Defence;
+use crate::db::{CreateOutcome, Db, DbError};
 use norepeat::attribute::Rejected;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -61,16 +62,35 @@ impl From<DbError> for ConsumeError {
 /// Places orders from messages for one shop instance.
 #[derive(Clone)]
 pub struct OrderConsumer {
-    state: AppState,
+    db: Db,
     store: OpenStore,
+    defence: Defence,
+    naive_gap: Duration,
 }
 
 impl OrderConsumer {
+    /// A consumer writing to `db`, guarded by `store` (the fail-open store),
+    /// with the instance's `defence` (and, for the naive one, the read-write
+    /// gap `naive_gap`).
+    #[must_use]
+    pub fn new(db: Db, store: OpenStore, defence: Defence, naive_gap: Duration) -> Self {
+        Self {
+            db,
+            store,
+            defence,
+            naive_gap,
+        }
+    }
+
     /// The consumer of the instance `state`.
     #[must_use]
-    pub fn new(state: AppState) -> Self {
-        let store = state.open.clone();
-        Self { state, store }
+    pub fn of(state: &AppState) -> Self {
+        Self::new(
+            state.db.clone(),
+            state.open.clone(),
+            state.cfg.defence,
+            Duration::from_millis(state.cfg.naive_gap_ms),
+        )
     }
 
     /// Handles one delivery, with the instance's defences: guarded and on
@@ -90,7 +110,7 @@ impl OrderConsumer {
         {
             return Ok(Delivered::Refused);
         }
-        if self.state.cfg.defence.guard() {
+        if self.defence.guard() {
             self.place_once(msg).await
         } else {
             self.place(msg).await
@@ -112,8 +132,8 @@ impl OrderConsumer {
     }
 
     async fn place(&self, msg: &OrderMessage) -> Result<Delivered, ConsumeError> {
-        let db = &self.state.db;
-        let outcome = if self.state.cfg.defence.safe_db() {
+        let db = &self.db;
+        let outcome = if self.defence.safe_db() {
             db.create_order(&msg.user_id, &msg.sku, msg.quantity, Some(&msg.message_id))
                 .await?
         } else {
@@ -122,7 +142,7 @@ impl OrderConsumer {
                 &msg.sku,
                 msg.quantity,
                 Some(&msg.message_id),
-                Duration::from_millis(self.state.cfg.naive_gap_ms),
+                self.naive_gap,
             )
             .await?
         };

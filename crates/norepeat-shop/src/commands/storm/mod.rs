@@ -103,7 +103,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
                 consumers: shops
                     .running
                     .iter()
-                    .map(|r| OrderConsumer::new(r.state.clone()))
+                    .map(|r| OrderConsumer::of(&r.state))
                     .collect(),
                 prefix: format!("st{run_id}-{d_index}{s_index}"),
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
