@@ -1,16 +1,16 @@
 //! The shop's state and router.
 
-use crate::config::{IdempotencyStore, ShopConfig};
+use crate::config::ShopConfig;
 use crate::db::Db;
 use crate::error::ApiError;
 use crate::outage::Outage;
+use crate::payments_store::PaymentsStore;
 use crate::routes;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use norepeat::idempotency::DetachedTasks;
 use norepeat::ratelimit::Quota;
-use norepeat::store::sql::Reaper;
-use norepeat::store::{AnyStore, MemoryStore, PgStore, SqliteStore};
+use norepeat::store::{AnyStore, MemoryStore};
 use norepeat::store::{Fallback, Resilient};
 use norepeat::token::TokenGuard;
 use norepeat::token::TokenSigner;
@@ -51,59 +51,6 @@ pub struct AppState {
     /// that left: `serve` waits for them at shutdown.
     pub detached: DetachedTasks,
 }
-
-/// The idempotency store of `POST /payments` (`NOREPEAT_IDEMPOTENCY_STORE`).
-#[derive(Clone)]
-pub enum PaymentsStore {
-    /// The primary store (Redis, or memory without `REDIS_URL`).
-    Primary(&'static str),
-    /// This process's memory, while the other guards use Redis.
-    Memory(MemoryStore),
-    /// The shop's PostgreSQL database, completed in the payment's
-    /// transaction; the reaper runs while any clone lives.
-    Postgres(PgStore, Arc<Reaper>),
-    /// The shop's SQLite database, likewise.
-    Sqlite(SqliteStore, Arc<Reaper>),
-}
-
-impl PaymentsStore {
-    /// `redis`, `memory` or `database`, as `/healthz` says it.
-    #[must_use]
-    pub fn name(&self) -> &'static str {
-        match self {
-            PaymentsStore::Primary(name) => name,
-            PaymentsStore::Memory(_) => "memory",
-            PaymentsStore::Postgres(..) | PaymentsStore::Sqlite(..) => "database",
-        }
-    }
-
-    /// The store for `kind` (migrating the table and starting the reaper
-    /// for `database`).
-    async fn open(kind: IdempotencyStore, primary: &AnyStore, db: &Db) -> Result<Self, StartError> {
-        Ok(match (kind, primary) {
-            (IdempotencyStore::Redis, _) => PaymentsStore::Primary("redis"),
-            (IdempotencyStore::Memory, AnyStore::Memory(_)) => PaymentsStore::Primary("memory"),
-            (IdempotencyStore::Memory, _) => PaymentsStore::Memory(MemoryStore::default()),
-            (IdempotencyStore::Database, _) => match db {
-                Db::Postgres(pool) => {
-                    let store = PgStore::new(pool.clone());
-                    store.migrate().await?;
-                    let reaper = Arc::new(store.spawn_reaper(REAP_EVERY));
-                    PaymentsStore::Postgres(store, reaper)
-                }
-                Db::Sqlite(pool) => {
-                    let store = SqliteStore::new(pool.clone());
-                    store.migrate().await?;
-                    let reaper = Arc::new(store.spawn_reaper(REAP_EVERY));
-                    PaymentsStore::Sqlite(store, reaper)
-                }
-            },
-        })
-    }
-}
-
-/// How often each instance deletes expired idempotency rows.
-const REAP_EVERY: Duration = Duration::from_secs(60);
 
 /// The process-wide metrics recorder (installed once).
 pub fn metrics_handle() -> PrometheusHandle {

@@ -48,18 +48,17 @@ use sqlx::sqlite::{
 };
 
 pub use types::{
-    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, Order, OrderStatus, OutboxEvent,
-    Payment, PaymentOutcome, PaymentStatus, ReconcileReport, Transition,
+    CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, OutboxEvent, PaymentOutcome,
+    ReconcileReport, Transition,
 };
+
+use crate::domain::{Order, OrderStatus, Payment, PaymentStatus};
 
 /// The SQLite file used when no database URL is given (in the working directory).
 pub const DEFAULT_SQLITE_FILE: &str = "norepeat-shop.db";
 
 /// Products a fresh database is stocked with (sku, units), if absent.
 pub const SEED_STOCK: [(&str, i64); 3] = [("SKU-1", 100), ("SKU-2", 100), ("SKU-3", 100)];
-
-/// Largest payment amount, in minor units (cents).
-pub const MAX_PAYMENT_AMOUNT: i64 = 10_000_000;
 
 /// Points awarded per unit ordered when an order is paid.
 pub const POINTS_PER_UNIT: i64 = points::POINTS_PER_UNIT;
@@ -322,18 +321,14 @@ impl Db {
     /// payment. The checks and the insert are one statement, and a partial
     /// unique index keeps one live payment per order against any number of
     /// concurrent callers in any number of processes. An `amount` outside
-    /// `1..=`[`MAX_PAYMENT_AMOUNT`] is [`DbError::InvalidInput`].
+    /// [`PAYMENT_AMOUNTS`](crate::domain::PAYMENT_AMOUNTS) is [`DbError::InvalidInput`].
     pub async fn create_payment(
         &self,
         user: &str,
         order_id: &str,
         amount: i64,
     ) -> Result<PaymentOutcome, DbError> {
-        if !(1..=MAX_PAYMENT_AMOUNT).contains(&amount) {
-            return Err(DbError::InvalidInput(format!(
-                "amount must be between 1 and {MAX_PAYMENT_AMOUNT}, got {amount}"
-            )));
-        }
+        check_amount(amount)?;
         dispatch!(self, q => q.create_payment(user, order_id, amount).await)
     }
 
@@ -346,11 +341,7 @@ impl Db {
         order_id: &str,
         amount: i64,
     ) -> Result<(PaymentTx, PaymentOutcome), DbError> {
-        if !(1..=MAX_PAYMENT_AMOUNT).contains(&amount) {
-            return Err(DbError::InvalidInput(format!(
-                "amount must be between 1 and {MAX_PAYMENT_AMOUNT}, got {amount}"
-            )));
-        }
+        check_amount(amount)?;
         Ok(match self {
             Db::Sqlite(pool) => {
                 let (tx, out) = Queries::new(pool)
@@ -484,4 +475,8 @@ fn check_quantity(quantity: i64) -> Result<(), DbError> {
         )));
     }
     Ok(())
+}
+
+fn check_amount(amount: i64) -> Result<(), DbError> {
+    crate::domain::amount_refusal(amount).map_or(Ok(()), |r| Err(DbError::InvalidInput(r)))
 }

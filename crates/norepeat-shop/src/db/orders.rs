@@ -10,7 +10,8 @@ use sqlx::{ColumnIndex, Encode, Executor, Type};
 use super::backend::{Backend, Field, Queries};
 use super::ids::{new_id, now_ms};
 use super::retry::{MAX_ATTEMPTS, retry};
-use super::types::{CreateOutcome, DbError, Order, OrderStatus, Transition};
+use super::types::{CreateOutcome, DbError, Transition};
+use crate::domain::{Order, OrderStatus};
 
 /// An order row as selected by the `SELECT_ORDER*` queries.
 type OrderRow = (String, String, String, String, i64, String);

@@ -9,7 +9,8 @@ use super::backend::{Backend, Field, Queries};
 use super::ids::now_ms;
 use super::points::POINTS_PER_UNIT;
 use super::retry::retry;
-use super::types::{DbError, DuplicatePayments, OrderStatus, OutboxEvent, ReconcileReport};
+use super::types::{DbError, DuplicatePayments, OutboxEvent, ReconcileReport};
+use crate::domain::OrderStatus;
 
 const SELECT_ORDER_FOR_EVENT: &str =
     "SELECT user_id, quantity, status FROM orders WHERE order_id = $1";

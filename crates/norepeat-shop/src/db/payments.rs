@@ -6,7 +6,8 @@ use sqlx::{ColumnIndex, Encode, Executor, Transaction, Type};
 use super::backend::{Backend, Field, Queries};
 use super::ids::{new_id, now_ms};
 use super::retry::{MAX_ATTEMPTS, retry};
-use super::types::{DbError, NoticeOutcome, OrderStatus, Payment, PaymentOutcome, PaymentStatus};
+use super::types::{DbError, NoticeOutcome, PaymentOutcome};
+use crate::domain::{OrderStatus, Payment, PaymentStatus};
 
 /// A payment row as selected by [`SELECT_PAYMENT`].
 type PaymentRow = (String, String, i64, String);

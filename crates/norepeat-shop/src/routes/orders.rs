@@ -4,6 +4,7 @@ use super::body::{self, Segment};
 use super::user;
 use crate::app::AppState;
 use crate::db::CreateOutcome;
+use crate::domain::ORDER_QUANTITIES;
 use crate::error::ApiError;
 use axum::body::Body;
 use axum::extract::State;
@@ -96,12 +97,12 @@ Without a `bizId`, the order's business key is derived from the token, so a repl
     ),
     request_body = super::openapi::OrderRequest,
     responses(
-        (status = 201, description = "The new order.", body = crate::db::Order, links(
+        (status = 201, description = "The new order.", body = crate::domain::Order, links(
             ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
             ("payOrder" = (operation_id = "createPayment", parameters(("header.X-User-Id" = "$request.header.X-User-Id")), request_body = json!({"orderId": "$response.body#/orderId"})))
         )),
         (status = 200, description = "The user's existing order with this `bizId`: nothing new was written.",
-            body = crate::db::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
+            body = crate::domain::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
         (status = 404, response = super::openapi::NotFound),
@@ -180,7 +181,7 @@ impl OrderRequest {
         let m = body::object(bytes)?;
         Ok(Self {
             sku: body::string(&m, "sku", 64)?,
-            quantity: body::integer(&m, "quantity", 1..=100)?,
+            quantity: body::integer(&m, "quantity", ORDER_QUANTITIES)?,
             biz_id: body::opt_string(&m, "bizId", 128)?,
             keyed_by_token: false,
         })
@@ -261,7 +262,7 @@ async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response,
     description = "One of the caller's orders; another user's answers 404.",
     params(super::openapi::UserId, super::openapi::OrderIdPath),
     responses(
-        (status = 200, description = "The order.", body = crate::db::Order),
+        (status = 200, description = "The order.", body = crate::domain::Order),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
         (status = 404, response = super::openapi::NotFound),

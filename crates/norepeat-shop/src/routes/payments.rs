@@ -2,50 +2,30 @@
 
 use super::body::{self, Segment};
 use super::user;
-use crate::app::{AppState, PaymentsStore};
-use crate::db::{MAX_PAYMENT_AMOUNT, NoticeOutcome, PaymentOutcome, PaymentTx};
+use crate::app::AppState;
+use crate::db::{NoticeOutcome, PaymentOutcome};
+use crate::domain::{ORDER_QUANTITIES, PAYMENT_AMOUNTS};
 use crate::error::ApiError;
+use crate::payments_store::{DatabaseRecords, PaymentsRoute};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::extract::{Extension, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use axum::{Json, Router};
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyError, IdempotencyLayer, IdempotentTx, TxError};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{ByClientIp, ByUser, ExtractKey, PeerAddr, RateLimitLayer, RateLimiter};
-use norepeat::store::{KeyValueStore, PgStore, SqliteStore};
+use norepeat::store::KeyValueStore;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
-    // Payments fail closed: without the store the shop cannot be sure a
-    // retry is not a second payment, so it refuses (503) instead.
-    // With `NOREPEAT_IDEMPOTENCY_STORE=database` the record is a row of the
-    // shop's database, completed in the payment's own transaction.
-    // Its detached handlers are waited for at shutdown (`serve`).
-    fn layer<G: KeyValueStore + Clone>(store: G, state: &AppState) -> IdempotencyLayer<G> {
-        IdempotencyLayer::new(store)
-            .route("/payments")
-            .on_store_failure(FailurePolicy::FailClosed)
-            .detached_tasks_in(&state.detached)
-    }
-    let pay: axum::routing::MethodRouter<AppState> = match &state.payments {
-        PaymentsStore::Primary(_) => {
-            post(create_payment).layer(layer(state.primary.clone(), state))
-        }
-        PaymentsStore::Memory(m) => post(create_payment).layer(layer(m.clone(), state)),
-        PaymentsStore::Postgres(pg, _) => {
-            post(create_payment_in_tx).layer(layer(pg.clone(), state))
-        }
-        PaymentsStore::Sqlite(lite, _) => {
-            post(create_payment_in_tx).layer(layer(lite.clone(), state))
-        }
-    };
+    let pay = state.payments.build(&state.primary, CreatePayment(state));
     // Outside the Idempotency-Key layer, so a request over the rate is
     // refused before it claims a key (and before it stores anything): per
     // user, and per client address at ten times that.
@@ -74,6 +54,37 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
         .route("/payments", pay)
         .route("/payments/callback", post(callback))
         .route("/flash-sale/{sku}", flash)
+}
+
+/// `POST /payments` behind its Idempotency-Key layer, on whichever store
+/// `NOREPEAT_IDEMPOTENCY_STORE` names.
+///
+/// Payments fail closed: without the store the shop cannot be sure a
+/// retry is not a second payment, so it refuses (503) instead. With
+/// `NOREPEAT_IDEMPOTENCY_STORE=database` the record is a row of the shop's
+/// database, completed in the payment's own transaction. Its detached
+/// handlers are waited for at shutdown (`serve`).
+struct CreatePayment<'a>(&'a AppState);
+
+impl CreatePayment<'_> {
+    fn layer<G: KeyValueStore + Clone>(&self, store: G) -> IdempotencyLayer<G> {
+        IdempotencyLayer::new(store)
+            .route("/payments")
+            .on_store_failure(FailurePolicy::FailClosed)
+            .detached_tasks_in(&self.0.detached)
+    }
+}
+
+impl PaymentsRoute for CreatePayment<'_> {
+    type Output = MethodRouter<AppState>;
+
+    fn key_value<G: KeyValueStore + Clone>(self, store: G) -> Self::Output {
+        post(create_payment).layer(self.layer(store))
+    }
+
+    fn in_database<G: DatabaseRecords>(self, store: G) -> Self::Output {
+        post(create_payment_in_tx::<G>).layer(self.layer(store))
+    }
 }
 
 /// The client's address as [`ByClientIp`] keys it. A request that came
@@ -114,7 +125,7 @@ before the key is claimed: 429 `rate_limited`.",
     params(super::openapi::UserId, super::openapi::IdempotencyKey),
     request_body = super::openapi::PaymentRequest,
     responses(
-        (status = 201, description = "The new payment, `PENDING` (or its replay).", body = crate::db::Payment,
+        (status = 201, description = "The new payment, `PENDING` (or its replay).", body = crate::domain::Payment,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
             links(
                 ("notify" = (operation_id = "paymentCallback", request_body = json!({"paymentId": "$response.body#/paymentId"}))),
@@ -135,10 +146,7 @@ async fn create_payment(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let user = user(&headers)?;
-    let m = body::object(&body::read(body, &headers).await?)?;
-    let order_id = body::string(&m, "orderId", 128)?;
-    let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
+    let (user, order_id, amount) = payment_request(&headers, body).await?;
     if s.cfg.payment_latency_ms > 0 {
         // The fake provider's round trip.
         tokio::time::sleep(Duration::from_millis(s.cfg.payment_latency_ms)).await;
@@ -147,6 +155,18 @@ async fn create_payment(
         PaymentOutcome::Created(p) => Ok((StatusCode::CREATED, Json(p)).into_response()),
         refused => Err(refusal(&order_id, refused)),
     }
+}
+
+/// The caller, and the order and amount of `POST /payments`'s body.
+async fn payment_request(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(String, String, i64), ApiError> {
+    let user = user(headers)?;
+    let m = body::object(&body::read(body, headers).await?)?;
+    let order_id = body::string(&m, "orderId", 128)?;
+    let amount = body::integer(&m, "amount", PAYMENT_AMOUNTS)?;
+    Ok((user, order_id, amount))
 }
 
 /// Why a payment was not created, as the answer.
@@ -170,17 +190,13 @@ fn refusal(order_id: &str, outcome: PaymentOutcome) -> ApiError {
 /// completed idempotency record commit in one transaction. A crash before
 /// the commit leaves neither (the claim's lease then frees the key, and a
 /// retry pays once); after it, both.
-async fn create_payment_in_tx(
+async fn create_payment_in_tx<G: DatabaseRecords>(
     State(s): State<AppState>,
-    pg: Option<Extension<IdempotentTx<PgStore>>>,
-    lite: Option<Extension<IdempotentTx<SqliteStore>>>,
+    idem: Option<Extension<IdempotentTx<G>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let user = user(&headers)?;
-    let m = body::object(&body::read(body, &headers).await?)?;
-    let order_id = body::string(&m, "orderId", 128)?;
-    let amount = body::integer(&m, "amount", 1..=MAX_PAYMENT_AMOUNT)?;
+    let (user, order_id, amount) = payment_request(&headers, body).await?;
     let (tx, outcome) = s.db.begin_payment(&user, &order_id, amount).await?;
     let payment = match outcome {
         PaymentOutcome::Created(p) => p,
@@ -193,13 +209,13 @@ async fn create_payment_in_tx(
         tokio::time::sleep(Duration::from_millis(s.cfg.payment_latency_ms)).await;
     }
     let res = (StatusCode::CREATED, Json(payment)).into_response();
-    let committed = match (tx, pg, lite) {
-        (PaymentTx::Postgres(tx), Some(Extension(idem)), _) => idem.commit(tx, res).await,
-        (PaymentTx::Sqlite(tx), _, Some(Extension(idem))) => idem.commit(tx, res).await,
-        _ => {
-            tracing::error!("payments on the database store without its idempotency claim");
-            return Err(unavailable());
-        }
+    let committed = match idem {
+        Some(Extension(idem)) => G::commit(&idem, tx, res).await,
+        None => None,
+    };
+    let Some(committed) = committed else {
+        tracing::error!("payments on the database store without its idempotency claim");
+        return Err(unavailable());
     };
     match committed {
         Ok(res) => Ok(res.into_response()),
@@ -293,7 +309,7 @@ pub(super) async fn callback(
     params(super::openapi::UserId, super::openapi::SkuPath),
     request_body = super::openapi::FlashSaleRequest,
     responses(
-        (status = 201, description = "The new order.", body = crate::db::Order,
+        (status = 201, description = "The new order.", body = crate::domain::Order,
             headers(
                 ("RateLimit" = String, description = "`\"flash\";r=REMAINING;t=SECONDS`"),
                 ("RateLimit-Policy" = String, description = "`\"flash\";q=QUOTA;w=WINDOW`"),
@@ -302,7 +318,7 @@ pub(super) async fn callback(
             ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
             ("payOrder" = (operation_id = "createPayment", parameters(("header.X-User-Id" = "$request.header.X-User-Id")), request_body = json!({"orderId": "$response.body#/orderId"})))
         )),
-        (status = 200, description = "The user's existing order with this `bizId`.", body = crate::db::Order,
+        (status = 200, description = "The user's existing order with this `bizId`.", body = crate::domain::Order,
             headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
@@ -323,7 +339,7 @@ async fn flash_sale(
     let m = body::object(&body::read(body, &headers).await?)?;
     let req = super::orders::OrderRequest {
         sku,
-        quantity: body::integer(&m, "quantity", 1..=100)?,
+        quantity: body::integer(&m, "quantity", ORDER_QUANTITIES)?,
         biz_id: body::opt_string(&m, "bizId", 128)?,
         keyed_by_token: false,
     };

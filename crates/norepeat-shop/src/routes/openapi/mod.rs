@@ -73,10 +73,10 @@ Identity is the `X-User-Id` header (a stand-in for real authentication). Every e
         schemas(
             Problem,
             ProblemCode,
-            crate::db::Order,
-            crate::db::OrderStatus,
-            crate::db::Payment,
-            crate::db::PaymentStatus,
+            crate::domain::Order,
+            crate::domain::OrderStatus,
+            crate::domain::Payment,
+            crate::domain::PaymentStatus,
             crate::db::ReconcileReport,
         ),
         responses(

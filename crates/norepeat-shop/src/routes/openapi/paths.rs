@@ -46,12 +46,12 @@ again inside its window answers 409 `duplicate_submission` with `Retry-After`.",
     params(UserId),
     request_body = OrderRequest,
     responses(
-        (status = 201, description = "The new order.", body = crate::db::Order, links(
+        (status = 201, description = "The new order.", body = crate::domain::Order, links(
             ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
             ("payOrder" = (operation_id = "createPayment", parameters(("header.X-User-Id" = "$request.header.X-User-Id")), request_body = json!({"orderId": "$response.body#/orderId"})))
         )),
         (status = 200, description = "The user's existing order with this `bizId`: nothing new was written.",
-            body = crate::db::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
+            body = crate::domain::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 404, response = NotFound),

@@ -57,7 +57,7 @@ pub(crate) struct RepeatTokenBody {
 #[allow(dead_code)]
 pub(crate) struct OrderList {
     /// Every order of the caller.
-    orders: Vec<crate::db::Order>,
+    orders: Vec<crate::domain::Order>,
 }
 
 /// The body of `POST /payments`.
