@@ -5,6 +5,7 @@
 //! * [`RedisServer`]: a private `redis-server` on a free loopback port, killed on drop.
 //! * [`RedisCluster`]: a 6-node (3 masters, 3 replicas) Redis Cluster, with failover helpers.
 //! * [`PgDatabase`]: a freshly created PostgreSQL database, dropped on drop.
+//! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
 //! * [`free_port`]: a currently free loopback TCP port.
@@ -26,6 +27,7 @@
 //! ```
 
 mod cluster;
+mod db;
 mod pg;
 mod proxy;
 mod redis_server;
@@ -33,6 +35,7 @@ mod shop;
 mod util;
 
 pub use cluster::RedisCluster;
+pub use db::{SqliteFile, TestDb};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;
