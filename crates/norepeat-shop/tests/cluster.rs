@@ -3,32 +3,11 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{RedisCluster, ShopProcess};
+mod common;
+
+use common::BIN;
+use norepeat_testkit::{RedisCluster, ShopProcess, SqliteFile};
 use serde_json::json;
-use std::path::PathBuf;
-
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
-
-/// A temporary directory for one SQLite file, removed on drop.
-struct TempDb(PathBuf);
-
-impl TempDb {
-    fn new() -> TempDb {
-        let dir = std::env::temp_dir().join(format!("nr_cluster_{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDb(dir)
-    }
-
-    fn url(&self) -> String {
-        format!("sqlite://{}?mode=rwc", self.0.join("shop.db").display())
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Two shops on one cluster, each with its *own* SQLite file: no shared
 /// database backs the guard up, so one order out of 100 duplicates spread
@@ -36,8 +15,8 @@ impl Drop for TempDb {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_shop_quick_order_duplicates_make_one_201() {
     let cluster = RedisCluster::start().await;
-    let (db_a, db_b) = (TempDb::new(), TempDb::new());
-    let env = |db: &TempDb| {
+    let (db_a, db_b) = (SqliteFile::new(), SqliteFile::new());
+    let env = |db: &SqliteFile| {
         vec![
             ("REDIS_URL".to_owned(), cluster.url()),
             ("DATABASE_URL".to_owned(), db.url()),

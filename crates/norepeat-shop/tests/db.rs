@@ -5,99 +5,15 @@
 //! "Two instances" are simulated with two separate `Db` pools on one database.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use norepeat_shop::db::{
-    CreateOutcome, Db, DbError, NoticeOutcome, Order, OrderStatus, PaymentOutcome, PaymentStatus,
-    Transition,
-};
+use norepeat_shop::db::{CreateOutcome, Db, DbError, NoticeOutcome, PaymentOutcome, Transition};
+use norepeat_shop::domain::{Order, OrderStatus, PaymentStatus};
+use norepeat_testkit::TestDb;
 
-const PG_ADMIN_URL_ENV: &str = "NOREPEAT_TEST_PG_ADMIN_URL";
-const DEFAULT_PG_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-fn pg_admin_url() -> String {
-    std::env::var(PG_ADMIN_URL_ENV)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_PG_ADMIN_URL.to_owned())
-}
-
-/// A fresh, empty database that is removed when dropped.
-enum Fresh {
-    Sqlite { dir: PathBuf, url: String },
-    Postgres { name: String, url: String },
-}
-
-impl Fresh {
-    async fn sqlite() -> Fresh {
-        let dir = std::env::temp_dir().join(format!("nr_dbtest_{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
-        Fresh::Sqlite { dir, url }
-    }
-
-    async fn postgres() -> Fresh {
-        use sqlx::Connection;
-        let admin = pg_admin_url();
-        let name = format!("nr_dbtest_{:016x}", rand::random::<u64>());
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL not reachable at {admin}: {e}"));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
-        let url = match admin.rfind('/') {
-            Some(i) if !admin[..i].ends_with('/') => format!("{}/{name}", &admin[..i]),
-            _ => format!("{admin}/{name}"),
-        };
-        Fresh::Postgres { name, url }
-    }
-
-    fn url(&self) -> &str {
-        match self {
-            Fresh::Sqlite { url, .. } | Fresh::Postgres { url, .. } => url,
-        }
-    }
-
-    async fn connect(&self) -> Db {
-        Db::connect(Some(self.url())).await.unwrap()
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        match self {
-            Fresh::Sqlite { dir, .. } => {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-            Fresh::Postgres { name, .. } => {
-                let name = name.clone();
-                // Runs on its own thread and runtime so it also works while a
-                // failed test is unwinding inside the test's runtime.
-                let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
-                    rt.block_on(async move {
-                        use sqlx::Connection;
-                        if let Ok(mut conn) = sqlx::PgConnection::connect(&pg_admin_url()).await {
-                            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                            )))
-                            .execute(&mut conn)
-                            .await;
-                            let _ = conn.close().await;
-                        }
-                    });
-                })
-                .join();
-            }
-        }
-    }
+/// A new pool on `fresh` (connecting, migrating and seeding like the shop).
+async fn connect(fresh: &TestDb) -> Db {
+    Db::connect(Some(&fresh.url())).await.unwrap()
 }
 
 /// Runs `$scenario(fresh)` once on SQLite and once on PostgreSQL.
@@ -107,7 +23,7 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $scenario() {
-                    let fresh = super::Fresh::sqlite().await;
+                    let fresh = super::TestDb::sqlite();
                     super::$scenario(&fresh).await;
                     drop(fresh);
                 }
@@ -117,7 +33,7 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $scenario() {
-                    let fresh = super::Fresh::postgres().await;
+                    let fresh = super::TestDb::postgres().await;
                     super::$scenario(&fresh).await;
                     drop(fresh);
                 }
@@ -149,11 +65,11 @@ fn created(outcome: CreateOutcome) -> Order {
     }
 }
 
-async fn seed_create_and_replay(fresh: &Fresh) {
-    let db = fresh.connect().await;
+async fn seed_create_and_replay(fresh: &TestDb) {
+    let db = connect(fresh).await;
     assert_eq!(
         db.backend(),
-        if matches!(fresh, Fresh::Sqlite { .. }) {
+        if matches!(fresh, TestDb::Sqlite(_)) {
             "sqlite"
         } else {
             "postgres"
@@ -251,7 +167,7 @@ async fn seed_create_and_replay(fresh: &Fresh) {
     // set_stock upserts; reconnecting does not re-seed over it.
     db.set_stock("SKU-1", 5).await.unwrap();
     db.set_stock("SKU-NEW", 7).await.unwrap();
-    let db2 = fresh.connect().await;
+    let db2 = connect(fresh).await;
     assert_eq!(db2.stock("SKU-1").await.unwrap(), Some(5));
     assert_eq!(db2.stock("SKU-NEW").await.unwrap(), Some(7));
 
@@ -260,9 +176,9 @@ async fn seed_create_and_replay(fresh: &Fresh) {
     assert_eq!(db.stock("SKU-1").await.unwrap(), Some(5));
 }
 
-async fn concurrent_connect_and_migrate(fresh: &Fresh) {
+async fn concurrent_connect_and_migrate(fresh: &TestDb) {
     // Four "processes" start at once on a fresh database.
-    let url = fresh.url().to_owned();
+    let url = fresh.url();
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let url = url.clone();
@@ -277,9 +193,9 @@ async fn concurrent_connect_and_migrate(fresh: &Fresh) {
     }
 }
 
-async fn concurrent_buyers_never_oversell(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn concurrent_buyers_never_oversell(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     a.set_stock("SKU-HOT", 50).await.unwrap();
 
     let mut tasks = Vec::new();
@@ -311,9 +227,9 @@ async fn concurrent_buyers_never_oversell(fresh: &Fresh) {
     assert_eq!(b.duplicates().await.unwrap(), 0);
 }
 
-async fn concurrent_same_biz_id_one_order(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn concurrent_same_biz_id_one_order(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let before = a.stock("SKU-1").await.unwrap().unwrap();
 
     let mut tasks = Vec::new();
@@ -341,9 +257,9 @@ async fn concurrent_same_biz_id_one_order(fresh: &Fresh) {
     assert_eq!(b.duplicates().await.unwrap(), 0);
 }
 
-async fn order_state_machine(fresh: &Fresh) {
+async fn order_state_machine(fresh: &TestDb) {
     use OrderStatus::*;
-    let db = fresh.connect().await;
+    let db = connect(fresh).await;
     let o = created(
         db.create_order("u1", "SKU-1", 1, Some("sm-1"))
             .await
@@ -435,7 +351,7 @@ async fn order_state_machine(fresh: &Fresh) {
             .await
             .unwrap(),
     );
-    let other = fresh.connect().await;
+    let other = connect(fresh).await;
     let mut tasks = Vec::new();
     for i in 0..10 {
         let db = if i % 2 == 0 {
@@ -459,9 +375,9 @@ async fn order_state_machine(fresh: &Fresh) {
     assert_eq!(applied, 1);
 }
 
-async fn concurrent_payment_notices_apply_once(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn concurrent_payment_notices_apply_once(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let o = created(
         a.create_order("payer", "SKU-2", 3, Some("pay-1"))
             .await
@@ -579,9 +495,9 @@ async fn concurrent_payment_notices_apply_once(fresh: &Fresh) {
     assert!(a.pending_events(100).await.unwrap().is_empty());
 }
 
-async fn reconciliation_repairs_once(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn reconciliation_repairs_once(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let o = created(
         a.create_order("late", "SKU-3", 2, Some("rec-1"))
             .await
@@ -689,9 +605,9 @@ async fn reconciliation_repairs_once(fresh: &Fresh) {
     assert_eq!(all, ids);
 }
 
-async fn points_awarded_once(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn points_awarded_once(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let mut tasks = Vec::new();
     for i in 0..10 {
         let db = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -713,21 +629,21 @@ async fn points_awarded_once(fresh: &Fresh) {
     assert_eq!(b.points("nobody").await.unwrap(), 0);
 }
 
-async fn shared_secret_is_shared(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn shared_secret_is_shared(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let (sa, sb) = tokio::join!(a.shared_secret(), b.shared_secret());
     let (sa, sb) = (sa.unwrap(), sb.unwrap());
     assert_eq!(sa, sb);
     assert_ne!(sa, [0u8; 32]);
     assert_eq!(a.shared_secret().await.unwrap(), sa);
-    let c = fresh.connect().await;
+    let c = connect(fresh).await;
     assert_eq!(c.shared_secret().await.unwrap(), sa);
 }
 
-async fn naive_path_oversells_and_duplicates(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn naive_path_oversells_and_duplicates(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     a.set_stock("SKU-NAIVE", 10).await.unwrap();
 
     let mut tasks = Vec::new();
@@ -839,7 +755,7 @@ async fn child_process_worker() {
 
 /// Two real processes on one fresh database: concurrent migration, 300 buyers
 /// on 50 units, the same bizId submitted from both.
-async fn several_processes(fresh: &Fresh) {
+async fn several_processes(fresh: &TestDb) {
     let exe = std::env::current_exe().unwrap();
     let spawn = || {
         tokio::process::Command::new(&exe)
@@ -856,7 +772,7 @@ async fn several_processes(fresh: &Fresh) {
     };
     let (mut c1, mut c2) = (spawn(), spawn());
     // Let the children race on the migrations, then open the sale.
-    let db = fresh.connect().await;
+    let db = connect(fresh).await;
     db.set_stock("SKU-HOT", 50).await.unwrap();
     assert!(c1.wait().await.unwrap().success(), "child 1 failed");
     assert!(c2.wait().await.unwrap().success(), "child 2 failed");
@@ -869,9 +785,9 @@ async fn several_processes(fresh: &Fresh) {
 
 /// Concurrent payments for one order from two pools: one is created, every
 /// other caller is told which; a paid order takes none.
-async fn one_live_payment_per_order(fresh: &Fresh) {
-    let a = fresh.connect().await;
-    let b = fresh.connect().await;
+async fn one_live_payment_per_order(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
     let o = created(
         a.create_order("one", "SKU-1", 1, Some("live-1"))
             .await
@@ -944,11 +860,8 @@ VALUES ('pay_a1', 'ord_a', 'u', 5, 'PENDING', 1, 1),
 
 /// Writes the first migration only (as the previous version did) and
 /// [`OLD_ROWS`].
-async fn write_old_database(fresh: &Fresh) {
-    let backend = match fresh {
-        Fresh::Sqlite { .. } => "sqlite",
-        Fresh::Postgres { .. } => "postgres",
-    };
+async fn write_old_database(fresh: &TestDb) {
+    let backend = fresh.backend();
     let dir = std::env::temp_dir().join(format!("nr_oldmig_{:016x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
@@ -961,14 +874,14 @@ async fn write_old_database(fresh: &Fresh) {
     .unwrap();
     let old = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
     match fresh {
-        Fresh::Sqlite { url, .. } => {
-            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+        TestDb::Sqlite(_) => {
+            let pool = sqlx::SqlitePool::connect(&fresh.url()).await.unwrap();
             old.run(&pool).await.unwrap();
             sqlx::raw_sql(OLD_ROWS).execute(&pool).await.unwrap();
             pool.close().await;
         }
-        Fresh::Postgres { url, .. } => {
-            let pool = sqlx::PgPool::connect(url).await.unwrap();
+        TestDb::Postgres(pg) => {
+            let pool = pg.pool().await;
             old.run(&pool).await.unwrap();
             sqlx::raw_sql(OLD_ROWS).execute(&pool).await.unwrap();
             pool.close().await;
@@ -981,9 +894,9 @@ async fn write_old_database(fresh: &Fresh) {
 /// payments per order: they apply, each order keeps one live payment (a
 /// SUCCEEDED one first), the others cannot succeed, and reconciliation
 /// reports every such order, from the library and from the command line.
-async fn migration_over_duplicate_payments(fresh: &Fresh) {
+async fn migration_over_duplicate_payments(fresh: &TestDb) {
     write_old_database(fresh).await;
-    let db = fresh.connect().await;
+    let db = connect(fresh).await;
     let report = db.reconcile().await.unwrap();
     let found: Vec<(&str, Vec<&str>)> = report
         .duplicate_payments
@@ -1033,7 +946,7 @@ async fn migration_over_duplicate_payments(fresh: &Fresh) {
     db.close().await;
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
-        .args(["reconcile", "--once", "--database", fresh.url()])
+        .args(["reconcile", "--once", "--database", &fresh.url()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -4,45 +4,15 @@
 
 #![allow(clippy::unwrap_used)]
 
-use norepeat_shop::db::{Db, PaymentStatus};
-use norepeat_testkit::{PgDatabase, ShopProcess};
+mod common;
+
+use common::BIN;
+use norepeat_shop::db::Db;
+use norepeat_shop::domain::PaymentStatus;
+use norepeat_testkit::{ShopProcess, TestDb};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
-
-/// The database under test, shared by both shops.
-enum Database {
-    Sqlite(std::path::PathBuf),
-    Postgres(PgDatabase),
-}
-
-impl Database {
-    async fn each() -> Vec<Database> {
-        let file = std::env::temp_dir().join(format!("nr-effect-{}.db", rand::random::<u64>()));
-        vec![
-            Database::Sqlite(file),
-            Database::Postgres(PgDatabase::fresh().await),
-        ]
-    }
-    fn url(&self) -> String {
-        match self {
-            Database::Sqlite(p) => format!("sqlite://{}?mode=rwc", p.display()),
-            Database::Postgres(pg) => pg.url(),
-        }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Database::Sqlite(p) = self {
-            for s in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{s}", p.display()));
-            }
-        }
-    }
-}
-
-async fn shops(db: &Database) -> (ShopProcess, ShopProcess) {
+async fn shops(db: &TestDb) -> (ShopProcess, ShopProcess) {
     let env = vec![
         ("DATABASE_URL".to_owned(), db.url()),
         ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
@@ -61,7 +31,7 @@ async fn json_of(res: reqwest::Response) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_buyers_for_fifty_units() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let (a, b) = shops(&db).await;
         let http = reqwest::Client::new();
         let r = http
@@ -111,7 +81,7 @@ async fn three_hundred_buyers_for_fifty_units() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_success_notices_apply_once_and_reconciliation_repairs_once() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let (a, b) = shops(&db).await;
         let http = reqwest::Client::new();
         let bases = [a.base_url(), b.base_url()];

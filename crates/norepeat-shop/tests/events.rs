@@ -7,11 +7,13 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+mod common;
+
+use common::{BIN, env};
+use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, SqliteFile};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
 const NATS_URL: &str = "nats://127.0.0.1:4222";
 
 fn unique(prefix: &str) -> String {
@@ -20,13 +22,6 @@ fn unique(prefix: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{prefix}_{}_{nanos}", std::process::id())
-}
-
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
 }
 
 /// A JetStream stream of its own for one test, deleted at the end.
@@ -40,26 +35,6 @@ impl NatsStream {
         let client = async_nats::connect(NATS_URL).await.unwrap();
         let js = async_nats::jetstream::new(client);
         let _ = js.delete_stream(&self.0).await;
-    }
-}
-
-/// A SQLite file shared by the instances, removed at the end.
-struct SqliteFile(std::path::PathBuf);
-
-impl SqliteFile {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(unique("norepeat-events"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-    fn url(&self) -> String {
-        format!("sqlite://{}?mode=rwc", self.0.join("shop.db").display())
-    }
-}
-
-impl Drop for SqliteFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

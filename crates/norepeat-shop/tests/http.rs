@@ -3,95 +3,29 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use axum::Router;
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::{Answer, RouterShop as Shop};
 use norepeat::store::{AnyStore, MemoryStore};
-use norepeat_shop::app::{AppState, app};
+use norepeat_shop::app::AppState;
 use norepeat_shop::config::ShopConfig;
 use norepeat_shop::db::Db;
 use norepeat_shop::events::Events;
+use norepeat_testkit::SqliteFile;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-struct Shop {
-    app: Router,
-    _dir: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A temporary directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new() -> Self {
-            let p = std::env::temp_dir().join(format!("nr-shop-{}", rand::random::<u64>()));
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-async fn shop_with(cfg: ShopConfig) -> Shop {
-    let dir = tempdir::Dir::new();
-    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
-    let db = Db::connect(Some(&url)).await.unwrap();
-    let state = AppState::with(
-        db,
-        AnyStore::Memory(MemoryStore::default()),
-        cfg,
-        Events::disabled(),
-    )
-    .await
-    .unwrap();
-    Shop {
-        app: app(state),
-        _dir: dir,
-    }
-}
-
 async fn shop() -> Shop {
-    shop_with(ShopConfig {
+    Shop::with(ShopConfig {
         admin_token: Some("secret".into()),
         ..ShopConfig::default()
     })
     .await
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Value,
-}
-
 impl Shop {
-    async fn send(&self, req: Request<Body>) -> Answer {
-        let res = self.app.clone().oneshot(req).await.unwrap();
-        let status = res.status();
-        let headers = res.headers().clone();
-        let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if status.is_client_error() || status.is_server_error() {
-            assert_eq!(
-                headers["content-type"], "application/problem+json",
-                "{body}"
-            );
-            assert_eq!(body["status"], status.as_u16(), "{body}");
-        }
-        assert!(!status.is_server_error(), "5xx: {body}");
-        Answer {
-            status,
-            headers,
-            body,
-        }
-    }
-
     async fn get(&self, path: &str, user: Option<&str>) -> Answer {
         let mut b = Request::get(path);
         if let Some(u) = user {
@@ -486,7 +420,7 @@ async fn admin_routes_need_the_token() {
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(s.stock("SKU-1").await, 5);
 
-    let closed = shop_with(ShopConfig::default()).await;
+    let closed = Shop::with(ShopConfig::default()).await;
     assert_eq!(
         closed
             .send(put(Some("secret"), json!({"available": 5})))
@@ -754,22 +688,9 @@ async fn payments_replay_mismatch_and_key_rules() {
 
 #[tokio::test]
 async fn payments_fail_closed_when_the_store_is_down() {
-    let dir = tempdir::Dir::new();
-    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
-    let db = Db::connect(Some(&url)).await.unwrap();
-    let state = AppState::with(
-        db,
-        AnyStore::Memory(MemoryStore::default()),
-        ShopConfig::default(),
-        Events::disabled(),
-    )
-    .await
-    .unwrap();
+    let (state, file) = common::state(ShopConfig::default()).await;
     state.outage.set_down(true);
-    let s = Shop {
-        app: app(state),
-        _dir: dir,
-    };
+    let s = Shop::new(state, file);
     let res = s
         .app
         .clone()
@@ -818,7 +739,7 @@ async fn payments_fail_closed_when_the_store_is_down() {
 
 #[tokio::test]
 async fn the_flash_sale_is_rate_limited_per_user() {
-    let s = shop_with(ShopConfig {
+    let s = Shop::with(ShopConfig {
         flash_rate: "3/m".into(),
         ..ShopConfig::default()
     })
@@ -857,9 +778,8 @@ async fn the_flash_sale_is_rate_limited_per_user() {
 
 #[tokio::test]
 async fn a_bad_flash_rate_stops_the_start() {
-    let dir = tempdir::Dir::new();
-    let url = format!("sqlite://{}?mode=rwc", dir.0.join("shop.db").display());
-    let db = Db::connect(Some(&url)).await.unwrap();
+    let file = SqliteFile::new();
+    let db = Db::connect(Some(&file.url())).await.unwrap();
     for rate in ["0/s", "five/s", "5/day"] {
         let cfg = ShopConfig {
             flash_rate: rate.into(),

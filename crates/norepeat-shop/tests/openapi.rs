@@ -4,47 +4,18 @@
 // Test helpers unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use axum::Router;
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::RouterShop;
 use http_body_util::BodyExt;
-use norepeat::store::{AnyStore, MemoryStore};
-use norepeat_shop::app::{AppState, app};
 use norepeat_shop::config::ShopConfig;
-use norepeat_shop::db::Db;
-use norepeat_shop::events::Events;
 use serde_json::Value;
 use tower::ServiceExt;
 
-/// A shop on a SQLite file in its own temporary directory.
-struct Shop {
-    app: Router,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Shop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-async fn shop() -> Shop {
-    let dir = std::env::temp_dir().join(format!("nr-openapi-{}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
-    let db = Db::connect(Some(&url)).await.unwrap();
-    let state = AppState::with(
-        db,
-        AnyStore::Memory(MemoryStore::default()),
-        ShopConfig::default(),
-        Events::disabled(),
-    )
-    .await
-    .unwrap();
-    Shop {
-        app: app(state),
-        dir,
-    }
+async fn shop() -> RouterShop {
+    RouterShop::with(ShopConfig::default()).await
 }
 
 #[tokio::test]

@@ -4,67 +4,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+mod common;
+
+use common::BIN;
+use norepeat_testkit::{RedisServer, ShopProcess, TestDb};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
-
-/// A SQLite file (removed on drop) or a fresh PostgreSQL database.
-enum Database {
-    Sqlite(std::path::PathBuf),
-    Postgres(PgDatabase),
-}
-
-impl Database {
-    async fn each() -> [Database; 2] {
-        let file = std::env::temp_dir().join(format!("nr-pay-{}.db", rand::random::<u64>()));
-        [
-            Database::Sqlite(file),
-            Database::Postgres(PgDatabase::fresh().await),
-        ]
-    }
-
-    fn url(&self) -> String {
-        match self {
-            Database::Sqlite(p) => format!("sqlite://{}?mode=rwc", p.display()),
-            Database::Postgres(pg) => pg.url(),
-        }
-    }
-
-    /// Payments of `order_id` in `status`, read from the database itself.
-    async fn count(&self, order_id: &str, status: &str) -> i64 {
-        let sql =
-            "SELECT CAST(COUNT(*) AS BIGINT) FROM payments WHERE order_id = $1 AND status = $2";
-        match self {
-            Database::Sqlite(_) => {
-                let pool = sqlx::SqlitePool::connect(&self.url()).await.unwrap();
-                let n = sqlx::query_scalar(sql)
-                    .bind(order_id)
-                    .bind(status)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                n
-            }
-            Database::Postgres(pg) => sqlx::query_scalar(sql)
-                .bind(order_id)
-                .bind(status)
-                .fetch_one(&pg.pool().await)
-                .await
-                .unwrap(),
-        }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Database::Sqlite(p) = self {
-            for s in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{s}", p.display()));
-            }
-        }
-    }
+/// Payments of `order_id` in `status`, read from the database itself.
+async fn count(db: &TestDb, order_id: &str, status: &str) -> i64 {
+    db.scalar(
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM payments WHERE order_id = $1 AND status = $2",
+        [order_id, status],
+    )
+    .await
 }
 
 struct Client {
@@ -114,7 +66,7 @@ impl Client {
     }
 }
 
-async fn shop(db: &Database, redis: &RedisServer) -> (ShopProcess, Client) {
+async fn shop(db: &TestDb, redis: &RedisServer) -> (ShopProcess, Client) {
     let env = vec![
         ("DATABASE_URL".to_owned(), db.url()),
         ("REDIS_URL".to_owned(), redis.url()),
@@ -136,7 +88,7 @@ fn assert_not_payable(answer: &(u16, Value), payment_id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_forgets_still_makes_one_live_payment() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let redis = RedisServer::start().await;
         let (_shop, c) = shop(&db, &redis).await;
         let order = c.order("payer").await;
@@ -180,8 +132,8 @@ async fn a_store_that_forgets_still_makes_one_live_payment() {
         for p in [&p1, &created[0]] {
             assert_eq!(c.notice(p, "SUCCESS").await.1["result"], "applied");
         }
-        assert_eq!(db.count(&order, "SUCCEEDED").await, 1);
-        assert_eq!(db.count(&order2, "SUCCEEDED").await, 1);
+        assert_eq!(count(&db, &order, "SUCCEEDED").await, 1);
+        assert_eq!(count(&db, &order2, "SUCCEEDED").await, 1);
         // A paid order takes no other payment.
         assert_not_payable(&c.pay("payer", "K3", &order, json!(1999)).await, &p1);
     }
@@ -189,7 +141,7 @@ async fn a_store_that_forgets_still_makes_one_live_payment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amounts_owners_and_callbacks_are_checked() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let redis = RedisServer::start().await;
         let (_shop, c) = shop(&db, &redis).await;
         let order = c.order("owner").await;
@@ -223,6 +175,6 @@ async fn amounts_owners_and_callbacks_are_checked() {
             "{body}"
         );
         assert_eq!(c.notice(&p2, "SUCCESS").await.1["result"], "applied");
-        assert_eq!(db.count(&order, "SUCCEEDED").await, 1);
+        assert_eq!(count(&db, &order, "SUCCEEDED").await, 1);
     }
 }

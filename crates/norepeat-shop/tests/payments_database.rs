@@ -6,122 +6,35 @@
 
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+mod common;
+
+use common::BIN;
+use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, TestDb};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
-
-/// A SQLite file (removed on drop) or a fresh PostgreSQL database.
-enum Database {
-    Sqlite(std::path::PathBuf),
-    Postgres(PgDatabase),
+/// Payments of `order_id`, whatever their status.
+async fn payments(db: &TestDb, order_id: &str) -> i64 {
+    db.scalar(
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM payments WHERE order_id = $1",
+        [order_id],
+    )
+    .await
 }
 
-impl Database {
-    fn sqlite() -> Database {
-        Database::Sqlite(
-            std::env::temp_dir().join(format!("nr-paydb-{}.db", rand::random::<u64>())),
-        )
-    }
-
-    async fn each() -> [Database; 2] {
-        [
-            Database::sqlite(),
-            Database::Postgres(PgDatabase::fresh().await),
-        ]
-    }
-
-    fn url(&self) -> String {
-        match self {
-            Database::Sqlite(p) => format!("sqlite://{}?mode=rwc", p.display()),
-            Database::Postgres(pg) => pg.url(),
-        }
-    }
-
-    /// One number from the database itself.
-    async fn scalar(&self, sql: &str, arg: &str) -> i64 {
-        match self {
-            Database::Sqlite(_) => {
-                let pool = sqlx::SqlitePool::connect(&self.url()).await.unwrap();
-                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .bind(arg)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                n
-            }
-            Database::Postgres(pg) => {
-                let pool = pg.pool().await;
-                let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .bind(arg)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                n
-            }
-        }
-    }
-
-    /// Payments of `order_id`, whatever their status.
-    async fn payments(&self, order_id: &str) -> i64 {
-        self.scalar(
-            "SELECT CAST(COUNT(*) AS BIGINT) FROM payments WHERE order_id = $1",
-            order_id,
-        )
-        .await
-    }
-
-    /// Idempotency rows by state: the record's second byte is 1 while in
-    /// progress, 2 once completed. Returns (in progress, completed).
-    async fn records(&self) -> (i64, i64) {
-        let sql = "SELECT CAST(COUNT(*) AS BIGINT) FROM norepeat_keys \
-                   WHERE substr(value, 2, 1) = $1";
-        match self {
-            Database::Sqlite(_) => {
-                let pool = sqlx::SqlitePool::connect(&self.url()).await.unwrap();
-                let mut out = [0i64; 2];
-                for (i, b) in [1u8, 2].into_iter().enumerate() {
-                    out[i] = sqlx::query_scalar(sql)
-                        .bind(vec![b])
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap();
-                }
-                pool.close().await;
-                (out[0], out[1])
-            }
-            Database::Postgres(pg) => {
-                let pool = pg.pool().await;
-                let mut out = [0i64; 2];
-                for (i, b) in [1u8, 2].into_iter().enumerate() {
-                    out[i] = sqlx::query_scalar(sql)
-                        .bind(vec![b])
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap();
-                }
-                pool.close().await;
-                (out[0], out[1])
-            }
-        }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Database::Sqlite(p) = self {
-            for s in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{s}", p.display()));
-            }
-        }
-    }
+/// Idempotency rows by state: the record's second byte is 1 while in
+/// progress, 2 once completed. Returns (in progress, completed).
+async fn records(db: &TestDb) -> (i64, i64) {
+    let sql = "SELECT CAST(COUNT(*) AS BIGINT) FROM norepeat_keys \
+               WHERE substr(value, 2, 1) = $1";
+    (
+        db.scalar(sql, [vec![1u8]]).await,
+        db.scalar(sql, [vec![2u8]]).await,
+    )
 }
 
 /// A shop on `db` with payments on the database store.
-async fn shop(db: &Database, redis: Option<&RedisServer>, extra: &[(&str, &str)]) -> ShopProcess {
+async fn shop(db: &TestDb, redis: Option<&RedisServer>, extra: &[(&str, &str)]) -> ShopProcess {
     let mut env = vec![
         ("DATABASE_URL".to_owned(), db.url()),
         (
@@ -180,7 +93,7 @@ fn code(a: &Answer) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let mut redis = RedisServer::start().await;
         let shop = shop(&db, Some(&redis), &[]).await;
         let base = shop.base_url();
@@ -217,9 +130,9 @@ async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
         let other_again = pay(&http, &base, "K2", &order2).await;
         assert_eq!(other_again.2, other.2);
 
-        assert_eq!(db.payments(&order1).await, 1);
-        assert_eq!(db.payments(&order2).await, 1);
-        assert_eq!(db.records().await, (0, 2));
+        assert_eq!(payments(&db, &order1).await, 1);
+        assert_eq!(payments(&db, &order2).await, 1);
+        assert_eq!(records(&db).await, (0, 2));
     }
 }
 
@@ -228,7 +141,7 @@ async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
 /// 409 `idempotency_key_in_use`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_requests_one_key_two_processes_one_payment() {
-    let db = Database::Postgres(PgDatabase::fresh().await);
+    let db = TestDb::postgres().await;
     let redis = RedisServer::start().await;
     // One user's 50 requests at once: above the default payment rate (20/s).
     let slow = [
@@ -263,7 +176,7 @@ async fn fifty_requests_one_key_two_processes_one_payment() {
             _ => panic!("unexpected answer {a:?}"),
         }
     }
-    assert_eq!(db.payments(&order_id).await, 1);
+    assert_eq!(payments(&db, &order_id).await, 1);
     // After the first is done, everyone gets the replay.
     let late = pay(&http, &b.base_url(), "ONE", &order_id).await;
     assert_eq!((late.0, late.1), (201, true));
@@ -275,7 +188,7 @@ async fn fifty_requests_one_key_two_processes_one_payment() {
 /// stays until its lease ends, then a retry makes exactly one payment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
-    for db in Database::each().await {
+    for db in TestDb::each().await {
         let mut victim = shop(&db, None, &[("NOREPEAT_PAYMENT_LATENCY_MS", "3000")]).await;
         let http = reqwest::Client::new();
         let order_id = order(&http, &victim.base_url()).await;
@@ -285,7 +198,7 @@ async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
         });
         // Wait until the claim is taken (the payment is then being written).
         for _ in 0..200 {
-            if db.records().await.0 == 1 {
+            if records(&db).await.0 == 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -294,9 +207,9 @@ async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
         victim.kill();
         let _ = doomed.await;
         // Either nothing, or the payment with its record: here, nothing.
-        assert_eq!(db.payments(&order_id).await, 0);
+        assert_eq!(payments(&db, &order_id).await, 0);
         assert_eq!(
-            db.records().await,
+            records(&db).await,
             (1, 0),
             "the claim is open, nothing completed"
         );
@@ -321,8 +234,8 @@ async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
         let replay = pay(&http, &base, "K", &order_id).await;
         assert_eq!((replay.0, replay.1), (201, true));
         assert_eq!(replay.2, paid.2);
-        assert_eq!(db.payments(&order_id).await, 1);
-        assert_eq!(db.records().await, (0, 1));
+        assert_eq!(payments(&db, &order_id).await, 1);
+        assert_eq!(records(&db).await, (0, 1));
     }
 }
 
@@ -353,7 +266,7 @@ async fn payments_fail_closed_while_the_database_is_down() {
     let pg = PgDatabase::fresh().await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let url = format!("postgres://postgres@{}/{}", proxy.addr(), pg.name());
-    let db = Database::Postgres(pg);
+    let db = TestDb::Postgres(pg);
     let shop = ShopProcess::start(
         BIN,
         vec![
@@ -384,5 +297,5 @@ async fn payments_fail_closed_while_the_database_is_down() {
     }
     let paid = paid.expect("payments never came back");
     assert!(!paid.1);
-    assert_eq!(db.payments(&order_id).await, 1);
+    assert_eq!(payments(&db, &order_id).await, 1);
 }

@@ -5,34 +5,20 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{PgDatabase, ShopProcess, sign_callback, sign_callback_now};
+mod common;
+
+use common::{Answer, BIN};
+use norepeat_testkit::{ShopProcess, TestDb, sign_callback, sign_callback_now};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const SECRET: &str = "whsec_test";
 
-/// Where the shop keeps its data for one test.
-enum Backing {
-    Sqlite(std::path::PathBuf),
-    /// Kept for its drop, which drops the database.
-    Postgres {
-        _db: PgDatabase,
-    },
-}
-
-impl Drop for Backing {
-    fn drop(&mut self) {
-        if let Backing::Sqlite(dir) = self {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 struct Shop {
     base: String,
     http: reqwest::Client,
     _process: ShopProcess,
-    _backing: Backing,
+    _db: TestDb,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,42 +29,18 @@ enum Backend {
 
 /// The shop binary on `backend`, with the extra environment `env`.
 async fn shop(backend: Backend, env: &[(&str, &str)]) -> Shop {
-    let (backing, url) = match backend {
-        Backend::Sqlite => {
-            let dir = std::env::temp_dir().join(format!("nr-sec-{:016x}", rand::random::<u64>()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
-            (Backing::Sqlite(dir), url)
-        }
-        Backend::Postgres => {
-            let pg = PgDatabase::fresh().await;
-            let url = pg.url();
-            (Backing::Postgres { _db: pg }, url)
-        }
+    let db = match backend {
+        Backend::Sqlite => TestDb::sqlite(),
+        Backend::Postgres => TestDb::postgres().await,
     };
-    let mut vars = vec![("DATABASE_URL".to_owned(), url)];
+    let mut vars = vec![("DATABASE_URL".to_owned(), db.url())];
     vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    let process = ShopProcess::start(env!("CARGO_BIN_EXE_norepeat"), vars).await;
+    let process = ShopProcess::start(BIN, vars).await;
     Shop {
         base: process.base_url(),
         http: reqwest::Client::new(),
         _process: process,
-        _backing: backing,
-    }
-}
-
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    body: Value,
-}
-
-impl Answer {
-    fn code(&self) -> (u16, &str) {
-        (
-            self.status.as_u16(),
-            self.body["code"].as_str().unwrap_or(""),
-        )
+        _db: db,
     }
 }
 
@@ -96,23 +58,7 @@ impl Shop {
             b = b.header(*k, *v);
         }
         let res = b.body(body).send().await.unwrap();
-        let status = res.status();
-        let ct = res
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_owned());
-        let bytes = res.bytes().await.unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        assert!(!status.is_server_error(), "{path}: {status}: {body}");
-        if status.is_client_error() {
-            assert_eq!(
-                ct.as_deref(),
-                Some("application/problem+json"),
-                "{path}: {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            );
-        }
-        Answer { status, body }
+        Answer::read(path, res).await
     }
 
     async fn get(&self, path: &str, user: &str) -> Answer {
@@ -359,7 +305,7 @@ async fn a_blank_callback_secret_stops_the_start() {
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
     for blank in ["", "   ", "\t"] {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
+        let mut child = tokio::process::Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env("DATABASE_URL", &url)
             .env("NOREPEAT_CALLBACK_SECRET", blank)

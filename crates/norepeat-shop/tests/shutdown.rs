@@ -4,22 +4,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::ShopProcess;
+mod common;
+
+use common::BIN;
+use norepeat_testkit::{ShopProcess, SqliteFile};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
-
-/// A SQLite file, removed on drop.
-struct TempDb(std::path::PathBuf);
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        for s in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{s}", self.0.display()));
-        }
-    }
-}
 
 async fn post(
     http: &reqwest::Client,
@@ -59,8 +49,8 @@ async fn admitted(http: &reqwest::Client, base: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_slow_payments_finish_and_exits_0() {
-    let db = TempDb(std::env::temp_dir().join(format!("nr-stop-{}.db", rand::random::<u64>())));
-    let url = format!("sqlite://{}?mode=rwc", db.0.display());
+    let db = SqliteFile::new();
+    let url = db.url();
     let env = vec![
         ("DATABASE_URL".to_owned(), url.clone()),
         ("NOREPEAT_PAYMENT_LATENCY_MS".to_owned(), "2000".to_owned()),

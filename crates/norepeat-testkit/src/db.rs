@@ -125,8 +125,7 @@ impl TestDb {
             + Type<Sqlite>
             + for<'q> Encode<'q, Postgres>
             + Type<Postgres>
-            + Send
-            + 'static,
+            + Send,
     {
         let failed =
             |e: sqlx::Error| -> i64 { panic!("norepeat-testkit: {sql} on {}: {e}", self.url()) };

@@ -1,0 +1,136 @@
+//! What the shop's integration tests share (tower-sessions' `tests/common`):
+//! the binary's path, the shop's router on a SQLite file, and one answer
+//! type read the same way from the router and from a shop process.
+//!
+//! Each test file that needs it declares `mod common;`; not every file uses
+//! every helper, hence `dead_code` is allowed here.
+
+#![allow(dead_code)]
+// A failure in a helper is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use norepeat::store::{AnyStore, MemoryStore};
+use norepeat_shop::app::{AppState, app};
+use norepeat_shop::config::ShopConfig;
+use norepeat_shop::db::Db;
+use norepeat_shop::events::Events;
+use norepeat_testkit::SqliteFile;
+use serde_json::Value;
+use tower::ServiceExt as _;
+
+/// The `norepeat` binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+
+/// `pairs` as a shop process's environment.
+pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// One answer of the shop: status, headers and the JSON body (`Null` when
+/// the body is not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The status and the problem's `code` (empty when there is none).
+    pub fn code(&self) -> (u16, &str) {
+        (
+            self.status.as_u16(),
+            self.body["code"].as_str().unwrap_or(""),
+        )
+    }
+
+    /// An answer of `what` (a request's method and path), checked as the
+    /// contract says every answer is: never a 5xx, and every 4xx an RFC
+    /// 9457 problem document carrying its own status.
+    fn checked(what: &str, status: StatusCode, headers: HeaderMap, bytes: &[u8]) -> Answer {
+        let body = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+        assert!(!status.is_server_error(), "{what}: {status}: {body}");
+        if status.is_client_error() {
+            assert_eq!(
+                headers
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .as_deref(),
+                Some("application/problem+json"),
+                "{what}: {status}: {}",
+                String::from_utf8_lossy(bytes)
+            );
+            assert_eq!(body["status"], status.as_u16(), "{what}: {body}");
+        }
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Reads and checks the answer of a shop process.
+    pub async fn read(what: &str, res: reqwest::Response) -> Answer {
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.bytes().await.unwrap();
+        Answer::checked(what, status, headers, &bytes)
+    }
+}
+
+/// The shop's router over a SQLite file of its own and the memory store,
+/// publishing no events.
+pub struct RouterShop {
+    pub app: Router,
+    _db: SqliteFile,
+}
+
+/// The state of a shop configured by `cfg`, on a new SQLite file and the
+/// memory store, publishing no events.
+pub async fn state(cfg: ShopConfig) -> (AppState, SqliteFile) {
+    let file = SqliteFile::new();
+    let db = Db::connect(Some(&file.url())).await.unwrap();
+    let state = AppState::with(
+        db,
+        AnyStore::Memory(MemoryStore::default()),
+        cfg,
+        Events::disabled(),
+    )
+    .await
+    .unwrap();
+    (state, file)
+}
+
+impl RouterShop {
+    /// The router of `state`, keeping its database `file`.
+    pub fn new(state: AppState, file: SqliteFile) -> RouterShop {
+        RouterShop {
+            app: app(state),
+            _db: file,
+        }
+    }
+
+    /// The shop configured by `cfg` (see [`state`]).
+    pub async fn with(cfg: ShopConfig) -> RouterShop {
+        let (state, file) = state(cfg).await;
+        RouterShop::new(state, file)
+    }
+
+    /// Sends `req` through the router and checks the answer.
+    pub async fn send(&self, req: Request<Body>) -> Answer {
+        let what = format!("{} {}", req.method(), req.uri());
+        let res = self.app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        Answer::checked(&what, status, headers, &bytes)
+    }
+}
