@@ -1,3 +1,4 @@
+// Over 400 lines: every scenario of the database layer, each run on SQLite and PostgreSQL by one both_backends! list.
 //! Integration tests of the shop's database layer, against SQLite (a temporary
 //! file) and PostgreSQL (a fresh database per test, through
 //! `NOREPEAT_TEST_PG_ADMIN_URL` or `postgres://postgres@127.0.0.1:5432/postgres`).

@@ -1,3 +1,4 @@
+// Over 400 lines: issue 14's checks, one scenario per rule against one shop process set-up; the shared helpers are in common/.
 //! Issue 14: who may do what, and what input may reach the database.
 //! Against the shop binary, as a user runs it, on SQLite and on a fresh
 //! PostgreSQL database.

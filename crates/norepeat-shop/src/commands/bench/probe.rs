@@ -1,3 +1,4 @@
+// Over 400 lines: the two probes share one private redis-server set-up and its measurements; apart they would repeat it.
 //! Probes of the Redis server itself: memory per key (`INFO memory`
 //! around many keys written through the guards, on a private
 //! `redis-server` where one can be started) and the store's ceiling
