@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::BIN;
+use common::{Answer, BIN};
 use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, TestDb};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -54,9 +54,6 @@ async fn shop(db: &TestDb, redis: Option<&RedisServer>, extra: &[(&str, &str)]) 
     ShopProcess::start(BIN, env).await
 }
 
-/// An answer: status, `Idempotent-Replayed`, raw body.
-type Answer = (u16, bool, bytes::Bytes);
-
 async fn pay(http: &reqwest::Client, base: &str, key: &str, order_id: &str) -> Answer {
     let res = http
         .post(format!("{base}/payments"))
@@ -66,11 +63,7 @@ async fn pay(http: &reqwest::Client, base: &str, key: &str, order_id: &str) -> A
         .send()
         .await
         .unwrap();
-    let replayed = res
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
-    (res.status().as_u16(), replayed, res.bytes().await.unwrap())
+    Answer::read_unchecked(res).await
 }
 
 async fn order(http: &reqwest::Client, base: &str) -> String {
@@ -84,11 +77,6 @@ async fn order(http: &reqwest::Client, base: &str) -> String {
     assert_eq!(res.status().as_u16(), 201);
     let o: Value = res.json().await.unwrap();
     o["orderId"].as_str().unwrap().to_owned()
-}
-
-fn code(a: &Answer) -> String {
-    let v: Value = serde_json::from_slice(&a.2).unwrap_or(Value::Null);
-    v["code"].as_str().unwrap_or_default().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,24 +99,44 @@ async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
         let order1 = order(&http, &base).await;
         let order2 = order(&http, &base).await;
         let first = pay(&http, &base, "K1", &order1).await;
-        assert_eq!((first.0, first.1), (201, false), "{:?}", first.2);
+        assert_eq!(
+            (first.status.as_u16(), first.replayed()),
+            (201, false),
+            "{:?}",
+            first.bytes
+        );
 
         // Redis forgets everything: the record is in the database.
         let mut conn = redis.connection().await;
         let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
         let again = pay(&http, &base, "K1", &order1).await;
-        assert_eq!((again.0, again.1), (201, true), "{:?}", again.2);
-        assert_eq!(again.2, first.2, "byte for byte");
+        assert_eq!(
+            (again.status.as_u16(), again.replayed()),
+            (201, true),
+            "{:?}",
+            again.bytes
+        );
+        assert_eq!(again.bytes, first.bytes, "byte for byte");
 
         // Redis dies: replays and new payments go on.
         redis.kill();
         let again = pay(&http, &base, "K1", &order1).await;
-        assert_eq!((again.0, again.1), (201, true), "{:?}", again.2);
-        assert_eq!(again.2, first.2);
+        assert_eq!(
+            (again.status.as_u16(), again.replayed()),
+            (201, true),
+            "{:?}",
+            again.bytes
+        );
+        assert_eq!(again.bytes, first.bytes);
         let other = pay(&http, &base, "K2", &order2).await;
-        assert_eq!((other.0, other.1), (201, false), "{:?}", other.2);
+        assert_eq!(
+            (other.status.as_u16(), other.replayed()),
+            (201, false),
+            "{:?}",
+            other.bytes
+        );
         let other_again = pay(&http, &base, "K2", &order2).await;
-        assert_eq!(other_again.2, other.2);
+        assert_eq!(other_again.bytes, other.bytes);
 
         assert_eq!(payments(&db, &order1).await, 1);
         assert_eq!(payments(&db, &order2).await, 1);
@@ -167,20 +175,23 @@ async fn fifty_requests_one_key_two_processes_one_payment() {
     for t in tasks {
         answers.push(t.await.unwrap());
     }
-    let first: Vec<&Answer> = answers.iter().filter(|a| a.0 == 201 && !a.1).collect();
+    let first: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status.as_u16() == 201 && !a.replayed())
+        .collect();
     assert_eq!(first.len(), 1, "{answers:?}");
     for a in &answers {
-        match a.0 {
-            201 => assert_eq!(a.2, first[0].2, "a replay is the first answer"),
-            409 => assert_eq!(code(a), "idempotency_key_in_use", "{a:?}"),
+        match a.status.as_u16() {
+            201 => assert_eq!(a.bytes, first[0].bytes, "a replay is the first answer"),
+            409 => assert_eq!(a.code().1, "idempotency_key_in_use", "{a:?}"),
             _ => panic!("unexpected answer {a:?}"),
         }
     }
     assert_eq!(payments(&db, &order_id).await, 1);
     // After the first is done, everyone gets the replay.
     let late = pay(&http, &b.base_url(), "ONE", &order_id).await;
-    assert_eq!((late.0, late.1), (201, true));
-    assert_eq!(late.2, first[0].2);
+    assert_eq!((late.status.as_u16(), late.replayed()), (201, true));
+    assert_eq!(late.bytes, first[0].bytes);
 }
 
 /// A process SIGKILLed while a payment is written and not committed (the
@@ -217,23 +228,33 @@ async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
         let survivor = shop(&db, None, &[]).await;
         let base = survivor.base_url();
         let early = pay(&http, &base, "K", &order_id).await;
-        assert_eq!(early.0, 409, "the lease still holds: {:?}", early.2);
-        assert_eq!(code(&early), "idempotency_key_in_use");
+        assert_eq!(
+            early.status.as_u16(),
+            409,
+            "the lease still holds: {:?}",
+            early.bytes
+        );
+        assert_eq!(early.code().1, "idempotency_key_in_use");
         // The lease (10 s, no longer renewed) runs out; the retry pays.
         let mut paid = None;
         for _ in 0..60 {
             tokio::time::sleep(Duration::from_millis(250)).await;
             let a = pay(&http, &base, "K", &order_id).await;
-            if a.0 != 409 {
+            if a.status.as_u16() != 409 {
                 paid = Some(a);
                 break;
             }
         }
         let paid = paid.expect("the lease never ran out");
-        assert_eq!((paid.0, paid.1), (201, false), "{:?}", paid.2);
+        assert_eq!(
+            (paid.status.as_u16(), paid.replayed()),
+            (201, false),
+            "{:?}",
+            paid.bytes
+        );
         let replay = pay(&http, &base, "K", &order_id).await;
-        assert_eq!((replay.0, replay.1), (201, true));
-        assert_eq!(replay.2, paid.2);
+        assert_eq!((replay.status.as_u16(), replay.replayed()), (201, true));
+        assert_eq!(replay.bytes, paid.bytes);
         assert_eq!(payments(&db, &order_id).await, 1);
         assert_eq!(records(&db).await, (0, 1));
     }
@@ -283,19 +304,19 @@ async fn payments_fail_closed_while_the_database_is_down() {
     let order_id = order(&http, &base).await;
     proxy.set_mode(ProxyMode::Refuse);
     let down = pay(&http, &base, "K", &order_id).await;
-    assert_eq!(down.0, 503, "{:?}", down.2);
-    assert_eq!(code(&down), "guard_unavailable");
+    assert_eq!(down.status.as_u16(), 503, "{:?}", down.bytes);
+    assert_eq!(down.code().1, "guard_unavailable");
     proxy.set_mode(ProxyMode::Pass);
     let mut paid = None;
     for _ in 0..40 {
         let a = pay(&http, &base, "K", &order_id).await;
-        if a.0 == 201 {
+        if a.status.as_u16() == 201 {
             paid = Some(a);
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let paid = paid.expect("payments never came back");
-    assert!(!paid.1);
+    assert!(!paid.replayed());
     assert_eq!(payments(&db, &order_id).await, 1);
 }

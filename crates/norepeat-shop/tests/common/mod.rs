@@ -12,6 +12,7 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
+use bytes::Bytes;
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat_shop::app::{AppState, app};
 use norepeat_shop::config::ShopConfig;
@@ -39,6 +40,8 @@ pub struct Answer {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Value,
+    /// The body as sent (a replay is compared byte for byte).
+    pub bytes: Bytes,
 }
 
 impl Answer {
@@ -50,11 +53,29 @@ impl Answer {
         )
     }
 
+    /// Whether `Idempotent-Replayed: true` came with it.
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// An answer as it came, unchecked (for a test that expects a 5xx).
+    fn unchecked(status: StatusCode, headers: HeaderMap, bytes: Bytes) -> Answer {
+        Answer {
+            status,
+            headers,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            bytes,
+        }
+    }
+
     /// An answer of `what` (a request's method and path), checked as the
     /// contract says every answer is: never a 5xx, and every 4xx an RFC
     /// 9457 problem document carrying its own status.
-    fn checked(what: &str, status: StatusCode, headers: HeaderMap, bytes: &[u8]) -> Answer {
-        let body = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    fn checked(what: &str, status: StatusCode, headers: HeaderMap, bytes: Bytes) -> Answer {
+        let answer = Answer::unchecked(status, headers, bytes);
+        let Answer { headers, body, .. } = &answer;
         assert!(!status.is_server_error(), "{what}: {status}: {body}");
         if status.is_client_error() {
             assert_eq!(
@@ -64,15 +85,11 @@ impl Answer {
                     .as_deref(),
                 Some("application/problem+json"),
                 "{what}: {status}: {}",
-                String::from_utf8_lossy(bytes)
+                String::from_utf8_lossy(&answer.bytes)
             );
             assert_eq!(body["status"], status.as_u16(), "{what}: {body}");
         }
-        Answer {
-            status,
-            headers,
-            body,
-        }
+        answer
     }
 
     /// Reads and checks the answer of a shop process.
@@ -80,7 +97,14 @@ impl Answer {
         let status = res.status();
         let headers = res.headers().clone();
         let bytes = res.bytes().await.unwrap();
-        Answer::checked(what, status, headers, &bytes)
+        Answer::checked(what, status, headers, bytes)
+    }
+
+    /// Reads the answer of a shop process as it came (a 5xx included).
+    pub async fn read_unchecked(res: reqwest::Response) -> Answer {
+        let status = res.status();
+        let headers = res.headers().clone();
+        Answer::unchecked(status, headers, res.bytes().await.unwrap())
     }
 }
 
@@ -131,6 +155,6 @@ impl RouterShop {
         let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
             .await
             .unwrap();
-        Answer::checked(&what, status, headers, &bytes)
+        Answer::checked(&what, status, headers, bytes)
     }
 }
