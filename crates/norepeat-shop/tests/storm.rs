@@ -138,3 +138,38 @@ async fn storm_against_running_shops() {
         let _ = std::fs::remove_file(format!("{}{s}", db.display()));
     }
 }
+
+/// A shop that lets duplicates through fails the storm: the exit status is
+/// not 0, so a script (or CI) running `norepeat storm` sees the incident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_against_a_naive_shop_exits_non_zero() {
+    let db = std::env::temp_dir().join(format!("nr-storm-naive-{}.db", rand::random::<u64>()));
+    let env = vec![
+        (
+            "DATABASE_URL".to_owned(),
+            format!("sqlite://{}?mode=rwc", db.display()),
+        ),
+        ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
+        ("NOREPEAT_DEFENCE".to_owned(), "naive".to_owned()),
+    ];
+    let shop = norepeat_testkit::ShopProcess::start(BIN, env).await;
+    let base = shop.base_url();
+    let (ok, json) = tokio::task::spawn_blocking(move || {
+        storm(
+            &["--target", &base],
+            &[("NOREPEAT_ADMIN_TOKEN", "adm".to_owned())],
+        )
+    })
+    .await
+    .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert!(
+        rows.iter().any(|r| r["duplicates"].as_u64().unwrap() > 0),
+        "the naive shop lets duplicates through: {json}"
+    );
+    assert!(!ok, "the exit status must say the storm found duplicates: {json}");
+    drop(shop);
+    for s in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{s}", db.display()));
+    }
+}

@@ -39,5 +39,5 @@ pub use db::{SqliteFile, TestDb};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;
-pub use shop::{CALLBACK_SECRET_ENV, ShopProcess, sign_callback, sign_callback_now};
+pub use shop::{CALLBACK_SECRET_ENV, KEPT_ENV, ShopProcess, sign_callback, sign_callback_now};
 pub use util::free_port;

@@ -41,6 +41,14 @@ pub fn sign_callback_now(secret: &str, body: &[u8]) -> String {
     sign_callback(secret, now, body)
 }
 
+/// The variables a started binary keeps from the test's environment: what
+/// a process needs to run at all (`PATH`, `HOME`, the temporary directory)
+/// and what only changes how a failure is reported (`RUST_BACKTRACE`).
+/// Everything else (a developer's `REDIS_URL`, `DATABASE_URL`, `NATS_URL`,
+/// `NOREPEAT_*`, `RUST_LOG`) is left out, so a test of the embedded
+/// defaults checks the defaults on every machine.
+pub const KEPT_ENV: [&str; 4] = ["PATH", "HOME", "TMPDIR", "RUST_BACKTRACE"];
+
 /// The marker searched for in stdout.
 const LISTENING_MARKER: &str = "listening on http://";
 
@@ -49,7 +57,8 @@ const LISTENING_MARKER: &str = "listening on http://";
 /// [`start`](Self::start) waits until the process prints a line containing
 /// `listening on http://HOST:PORT` on stdout; all other output (stdout and
 /// stderr) is forwarded to the test's stderr by background tasks. The process
-/// is SIGKILLed on drop.
+/// is SIGKILLed on drop. It starts from a cleared environment: only
+/// [`KEPT_ENV`] and the variables the test gives.
 ///
 /// ```ignore
 /// use norepeat_testkit::{RedisServer, ShopProcess};
@@ -70,8 +79,9 @@ pub struct ShopProcess {
 }
 
 impl ShopProcess {
-    /// Starts `bin serve --listen 127.0.0.1:0` with the extra environment
-    /// variables `env` and waits (up to 60 s) for its `listening on` line.
+    /// Starts `bin serve --listen 127.0.0.1:0` with the variables `env` (and
+    /// [`KEPT_ENV`], nothing else of the test's environment) and waits (up to
+    /// 60 s) for its `listening on` line.
     ///
     /// # Panics
     ///
@@ -96,6 +106,8 @@ impl ShopProcess {
         let mut child = Command::new(&bin)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(&extra_args)
+            .env_clear()
+            .envs(KEPT_ENV.iter().filter_map(|k| Some((*k, std::env::var_os(k)?))))
             .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

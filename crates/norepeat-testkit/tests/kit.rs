@@ -335,3 +335,50 @@ async fn shop_process_panics_when_binary_exits_early() {
         "panic: {msg}"
     );
 }
+
+/// A started binary sees only what the test gives it (and `KEPT_ENV`):
+/// nothing else of the test's own environment leaks in, so a developer's
+/// `REDIS_URL` cannot change what an "embedded defaults" test checks.
+#[tokio::test]
+async fn a_started_binary_gets_a_cleared_environment() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // A variable the test process certainly has: cargo and nextest both set
+    // CARGO_MANIFEST_DIR for the tests they run.
+    let leaked = "CARGO_MANIFEST_DIR";
+    assert!(std::env::var_os(leaked).is_some(), "the test runner sets {leaked}");
+    let dir = std::env::temp_dir().join(format!("norepeat-kit-env-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("env.txt");
+    let bin = dir.join("fake-shop");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\nenv > '{}'\necho 'listening on http://127.0.0.1:9'\nexec sleep 30\n",
+            dump.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shop = norepeat_testkit::ShopProcess::start(
+        &bin,
+        vec![("NOREPEAT_GIVEN".to_owned(), "yes".to_owned())],
+    )
+    .await;
+    assert_eq!(shop.base_url(), "http://127.0.0.1:9");
+    let env = std::fs::read_to_string(&dump).unwrap();
+    drop(shop);
+    let _ = std::fs::remove_dir_all(&dir);
+    let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+    assert!(env.lines().any(|l| l == "NOREPEAT_GIVEN=yes"), "{env}");
+    assert!(names.contains(&"PATH"), "PATH is kept: {env}");
+    assert!(!names.contains(&leaked), "{leaked} leaked in: {env}");
+    for name in &names {
+        assert!(
+            *name == "NOREPEAT_GIVEN"
+                || norepeat_testkit::KEPT_ENV.contains(name)
+                // What sh itself sets.
+                || ["PWD", "SHLVL", "_", "OLDPWD"].contains(name),
+            "{name} leaked in: {env}"
+        );
+    }
+}
