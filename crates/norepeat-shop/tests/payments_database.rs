@@ -285,8 +285,9 @@ fn an_unknown_store_is_a_start_up_error() {
 async fn payments_fail_closed_while_the_database_is_down() {
     use norepeat_testkit::{ProxyMode, TcpProxy};
     let pg = PgDatabase::fresh().await;
-    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
-    let url = format!("postgres://postgres@{}/{}", proxy.addr(), pg.name());
+    // Through the kit's admin URL (its password and port, when it has them).
+    let proxy = TcpProxy::start(pg.server()).await;
+    let url = pg.url_through(proxy.addr());
     let db = TestDb::Postgres(pg);
     let shop = ShopProcess::start(
         BIN,

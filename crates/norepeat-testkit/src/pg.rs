@@ -89,6 +89,37 @@ impl PgDatabase {
         self.url.clone()
     }
 
+    /// The `host:port` of the server this database lives on, from the admin
+    /// URL (`127.0.0.1:5432` by default): where a [`crate::TcpProxy`] in
+    /// front of it forwards.
+    ///
+    /// # Panics
+    ///
+    /// Panics when the admin URL names no `host:port` that resolves.
+    pub fn server(&self) -> std::net::SocketAddr {
+        let (_, authority) = split_authority(&self.url);
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        std::net::ToSocketAddrs::to_socket_addrs(host_port)
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .unwrap_or_else(|| {
+                panic!("norepeat-testkit: the admin URL's `{host_port}` is not a host:port")
+            })
+    }
+
+    /// This database's URL with the server's `host:port` replaced by
+    /// `addr`, keeping the user, password and options of the admin URL: the
+    /// URL of this database seen through a proxy at `addr`.
+    pub fn url_through(&self, addr: std::net::SocketAddr) -> String {
+        let (scheme, authority) = split_authority(&self.url);
+        let rest = &self.url[scheme.len() + authority.len()..];
+        let user = authority.rsplit_once('@').map(|(u, _)| u);
+        match user {
+            Some(user) => format!("{scheme}{user}@{addr}{rest}"),
+            None => format!("{scheme}{addr}{rest}"),
+        }
+    }
+
     /// The database name (`nr_test_<hex>`).
     pub fn name(&self) -> &str {
         &self.name
@@ -195,6 +226,16 @@ async fn drop_database(admin_url: &str, name: &str) -> Result<(), sqlx::Error> {
 }
 
 /// Replaces the database (path) part of a PostgreSQL URL, keeping any query string.
+/// `url` split as `(scheme and "://", authority)`: the authority is what
+/// lies between `://` and the next `/` or `?`.
+fn split_authority(url: &str) -> (&str, &str) {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
+    (&url[..start], &url[start..end])
+}
+
 fn with_database(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
@@ -213,7 +254,35 @@ fn with_database(url: &str, db: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::with_database;
+    use super::{PgDatabase, with_database};
+
+    fn database(url: &str) -> PgDatabase {
+        PgDatabase {
+            admin_url: url.to_owned(),
+            name: "x".to_owned(),
+            url: with_database(url, "x"),
+            // Never dropped: no server behind it.
+            dropped: true,
+        }
+    }
+
+    #[test]
+    fn the_url_through_a_proxy_keeps_the_password_and_options() {
+        let proxy = "127.0.0.1:6000".parse().unwrap();
+        let db = database("postgres://postgres:secret@127.0.0.1:5432/postgres?sslmode=disable");
+        assert_eq!(db.server(), "127.0.0.1:5432".parse().unwrap());
+        assert_eq!(
+            db.url_through(proxy),
+            "postgres://postgres:secret@127.0.0.1:6000/x?sslmode=disable"
+        );
+        let db = database("postgres://postgres@127.0.0.1:5433/postgres");
+        assert_eq!(db.server(), "127.0.0.1:5433".parse().unwrap());
+        assert_eq!(db.url_through(proxy), "postgres://postgres@127.0.0.1:6000/x");
+        assert_eq!(
+            database("postgres://127.0.0.1:5432/postgres").url_through(proxy),
+            "postgres://127.0.0.1:6000/x"
+        );
+    }
 
     #[test]
     fn with_database_replaces_path() {
