@@ -309,27 +309,40 @@ impl Guarded {
     }
 }
 
+// The attribute's duration grammar: one file, compiled into the macros
+// crate too (this is a symlink to `norepeat-macros/src/duration.rs`).
+mod duration;
+
 /// Parses a duration as the attribute writes it: a whole number and a unit,
-/// `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"3s"`, `"24h"`).
+/// `ms`, `s`, `m` (or `min`), `h` or `d` (`"500ms"`, `"3s"`, `"24h"`), with
+/// any whitespace around either; zero is not a duration. The attribute's
+/// `window`, `retention`, `lease` and `wait` accept the same strings: both
+/// run one grammar.
 ///
 /// ```
 /// use std::time::Duration;
 /// assert_eq!(norepeat::attribute::parse_duration("3s"), Some(Duration::from_secs(3)));
+/// assert_eq!(norepeat::attribute::parse_duration("2 min"), Some(Duration::from_secs(120)));
 /// assert_eq!(norepeat::attribute::parse_duration("3 parsecs"), None);
+/// assert_eq!(norepeat::attribute::parse_duration("0s"), None);
 /// ```
 #[must_use]
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let ms = match unit.trim() {
-        "ms" => n,
-        "s" => n.checked_mul(1_000)?,
-        "m" | "min" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        "d" => n.checked_mul(86_400_000)?,
-        _ => return None,
-    };
-    (ms > 0).then(|| Duration::from_millis(ms))
+    duration::parse_ms(s).ok().map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod parse_duration_tests {
+    use super::{Duration, duration, parse_duration};
+
+    #[test]
+    fn it_accepts_what_the_attribute_accepts() {
+        for (s, want) in duration::CASES {
+            assert_eq!(
+                parse_duration(s),
+                want.ok().map(Duration::from_millis),
+                "{s:?}"
+            );
+        }
+    }
 }

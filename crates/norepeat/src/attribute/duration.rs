@@ -1,0 +1,1 @@
+../../../norepeat-macros/src/duration.rs
