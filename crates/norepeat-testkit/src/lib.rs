@@ -7,6 +7,7 @@
 //! * [`PgDatabase`]: a freshly created PostgreSQL database, dropped on drop.
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
+//! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole.
 //! * [`free_port`]: a currently free loopback TCP port.
 //!
 //! Helpers in this crate panic with a descriptive message when the test
@@ -26,6 +27,7 @@
 //! ```
 
 mod cluster;
+mod http;
 mod pg;
 mod proxy;
 mod redis_server;
@@ -33,6 +35,8 @@ mod shop;
 mod util;
 
 pub use cluster::RedisCluster;
+// `self::`: the module shares its name with the `http` crate.
+pub use self::http::{Answer, send, send_until_break};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;

@@ -5,10 +5,13 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::with_stores;
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
 use norepeat::store::Resilient;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
+use norepeat::store::{MemoryStore, RedisStore, Store};
 use norepeat_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -104,21 +107,6 @@ impl<S: Store + Clone> Shop<S> {
             self.place_window(order).await
         }
     }
-}
-
-/// Runs `test` against a fresh memory store, then a fresh Redis.
-async fn with_stores<F, Fut>(test: F)
-where
-    F: Fn(AnyStore) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(AnyStore::Memory(MemoryStore::default())).await;
-    let redis = RedisServer::start().await;
-    test(AnyStore::Redis(
-        RedisStore::connect(&redis.url()).await.unwrap(),
-    ))
-    .await;
-    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,10 +4,13 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
+use common::with_stores;
 use norepeat::fingerprint::Fingerprint;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
@@ -55,20 +58,6 @@ fn order(user: &str, body: &'static str) -> Request<Body> {
         .header("content-type", "application/json")
         .body(Body::from(body))
         .unwrap()
-}
-
-async fn with_stores<F, Fut>(test: F)
-where
-    F: Fn(AnyStore) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(AnyStore::Memory(MemoryStore::default())).await;
-    let redis = RedisServer::start().await;
-    test(AnyStore::Redis(
-        RedisStore::connect(&redis.url()).await.unwrap(),
-    ))
-    .await;
-    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

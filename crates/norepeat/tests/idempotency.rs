@@ -11,13 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::BodyExt;
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Mode};
 use norepeat::store::Resilient;
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, RedisStore, Store};
-use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
+use norepeat_testkit::{Answer, ProxyMode, RedisServer, TcpProxy, send, send_until_break};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -115,44 +114,6 @@ fn record_key(user: &str, key: &str) -> String {
         Mode::Idempotency,
         &[user.as_bytes(), b"POST", b"/payments", key.as_bytes()],
     )
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-    fn body_omitted(&self) -> bool {
-        self.headers
-            .get("idempotent-body")
-            .is_some_and(|v| v == "omitted")
-    }
-    fn code(&self) -> String {
-        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        v["code"].as_str().unwrap().to_owned()
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Answer {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        // A body that broke half-way reads as what came before the break.
-        body: body
-            .collect()
-            .await
-            .map(http_body_util::Collected::to_bytes)
-            .unwrap_or_default(),
-    }
 }
 
 async fn pay_with(app: &Router, user: &str, key: &str, body: &str) -> Answer {
@@ -668,7 +629,14 @@ async fn streaming_response_passes_through_whole_and_its_outcome_is_kept<
 async fn a_success_whose_body_breaks_is_not_run_again<G: KeyValueStore + Clone>(store: G) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store), &runs);
-    let broken = pay_steered(&app, "k", ("x-break", "2")).await;
+    let broken = send_until_break(
+        &app,
+        payment("u1", Some(b"k"))
+            .header("x-break", "2")
+            .body(Body::from(BODY))
+            .unwrap(),
+    )
+    .await;
     assert_eq!(broken.status, StatusCode::CREATED);
     let retry = pay_steered(&app, "k", ("x-break", "2")).await;
     assert_replayed_without_body(&retry, &broken);
