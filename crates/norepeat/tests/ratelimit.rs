@@ -7,9 +7,8 @@
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use bytes::Bytes;
 use futures_util::future::join_all;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use norepeat::degrade::FailurePolicy;
 use norepeat::ratelimit::{
     Algorithm, ByClientIp, ByUser, Global, PeerAddr, Quota, RateLimitLayer, RateLimiter,
@@ -18,10 +17,9 @@ use norepeat::store::{
     Fallback, KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore,
     RedisStore, Store, StoreError,
 };
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, RedisServer, send};
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower::ServiceExt;
 
 const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::FixedWindow,
@@ -363,20 +361,8 @@ fn app(layer: RateLimitLayer<impl Store + Clone>) -> Router {
     )
 }
 
-async fn send(app: &Router, req: Request<Body>) -> (Response<()>, serde_json::Value) {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    let bytes: Bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-    (Response::from_parts(parts, ()), json)
-}
-
-fn header<'a>(res: &'a Response<()>, name: &str) -> &'a str {
-    res.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name}"))
-        .to_str()
-        .unwrap()
+fn header<'a>(res: &'a Answer, name: &str) -> &'a str {
+    res.header(name).unwrap_or_else(|| panic!("no {name}"))
 }
 
 #[tokio::test]
@@ -384,12 +370,13 @@ async fn layer_answers_429_with_headers_and_a_problem() {
     let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_minute(nz(2))).name("flash");
     let app = app(RateLimitLayer::new(limiter, ByUser::default()));
     for _ in 0..2 {
-        let (res, _) = send(&app, post_as(Some("u1"))).await;
-        assert_eq!(res.status(), StatusCode::CREATED);
-        assert!(res.headers().get("ratelimit").is_none());
+        let res = send(&app, post_as(Some("u1"))).await;
+        assert_eq!(res.status, StatusCode::CREATED);
+        assert!(res.headers.get("ratelimit").is_none());
     }
-    let (res, body) = send(&app, post_as(Some("u1"))).await;
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let res = send(&app, post_as(Some("u1"))).await;
+    let body = res.json();
+    assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "content-type"), "application/problem+json");
     // GCRA at 2/min: one more every 30 s.
     assert_eq!(header(&res, "retry-after"), "30");
@@ -401,7 +388,7 @@ async fn layer_answers_429_with_headers_and_a_problem() {
     assert!(body["type"].as_str().unwrap().ends_with("rate_limited"));
     // Someone else is not affected.
     assert_eq!(
-        send(&app, post_as(Some("u2"))).await.0.status(),
+        send(&app, post_as(Some("u2"))).await.status,
         StatusCode::CREATED
     );
 }
@@ -410,11 +397,12 @@ async fn layer_answers_429_with_headers_and_a_problem() {
 async fn layer_refuses_a_request_without_a_user_and_counts_nothing() {
     let limiter = RateLimiter::new(MemoryStore::default(), Quota::per_minute(nz(1)));
     let app = app(RateLimitLayer::new(limiter, ByUser::default()));
-    let (res, body) = send(&app, post_as(None)).await;
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let res = send(&app, post_as(None)).await;
+    let body = res.json();
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
     assert_eq!(body["code"], "unauthenticated");
     assert_eq!(
-        send(&app, post_as(Some("u1"))).await.0.status(),
+        send(&app, post_as(Some("u1"))).await.status,
         StatusCode::CREATED
     );
 }
@@ -425,8 +413,8 @@ async fn layer_can_send_the_headers_on_admitted_responses() {
         .name("flash")
         .algorithm(Algorithm::FixedWindow);
     let app = app(RateLimitLayer::new(limiter, ByUser::default()).headers_on_allowed(true));
-    let (res, _) = send(&app, post_as(Some("u1"))).await;
-    assert_eq!(res.status(), StatusCode::CREATED);
+    let res = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status, StatusCode::CREATED);
     assert_eq!(header(&res, "ratelimit"), r#""flash";r=4;t=1"#);
     assert_eq!(header(&res, "ratelimit-policy"), r#""flash";q=5;w=1"#);
 }
@@ -439,17 +427,17 @@ async fn several_quotas_per_route() {
     let per_user = RateLimiter::new(store.clone(), Quota::per_minute(nz(2))).name("user");
     let global = RateLimiter::new(store, Quota::per_minute(nz(3))).name("all");
     let app = app(RateLimitLayer::new(per_user, ByUser::default()).and(global, Global));
-    let status = |res: &Response<()>| res.status();
+    let status = |res: &Answer| res.status;
     assert_eq!(
-        status(&send(&app, post_as(Some("u1"))).await.0),
+        status(&send(&app, post_as(Some("u1"))).await),
         StatusCode::CREATED
     );
     assert_eq!(
-        status(&send(&app, post_as(Some("u1"))).await.0),
+        status(&send(&app, post_as(Some("u1"))).await),
         StatusCode::CREATED
     );
-    let (res, _) = send(&app, post_as(Some("u1"))).await;
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let res = send(&app, post_as(Some("u1"))).await;
+    assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "ratelimit"), r#""user";r=0;t=30"#);
     assert_eq!(
         header(&res, "ratelimit-policy"),
@@ -457,12 +445,13 @@ async fn several_quotas_per_route() {
     );
     // The global quota still has one left for u2 ...
     assert_eq!(
-        status(&send(&app, post_as(Some("u2"))).await.0),
+        status(&send(&app, post_as(Some("u2"))).await),
         StatusCode::CREATED
     );
     // ... and then none.
-    let (res, body) = send(&app, post_as(Some("u3"))).await;
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let res = send(&app, post_as(Some("u3"))).await;
+    let body = res.json();
+    assert_eq!(res.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(body["code"], "rate_limited");
     assert_eq!(
         header(&res, "ratelimit"),
@@ -486,20 +475,21 @@ async fn layer_keys_by_client_ip() {
         req
     };
     assert_eq!(
-        send(&app, from("203.0.113.1")).await.0.status(),
+        send(&app, from("203.0.113.1")).await.status,
         StatusCode::CREATED
     );
     assert_eq!(
-        send(&app, from("203.0.113.1")).await.0.status(),
+        send(&app, from("203.0.113.1")).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(
-        send(&app, from("203.0.113.2")).await.0.status(),
+        send(&app, from("203.0.113.2")).await.status,
         StatusCode::CREATED
     );
     // Without the peer's address the key is unknown: a 400, not a 5xx.
-    let (res, body) = send(&app, post_as(Some("u1"))).await;
-    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let res = send(&app, post_as(Some("u1"))).await;
+    let body = res.json();
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
     assert_eq!(body["code"], "invalid_request");
 }
 
@@ -533,8 +523,9 @@ async fn fail_closed_answers_503() {
     let limiter = RateLimiter::new(Down, Quota::per_second(nz(5)))
         .on_store_failure(FailurePolicy::FailClosed);
     let app = app(RateLimitLayer::new(limiter, ByUser::default()));
-    let (res, body) = send(&app, post_as(Some("u1"))).await;
-    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let res = send(&app, post_as(Some("u1"))).await;
+    let body = res.json();
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&res, "retry-after"), "1");
     assert_eq!(body["code"], "guard_unavailable");
 }
@@ -544,10 +535,10 @@ async fn fail_open_admits() {
     let limiter = RateLimiter::new(Down, Quota::per_minute(nz(1)));
     let app = app(RateLimitLayer::new(limiter, ByUser::default()).headers_on_allowed(true));
     for _ in 0..3 {
-        let (res, _) = send(&app, post_as(Some("u1"))).await;
-        assert_eq!(res.status(), StatusCode::CREATED);
+        let res = send(&app, post_as(Some("u1"))).await;
+        assert_eq!(res.status, StatusCode::CREATED);
         // No decision, so no RateLimit; the policy is still advertised.
-        assert!(res.headers().get("ratelimit").is_none());
+        assert!(res.headers.get("ratelimit").is_none());
         assert_eq!(header(&res, "ratelimit-policy"), r#""default";q=1;w=60"#);
     }
 }
@@ -560,11 +551,11 @@ async fn fail_open_to_a_local_limiter() {
     let limiter = RateLimiter::new(store, Quota::per_minute(nz(1)));
     let app = app(RateLimitLayer::new(limiter, ByUser::default()));
     assert_eq!(
-        send(&app, post_as(Some("u1"))).await.0.status(),
+        send(&app, post_as(Some("u1"))).await.status,
         StatusCode::CREATED
     );
     assert_eq!(
-        send(&app, post_as(Some("u1"))).await.0.status(),
+        send(&app, post_as(Some("u1"))).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
 }
