@@ -18,7 +18,7 @@ use norepeat::store::KeyValueStore;
 use norepeat::store::{AnyStore, MemoryStore, RedisStore};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, RedisServer, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -271,13 +271,10 @@ async fn key_order_ignored_fields_users_and_quantities() {
     .await;
 }
 
-async fn problem(res: axum::response::Response) -> (StatusCode, serde_json::Value) {
-    let status = res.status();
-    assert_eq!(res.headers()["content-type"], "application/problem+json");
-    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (status, serde_json::from_slice(&body).unwrap())
+/// The status and the problem body of `answer`, which must be a problem.
+fn problem(answer: Answer) -> (StatusCode, serde_json::Value) {
+    assert_eq!(answer.headers["content-type"], "application/problem+json");
+    (answer.status, serde_json::from_slice(&answer.body).unwrap())
 }
 
 #[tokio::test]
@@ -291,13 +288,13 @@ async fn bad_input_gets_the_contracts_4xx() {
     let tokens = TokenGuard::new(store, TokenSigner::random());
     let tk = counting_route(TokenLayer::new(tokens), Arc::clone(&runs));
 
-    let (s, p) = problem(fp.clone().oneshot(order("u1", r#"{"sku":"#)).await.unwrap()).await;
+    let (s, p) = problem(send(&fp, order("u1", r#"{"sku":"#)).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (400, Some("invalid_request"))
     );
 
-    let (s, p) = problem(fp.clone().oneshot(order("u1", "")).await.unwrap()).await;
+    let (s, p) = problem(send(&fp, order("u1", "")).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (400, Some("invalid_request"))
@@ -309,7 +306,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         .header("content-type", "application/json")
         .body(Body::from(big))
         .unwrap();
-    let (s, p) = problem(fp.clone().oneshot(req).await.unwrap()).await;
+    let (s, p) = problem(send(&fp, req).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (413, Some("payload_too_large"))
@@ -320,7 +317,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         .header("x-user-id", long_user)
         .body(Body::from("{}"))
         .unwrap();
-    let (s, p) = problem(fp.clone().oneshot(req).await.unwrap()).await;
+    let (s, p) = problem(send(&fp, req).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (401, Some("unauthenticated"))
@@ -333,7 +330,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         )
         .body(Body::from("{}"))
         .unwrap();
-    let (s, p) = problem(fp.oneshot(req).await.unwrap()).await;
+    let (s, p) = problem(send(&fp, req).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (401, Some("unauthenticated"))
@@ -343,7 +340,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         .header("x-user-id", "u1")
         .body(Body::from("{}"))
         .unwrap();
-    let (s, p) = problem(tk.clone().oneshot(req).await.unwrap()).await;
+    let (s, p) = problem(send(&tk, req).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (400, Some("missing_token"))
@@ -354,7 +351,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         .header("repeat-token", "t".repeat(10 * 1024))
         .body(Body::from("{}"))
         .unwrap();
-    let (s, p) = problem(tk.clone().oneshot(req).await.unwrap()).await;
+    let (s, p) = problem(send(&tk, req).await);
     assert_eq!(
         (s.as_u16(), p["code"].as_str()),
         (409, Some("duplicate_submission"))
@@ -368,7 +365,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         )
         .body(Body::from("{}"))
         .unwrap();
-    let (s, _) = problem(tk.oneshot(req).await.unwrap()).await;
+    let (s, _) = problem(send(&tk, req).await);
     assert_eq!(s.as_u16(), 409);
 
     assert_eq!(
@@ -415,10 +412,7 @@ async fn the_body_reaches_the_handler_unchanged() {
             .layer(FingerprintLayer::new(FingerprintGuard::new(store))),
     );
     let raw = r#"{ "b": 1,   "a": [1, 2], "traceId": "x" }"#;
-    let res = app.oneshot(order("u1", raw)).await.unwrap();
-    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
-        .await
-        .unwrap();
+    let body = send(&app, order("u1", raw)).await.body;
     assert_eq!(&body[..], raw.as_bytes());
 }
 

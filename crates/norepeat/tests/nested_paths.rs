@@ -10,15 +10,13 @@ use axum::body::Body;
 use axum::extract::OriginalUri;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{ByRoute, Quota, RateLimitLayer, RateLimiter};
 use norepeat::store::{MemoryStore, RedisStore, Store};
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{RedisServer, send};
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower::ServiceExt;
 
 /// `/shop/orders/{id}/pay`, two nests deep, guarded by `layer`; the handler
 /// answers with the path it was sent.
@@ -52,11 +50,8 @@ async fn pay(app: &Router, order: u32) -> (StatusCode, bool, String) {
         .header("content-type", "application/json")
         .body(Body::from(r#"{"amount":1999}"#))
         .unwrap();
-    let res = app.clone().oneshot(req).await.unwrap();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let status = res.status();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, replayed, String::from_utf8(body.to_vec()).unwrap())
+    let answer = send(app, req).await;
+    (answer.status, answer.replayed(), answer.text())
 }
 
 async fn idempotency_key_is_per_order<G: Store + Clone>(store: G) {
