@@ -10,8 +10,12 @@ mod common;
 use common::with_stores;
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+#[cfg(feature = "redis")]
 use norepeat::store::Resilient;
-use norepeat::store::{MemoryStore, RedisStore, Store};
+use norepeat::store::{MemoryStore, Store};
+#[cfg(feature = "redis")]
 use norepeat_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -310,11 +314,13 @@ async fn free_functions_tuple_fields_and_unit_results() {
 
 // Failure policies, against a Redis that is gone.
 
+#[cfg(feature = "redis")]
 struct Down<S> {
     store: S,
     runs: AtomicU32,
 }
 
+#[cfg(feature = "redis")]
 impl<S: Store + Clone> Down<S> {
     #[norepeat::guard(store = self.store, key = "{id}", mode = once, on_store_failure = fail_open)]
     async fn open(&self, id: u32) -> Result<u32, Error> {
@@ -332,6 +338,7 @@ impl<S: Store + Clone> Down<S> {
     }
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_failure_runs_unguarded_when_open_and_refuses_when_closed() {
     let mut redis = RedisServer::start().await;

@@ -6,7 +6,7 @@
 //!
 //! Each test starts its own cluster (nextest runs them one at a time). Timing
 //! assertions are loose: the machine is shared.
-
+#![cfg(feature = "redis")]
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 

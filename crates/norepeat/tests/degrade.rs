@@ -4,6 +4,7 @@
 //!
 //! Timing assertions are deliberately loose (the budget plus a generous
 //! margin); where possible the tests count instead of timing.
+#![cfg(feature = "redis")]
 
 use axum::Router;
 use axum::body::Body;

@@ -14,11 +14,16 @@ use common::with_stores;
 use norepeat::fingerprint::Fingerprint;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
+#[cfg(feature = "redis")]
 use norepeat::store::KeyValueStore;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+use norepeat::store::{AnyStore, MemoryStore};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::{Answer, RedisServer, send};
+#[cfg(feature = "redis")]
+use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -416,6 +421,7 @@ async fn the_body_reaches_the_handler_unchanged() {
     assert_eq!(&body[..], raw.as_bytes());
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_keys_are_short_expire_and_are_released_by_their_owner() {
     let redis = RedisServer::start().await;

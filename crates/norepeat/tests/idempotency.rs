@@ -11,17 +11,24 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
+#[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Mode};
+#[cfg(feature = "redis")]
 use norepeat::store::Resilient;
-use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, RedisStore, Store};
-use norepeat_testkit::{Answer, ProxyMode, RedisServer, TcpProxy, send, send_until_break};
+use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, Store};
+use norepeat_testkit::{Answer, send, send_until_break};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
+#[cfg(feature = "redis")]
+use {
+    norepeat::store::RedisStore,
+    norepeat_testkit::{ProxyMode, RedisServer, TcpProxy},
+};
 
 type Runs = Arc<AtomicUsize>;
 
@@ -145,6 +152,7 @@ macro_rules! both {
                 super::$case(norepeat::store::MemoryStore::default()).await;
             }
 
+            #[cfg(feature = "redis")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
                 let redis = norepeat_testkit::RedisServer::start().await;
@@ -166,6 +174,7 @@ macro_rules! every_store {
                 super::$case(norepeat::store::MemoryStore::default()).await;
             }
 
+            #[cfg(feature = "redis")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
                 let redis = norepeat_testkit::RedisServer::start().await;
@@ -753,6 +762,7 @@ async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn replay_survives_a_process_restart() {
     let redis = RedisServer::start().await;
@@ -783,6 +793,7 @@ async fn replay_survives_a_process_restart() {
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 
+#[cfg(feature = "redis")]
 /// The store forgets every record (FLUSHALL) while a request runs: a
 /// retry claims the key afresh and runs, and the first request, when it
 /// ends, cannot overwrite the retry's record (the 12-byte claim is still
@@ -806,6 +817,7 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 
+#[cfg(feature = "redis")]
 /// Sends the request `req` builds, as a client that honours
 /// `Retry-After` would, until it is answered neither 409 (the first one
 /// still holds the key) nor 503 (the store is not back yet), for at most
@@ -822,6 +834,7 @@ async fn until_not_in_use(app: &Router, req: impl Fn() -> Request<Body>) -> Answ
     }
 }
 
+#[cfg(feature = "redis")]
 /// The store breaks while the handler runs, so storing its response fails,
 /// and comes back a moment later: the key is not freed, the completion is
 /// tried again until it lands, and the client's retry waits (409), then
@@ -862,6 +875,7 @@ async fn a_completion_that_fails_is_tried_again_and_the_retry_replays() {
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn store_down_fails_closed_with_503() {
     let mut redis = RedisServer::start().await;

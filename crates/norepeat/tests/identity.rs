@@ -1,6 +1,7 @@
 //! Identity is never guessed: a request carrying the caller's header twice
 //! has no caller, in every layer that needs one (401 `unauthenticated`),
 //! against a real Redis.
+#![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;

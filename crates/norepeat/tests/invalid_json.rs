@@ -11,8 +11,12 @@ use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::store::KeyValueStore;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
-use norepeat_testkit::{Answer, RedisServer, send};
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+use norepeat::store::{AnyStore, MemoryStore};
+#[cfg(feature = "redis")]
+use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -124,6 +128,7 @@ async fn memory() {
     both_layers_refuse_invalid_json(AnyStore::Memory(MemoryStore::default())).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis() {
     let redis = RedisServer::start().await;

@@ -13,8 +13,12 @@ use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{ByRoute, Quota, RateLimitLayer, RateLimiter};
-use norepeat::store::{MemoryStore, RedisStore, Store};
-use norepeat_testkit::{RedisServer, send};
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+use norepeat::store::{MemoryStore, Store};
+#[cfg(feature = "redis")]
+use norepeat_testkit::RedisServer;
+use norepeat_testkit::send;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -110,6 +114,7 @@ macro_rules! both {
                 super::$case(super::MemoryStore::default()).await;
             }
 
+            #[cfg(feature = "redis")]
             #[tokio::test]
             async fn redis() {
                 let redis = super::RedisServer::start().await;

@@ -7,6 +7,7 @@
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
+#[cfg(feature = "redis")]
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
 use norepeat::degrade::FailurePolicy;
@@ -14,12 +15,14 @@ use norepeat::ratelimit::{
     Algorithm, ByClientIp, ByUser, Global, PeerAddr, Quota, RateLimitLayer, RateLimiter,
 };
 use norepeat::store::{
-    Fallback, KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore,
-    RedisStore, Store, StoreError,
+    Fallback, KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore, Store,
+    StoreError,
 };
-use norepeat_testkit::{Answer, RedisServer, send};
+use norepeat_testkit::{Answer, send};
 use std::num::NonZeroU32;
 use std::time::Duration;
+#[cfg(feature = "redis")]
+use {norepeat::store::RedisStore, norepeat_testkit::RedisServer};
 
 const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::FixedWindow,
@@ -33,6 +36,7 @@ fn nz(n: u32) -> NonZeroU32 {
 
 // ---------------------------------------------------------------- Redis
 
+#[cfg(feature = "redis")]
 /// Two limiters on two connections, 40 concurrent attempts at a quota of
 /// 10 in a long window: exactly 10 get through, whatever the algorithm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,6 +72,7 @@ async fn two_instances_share_one_quota_exactly() {
     assert_eq!(redis.dbsize().await, 6);
 }
 
+#[cfg(feature = "redis")]
 /// Every key the limiter writes expires, and no later than its state
 /// matters.
 #[tokio::test]
@@ -93,6 +98,7 @@ async fn every_key_has_a_ttl() {
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
 
+#[cfg(feature = "redis")]
 /// The Lua scripts and the memory versions agree on simple sequences.
 #[tokio::test]
 async fn lua_and_memory_agree() {
@@ -143,6 +149,7 @@ async fn lua_and_memory_agree() {
     }
 }
 
+#[cfg(feature = "redis")]
 /// Calls `l` for `key` until it refuses one (at most `bound` calls);
 /// returns how many were admitted.
 async fn admitted_until_refused<S: Store>(l: &RateLimiter<S>, key: &str, bound: u32) -> u32 {
@@ -154,6 +161,7 @@ async fn admitted_until_refused<S: Store>(l: &RateLimiter<S>, key: &str, bound: 
     panic!("{bound} calls and none refused");
 }
 
+#[cfg(feature = "redis")]
 /// A config change between deployments (`NOREPEAT_FLASH_RATE` from `5/s`
 /// to `100/m`, and back): the limiter under its new window admits its whole
 /// new quota at once and then refuses with a `Retry-After` within that
@@ -235,6 +243,7 @@ async fn changing_the_sliding_window_admits_within_the_new_window() {
     }
 }
 
+#[cfg(feature = "redis")]
 /// A refused call does not push the key's expiry further: the state
 /// expires when its last window ends, however often a client knocks.
 #[tokio::test]
@@ -259,6 +268,7 @@ async fn a_refused_sliding_window_call_does_not_extend_its_key() {
     );
 }
 
+#[cfg(feature = "redis")]
 /// A stored sliding window far ahead of the store's clock (left by another
 /// window size, or a clock that jumped) is stale: it is reset, not obeyed.
 #[tokio::test]
@@ -295,6 +305,7 @@ async fn a_sliding_window_far_ahead_is_stale() {
     assert!(pttl > 0 && pttl <= 2_000, "PTTL {pttl}");
 }
 
+#[cfg(feature = "redis")]
 async fn pttl(con: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(con).await.unwrap()
 }

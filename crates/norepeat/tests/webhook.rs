@@ -8,9 +8,13 @@ use axum::body::Body;
 use axum::extract::Extension;
 use axum::routing::post;
 use http::{HeaderName, Request};
-use norepeat::store::{KeyValueStore, MemoryStore, RedisStore};
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+use norepeat::store::{KeyValueStore, MemoryStore};
 use norepeat::webhook::{OnReplay, Repeated, SIGNATURE_HEADER, WebhookLayer, WebhookVerifier};
-use norepeat_testkit::{Answer, RedisServer, send};
+#[cfg(feature = "redis")]
+use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -160,6 +164,7 @@ macro_rules! both {
                 super::$case(super::MemoryStore::default()).await;
             }
 
+            #[cfg(feature = "redis")]
             #[tokio::test]
             async fn redis() {
                 let redis = super::RedisServer::start().await;
