@@ -10,6 +10,8 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,6 +19,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
+use common::RouteLayer;
 use futures_util::future::join_all;
 use norepeat::fingerprint::{Fingerprint, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -138,17 +141,7 @@ async fn slot_of(port: u16, key: &str) -> u16 {
 
 /// A route whose handler counts its runs.
 /// (Generic over the layer: the token and the fingerprint layer are two types.)
-fn counting_route<L>(layer: L, runs: Arc<AtomicUsize>) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
+fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
     Router::new().route(
         "/orders",
         post(move || {

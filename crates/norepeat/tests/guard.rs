@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
+use common::RouteLayer;
 use common::with_stores;
 use norepeat::fingerprint::Fingerprint;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -31,17 +32,7 @@ use tower::ServiceExt;
 
 /// A route whose handler counts its runs.
 /// (Generic over the layer: the token and the fingerprint layer are two types.)
-fn counting_route<L>(layer: L, runs: Arc<AtomicUsize>) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
+fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
     Router::new().route(
         "/orders",
         post(move || {

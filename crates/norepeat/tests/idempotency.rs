@@ -4,12 +4,15 @@
 //! the Redis run also checks that no key was left without a time to live.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
+use common::each_store;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
@@ -144,45 +147,11 @@ async fn pay_steered(app: &Router, key: &str, header: (&str, &str)) -> Answer {
     .await
 }
 
-macro_rules! both {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$case(norepeat::store::MemoryStore::default()).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                let redis = norepeat_testkit::RedisServer::start().await;
-                let store = norepeat::store::RedisStore::connect(&redis.url()).await.unwrap();
-                super::$case(store).await;
-                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
-            }
-        }
-    )*};
-}
-
-/// Stamps `both!`'s two runs of each case and, with the features, a
+/// Stamps `each_store!`'s two runs of each case and, with the features, a
 /// PostgreSQL and a SQLite run (the layer runs on any key-value store).
 macro_rules! every_store {
     ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$case(norepeat::store::MemoryStore::default()).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                let redis = norepeat_testkit::RedisServer::start().await;
-                let store = norepeat::store::RedisStore::connect(&redis.url()).await.unwrap();
-                super::$case(store).await;
-                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
-            }
-
+        each_store!(@case #[tokio::test(flavor = "multi_thread", worker_threads = 2)] $case [] {
             #[cfg(feature = "postgres")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
@@ -206,7 +175,7 @@ macro_rules! every_store {
                 store.migrate().await.unwrap();
                 super::$case(store).await;
             }
-        }
+        });
     )*};
 }
 
@@ -216,7 +185,8 @@ every_store!(
     a_success_whose_body_breaks_is_not_run_again,
 );
 
-both!(
+each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     repeat_is_replayed_byte_for_byte_without_a_run,
     other_request_same_key_is_422,
     running_key_is_409_with_retry_after,

@@ -4,9 +4,12 @@
 //! store and a real Redis.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
+use common::RouteLayer;
 use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
@@ -24,17 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const BROKEN: [&str; 3] = [r#"{"orderId":"o1","amount":"#, "", "amount=1999"];
 const GOOD: &str = r#"{"orderId":"o1","amount":1999}"#;
 
-fn app<L>(layer: L, runs: &Arc<AtomicUsize>) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
+fn app<L: RouteLayer>(layer: L, runs: &Arc<AtomicUsize>) -> Router {
     let runs = Arc::clone(runs);
     Router::new().route(
         "/payments",
