@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::Error;
 use common::with_stores;
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
@@ -21,18 +22,6 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-    Failed,
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
-}
 
 struct Order {
     user_id: String,

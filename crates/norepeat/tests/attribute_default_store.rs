@@ -10,24 +10,13 @@
 
 mod common;
 
+use common::Error;
 use common::with_stores;
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::store::KeyValueStore;
 use norepeat::store::MemoryStore;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-    Failed,
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
-}
 
 fn init() {
     // Another test of this process may have set it first: same kind of store.

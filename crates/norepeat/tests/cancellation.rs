@@ -16,6 +16,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
+use common::Error;
 use common::with_stores;
 use http::{Request, StatusCode};
 use norepeat::attribute::{Guarded, Rejected};
@@ -113,17 +114,6 @@ async fn fingerprint_a_dropped_request_holds_its_key_for_the_window() {
         assert_eq!(effects.load(Ordering::SeqCst), 1);
     })
     .await;
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
 }
 
 struct Ledger {

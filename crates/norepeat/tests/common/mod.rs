@@ -9,10 +9,26 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::Route;
 use http::Request;
+use norepeat::attribute::Rejected;
 use norepeat::store::{AnyStore, MemoryStore};
 use std::convert::Infallible;
 use std::future::Future;
 use tower::{Layer, Service};
+
+/// What the tests' guarded functions return: a refusal from the guard
+/// (`?` turns a `Rejected` into it, as the attribute asks) or their own
+/// failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    Refused(Rejected),
+    Failed,
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Refused(r)
+    }
+}
 
 /// Runs `test` against a fresh memory store, then (with the `redis`
 /// feature) a fresh Redis, whose keys must all carry a TTL afterwards: a
