@@ -201,3 +201,75 @@ where
     }
     bytes.freeze()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Frame;
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A body of two chunks that then fails.
+    struct Breaking(VecDeque<Result<Frame<Bytes>, &'static str>>);
+
+    impl Breaking {
+        fn new() -> Self {
+            Self(VecDeque::from([
+                Ok(Frame::data(Bytes::from_static(b"chunk"))),
+                Ok(Frame::data(Bytes::from_static(b"chunk"))),
+                Err("the stream broke"),
+            ]))
+        }
+    }
+
+    impl Body for Breaking {
+        type Data = Bytes;
+        type Error = &'static str;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    fn breaking_app()
+    -> impl Service<
+        Request<()>,
+        Response = Response<Breaking>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Breaking::new()))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_reads_as_what_came_before_the_break() {
+        let answer = send_until_break(&breaking_app(), Request::new(())).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(&answer.body[..], b"chunkchunk");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "the response body failed: the stream broke")]
+    async fn send_refuses_a_broken_body() {
+        send(&breaking_app(), Request::new(())).await;
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_json_reads_as_null() {
+        let app = tower::service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new("created".to_owned()))
+        });
+        let answer = send(&app, Request::new(())).await;
+        assert_eq!(answer.json(), serde_json::Value::Null);
+        assert_eq!(answer.text(), "created");
+        assert_eq!(answer.header("idempotent-replayed"), None);
+        assert!(!answer.replayed() && !answer.body_omitted());
+    }
+}
