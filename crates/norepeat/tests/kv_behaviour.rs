@@ -382,6 +382,8 @@ behaviour!(
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql {
+    // Only the SQLite helpers read from above (`Duration`).
+    #[cfg(feature = "sqlite")]
     use super::*;
     #[cfg(feature = "sqlite")]
     use norepeat::store::SqliteStore;
