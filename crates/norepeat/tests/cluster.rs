@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use common::RouteLayer;
+use common::counting_route;
 use futures_util::future::join_all;
 use norepeat::fingerprint::{Fingerprint, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -138,23 +138,6 @@ async fn slot_of(port: u16, key: &str) -> u16 {
 }
 
 // ---------------------------------------------------------------- guards
-
-/// A route whose handler counts its runs.
-/// (Generic over the layer: the token and the fingerprint layer are two types.)
-fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
-    Router::new().route(
-        "/orders",
-        post(move || {
-            let runs = Arc::clone(&runs);
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                (StatusCode::CREATED, "created")
-            }
-        })
-        .layer(layer),
-    )
-}
 
 fn order(user: &str, body: String) -> Request<Body> {
     Request::post("/orders")

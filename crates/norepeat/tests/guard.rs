@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use common::RouteLayer;
+use common::counting_route;
 use common::with_stores;
 use norepeat::fingerprint::Fingerprint;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -29,24 +29,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
-
-/// A route whose handler counts its runs.
-/// (Generic over the layer: the token and the fingerprint layer are two types.)
-fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
-    Router::new().route(
-        "/orders",
-        post(move || {
-            let runs = Arc::clone(&runs);
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                // Long enough for the concurrent copies to overlap.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                (StatusCode::CREATED, "created")
-            }
-        })
-        .layer(layer),
-    )
-}
 
 fn order(user: &str, body: &'static str) -> Request<Body> {
     Request::post("/orders")

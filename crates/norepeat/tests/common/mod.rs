@@ -5,14 +5,18 @@
 // Each test file is its own crate and uses only some of these helpers.
 #![allow(dead_code, unused_imports, unused_macros)]
 
+use axum::Router;
 use axum::body::Body;
 use axum::response::IntoResponse;
-use axum::routing::Route;
-use http::Request;
+use axum::routing::{Route, post};
+use http::{Request, StatusCode};
 use norepeat::attribute::Rejected;
 use norepeat::store::{AnyStore, MemoryStore};
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 use tower::{Layer, Service};
 
 /// What the tests' guarded functions return: a refusal from the guard
@@ -97,6 +101,25 @@ macro_rules! each_store {
     };
 }
 pub(crate) use each_store;
+
+/// `POST /orders` behind `layer`, whose handler counts its runs and
+/// answers 201.
+/// (Generic over the layer: the token and the fingerprint layer are two types.)
+pub fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/orders",
+        post(move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // Long enough for the concurrent copies to overlap.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                (StatusCode::CREATED, "created")
+            }
+        })
+        .layer(layer),
+    )
+}
 
 /// What `MethodRouter::layer` asks of a layer, named once: a test's route
 /// builder that takes any of the library's layers (their types differ)
