@@ -1,6 +1,6 @@
 //! Helpers the integration tests share (tower-sessions' `tests/common`):
 //! each test file that needs one says `mod common;`. The HTTP helper
-//! (`send`, `Answer`) is the test kit's, so the shop's tests use it too.
+//! (`send`, `Answer`) is the test kit's, so the shop's tests can use it too.
 
 // Each test file is its own crate and uses only some of these helpers.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -102,9 +102,9 @@ macro_rules! each_store {
 }
 pub(crate) use each_store;
 
-/// `POST /orders` behind `layer`, whose handler counts its runs and
-/// answers 201.
-/// (Generic over the layer: the token and the fingerprint layer are two types.)
+/// `POST /orders` behind `layer`: its handler counts its runs and answers
+/// 201. (Generic over the layer: the token and the fingerprint layer are
+/// two types.)
 pub fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
     Router::new().route(
         "/orders",
