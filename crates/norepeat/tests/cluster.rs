@@ -6,6 +6,9 @@
 //!
 //! Each test starts its own cluster (nextest runs them one at a time). Timing
 //! assertions are loose: the machine is shared.
+//!
+//! Over 400 lines: every capability against the same cluster helpers at the
+//! top (connect, key slots, storms).
 #![cfg(feature = "redis")]
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]

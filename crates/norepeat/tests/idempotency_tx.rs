@@ -4,6 +4,9 @@
 //! effect with the key free.
 //!
 //! Every case runs once per backend (modules `postgres` and `sqlite`).
+//!
+//! Over 400 lines: one macro stamps every case for both SQL backends; a split
+//! would repeat the backend set-up and the steered handler.
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 

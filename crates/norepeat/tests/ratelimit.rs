@@ -1,5 +1,9 @@
 //! Rate limiting against real Redis, in memory, and as a tower layer over
 //! axum.
+//!
+//! Over 400 lines: the limiter on Redis, in memory, as a layer and through
+//! outages shares its quota and algorithm helpers; the pure arithmetic has
+//! its own file (`ratelimit_algorithms.rs`).
 
 // Helpers outside `#[test]` functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used)]
