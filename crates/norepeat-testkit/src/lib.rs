@@ -8,6 +8,7 @@
 //! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
+//! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole.
 //! * [`free_port`]: a currently free loopback TCP port.
 //!
 //! Helpers in this crate panic with a descriptive message when the test
@@ -28,6 +29,7 @@
 
 mod cluster;
 mod db;
+mod http;
 mod pg;
 mod proxy;
 mod redis_server;
@@ -36,6 +38,8 @@ mod util;
 
 pub use cluster::RedisCluster;
 pub use db::{SqliteFile, TestDb};
+// `self::`: the module shares its name with the `http` crate.
+pub use self::http::{Answer, send, send_until_break};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;

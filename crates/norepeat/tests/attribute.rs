@@ -5,27 +5,23 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::Error;
+use common::with_stores;
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+#[cfg(feature = "redis")]
 use norepeat::store::Resilient;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore, Store};
+use norepeat::store::{MemoryStore, Store};
+#[cfg(feature = "redis")]
 use norepeat_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-    Failed,
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
-}
 
 struct Order {
     user_id: String,
@@ -104,21 +100,6 @@ impl<S: Store + Clone> Shop<S> {
             self.place_window(order).await
         }
     }
-}
-
-/// Runs `test` against a fresh memory store, then a fresh Redis.
-async fn with_stores<F, Fut>(test: F)
-where
-    F: Fn(AnyStore) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(AnyStore::Memory(MemoryStore::default())).await;
-    let redis = RedisServer::start().await;
-    test(AnyStore::Redis(
-        RedisStore::connect(&redis.url()).await.unwrap(),
-    ))
-    .await;
-    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -322,11 +303,13 @@ async fn free_functions_tuple_fields_and_unit_results() {
 
 // Failure policies, against a Redis that is gone.
 
+#[cfg(feature = "redis")]
 struct Down<S> {
     store: S,
     runs: AtomicU32,
 }
 
+#[cfg(feature = "redis")]
 impl<S: Store + Clone> Down<S> {
     #[norepeat::guard(store = self.store, key = "{id}", mode = once, on_store_failure = fail_open)]
     async fn open(&self, id: u32) -> Result<u32, Error> {
@@ -344,6 +327,7 @@ impl<S: Store + Clone> Down<S> {
     }
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_failure_runs_unguarded_when_open_and_refuses_when_closed() {
     let mut redis = RedisServer::start().await;

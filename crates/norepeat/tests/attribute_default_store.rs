@@ -8,24 +8,15 @@
 //! one process or not. `attribute_no_store.rs` covers the unset case.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::Error;
+use common::with_stores;
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::store::KeyValueStore;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
-use norepeat_testkit::RedisServer;
+use norepeat::store::MemoryStore;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-    Failed,
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
-}
 
 fn init() {
     // Another test of this process may have set it first: same kind of store.
@@ -146,12 +137,7 @@ async fn a_waiting_call_runs_the_body_when_the_first_fails() {
 /// `InProgress`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_wait_on_memory_and_redis() {
-    let redis = RedisServer::start().await;
-    let stores = [
-        AnyStore::Memory(MemoryStore::default()),
-        AnyStore::Redis(RedisStore::connect(&redis.url()).await.unwrap()),
-    ];
-    for store in stores {
+    with_stores(|store| async move {
         let runs = AtomicU32::new(0);
         let body = |ms: u64, v: u32| {
             let runs = &runs;
@@ -184,6 +170,6 @@ async fn guarded_wait_on_memory_and_redis() {
         });
         assert_eq!(third, Err(Error::Refused(Rejected::InProgress)));
         assert_eq!(runs.load(Ordering::SeqCst), 3);
-    }
-    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+    })
+    .await;
 }

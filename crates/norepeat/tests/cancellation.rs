@@ -10,16 +10,20 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
+use common::Error;
+use common::with_stores;
 use http::{Request, StatusCode};
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
-use norepeat_testkit::RedisServer;
+use norepeat::store::AnyStore;
+use norepeat_testkit::send;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -43,20 +47,6 @@ async fn effect(State(effects): State<Effects>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!(r#"{{"effect":{n}}}"#))
 }
 
-async fn with_stores<F, Fut>(test: F)
-where
-    F: Fn(AnyStore) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(AnyStore::Memory(MemoryStore::default())).await;
-    let redis = RedisServer::start().await;
-    test(AnyStore::Redis(
-        RedisStore::connect(&redis.url()).await.unwrap(),
-    ))
-    .await;
-    assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
-}
-
 fn post_to(path: &str, key: Option<&str>) -> Request<Body> {
     let mut b = Request::post(path)
         .header("x-user-id", "u1")
@@ -65,26 +55,6 @@ fn post_to(path: &str, key: Option<&str>) -> Request<Body> {
         b = b.header("idempotency-key", k);
     }
     b.body(Body::from(r#"{"amount":5}"#)).unwrap()
-}
-
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: serde_json::Value,
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Answer {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let replayed = res.headers().get("idempotent-replayed").is_some();
-    let status = res.status();
-    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    Answer {
-        status,
-        replayed,
-        body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
-    }
 }
 
 /// Sends `req` and drops it after [`GIVE_UP`], once its effect is written.
@@ -107,7 +77,7 @@ async fn idempotency_a_dropped_request_runs_to_its_end_and_the_retry_gets_its_an
         // The retry, at once: the first one still runs.
         let retry = send(&app, post_to("/payments", Some("k1"))).await;
         assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
-        assert_eq!(retry.body["code"], "idempotency_key_in_use");
+        assert_eq!(retry.json()["code"], "idempotency_key_in_use");
         // Once it has ended, its stored answer.
         let until = Instant::now() + Duration::from_secs(5);
         let replay = loop {
@@ -118,8 +88,8 @@ async fn idempotency_a_dropped_request_runs_to_its_end_and_the_retry_gets_its_an
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert_eq!(replay.status, StatusCode::CREATED, "{:?}", replay.body);
-        assert!(replay.replayed, "the retry ran the handler again");
-        assert_eq!(replay.body["effect"], 1);
+        assert!(replay.replayed(), "the retry ran the handler again");
+        assert_eq!(replay.json()["effect"], 1);
         assert_eq!(effects.load(Ordering::SeqCst), 1);
     })
     .await;
@@ -137,24 +107,13 @@ async fn fingerprint_a_dropped_request_holds_its_key_for_the_window() {
         for _ in 0..2 {
             let retry = send(&app, post_to("/orders", None)).await;
             assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
-            assert_eq!(retry.body["code"], "duplicate_submission");
+            assert_eq!(retry.json()["code"], "duplicate_submission");
             // Also once the dropped handler would have ended.
             tokio::time::sleep(AFTER).await;
         }
         assert_eq!(effects.load(Ordering::SeqCst), 1);
     })
     .await;
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Error {
-    Refused(Rejected),
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Self {
-        Error::Refused(r)
-    }
 }
 
 struct Ledger {
@@ -235,11 +194,11 @@ async fn two_concrete_paths_under_one_template_are_two_resources() {
         for id in [1, 2] {
             let a = send(&app, post_to(&format!("/orders/{id}/pay"), Some("k1"))).await;
             assert_eq!(a.status, StatusCode::CREATED, "order {id}: {:?}", a.body);
-            assert!(!a.replayed, "order {id} got another order's answer");
+            assert!(!a.replayed(), "order {id} got another order's answer");
         }
         let again = send(&app, post_to("/orders/1/pay", Some("k1"))).await;
-        assert!(again.replayed);
-        assert_eq!(again.body["effect"], 1);
+        assert!(again.replayed());
+        assert_eq!(again.json()["effect"], 1);
         assert_eq!(effects.load(Ordering::SeqCst), 2);
 
         for id in [1, 2] {

@@ -5,15 +5,17 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
+use common::with_stores;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
-use norepeat_testkit::RedisServer;
+use norepeat::store::{AnyStore, MemoryStore};
+use norepeat_testkit::send;
 use std::time::Duration;
-use tower::ServiceExt;
 
 fn app(store: AnyStore) -> Router {
     Router::new().route(
@@ -24,36 +26,13 @@ fn app(store: AnyStore) -> Router {
     )
 }
 
-async fn send(app: &Router, content_type: &str, body: &'static str) -> (StatusCode, String) {
-    let res = app
-        .clone()
-        .oneshot(
-            Request::post("/orders")
-                .header("x-user-id", "u1")
-                .header("content-type", content_type)
-                .body(Body::from(body))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = res.status();
-    let bytes = axum::body::to_bytes(res.into_body(), 1 << 16)
-        .await
-        .unwrap();
-    (status, String::from_utf8_lossy(&bytes).into_owned())
-}
-
-async fn with_stores<F, Fut>(test: F)
-where
-    F: Fn(AnyStore) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(AnyStore::Memory(MemoryStore::default())).await;
-    let redis = RedisServer::start().await;
-    test(AnyStore::Redis(
-        RedisStore::connect(&redis.url()).await.unwrap(),
-    ))
-    .await;
+/// `POST /orders` as user `u1`, with `body` of `content_type`.
+fn order(content_type: &str, body: &'static str) -> Request<Body> {
+    Request::post("/orders")
+        .header("x-user-id", "u1")
+        .header("content-type", content_type)
+        .body(Body::from(body))
+        .unwrap()
 }
 
 #[tokio::test]
@@ -62,7 +41,9 @@ async fn one_and_one_point_zero_are_one_request() {
         let app = app(store);
         const JSON: &str = "application/json";
         assert_eq!(
-            send(&app, JSON, r#"{"sku":"S","quantity":1}"#).await.0,
+            send(&app, order(JSON, r#"{"sku":"S","quantity":1}"#))
+                .await
+                .status,
             StatusCode::CREATED
         );
         for retry in [
@@ -71,18 +52,22 @@ async fn one_and_one_point_zero_are_one_request() {
             r#"{ "sku" : "\u0053", "quantity" : 10E-1 }"#,
         ] {
             assert_eq!(
-                send(&app, JSON, retry).await.0,
+                send(&app, order(JSON, retry)).await.status,
                 StatusCode::CONFLICT,
                 "{retry}"
             );
         }
         // Numbers a double cannot tell apart are still different requests.
         assert_eq!(
-            send(&app, JSON, r#"{"n":9007199254740992}"#).await.0,
+            send(&app, order(JSON, r#"{"n":9007199254740992}"#))
+                .await
+                .status,
             StatusCode::CREATED
         );
         assert_eq!(
-            send(&app, JSON, r#"{"n":9007199254740993}"#).await.0,
+            send(&app, order(JSON, r#"{"n":9007199254740993}"#))
+                .await
+                .status,
             StatusCode::CREATED
         );
     })
@@ -97,8 +82,9 @@ async fn duplicate_keys_are_an_invalid_request() {
             r#"{"sku":"S","quantity":1,"quantity":2}"#,
             r#"{"sku":"S","meta":{"k":1,"k":1}}"#,
         ] {
-            let (status, problem) = send(&app, "application/json", body).await;
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let answer = send(&app, order("application/json", body)).await;
+            let problem = answer.text();
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}");
             assert!(
                 problem.contains("\"code\":\"invalid_request\""),
                 "{problem}"
@@ -115,30 +101,30 @@ async fn only_json_media_types_are_read_as_json() {
     // A +json type is JSON: key order does not matter.
     let ct = "application/vnd.shop+json; charset=utf-8";
     assert_eq!(
-        send(&app, ct, r#"{"a":1,"b":2}"#).await.0,
+        send(&app, order(ct, r#"{"a":1,"b":2}"#)).await.status,
         StatusCode::CREATED
     );
     assert_eq!(
-        send(&app, ct, r#"{"b":2,"a":1}"#).await.0,
+        send(&app, order(ct, r#"{"b":2,"a":1}"#)).await.status,
         StatusCode::CONFLICT
     );
     // NDJSON is a stream of values, not JSON: its bytes are the request.
     let ct = "application/x-ndjson";
     assert_eq!(
-        send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0,
+        send(&app, order(ct, "{\"c\":1,\"d\":2}\n")).await.status,
         StatusCode::CREATED
     );
     assert_eq!(
-        send(&app, ct, "{\"d\":2,\"c\":1}\n").await.0,
+        send(&app, order(ct, "{\"d\":2,\"c\":1}\n")).await.status,
         StatusCode::CREATED
     );
     assert_eq!(
-        send(&app, ct, "{\"c\":1}\n{\"c\":2}\n").await.0,
+        send(&app, order(ct, "{\"c\":1}\n{\"c\":2}\n")).await.status,
         StatusCode::CREATED,
         "two lines are not malformed JSON"
     );
     assert_eq!(
-        send(&app, ct, "{\"c\":1,\"d\":2}\n").await.0,
+        send(&app, order(ct, "{\"c\":1,\"d\":2}\n")).await.status,
         StatusCode::CONFLICT
     );
 }

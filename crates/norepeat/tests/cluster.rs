@@ -6,9 +6,14 @@
 //!
 //! Each test starts its own cluster (nextest runs them one at a time). Timing
 //! assertions are loose: the machine is shared.
-
+//!
+//! Over 400 lines: every capability against the same cluster helpers at the
+//! top (connect, key slots, storms).
+#![cfg(feature = "redis")]
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
+
+mod common;
 
 use axum::Router;
 use axum::body::Body;
@@ -17,8 +22,8 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
+use common::counting_route;
 use futures_util::future::join_all;
-use http_body_util::BodyExt;
 use norepeat::fingerprint::{Fingerprint, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::idempotency::IdempotencyLayer;
@@ -28,7 +33,7 @@ use norepeat::store::{Fallback, Resilient};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, RateStoreExt};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::RedisCluster;
+use norepeat_testkit::{RedisCluster, send};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -136,33 +141,6 @@ async fn slot_of(port: u16, key: &str) -> u16 {
 }
 
 // ---------------------------------------------------------------- guards
-
-/// A route whose handler counts its runs.
-/// (Generic over the layer: the token and the fingerprint layer are two types.)
-fn counting_route<L>(layer: L, runs: Arc<AtomicUsize>) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
-    Router::new().route(
-        "/orders",
-        post(move || {
-            let runs = Arc::clone(&runs);
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                (StatusCode::CREATED, "created")
-            }
-        })
-        .layer(layer),
-    )
-}
 
 fn order(user: &str, body: String) -> Request<Body> {
     Request::post("/orders")
@@ -339,20 +317,6 @@ fn payment(key: &str, body: &str, sleep_ms: u64) -> Request<Body> {
         .unwrap()
 }
 
-async fn send(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap, Bytes) {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    (
-        parts.status,
-        parts.headers,
-        body.collect().await.unwrap().to_bytes(),
-    )
-}
-
-fn replayed(h: &HeaderMap) -> bool {
-    h.get("idempotent-replayed").is_some_and(|v| v == "true")
-}
-
 /// `Idempotency-Key` over two instances: replay byte for byte on the other
 /// instance, 422 for another request, concurrent copies run once (409 or,
 /// waiting, the replay), a slow handler's claim renewed.
@@ -364,19 +328,19 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     let a = payments(IdempotencyLayer::new(sa.clone()), &runs);
     let b = payments(IdempotencyLayer::new(sb.clone()), &runs);
 
-    let (status, headers, first) = send(&a, payment("k-1", BODY, 0)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert!(!replayed(&headers));
+    let first = send(&a, payment("k-1", BODY, 0)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
     for (app, body) in [(&b, BODY), (&a, r#"{"amount":1999,"orderId":"o1"}"#)] {
-        let (status, h, again) = send(app, payment("k-1", body, 0)).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert!(replayed(&h));
-        assert_eq!(again, first, "byte for byte");
-        assert_eq!(h["location"], headers["location"]);
-        assert!(!h.contains_key("set-cookie"));
+        let again = send(app, payment("k-1", body, 0)).await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body, "byte for byte");
+        assert_eq!(again.headers["location"], first.headers["location"]);
+        assert!(!again.headers.contains_key("set-cookie"));
     }
-    let (status, _, _) = send(&b, payment("k-1", r#"{"orderId":"o1","amount":1}"#, 0)).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let other = send(&b, payment("k-1", r#"{"orderId":"o1","amount":1}"#, 0)).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // 100 concurrent over two instances: one run, 99 × 409 in use.
@@ -414,9 +378,9 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     }))
     .await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(answers.iter().all(|(s, _, _)| *s == StatusCode::CREATED));
-    assert!(answers.iter().all(|(_, _, body)| *body == answers[0].2));
-    assert_eq!(answers.iter().filter(|(_, h, _)| replayed(h)).count(), 99);
+    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED));
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 99);
 
     // A slow handler keeps its claim through renewals (renew.lua, replace.lua).
     let runs = Runs::default();
@@ -430,13 +394,13 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     };
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
-        send(&b, payment("slow", BODY, 0)).await.0,
+        send(&b, payment("slow", BODY, 0)).await.status,
         StatusCode::CONFLICT
     );
-    let (_, _, first) = slow.await.unwrap();
-    let (_, h, replay) = send(&b, payment("slow", BODY, 0)).await;
-    assert!(replayed(&h));
-    assert_eq!(replay, first);
+    let first = slow.await.unwrap();
+    let replay = send(&b, payment("slow", BODY, 0)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     assert_eq!(keys_without_ttl(&cluster).await, Vec::<String>::new());

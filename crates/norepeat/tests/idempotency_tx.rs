@@ -4,6 +4,9 @@
 //! effect with the key free.
 //!
 //! Every case runs once per backend (modules `postgres` and `sqlite`).
+//!
+//! Over 400 lines: one macro stamps every case for both SQL backends; a split
+//! would repeat the backend set-up and the steered handler.
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 
@@ -12,13 +15,11 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
+use norepeat_testkit::send;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower::ServiceExt;
 
 /// A request to the test route, as `user` with `key`.
 fn request(user: &str, key: &str, body: &str, steer: &[(&str, &str)]) -> Request<Body> {
@@ -30,16 +31,6 @@ fn request(user: &str, key: &str, body: &str, steer: &[(&str, &str)]) -> Request
         b = b.header(*n, *v);
     }
     b.body(Body::from(body.to_owned())).unwrap()
-}
-
-async fn send(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap, Bytes) {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (head, body) = res.into_parts();
-    (
-        head.status,
-        head.headers,
-        body.collect().await.unwrap().to_bytes(),
-    )
 }
 
 /// Stamps the cases for one backend: `$db` the sqlx database, `$store` the
@@ -135,16 +126,16 @@ macro_rules! cases {
             let (url, _db) = $fresh().await;
             let (router, app, _) = setup(&url, Duration::from_secs(10)).await;
             let first = send(&router, request("u1", "k1", "\"a\"", &[])).await;
-            assert_eq!(first.0, StatusCode::CREATED);
-            assert!(!first.1.contains_key("idempotent-replayed"));
+            assert_eq!(first.status, StatusCode::CREATED);
+            assert!(!first.headers.contains_key("idempotent-replayed"));
             let again = send(&router, request("u1", "k1", "\"a\"", &[])).await;
-            assert_eq!(again.0, StatusCode::CREATED);
-            assert_eq!(again.1["idempotent-replayed"], "true");
-            assert_eq!(again.1["content-type"], "application/json");
-            assert_eq!(again.2, first.2, "replay byte for byte");
+            assert_eq!(again.status, StatusCode::CREATED);
+            assert_eq!(again.headers["idempotent-replayed"], "true");
+            assert_eq!(again.headers["content-type"], "application/json");
+            assert_eq!(again.body, first.body, "replay byte for byte");
             // Another body with the key: 422, no run.
             let other = send(&router, request("u1", "k1", "\"b\"", &[])).await;
-            assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
             assert_eq!(app.runs.load(Ordering::SeqCst), 1);
             assert_eq!(effects(&app.pool).await, 1);
         }
@@ -168,9 +159,13 @@ macro_rules! cases {
             // Past the first's lease (not renewed), a retry takes the key.
             tokio::time::sleep(Duration::from_millis(350)).await;
             let retry = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(retry.0, StatusCode::CREATED);
+            assert_eq!(retry.status, StatusCode::CREATED);
             let slow = slow.await.unwrap();
-            assert_eq!(slow.0, StatusCode::CONFLICT, "the stale commit is refused");
+            assert_eq!(
+                slow.status,
+                StatusCode::CONFLICT,
+                "the stale commit is refused"
+            );
             assert_eq!(app.runs.load(Ordering::SeqCst), 2);
             assert_eq!(
                 effects(&app.pool).await,
@@ -179,8 +174,8 @@ macro_rules! cases {
             );
             // The record is the retry's.
             let replay = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(replay.1["idempotent-replayed"], "true");
-            assert_eq!(replay.2, retry.2);
+            assert_eq!(replay.headers["idempotent-replayed"], "true");
+            assert_eq!(replay.body, retry.body);
         }
 
         /// The process dies (its runtime is torn down, every task dropped)
@@ -221,14 +216,14 @@ macro_rules! cases {
             assert_eq!(effects(&app.pool).await, 0, "the uncommitted write is gone");
             // The claim is still open: a retry at once is told to wait.
             let early = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(early.0, StatusCode::CONFLICT, "{:?}", early.2);
+            assert_eq!(early.status, StatusCode::CONFLICT, "{:?}", early.body);
             assert_eq!(app.runs.load(Ordering::SeqCst), 0);
             // Once the lease has run out, the retry runs, once.
             tokio::time::sleep(lease + Duration::from_millis(200)).await;
             let retry = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(retry.0, StatusCode::CREATED);
+            assert_eq!(retry.status, StatusCode::CREATED);
             let replay = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(replay.1["idempotent-replayed"], "true");
+            assert_eq!(replay.headers["idempotent-replayed"], "true");
             assert_eq!(app.runs.load(Ordering::SeqCst), 1);
             assert_eq!(effects(&app.pool).await, 1);
         }

@@ -1,21 +1,20 @@
 //! Identity is never guessed: a request carrying the caller's header twice
 //! has no caller, in every layer that needs one (401 `unauthenticated`),
 //! against a real Redis.
+#![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
 use norepeat::store::RedisStore;
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
-use norepeat_testkit::RedisServer;
+use norepeat_testkit::{RedisServer, send};
 use std::num::NonZeroU32;
-use tower::ServiceExt;
 
 /// `users` as `X-User-Id` headers, one each, on a request every layer
 /// would otherwise let through to its answer.
@@ -31,11 +30,9 @@ fn order(users: &[&str]) -> Request<Body> {
 }
 
 async fn answer(app: &Router, req: Request<Body>) -> (u16, String) {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    (status, v["code"].as_str().unwrap_or("").to_owned())
+    let answer = send(app, req).await;
+    let code = answer.json()["code"].as_str().unwrap_or("").to_owned();
+    (answer.status.as_u16(), code)
 }
 
 #[tokio::test]

@@ -4,35 +4,30 @@
 //! store and a real Redis.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
+use common::RouteLayer;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::store::KeyValueStore;
-use norepeat::store::{AnyStore, MemoryStore, RedisStore};
+#[cfg(feature = "redis")]
+use norepeat::store::RedisStore;
+use norepeat::store::{AnyStore, MemoryStore};
+#[cfg(feature = "redis")]
 use norepeat_testkit::RedisServer;
+use norepeat_testkit::{Answer, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tower::ServiceExt;
 
 /// Bodies whose content type says JSON and that do not parse.
 const BROKEN: [&str; 3] = [r#"{"orderId":"o1","amount":"#, "", "amount=1999"];
 const GOOD: &str = r#"{"orderId":"o1","amount":1999}"#;
 
-fn app<L>(layer: L, runs: &Arc<AtomicUsize>) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
+fn app<L: RouteLayer>(layer: L, runs: &Arc<AtomicUsize>) -> Router {
     let runs = Arc::clone(runs);
     Router::new().route(
         "/payments",
@@ -44,28 +39,26 @@ where
     )
 }
 
-async fn send(app: &Router, key: Option<&str>, body: &str) -> (StatusCode, String, bool) {
+/// `POST /payments` as user `u1` with `body`, and `Idempotency-Key: key` if any.
+fn payment(key: Option<&str>, body: &str) -> Request<Body> {
     let mut req = Request::post("/payments")
         .header("x-user-id", "u1")
         .header("content-type", "application/json");
     if let Some(k) = key {
         req = req.header("idempotency-key", k);
     }
-    let res = app
-        .clone()
-        .oneshot(req.body(Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = res.status();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    let code = if status.is_success() {
+    req.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// The status, the problem's code (empty on success) and whether the
+/// answer was replayed.
+fn outcome(answer: &Answer) -> (StatusCode, String, bool) {
+    let code = if answer.status.is_success() {
         String::new()
     } else {
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        v["code"].as_str().unwrap().to_owned()
+        answer.code()
     };
-    (status, code, replayed)
+    (answer.status, code, answer.replayed())
 }
 
 async fn both_layers_refuse_invalid_json(store: AnyStore) {
@@ -76,7 +69,7 @@ async fn both_layers_refuse_invalid_json(store: AnyStore) {
         for _ in 0..2 {
             // Refused each time, never replayed: nothing was stored.
             assert_eq!(
-                send(&idem, Some(&key), broken).await,
+                outcome(&send(&idem, payment(Some(&key), broken)).await),
                 (StatusCode::BAD_REQUEST, "invalid_request".to_owned(), false),
                 "idempotency, {broken:?}"
             );
@@ -85,12 +78,12 @@ async fn both_layers_refuse_invalid_json(store: AnyStore) {
         // No claim was made: the corrected request runs under the same key
         // (not 422 `idempotency_key_mismatch`, not 409 in use)...
         assert_eq!(
-            send(&idem, Some(&key), GOOD).await,
+            outcome(&send(&idem, payment(Some(&key), GOOD)).await),
             (StatusCode::CREATED, String::new(), false)
         );
         // ...and is the one replayed.
         assert_eq!(
-            send(&idem, Some(&key), GOOD).await,
+            outcome(&send(&idem, payment(Some(&key), GOOD)).await),
             (StatusCode::CREATED, String::new(), true)
         );
     }
@@ -104,7 +97,7 @@ async fn both_layers_refuse_invalid_json(store: AnyStore) {
     for broken in BROKEN {
         for _ in 0..2 {
             assert_eq!(
-                send(&fp, None, broken).await,
+                outcome(&send(&fp, payment(None, broken)).await),
                 (StatusCode::BAD_REQUEST, "invalid_request".to_owned(), false),
                 "fingerprint, {broken:?}"
             );
@@ -112,11 +105,11 @@ async fn both_layers_refuse_invalid_json(store: AnyStore) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
     assert_eq!(
-        send(&fp, None, GOOD).await,
+        outcome(&send(&fp, payment(None, GOOD)).await),
         (StatusCode::CREATED, String::new(), false)
     );
     assert_eq!(
-        send(&fp, None, GOOD).await.1,
+        send(&fp, payment(None, GOOD)).await.code(),
         "duplicate_submission",
         "{}",
         store.kind()
@@ -128,6 +121,7 @@ async fn memory() {
     both_layers_refuse_invalid_json(AnyStore::Memory(MemoryStore::default())).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis() {
     let redis = RedisServer::start().await;

@@ -5,34 +5,26 @@
 //! real Redis and the memory store.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use axum::routing::post;
+use common::RouteLayer;
+use common::each_store;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{ByRoute, Quota, RateLimitLayer, RateLimiter};
-use norepeat::store::{MemoryStore, RedisStore, Store};
-use norepeat_testkit::RedisServer;
+use norepeat::store::Store;
+use norepeat_testkit::send;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use tower::ServiceExt;
 
 /// `/shop/orders/{id}/pay`, two nests deep, guarded by `layer`; the handler
 /// answers with the path it was sent.
-fn nested<L>(layer: L) -> Router
-where
-    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
-    L::Service: tower::Service<Request<Body>, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
-    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
-{
+fn nested<L: RouteLayer>(layer: L) -> Router {
     let pay = Router::new().route(
         "/pay",
         post(|OriginalUri(uri): OriginalUri| async move {
@@ -52,11 +44,8 @@ async fn pay(app: &Router, order: u32) -> (StatusCode, bool, String) {
         .header("content-type", "application/json")
         .body(Body::from(r#"{"amount":1999}"#))
         .unwrap();
-    let res = app.clone().oneshot(req).await.unwrap();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let status = res.status();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, replayed, String::from_utf8(body.to_vec()).unwrap())
+    let answer = send(app, req).await;
+    (answer.status, answer.replayed(), answer.text())
 }
 
 async fn idempotency_key_is_per_order<G: Store + Clone>(store: G) {
@@ -107,26 +96,7 @@ async fn by_route_bucket_is_per_order<G: Store + Clone>(store: G) {
     assert_eq!(pay(&app, 1).await.0, StatusCode::TOO_MANY_REQUESTS);
 }
 
-macro_rules! both {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            #[tokio::test]
-            async fn memory() {
-                super::$case(super::MemoryStore::default()).await;
-            }
-
-            #[tokio::test]
-            async fn redis() {
-                let redis = super::RedisServer::start().await;
-                let store = super::RedisStore::connect(&redis.url()).await.unwrap();
-                super::$case(store).await;
-                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
-            }
-        }
-    )*};
-}
-
-both!(
+each_store!(
     idempotency_key_is_per_order,
     fingerprint_is_per_order,
     by_route_bucket_is_per_order,

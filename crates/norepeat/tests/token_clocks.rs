@@ -1,6 +1,7 @@
 //! One-time tokens across instances whose clocks differ, on a real Redis:
 //! the used-marker outlives the token on every instance, so no two
 //! instances both accept one token.
+#![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
 use norepeat::store::RedisStore;

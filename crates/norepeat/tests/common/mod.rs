@@ -1,0 +1,156 @@
+//! Helpers the integration tests share (tower-sessions' `tests/common`):
+//! each test file that needs one says `mod common;`. The HTTP helper
+//! (`send`, `Answer`) is the test kit's, so the shop's tests can use it too.
+
+// Each test file is its own crate and uses only some of these helpers.
+#![allow(dead_code, unused_imports, unused_macros)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::{Route, post};
+use http::{Request, StatusCode};
+use norepeat::attribute::Rejected;
+use norepeat::store::{AnyStore, MemoryStore};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::{Layer, Service};
+
+/// What the tests' guarded functions return: a refusal from the guard
+/// (`?` turns a `Rejected` into it, as the attribute asks) or their own
+/// failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    Refused(Rejected),
+    Failed,
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Refused(r)
+    }
+}
+
+/// Runs `test` against a fresh memory store, then (with the `redis`
+/// feature) a fresh Redis, whose keys must all carry a TTL afterwards: a
+/// guard never leaves a key behind for good.
+pub async fn with_stores<F, Fut>(test: F)
+where
+    F: Fn(AnyStore) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    test(AnyStore::Memory(MemoryStore::default())).await;
+    #[cfg(feature = "redis")]
+    {
+        let redis = norepeat_testkit::RedisServer::start().await;
+        let store = norepeat::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect {}: {e}", redis.url()));
+        test(AnyStore::Redis(store)).await;
+        assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+    }
+}
+
+/// Stamps one suite per store (tower-sessions runs its suite per store
+/// with a macro too): for each case, an `async fn case(store)`, a module of
+/// that name with a `memory` test and, with the `redis` feature, a `redis`
+/// test, after which every Redis key must carry a TTL.
+///
+/// `each_store!(a, b)` runs them on `#[tokio::test]`; a test attribute in
+/// front picks another runtime: `each_store!(#[tokio::test(flavor =
+/// "multi_thread", worker_threads = 2)] a, b)`. `; then check` runs `async fn
+/// check(&RedisServer)` after each Redis run. The internal `@case` arm takes
+/// further tests for the module (a file's own backends, such as SQL).
+macro_rules! each_store {
+    (@case #[$test:meta] $case:ident [$($check:ident)?] { $($more:tt)* }) => {
+        mod $case {
+            #[$test]
+            async fn memory() {
+                super::$case(norepeat::store::MemoryStore::default()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[$test]
+            async fn redis() {
+                let redis = norepeat_testkit::RedisServer::start().await;
+                let store = norepeat::store::RedisStore::connect(&redis.url())
+                    .await
+                    .unwrap_or_else(|e| panic!("connect {}: {e}", redis.url()));
+                super::$case(store).await;
+                assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+                $(super::$check(&redis).await;)?
+            }
+
+            $($more)*
+        }
+    };
+    (#[$test:meta] $($case:ident),+ $(,)?) => {
+        $(each_store!(@case #[$test] $case [] {});)+
+    };
+    (#[$test:meta] $($case:ident),+ ; then $check:ident) => {
+        $(each_store!(@case #[$test] $case [$check] {});)+
+    };
+    ($($case:ident),+ $(,)?) => {
+        each_store!(#[tokio::test] $($case),+);
+    };
+    ($($case:ident),+ ; then $check:ident) => {
+        each_store!(#[tokio::test] $($case),+ ; then $check);
+    };
+}
+pub(crate) use each_store;
+
+/// `POST /orders` behind `layer`: its handler counts its runs and answers
+/// 201. (Generic over the layer: the token and the fingerprint layer are
+/// two types.)
+pub fn counting_route<L: RouteLayer>(layer: L, runs: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/orders",
+        post(move || {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // Long enough for the concurrent copies to overlap.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                (StatusCode::CREATED, "created")
+            }
+        })
+        .layer(layer),
+    )
+}
+
+/// What `MethodRouter::layer` asks of a layer, named once: a test's route
+/// builder that takes any of the library's layers (their types differ)
+/// says `L: RouteLayer` instead of repeating the bounds.
+pub trait RouteLayer:
+    Layer<Route, Service = <Self as RouteLayer>::Service> + Clone + Send + Sync + 'static
+{
+    /// The layer's service.
+    type Service: Service<
+            Request<Body>,
+            Error = Infallible,
+            Response = <Self as RouteLayer>::Response,
+            Future = <Self as RouteLayer>::Future,
+        > + Clone
+        + Send
+        + Sync
+        + 'static;
+    /// The service's response.
+    type Response: IntoResponse + 'static;
+    /// The service's future.
+    type Future: Send + 'static;
+}
+
+impl<L> RouteLayer for L
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request<Body>>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request<Body>>>::Future: Send + 'static,
+{
+    type Service = L::Service;
+    type Response = <L::Service as Service<Request<Body>>>::Response;
+    type Future = <L::Service as Service<Request<Body>>>::Future;
+}
