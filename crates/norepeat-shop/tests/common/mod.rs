@@ -20,7 +20,6 @@ use norepeat_shop::db::Db;
 use norepeat_shop::events::Events;
 use norepeat_testkit::SqliteFile;
 use serde_json::Value;
-use tower::ServiceExt as _;
 
 /// The `norepeat` binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
@@ -146,15 +145,15 @@ impl RouterShop {
         RouterShop::new(state, file)
     }
 
-    /// Sends `req` through the router and checks the answer.
+    /// Sends `req` through the router (the kit's [`norepeat_testkit::send`])
+    /// and checks the answer.
     pub async fn send(&self, req: Request<Body>) -> Answer {
         let what = format!("{} {}", req.method(), req.uri());
-        let res = self.app.clone().oneshot(req).await.unwrap();
-        let status = res.status();
-        let headers = res.headers().clone();
-        let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        Answer::checked(&what, status, headers, bytes)
+        let norepeat_testkit::Answer {
+            status,
+            headers,
+            body,
+        } = norepeat_testkit::send(&self.app, req).await;
+        Answer::checked(&what, status, headers, body)
     }
 }
