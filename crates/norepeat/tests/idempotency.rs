@@ -532,7 +532,7 @@ async fn hundred_concurrent_run_once_others_409<G: Store + Clone>(store: G) {
 
 async fn hundred_concurrent_with_waiting_all_get_the_replay<G: Store + Clone>(store: G) {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(10)));
+    let layer = IdempotencyLayer::new(store).wait_for_result(Duration::from_secs(10));
     let app = app(layer, &runs);
     let answers = concurrent(&app, 100).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -758,7 +758,7 @@ async fn request_body_over_64k_is_413<G: Store + Clone>(store: G) {
 
 async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store: G) {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(5)));
+    let layer = IdempotencyLayer::new(store).wait_for_result(Duration::from_secs(5));
     let app = app(layer, &runs);
     let failing = {
         let app = app.clone();

@@ -2,7 +2,7 @@
 //! guard's rules keyed by the key string.
 
 use super::{GuardMode, Guarded, Rejected};
-use crate::fingerprint::{Fingerprint, FingerprintGuard, FingerprintGuardError, ReleasePolicy};
+use crate::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError, ReleasePolicy};
 use crate::store::Store;
 use std::future::Future;
 
@@ -11,13 +11,13 @@ use std::future::Future;
 const RENEW_WINDOWS: u32 = 10;
 
 impl Guarded {
-    pub(super) fn fingerprint(&self, key: &str) -> Fingerprint {
+    pub(super) fn fingerprint(&self, key: &str) -> Digest {
         let mut h = blake3::Hasher::new();
         crate::keys::feed_parts(
             &mut h,
             &[b"norepeat::window", self.scope.as_bytes(), key.as_bytes()],
         );
-        Fingerprint(*h.finalize().as_bytes())
+        Digest(*h.finalize().as_bytes())
     }
 
     fn fingerprint_guard<S: Store + Clone>(&self, store: S) -> FingerprintGuard<S> {

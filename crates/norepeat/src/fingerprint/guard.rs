@@ -1,7 +1,7 @@
 //! The fingerprint guard: decides a fingerprint against a store, holds it
 //! with a [`Lease`], and says why it refused ([`FingerprintGuardError`]).
 
-use super::{Fingerprint, Fingerprinter};
+use super::{Digest, Fingerprinter};
 use crate::clock::now_ms;
 use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Mode};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Why [`FingerprintGuard::acquire`] refused a fingerprint. The layer
 /// answers it as a [`Problem`](crate::problem::Problem) (`From` is in
-/// [`crate::problem`]).
+/// its `layer.rs`, at the HTTP edge).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FingerprintGuardError {
@@ -53,11 +53,11 @@ pub enum ReleasePolicy {
 /// Decides fingerprints against a store.
 ///
 /// ```
-/// use norepeat::fingerprint::{Fingerprint, FingerprintGuard, FingerprintGuardError};
+/// use norepeat::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError};
 /// use norepeat::store::MemoryStore;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = FingerprintGuard::new(MemoryStore::default());
-/// let fp = Fingerprint([1; 32]);
+/// let fp = Digest([1; 32]);
 /// let lease = guard.acquire(&fp).await.expect("first one passes");
 /// let dup = guard.acquire(&fp).await.unwrap_err();
 /// assert!(matches!(dup, FingerprintGuardError::Duplicate { .. }));
@@ -152,7 +152,7 @@ impl<S: Store + Clone> FingerprintGuard<S> {
 
     /// The store key of a fingerprint.
     #[must_use]
-    pub fn key_of(&self, fp: &Fingerprint) -> String {
+    pub fn key_of(&self, fp: &Digest) -> String {
         self.keys.key_for_digest(Mode::Fingerprint, &fp.0)
     }
 
@@ -162,7 +162,7 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     /// [`FingerprintGuardError::Duplicate`] with the time left in the
     /// window, or [`FingerprintGuardError::Unavailable`] when the store fails
     /// and the policy fails closed.
-    pub async fn acquire(&self, fp: &Fingerprint) -> Result<Lease<S>, FingerprintGuardError> {
+    pub async fn acquire(&self, fp: &Digest) -> Result<Lease<S>, FingerprintGuardError> {
         let key = self.key_of(fp);
         let owner = Owner::new(self.window);
         match Claim::acquire(&self.store, key, owner.0, self.window).await {

@@ -19,7 +19,7 @@
 //!   request (a client that re-serialises its retry is not refused as a
 //!   different one);
 //! - strings with the minimal escapes, so `"\u00e9"` and `"é"` are the same;
-//! - an object with a key given twice is refused ([`InvalidJson`]) rather
+//! - an object with a key given twice is refused ([`InvalidJson`](crate::json::InvalidJson)) rather
 //!   than read as "the last one wins": the handler's parser might keep the
 //!   first, and the fingerprint must not see another request than it does.
 //!
@@ -80,15 +80,16 @@
 //! future, so the key never outlives its window. An error, a 4xx or 5xx, or
 //! a panic still releases at once under [`ReleasePolicy::HoldOnSuccess`].
 
+use crate::json::InvalidJson;
 use crate::keys::feed_parts;
 use std::sync::Arc;
 
 mod guard;
-mod jcs;
 mod layer;
 
+pub use crate::middleware::ResponseBody;
 pub use guard::{FingerprintGuard, FingerprintGuardError, Lease, ReleasePolicy};
-pub use layer::{FingerprintLayer, FingerprintService, ResponseBody};
+pub use layer::{Fingerprint, FingerprintLayer};
 
 /// The fields left out of a JSON body's fingerprint unless configured
 /// otherwise: values that differ on every send of the same submission.
@@ -116,13 +117,7 @@ pub struct RequestParts<'a> {
 
 /// A 256-bit request fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint(pub [u8; 32]);
-
-/// The body claimed to be JSON and was not (or was ambiguous JSON: a key
-/// given twice in one object).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("request body is not valid JSON: {0}")]
-pub struct InvalidJson(pub(crate) String);
+pub struct Digest(pub [u8; 32]);
 
 /// Computes fingerprints; holds the set of ignored fields.
 #[derive(Debug, Clone)]
@@ -177,7 +172,7 @@ impl Fingerprinter {
     ///
     /// # Errors
     /// [`InvalidJson`] when `parts.json` is set and the body does not parse.
-    pub fn fingerprint(&self, parts: &RequestParts<'_>) -> Result<Fingerprint, InvalidJson> {
+    pub fn fingerprint(&self, parts: &RequestParts<'_>) -> Result<Digest, InvalidJson> {
         let mut h = blake3::Hasher::new();
         feed_parts(
             &mut h,
@@ -196,7 +191,7 @@ impl Fingerprinter {
             h.update(b"B");
             feed_parts(&mut h, &[parts.body]);
         }
-        Ok(Fingerprint(*h.finalize().as_bytes()))
+        Ok(Digest(*h.finalize().as_bytes()))
     }
 
     /// The fingerprint of an HTTP request, by the one JSON rule of
@@ -210,7 +205,7 @@ impl Fingerprinter {
         parts: &http::request::Parts,
         path: &str,
         body: &[u8],
-    ) -> Result<Fingerprint, InvalidJson> {
+    ) -> Result<Digest, InvalidJson> {
         use crate::body::{BodyKind, kind};
         let kind = kind(&parts.headers, body);
         let mut request = RequestParts {
@@ -249,17 +244,7 @@ impl Fingerprinter {
     /// holds an object with a key given twice, a lone surrogate escape, or
     /// nests deeper than 128 levels.
     pub fn canonicalize(&self, body: &[u8]) -> Result<Vec<u8>, InvalidJson> {
-        let text = std::str::from_utf8(body).map_err(|e| InvalidJson(format!("not UTF-8: {e}")))?;
-        let mut p = jcs::Parser {
-            s: text.as_bytes(),
-            text,
-            pos: 0,
-            ignored: &self.ignored,
-        };
-        let value = p.document()?;
-        let mut out = Vec::with_capacity(body.len());
-        value.write(&mut out);
-        Ok(out)
+        crate::json::canonicalize(body, &self.ignored)
     }
 }
 
@@ -270,28 +255,11 @@ fn hash_query(h: &mut blake3::Hasher, query: &str) {
     feed_parts(h, &pairs.iter().map(|p| p.as_bytes()).collect::<Vec<_>>());
 }
 
-/// Whether `body` is strict JSON, by the rule of [`crate::body`]: one JSON value (RFC
-/// 8259, UTF-8), no key given twice in any object, at most 128 levels deep.
-/// The fingerprint canonicalises exactly the bodies this accepts.
-///
-/// ```
-/// assert!(norepeat::fingerprint::check_json(br#"{"a":[1,2.5,"x"]}"#).is_ok());
-/// assert!(norepeat::fingerprint::check_json(br#"{"a":1,"a":2}"#).is_err());
-/// ```
-///
-/// # Errors
-/// [`InvalidJson`], saying where and why.
-pub fn check_json(body: &[u8]) -> Result<(), InvalidJson> {
-    Fingerprinter::ignoring::<[&str; 0], &str>([])
-        .canonicalize(body)
-        .map(drop)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn fp_of(body: &str) -> Fingerprint {
+    fn fp_of(body: &str) -> Digest {
         Fingerprinter::default()
             .fingerprint(&RequestParts {
                 user: "u1",

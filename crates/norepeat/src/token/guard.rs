@@ -8,7 +8,8 @@ use crate::store::{KeyValueStoreExt, Store, StoreError};
 use std::time::Duration;
 
 /// Why [`TokenGuard::consume`] refused a token. The layer answers it as a
-/// [`Problem`](crate::problem::Problem) (`From` is in [`crate::problem`]).
+/// [`Problem`](crate::problem::Problem) (`From` is in its
+/// `layer.rs`, at the HTTP edge).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenGuardError {
