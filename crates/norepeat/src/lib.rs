@@ -125,6 +125,9 @@ pub mod store;
 pub mod token;
 pub mod webhook;
 
+#[cfg(test)]
+mod edge_tests;
+
 /// Guards an `async fn` against repeats: one line, and every call is guarded.
 ///
 /// ```text
