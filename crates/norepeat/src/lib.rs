@@ -109,6 +109,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod attribute;
 pub mod body;
+mod claim;
 pub mod clock;
 pub mod degrade;
 pub mod fingerprint;
@@ -116,7 +117,6 @@ pub mod idempotency;
 pub mod identity;
 pub mod json;
 pub mod keys;
-mod lease;
 mod middleware;
 pub mod problem;
 pub mod ratelimit;

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
-use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::keys::{KeyBuilder, Namespace};
 use norepeat::store::Resilient;
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, RedisStore, Store};
 use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
@@ -112,7 +112,7 @@ const BODY: &str = r#"{"orderId":"o1","amount":1999}"#;
 /// (the layer's default key layout).
 fn record_key(user: &str, key: &str) -> String {
     KeyBuilder::default().key(
-        Mode::Idempotency,
+        Namespace::Idempotency,
         &[user.as_bytes(), b"POST", b"/payments", key.as_bytes()],
     )
 }

@@ -173,7 +173,7 @@ where
         user,
         route
     ));
-    let lease = match decision.await {
+    let claim = match decision.await {
         Ok(l) => l,
         Err(e) => {
             let duplicate = matches!(e, FingerprintGuardError::Duplicate { .. });
@@ -188,16 +188,16 @@ where
         }
     };
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    // Renewal lives in this future. Dropped mid-handler, the lease keeps its
-    // key for the rest of the window (see `Lease`).
-    let result = lease.run(inner.call(req)).await;
+    // Renewal lives in this future. Dropped mid-handler, the claim keeps its
+    // key for the rest of the window (see `Claim`).
+    let result = claim.run(inner.call(req)).await;
     match result {
         Ok(res) => {
-            lease.finish(res.status().as_u16() < 400).await;
+            claim.finish(res.status().as_u16() < 400).await;
             Ok(res.map(Either::Left))
         }
         Err(e) => {
-            lease.finish(false).await;
+            claim.finish(false).await;
             Err(e)
         }
     }

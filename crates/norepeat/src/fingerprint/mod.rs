@@ -49,7 +49,7 @@
 //!
 //! # The guard and the layer
 //! [`FingerprintGuard`] decides a fingerprint with one atomic store
-//! operation and holds it with a [`Lease`]; [`FingerprintLayer`] puts it in
+//! operation and holds it with a [`Claim`]; [`FingerprintLayer`] puts it in
 //! front of any tower service (an axum route, say), answering refusals as
 //! RFC 9457 problems ([`crate::problem`]).
 //!
@@ -88,7 +88,7 @@ mod guard;
 mod layer;
 
 pub use crate::middleware::ResponseBody;
-pub use guard::{FingerprintGuard, FingerprintGuardError, Lease, ReleasePolicy};
+pub use guard::{Claim, FingerprintGuard, FingerprintGuardError, ReleasePolicy};
 pub use layer::{Fingerprint, FingerprintLayer};
 
 /// The fields left out of a JSON body's fingerprint unless configured

@@ -3,8 +3,8 @@
 //! ([`IdempotencyError`]). It knows the store and its policies, not HTTP.
 
 use super::record::{self, Completed, Digest, Owner};
+use crate::claim::{self, Claim};
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::lease::{Acquired, Claim};
 use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -78,11 +78,11 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             let taken =
                 Claim::acquire(&self.store, Arc::clone(&key), value.clone(), self.lease).await;
             let existing = match taken {
-                Ok(Acquired::Owned(c)) => {
+                Ok(claim::Claimed::Owned(c)) => {
                     metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
                     return Claimed::Owned(c, owner);
                 }
-                Ok(Acquired::Held(existing)) => existing,
+                Ok(claim::Claimed::Held(existing)) => existing,
                 Err(e) => return self.on_failure(e),
             };
             let rec = match record::decode(&existing) {

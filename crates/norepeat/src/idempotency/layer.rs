@@ -10,12 +10,12 @@ use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, never_stored};
 use super::record::{self, Completed, Digest, Owner};
 use super::tx::IdempotentTx;
 use crate::body as request_body;
+use crate::claim::{self, Claim, Completion, Renewal, Renewer};
 use crate::degrade::FailurePolicy;
 use crate::fingerprint::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
-use crate::keys::{KeyBuilder, Mode};
-use crate::lease::{self, Claim, Completion, Renewal, Renewer};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::middleware::{self, GUARD_UNAVAILABLE, Handle, Middleware, reject, unauthenticated};
 use crate::problem::{Code, Problem};
 use crate::store::KeyValueStore;
@@ -400,7 +400,7 @@ where
     let method = parts.method.clone();
     let method = method.as_str();
     let key = cfg.keys.key(
-        Mode::Idempotency,
+        Namespace::Idempotency,
         &[
             user.as_bytes(),
             method.as_bytes(),
@@ -445,7 +445,7 @@ where
     let req = Request::from_parts(parts, ReqBody::from(bytes));
     let tracker = cfg.detached.tracker().clone();
     let work = run_claimed(cfg, inner, req, claim, owner, fingerprint, route);
-    lease::detach_tracked(&tracker, async move {
+    claim::detach_tracked(&tracker, async move {
         let out = work.await;
         drop(slot);
         out

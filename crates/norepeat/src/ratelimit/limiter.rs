@@ -5,7 +5,7 @@
 use super::verdict::{Checked, Verdict};
 use super::{Algorithm, Quota};
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::store::RateStoreExt;
 use crate::store::{RateDecision, Store, StoreError};
 use std::borrow::Cow;
@@ -164,7 +164,7 @@ impl<S: Store> RateLimiter<S> {
         };
         let scale = scale.as_micros().to_string();
         self.keys.key(
-            Mode::RateLimit,
+            Namespace::RateLimit,
             &[
                 self.name.as_bytes(),
                 self.algorithm.letter(),

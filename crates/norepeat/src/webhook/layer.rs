@@ -4,7 +4,7 @@
 
 use super::{SignatureError, WebhookVerifier, unix_now};
 use crate::body;
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::middleware::{Handle, Middleware, ResponseBody, reject};
 use crate::problem::{Code, Problem};
 use crate::store::{KeyValueStore, KeyValueStoreExt, StoreError};
@@ -155,7 +155,7 @@ async fn seen_before(
 ) -> Result<bool, StoreError> {
     let key = m
         .keys
-        .key(Mode::Fingerprint, &[b"webhook", &t.to_be_bytes(), tag]);
+        .key(Namespace::Fingerprint, &[b"webhook", &t.to_be_bytes(), tag]);
     let ttl = tolerance
         .saturating_mul(2)
         .saturating_add(Duration::from_secs(1));

@@ -297,7 +297,7 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::{Acquired, Claim, Renewal};
+    use crate::claim::{Claim, Claimed, Renewal};
     use crate::store::MemoryStore;
 
     const TTL: Duration = Duration::from_millis(60);
@@ -385,7 +385,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_gives_up_stops_the_renewal() {
         let store = MemoryStore::default();
-        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "k", b"me".to_vec(), TTL).await
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"me".to_vec(), TTL).await
         else {
             panic!("first claim");
         };
