@@ -19,7 +19,7 @@
 //!   request (a client that re-serialises its retry is not refused as a
 //!   different one);
 //! - strings with the minimal escapes, so `"\u00e9"` and `"é"` are the same;
-//! - an object with a key given twice is refused ([`InvalidJson`](crate::json::InvalidJson)) rather
+//! - an object with a key given twice is refused ([`InvalidJson`]) rather
 //!   than read as "the last one wins": the handler's parser might keep the
 //!   first, and the fingerprint must not see another request than it does.
 //!

@@ -98,7 +98,7 @@
 //!
 //! # In an axum handler
 //! Take the body as [`Bytes`](bytes::Bytes), verify, then parse. A refusal
-//! converts to a 401 `invalid_signature` [`Problem`].
+//! converts to a 401 `invalid_signature` [`Problem`](crate::problem::Problem).
 //!
 //! ```
 //! use axum::{Router, body::Bytes, http::HeaderMap, routing::post};
