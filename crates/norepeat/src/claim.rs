@@ -1,5 +1,5 @@
+// Over 400 lines on purpose: one claim life cycle with its cancellation rules; 90 lines are tests.
 //! One claim life cycle, shared by every guard: claim, run with
-//! (Over 400 lines on purpose: one claim life cycle with its cancellation rules; 90 lines are tests.)
 //! owner-checked renewal, then complete or release.
 //!
 //! The fingerprint guard ([`crate::fingerprint`]), idempotency

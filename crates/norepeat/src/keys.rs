@@ -1,5 +1,5 @@
+// Over 400 lines on purpose: 120 are its unit and property tests, and the key layout reads best whole.
 //! Store keys: short, injective, one key per operation.
-//! (Over 400 lines on purpose: 120 are its unit and property tests, and the key layout reads best whole.)
 //!
 //! A key is `prefix:` + `namespace` + `tag`:
 //! - `prefix` names the application (default `nr`), so several can share a

@@ -1,5 +1,5 @@
+// Over 400 lines on purpose: 195 lines are the tests of one renewal task, whose timing they pin down.
 //! One task that renews every running claim of a guard when it is due.
-//! (Over 400 lines on purpose: 195 lines are the tests of one renewal task, whose timing they pin down.)
 //!
 //! A claim whose work runs longer than a third of its TTL is extended
 //! (owner-checked `expire_if_equals`) so that it does not expire under the

@@ -1,7 +1,7 @@
+// Over 400 lines on purpose: the builder and the one request path it configures, which read best together.
 //! [`IdempotencyLayer`] and the [`Idempotency`] service it builds: claim
 //! the key (through the guard), run the handler, complete or release,
 //! replay; and the HTTP answers of the whole capability.
-//! (Over 400 lines on purpose: the builder and the one request path it configures, which read best together.)
 
 use super::body::Passthrough;
 use super::detached::DetachedTasks;

@@ -1,5 +1,5 @@
+// Over 400 lines on purpose: one store and its tests; 65 lines are tests.
 //! The in-process store: bounded in bytes, every entry expiring.
-//! (Over 400 lines on purpose: one store and its tests; 65 lines are tests.)
 
 use super::rate::arithmetic::{self, FixedState, SlidingState};
 use super::{KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};

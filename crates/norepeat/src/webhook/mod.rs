@@ -1,5 +1,5 @@
+// Over 400 lines on purpose: most is the module docs and the known-answer tests of one verifier.
 //! Signed webhooks: an HMAC over the raw body and a timestamp.
-//! (Over 400 lines on purpose: most is the module docs and the known-answer tests of one verifier.)
 //!
 //! A payment provider's notice changes money and state, so whoever sends it
 //! must prove they hold a shared secret. The scheme is the one Stripe uses:
