@@ -287,6 +287,33 @@ mod tests {
     }
 
     #[test]
+    fn a_custom_code_answers_as_the_library_codes_do() {
+        let p = Problem::custom(
+            StatusCode::CONFLICT,
+            "order_not_payable",
+            "Order not payable",
+        )
+        .detail("Order o-1 already has a live payment.");
+        let res = p.to_response();
+        assert_eq!(res.status(), 409);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert_eq!(res.extensions().get::<Problem>(), Some(&p));
+        let v: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "type": "https://norepeat.dev/problems/order_not_payable",
+                "title": "Order not payable",
+                "status": 409,
+                "detail": "Order o-1 already has a live payment.",
+                "code": "order_not_payable",
+            })
+        );
+        assert_eq!(p.code.as_str(), "order_not_payable");
+        assert_eq!(p.code.title(), "Order not payable");
+    }
+
+    #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {
         let p = Problem::new(Code::RateLimited).retry_after(Duration::from_millis(1));
         assert_eq!(p.retry_after, Some(1));
