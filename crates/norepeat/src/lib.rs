@@ -148,6 +148,7 @@ mod claim;
 pub mod clock;
 pub mod degrade;
 pub mod fingerprint;
+mod fingerprinter;
 pub mod idempotency;
 pub mod identity;
 pub mod json;

@@ -1,10 +1,10 @@
 //! The fingerprint guard: decides a fingerprint against a store, holds it
 //! with a [`Claim`], and says why it refused ([`FingerprintGuardError`]).
 
-use super::{Digest, Fingerprinter};
 use crate::claim::{self, Renewal, Renewer};
 use crate::clock::now_ms;
 use crate::degrade::{FailurePolicy, on_store_error};
+use crate::fingerprinter::{Digest, Fingerprinter};
 use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{Store, StoreError};
 use bytes::Bytes;

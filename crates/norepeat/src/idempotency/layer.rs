@@ -11,7 +11,7 @@ use super::record::Digest;
 use crate::body as request_body;
 use crate::claim::{self, Renewer};
 use crate::degrade::FailurePolicy;
-use crate::fingerprint::Fingerprinter;
+use crate::fingerprinter::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
 use crate::keys::{KeyBuilder, Namespace};
