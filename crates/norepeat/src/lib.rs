@@ -40,8 +40,10 @@
 //! skeleton (`middleware.rs`: `poll_ready`, the clone of the inner
 //! service, the boxed future, `get_ref`/`get_mut`/`into_inner`), so a
 //! layer writes only what it does with a request. Modules import only what
-//! sits below them: the layers use the guards, and the guards use one claim
-//! life cycle (a private `claim` module), [`keys`] and the [`store`].
+//! sits below them, never beside: the layers use the guards, and the guards
+//! use one claim life cycle (a private `claim` module), the request
+//! fingerprinter (private, re-exported as [`fingerprint::Fingerprinter`]),
+//! [`json`], [`keys`] and the [`store`].
 //!
 //! # Vocabulary
 //! - **claim**: holding a store key while work runs (claim, run with
