@@ -62,6 +62,16 @@ fn custom(status: u16, code: &str, title: &str, detail: &str) -> Response {
         .into_response()
 }
 
+/// 409 `order_not_payable`: the shop's own code, on the library's
+/// problem (so it rides in the response's extensions like the others).
+fn not_payable() -> Problem {
+    Problem::custom(
+        axum::http::StatusCode::CONFLICT,
+        "order_not_payable",
+        "Order not payable",
+    )
+}
+
 /// A library problem with one extension member (RFC 9457 section 3.2), left
 /// out when `value` is `None`.
 fn with_member(p: &Problem, name: &str, value: Option<String>) -> Response {
@@ -93,11 +103,9 @@ impl IntoResponse for ApiError {
                 "Out of stock",
                 "Not enough stock for this order.",
             ),
-            ApiError::NotPayable { detail, payment_id } => with_member(
-                &Problem::new(Code::OrderNotPayable).detail(detail),
-                "paymentId",
-                payment_id,
-            ),
+            ApiError::NotPayable { detail, payment_id } => {
+                with_member(&not_payable().detail(detail), "paymentId", payment_id)
+            }
             ApiError::InvalidTransition(d) => {
                 custom(409, "invalid_transition", "Invalid transition", &d)
             }

@@ -19,7 +19,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::fingerprint::{Fingerprinter, RequestParts};
-use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::keys::{KeyBuilder, Namespace};
 use norepeat::store::{KeyValueStoreExt, MemoryStore};
 use serde_json::{Value, json};
 use std::convert::Infallible;
@@ -122,12 +122,12 @@ fn keys(c: &mut Criterion) {
     let digest = [7u8; 32];
     let mut g = c.benchmark_group("keys");
     g.bench_function("key_for_digest", |b| {
-        b.iter(|| black_box(k.key_for_digest(Mode::Fingerprint, black_box(&digest))));
+        b.iter(|| black_box(k.key_for_digest(Namespace::Fingerprint, black_box(&digest))));
     });
     g.bench_function("key_from_parts", |b| {
         b.iter(|| {
             black_box(k.key(
-                Mode::Idempotency,
+                Namespace::Idempotency,
                 black_box(&[
                     b"u-1842".as_slice(),
                     b"POST",

@@ -15,7 +15,7 @@
 //! body without a content type, or with a generic one (`text/plain`, a
 //! form), that starts like a JSON object or array is read as JSON if it is
 //! strict JSON, else as bytes: a guard cannot call it malformed, since it
-//! never claimed to be JSON. [`check_json`](crate::fingerprint::check_json) is the strictness test, for an
+//! never claimed to be JSON. [`check_json`](crate::json::check_json) is the strictness test, for an
 //! application that parses JSON bodies itself.
 //!
 //! ```

@@ -1,15 +1,16 @@
+// Over 400 lines on purpose: 120 are its unit and property tests, and the key layout reads best whole.
 //! Store keys: short, injective, one key per operation.
 //!
-//! A key is `prefix:` + `mode` + `tag`:
+//! A key is `prefix:` + `namespace` + `tag`:
 //! - `prefix` names the application (default `nr`), so several can share a
 //!   Redis;
-//! - `mode` is one letter: `t` token, `f` fingerprint, `i` idempotency,
+//! - `namespace` is one letter: `t` token, `f` fingerprint, `i` idempotency,
 //!   `r` rate limit;
 //! - `tag` is the first bits of BLAKE3 over the key's *scope* (tenant or
 //!   user, method, concrete request path) and its *content* (fingerprint,
 //!   client key), in base64url: 16 characters (96 bits) for tokens,
 //!   idempotency records and rate limits, 10 characters (60 bits) for a
-//!   fingerprint's window ([`Mode::tag_chars`]).
+//!   fingerprint's window ([`Namespace::tag_chars`]).
 //!
 //! With the default prefix a fingerprint key is 14 bytes (`nr:fAbCdEfGhIj`)
 //! and every other key 20 (`nr:iAbCdEfGhIjKlMnOp`).
@@ -30,9 +31,9 @@
 //! containing `:`, `{` or `}` can never produce the same input as another
 //! user's. The key itself reads back unambiguously from its end: base64url
 //! has no `:`, so the last `:` ends the prefix, the letter after it is the
-//! mode, and the rest is the tag, whose length the mode fixes. So two keys
-//! are equal only if prefix, mode and tag are. 96 bits keep a collision
-//! between two live keys of one mode unlikely below about 2^48 keys, 60
+//! namespace, and the rest is the tag, whose length the namespace fixes. So two keys
+//! are equal only if prefix, namespace and tag are. 96 bits keep a collision
+//! between two live keys of one namespace unlikely below about 2^48 keys, 60
 //! bits below about 2^30.
 //!
 //! **No hash tag.** Every store operation touches one key (each Lua script
@@ -55,15 +56,15 @@
 //! `a/b` with id `c` apart from user `a` with id `b/c`.
 //!
 //! ```
-//! use norepeat::keys::{KeyBuilder, Mode};
+//! use norepeat::keys::{KeyBuilder, Namespace};
 //! let keys = KeyBuilder::new("shop");
-//! let a = keys.key(Mode::Fingerprint, &[b"user:1", b"POST", b"/orders"]);
-//! let b = keys.key(Mode::Fingerprint, &[b"user", b"1:POST", b"/orders"]);
+//! let a = keys.key(Namespace::Fingerprint, &[b"user:1", b"POST", b"/orders"]);
+//! let b = keys.key(Namespace::Fingerprint, &[b"user", b"1:POST", b"/orders"]);
 //! assert_ne!(a, b);
 //! assert!(a.starts_with("shop:f"));
-//! assert_eq!(a.len(), "shop:f".len() + Mode::Fingerprint.tag_chars());
-//! assert_eq!(KeyBuilder::default().key(Mode::Fingerprint, &[b"n"]).len(), 14);
-//! assert_eq!(KeyBuilder::default().key(Mode::Token, &[b"n"]).len(), 20);
+//! assert_eq!(a.len(), "shop:f".len() + Namespace::Fingerprint.tag_chars());
+//! assert_eq!(KeyBuilder::default().key(Namespace::Fingerprint, &[b"n"]).len(), 14);
+//! assert_eq!(KeyBuilder::default().key(Namespace::Token, &[b"n"]).len(), 20);
 //! ```
 
 use base64::Engine;
@@ -73,10 +74,11 @@ use std::sync::Arc;
 /// The most digest bytes a key reads: 96 bits, 16 base64url characters.
 const TAG_BYTES: usize = 12;
 
-/// What a key is for; one letter in the key.
+/// What a key is for (its namespace): one letter in the key, so the keys
+/// of two capabilities never meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Mode {
+pub enum Namespace {
     /// A used one-time token.
     Token,
     /// A request fingerprint's window.
@@ -87,32 +89,32 @@ pub enum Mode {
     RateLimit,
 }
 
-impl Mode {
-    /// The letter this mode has in a key.
+impl Namespace {
+    /// The letter this namespace has in a key.
     #[must_use]
     pub const fn letter(self) -> char {
         match self {
-            Mode::Token => 't',
-            Mode::Fingerprint => 'f',
-            Mode::Idempotency => 'i',
-            Mode::RateLimit => 'r',
+            Namespace::Token => 't',
+            Namespace::Fingerprint => 'f',
+            Namespace::Idempotency => 'i',
+            Namespace::RateLimit => 'r',
         }
     }
 
-    /// The base64url characters of digest a key of this mode keeps: 10
-    /// (60 bits) for [`Mode::Fingerprint`], 16 (96 bits) for the others.
+    /// The base64url characters of digest a key of this namespace keeps: 10
+    /// (60 bits) for [`Namespace::Fingerprint`], 16 (96 bits) for the others.
     /// The [module docs](self) say why.
     ///
     /// ```
-    /// use norepeat::keys::Mode;
-    /// assert_eq!(Mode::Fingerprint.tag_chars(), 10);
-    /// assert_eq!(Mode::Idempotency.tag_chars(), 16);
+    /// use norepeat::keys::Namespace;
+    /// assert_eq!(Namespace::Fingerprint.tag_chars(), 10);
+    /// assert_eq!(Namespace::Idempotency.tag_chars(), 16);
     /// ```
     #[must_use]
     pub const fn tag_chars(self) -> usize {
         match self {
-            Mode::Fingerprint => 10,
-            Mode::Token | Mode::Idempotency | Mode::RateLimit => 16,
+            Namespace::Fingerprint => 10,
+            Namespace::Token | Namespace::Idempotency | Namespace::RateLimit => 16,
         }
     }
 }
@@ -153,19 +155,19 @@ impl KeyBuilder {
         &self.prefix
     }
 
-    /// The key for `parts` (scope first, content last) in `mode`.
+    /// The key for `parts` (scope first, content last) in `namespace`.
     #[must_use]
-    pub fn key(&self, mode: Mode, parts: &[&[u8]]) -> String {
+    pub fn key(&self, namespace: Namespace, parts: &[&[u8]]) -> String {
         let mut h = blake3::Hasher::new();
         feed_parts(&mut h, parts);
-        self.key_for_digest(mode, h.finalize().as_bytes())
+        self.key_for_digest(namespace, h.finalize().as_bytes())
     }
 
     /// The key for a digest computed elsewhere: its first
-    /// [`mode.tag_chars()`](Mode::tag_chars) × 6 bits are used (96 or 60).
+    /// [`namespace.tag_chars()`](Namespace::tag_chars) × 6 bits are used (96 or 60).
     /// A digest shorter than 12 bytes gives a shorter tag.
     #[must_use]
-    pub fn key_for_digest(&self, mode: Mode, digest: &[u8]) -> String {
+    pub fn key_for_digest(&self, namespace: Namespace, digest: &[u8]) -> String {
         let tag = &digest[..digest.len().min(TAG_BYTES)];
         // 12 bytes encode to exactly 16 characters; the first `n` of them
         // are the digest's first 6n bits.
@@ -173,11 +175,11 @@ impl KeyBuilder {
         let len = URL_SAFE_NO_PAD
             .encode_slice(tag, &mut encoded)
             .unwrap_or(0)
-            .min(mode.tag_chars());
+            .min(namespace.tag_chars());
         let mut key = String::with_capacity(self.prefix.len() + 2 + len);
         key.push_str(&self.prefix);
         key.push(':');
-        key.push(mode.letter());
+        key.push(namespace.letter());
         // base64url is ASCII: one char per byte.
         key.extend(encoded[..len].iter().map(|&b| char::from(b)));
         key
@@ -320,8 +322,8 @@ mod tests {
             u1 in "[a-z:{}]{0,6}", u2 in "[a-z:{}]{0,6}", r1 in "[a-z:/{}]{0,6}", r2 in "[a-z:/{}]{0,6}"
         ) {
             let k = KeyBuilder::default();
-            let a = k.key(Mode::Fingerprint, &[u1.as_bytes(), r1.as_bytes()]);
-            let b = k.key(Mode::Fingerprint, &[u2.as_bytes(), r2.as_bytes()]);
+            let a = k.key(Namespace::Fingerprint, &[u1.as_bytes(), r1.as_bytes()]);
+            let b = k.key(Namespace::Fingerprint, &[u2.as_bytes(), r2.as_bytes()]);
             prop_assert_eq!(u1 == u2 && r1 == r2, a == b);
         }
     }
@@ -359,12 +361,12 @@ mod tests {
 
     #[test]
     fn keys_are_twenty_bytes_and_carry_no_hash_tag() {
-        let k = KeyBuilder::default().key(Mode::Idempotency, &[&[7u8; 300]]);
+        let k = KeyBuilder::default().key(Namespace::Idempotency, &[&[7u8; 300]]);
         assert_eq!(k.len(), 20);
         assert!(k.starts_with("nr:i"));
         assert!(!k.contains(['{', '}']));
         let digest = [0xffu8; 32];
-        let d = KeyBuilder::default().key_for_digest(Mode::Token, &digest);
+        let d = KeyBuilder::default().key_for_digest(Namespace::Token, &digest);
         assert_eq!(d, "nr:t________________");
     }
 
@@ -372,46 +374,46 @@ mod tests {
     fn fingerprint_keys_are_fourteen_bytes_of_the_first_sixty_bits() {
         let mut digest = [0u8; 32];
         digest[..8].copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf0]);
-        let k = KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest);
+        let k = KeyBuilder::default().key_for_digest(Namespace::Fingerprint, &digest);
         assert_eq!(k, "nr:f__________");
         // Bits past the 60th do not change the key.
         digest[7] = 0xff;
         digest[11] = 0x01;
         assert_eq!(
-            KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest),
+            KeyBuilder::default().key_for_digest(Namespace::Fingerprint, &digest),
             k
         );
         // Bit 60 (the last one kept) does.
         digest[7] = 0xe0;
         assert_ne!(
-            KeyBuilder::default().key_for_digest(Mode::Fingerprint, &digest),
+            KeyBuilder::default().key_for_digest(Namespace::Fingerprint, &digest),
             k
         );
         assert_eq!(
             KeyBuilder::default()
-                .key(Mode::Fingerprint, &[b"u", b"POST"])
+                .key(Namespace::Fingerprint, &[b"u", b"POST"])
                 .len(),
             14
         );
     }
 
     proptest! {
-        /// Keys of different prefixes, modes or tags never meet, even when a
-        /// prefix ends like another's mode (`a` + `f` against `a:f` + `t`).
+        /// Keys of different prefixes, namespaces or tags never meet, even when a
+        /// prefix ends like another's namespace (`a` + `f` against `a:f` + `t`).
         #[test]
-        fn keys_are_injective_across_prefixes_and_modes(
+        fn keys_are_injective_across_prefixes_and_namespaces(
             p1 in "[a-z:]{0,4}", p2 in "[a-z:]{0,4}",
             m1 in 0usize..4, m2 in 0usize..4,
             d1 in proptest::collection::vec(any::<u8>(), 12), d2 in proptest::collection::vec(any::<u8>(), 12),
         ) {
-            let modes = [Mode::Token, Mode::Fingerprint, Mode::Idempotency, Mode::RateLimit];
-            let a = KeyBuilder::new(&p1).key_for_digest(modes[m1], &d1);
-            let b = KeyBuilder::new(&p2).key_for_digest(modes[m2], &d2);
-            // What a key of the mode keeps: 96 bits, or 60 for fingerprints.
+            let namespaces = [Namespace::Token, Namespace::Fingerprint, Namespace::Idempotency, Namespace::RateLimit];
+            let a = KeyBuilder::new(&p1).key_for_digest(namespaces[m1], &d1);
+            let b = KeyBuilder::new(&p2).key_for_digest(namespaces[m2], &d2);
+            // What a key of the namespace keeps: 96 bits, or 60 for fingerprints.
             let kept = |m: usize, d: &[u8]| -> u128 {
                 let mut v = [0u8; 16];
                 v[..12].copy_from_slice(d);
-                u128::from_be_bytes(v) >> (128 - 6 * modes[m].tag_chars())
+                u128::from_be_bytes(v) >> (128 - 6 * namespaces[m].tag_chars())
             };
             prop_assert_eq!(p1 == p2 && m1 == m2 && kept(m1, &d1) == kept(m2, &d2), a == b);
         }

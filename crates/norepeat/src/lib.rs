@@ -19,21 +19,58 @@
 //!   or SQLite database, every change one atomic operation;
 //! - [`webhook`]: verify a signed webhook (HMAC-SHA256 over timestamp and
 //!   raw body, constant-time, with a replay window);
-//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`], [`clock`]:
-//!   the shared vocabulary (store keys, who is calling, the path the client
-//!   sent, RFC 9457 answers, reading a body and the one rule for JSON
-//!   bodies, the wall clock);
+//! - [`keys`], [`identity`], [`request`], [`problem`], [`body`], [`json`],
+//!   [`clock`]: the shared vocabulary (store keys, who is calling, the path
+//!   the client sent, RFC 9457 answers, reading a body and the one rule for
+//!   JSON bodies, the one strict JSON reader, the wall clock);
 //! - [`guard`] and [`attribute`]: `#[norepeat::guard(...)]` on any
 //!   `async fn`, refusing repeats within a window or running once per key
 //!   with the stored result given back to repeats.
 //!
 //! # Layout
-//! Each capability is a module: its core (a guard or limiter you can call,
-//! returning its own error enum that says what it refused and why) and its
-//! tower layer, which turns that error into an HTTP answer at the edge
-//! ([`problem`] holds every `From<...> for Problem`). Modules import only
-//! what sits below them: the layers use the guards, and the guards use one
-//! claim life cycle (a private `lease` module), [`keys`] and the [`store`].
+//! Each capability is a module with the same files in the same roles: a
+//! core that decides (`fingerprint/guard.rs`, `token/guard.rs`,
+//! `idempotency/guard.rs`, `ratelimit/limiter.rs`, `webhook/mod.rs`: a
+//! guard, limiter or verifier you can call, returning its own error enum
+//! that says what it refused and why), and `layer.rs`, its tower layer,
+//! which turns that error into an HTTP answer at the edge (the
+//! `From<...> for Problem` sits there, beside the layer). HTTP points one
+//! way: [`problem`] knows no capability, and no core imports it (a test
+//! reads the sources to keep it so). The five services share one private
+//! skeleton (`middleware.rs`: `poll_ready`, the clone of the inner
+//! service, the boxed future, `get_ref`/`get_mut`/`into_inner`), so a
+//! layer writes only what it does with a request. Modules import only what
+//! sits below them, never beside: the layers use the guards, and the guards
+//! use one claim life cycle (a private `claim` module), the request
+//! fingerprinter (private, re-exported as [`fingerprint::Fingerprinter`]),
+//! [`json`], [`keys`] and the [`store`].
+//!
+//! # Vocabulary
+//! - **claim**: holding a store key while work runs (claim, run with
+//!   renewal, then complete, release or keep). Every guard holds its key
+//!   through one claim type; the fingerprint guard hands out a
+//!   [`fingerprint::Claim`]. An attempt's outcome is a `Claimed`: `Owned`
+//!   (this caller holds the key), `Held` (another does), `Done` (an earlier
+//!   call's stored result), `Refused`, or `Unguarded` (the store failed and
+//!   the policy fails open).
+//! - **lease**: a claim's time to live without renewal (the attribute's
+//!   `lease = "30s"`, [`IdempotencyLayer::lease`](idempotency::IdempotencyLayer::lease)):
+//!   a duration, never a type.
+//! - **window** and **retention**: how long a fingerprint is held, and how
+//!   long a stored result is kept.
+//! - **wait**: how long a repeat waits for a running call's result, always a
+//!   [`Duration`](std::time::Duration); `Duration::ZERO` (the default) is
+//!   no wait.
+//! - **mode**: the attribute's `window` or `once`
+//!   ([`attribute::GuardMode`]); in metrics and traces, the `mode` label
+//!   names what decided (`fingerprint`, `token`, `once`, `idempotency`,
+//!   `ratelimit`).
+//! - **namespace**: what a store key is for, one letter in the key
+//!   ([`keys::Namespace`]).
+//! - **X / XLayer**: a tower layer `XLayer` builds the service `X`
+//!   ([`FingerprintLayer`](fingerprint::FingerprintLayer) builds
+//!   [`Fingerprint`](fingerprint::Fingerprint)); the layer holds the
+//!   settings its service reads.
 //!
 //! ```
 //! use axum::{Router, routing::post};
@@ -109,19 +146,25 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 pub mod attribute;
 pub mod body;
+mod claim;
 pub mod clock;
 pub mod degrade;
 pub mod fingerprint;
+mod fingerprinter;
 pub mod idempotency;
 pub mod identity;
+pub mod json;
 pub mod keys;
-mod lease;
+mod middleware;
 pub mod problem;
 pub mod ratelimit;
 pub mod request;
 pub mod store;
 pub mod token;
 pub mod webhook;
+
+#[cfg(test)]
+mod edge_tests;
 
 /// Guards an `async fn` against repeats: one line, and every call is guarded.
 ///

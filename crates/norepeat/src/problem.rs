@@ -7,18 +7,23 @@
 //! log or reshape it.
 //!
 //! The guards themselves say what they refused and why in their own error
-//! types; this module is where each becomes an HTTP answer (`From<...> for
-//! Problem`), as the layers do at the edge:
+//! types; each capability's tower layer (its `layer.rs`) turns them into
+//! answers with a `From<...> for Problem` beside itself, at the edge. This
+//! module knows none of them: HTTP points one way, from the layers down to
+//! here.
 //!
 //! | error | answer |
 //! |---|---|
-//! | [`FingerprintGuardError`] | 409 `duplicate_submission` with `Retry-After`; 503 `guard_unavailable` |
-//! | [`TokenGuardError`] | 409 `duplicate_submission`; 503 `guard_unavailable` |
-//! | [`IdempotencyError`] | 409 `idempotency_key_in_use`; 422 `idempotency_key_mismatch`; 503 `guard_unavailable` |
-//! | [`RateLimitError`] | 503 `guard_unavailable` |
-//! | [`BodyError`] | 413 `payload_too_large`; 400 `invalid_request` |
-//! | [`InvalidJson`] | 400 `invalid_request` |
-//! | [`SignatureError`] | 401 `invalid_signature` |
+//! | [`FingerprintGuardError`](crate::fingerprint::FingerprintGuardError) | 409 `duplicate_submission` with `Retry-After`; 503 `guard_unavailable` |
+//! | [`TokenGuardError`](crate::token::TokenGuardError) | 409 `duplicate_submission`; 503 `guard_unavailable` |
+//! | [`IdempotencyError`](crate::idempotency::IdempotencyError) | 409 `idempotency_key_in_use`; 422 `idempotency_key_mismatch`; 503 `guard_unavailable` |
+//! | [`RateLimitError`](crate::ratelimit::RateLimitError) | 503 `guard_unavailable` |
+//! | [`BodyError`](crate::body::BodyError) | 413 `payload_too_large`; 400 `invalid_request` |
+//! | [`InvalidJson`](crate::json::InvalidJson) | 400 `invalid_request` |
+//! | [`SignatureError`](crate::webhook::SignatureError) | 401 `invalid_signature` |
+//!
+//! An application adds its own codes with [`Problem::custom`]: the same
+//! body, headers and extensions as the library's.
 //!
 //! ```
 //! use norepeat::problem::{Problem, Code};
@@ -29,12 +34,6 @@
 //! assert_eq!(res.headers()["content-type"], "application/problem+json");
 //! ```
 
-use crate::body::BodyError;
-use crate::fingerprint::{FingerprintGuardError, InvalidJson};
-use crate::idempotency::IdempotencyError;
-use crate::ratelimit::RateLimitError;
-use crate::token::TokenGuardError;
-use crate::webhook::SignatureError;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
@@ -68,12 +67,18 @@ pub enum Code {
     RateLimited,
     /// 503: the store is unavailable on a route that fails closed.
     GuardUnavailable,
-    /// 409: a payment for an order that cannot take one (not awaiting
-    /// payment, or it already has a live payment).
-    OrderNotPayable,
     /// 401: a signed request (a webhook) whose signature is missing, wrong
     /// or too old; see [`webhook`](crate::webhook).
     InvalidSignature,
+    /// An application's own code, made with [`Problem::custom`].
+    Custom {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The `code` member (and the last segment of `type`).
+        code: &'static str,
+        /// The `title` member.
+        title: &'static str,
+    },
 }
 
 impl Code {
@@ -92,8 +97,8 @@ impl Code {
             Code::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Code::RateLimited => "rate_limited",
             Code::GuardUnavailable => "guard_unavailable",
-            Code::OrderNotPayable => "order_not_payable",
             Code::InvalidSignature => "invalid_signature",
+            Code::Custom { code, .. } => code,
         }
     }
 
@@ -106,13 +111,12 @@ impl Code {
             | Code::MissingIdempotencyKey
             | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Code::Unauthenticated | Code::InvalidSignature => StatusCode::UNAUTHORIZED,
-            Code::DuplicateSubmission | Code::IdempotencyKeyInUse | Code::OrderNotPayable => {
-                StatusCode::CONFLICT
-            }
+            Code::DuplicateSubmission | Code::IdempotencyKeyInUse => StatusCode::CONFLICT,
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Code::GuardUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Custom { status, .. } => status,
         }
     }
 
@@ -131,8 +135,8 @@ impl Code {
             Code::IdempotencyKeyMismatch => "Idempotency-Key reused with another request",
             Code::RateLimited => "Too many requests",
             Code::GuardUnavailable => "Guard unavailable",
-            Code::OrderNotPayable => "Order not payable",
             Code::InvalidSignature => "Invalid signature",
+            Code::Custom { title, .. } => title,
         }
     }
 }
@@ -160,6 +164,31 @@ impl Problem {
             retry_after: None,
             headers: Vec::new(),
         }
+    }
+
+    /// A problem with an application's own code: `status`, the `code`
+    /// member (also the last segment of `type`) and the `title`, which is
+    /// the detail until [`detail`](Self::detail) sets one. Its response has
+    /// the same shape as the library's own.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use norepeat::problem::Problem;
+    /// let p = Problem::custom(StatusCode::CONFLICT, "out_of_stock", "Out of stock")
+    ///     .detail("Not enough stock for this order.");
+    /// let res = p.to_response();
+    /// assert_eq!(res.status(), 409);
+    /// let body: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+    /// assert_eq!(body["code"], "out_of_stock");
+    /// assert_eq!(body["type"], "https://norepeat.dev/problems/out_of_stock");
+    /// ```
+    #[must_use]
+    pub fn custom(status: StatusCode, code: &'static str, title: &'static str) -> Self {
+        Self::new(Code::Custom {
+            status,
+            code,
+            title,
+        })
     }
 
     /// Sets the `detail` message.
@@ -238,104 +267,6 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// The `detail` of 503 `guard_unavailable` from a guard whose store failed.
-const GUARD_UNAVAILABLE: &str = "The duplicate guard cannot decide right now; retry shortly.";
-
-impl From<FingerprintGuardError> for Problem {
-    fn from(e: FingerprintGuardError) -> Self {
-        match e {
-            FingerprintGuardError::Duplicate { retry_after } => {
-                Problem::new(Code::DuplicateSubmission)
-                    .detail("This request was already submitted; wait before sending it again.")
-                    .retry_after(retry_after)
-            }
-            FingerprintGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
-                .detail(GUARD_UNAVAILABLE)
-                .retry_after_secs(1),
-        }
-    }
-}
-
-impl From<TokenGuardError> for Problem {
-    fn from(e: TokenGuardError) -> Self {
-        let duplicate =
-            |detail: &'static str| Problem::new(Code::DuplicateSubmission).detail(detail);
-        match e {
-            TokenGuardError::Used => {
-                duplicate("This form was already submitted. Reload to get a new token.")
-            }
-            TokenGuardError::Expired => {
-                duplicate("The repeat token expired. Reload to get a new one.")
-            }
-            TokenGuardError::Invalid => {
-                duplicate("The repeat token is unknown or belongs to another user.")
-            }
-            TokenGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
-                .detail(GUARD_UNAVAILABLE)
-                .retry_after_secs(1),
-        }
-    }
-}
-
-impl From<IdempotencyError> for Problem {
-    fn from(e: IdempotencyError) -> Self {
-        match e {
-            IdempotencyError::InUse => Problem::new(Code::IdempotencyKeyInUse)
-                .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
-                .retry_after_secs(1),
-            IdempotencyError::Mismatch => Problem::new(Code::IdempotencyKeyMismatch).detail(
-                "This Idempotency-Key was used with a different request; use a new key for a new operation.",
-            ),
-            IdempotencyError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
-                .detail(GUARD_UNAVAILABLE)
-                .retry_after_secs(1),
-        }
-    }
-}
-
-impl From<RateLimitError> for Problem {
-    fn from(e: RateLimitError) -> Self {
-        match e {
-            RateLimitError::Unavailable { .. } => Problem::new(Code::GuardUnavailable)
-                .detail("The rate limiter cannot decide right now; retry shortly.")
-                .retry_after_secs(1),
-        }
-    }
-}
-
-impl From<BodyError> for Problem {
-    fn from(e: BodyError) -> Self {
-        match e {
-            BodyError::TooLarge { max } => Problem::new(Code::PayloadTooLarge)
-                .detail(format!("The request body is larger than {}.", size(max))),
-            BodyError::Unreadable(why) => Problem::new(Code::InvalidRequest)
-                .detail(format!("The request body could not be read: {why}")),
-        }
-    }
-}
-
-impl From<InvalidJson> for Problem {
-    fn from(e: InvalidJson) -> Self {
-        Problem::new(Code::InvalidRequest).detail(e.to_string())
-    }
-}
-
-impl From<SignatureError> for Problem {
-    fn from(e: SignatureError) -> Self {
-        Problem::new(Code::InvalidSignature).detail(e.to_string())
-    }
-}
-
-/// A size as people write it: `64 KiB`, `1 MiB`, else `1000 bytes`.
-fn size(bytes: usize) -> String {
-    match bytes {
-        0 => "0 bytes".to_owned(),
-        n if n % (1024 * 1024) == 0 => format!("{} MiB", n / (1024 * 1024)),
-        n if n % 1024 == 0 => format!("{} KiB", n / 1024),
-        n => format!("{n} bytes"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,10 +287,30 @@ mod tests {
     }
 
     #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(size(64 * 1024), "64 KiB");
-        assert_eq!(size(1024 * 1024), "1 MiB");
-        assert_eq!(size(1000), "1000 bytes");
+    fn a_custom_code_answers_as_the_library_codes_do() {
+        let p = Problem::custom(
+            StatusCode::CONFLICT,
+            "order_not_payable",
+            "Order not payable",
+        )
+        .detail("Order o-1 already has a live payment.");
+        let res = p.to_response();
+        assert_eq!(res.status(), 409);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert_eq!(res.extensions().get::<Problem>(), Some(&p));
+        let v: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "type": "https://norepeat.dev/problems/order_not_payable",
+                "title": "Order not payable",
+                "status": 409,
+                "detail": "Order o-1 already has a live payment.",
+                "code": "order_not_payable",
+            })
+        );
+        assert_eq!(p.code.as_str(), "order_not_payable");
+        assert_eq!(p.code.title(), "Order not payable");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use common::counting_route;
 use futures_util::future::join_all;
-use norepeat::fingerprint::{Fingerprint, Fingerprinter, RequestParts};
+use norepeat::fingerprint::{Digest, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
@@ -238,7 +238,7 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
     let guard = FingerprintGuard::new(any.clone())
         .window(Duration::from_millis(150))
         .release(ReleasePolicy::ReleaseOnCompletion);
-    let fp = Fingerprint([9; 32]);
+    let fp = Digest([9; 32]);
     let a = guard.acquire(&fp).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let b = guard.acquire(&fp).await.expect("B takes the expired key");
@@ -261,7 +261,7 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
         bytes[..4].copy_from_slice(&i.to_be_bytes());
         // Success: the key is held for the window (a dropped lease releases).
         guard
-            .acquire(&Fingerprint(bytes))
+            .acquire(&Digest(bytes))
             .await
             .unwrap()
             .finish(true)
@@ -361,7 +361,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
 
     // Waiting for the result: all 100 get the one answer.
     let runs = Runs::default();
-    let wait = Some(Duration::from_secs(10));
+    let wait = Duration::from_secs(10);
     let apps = [
         payments(
             IdempotencyLayer::new(sa.clone()).wait_for_result(wait),

@@ -678,7 +678,7 @@ async fn redis_out_of_memory_is_a_failure_not_a_duplicate() {
         "{err:?}"
     );
     // A guard without fallback admits without holding anything.
-    let fp = norepeat::fingerprint::Fingerprint([7; 32]);
+    let fp = norepeat::fingerprint::Digest([7; 32]);
     let lease = plain_guard.acquire(&fp).await.expect("fail-open admits");
     assert!(!lease.is_held());
     lease.finish(true).await;
@@ -725,7 +725,7 @@ async fn token_used_during_a_partition_stays_used_after_it() {
     let store = fail_open_store(&proxy.url_for_redis(), Duration::from_millis(200)).await;
     let guard = TokenGuard::new(store.clone(), TokenSigner::random());
     let fp_guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
-    let fp = norepeat::fingerprint::Fingerprint([9; 32]);
+    let fp = norepeat::fingerprint::Digest([9; 32]);
 
     proxy.set_mode(ProxyMode::Refuse);
     let tokens: Vec<_> = (0..5).map(|_| guard.issue("u1")).collect();

@@ -16,7 +16,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use common::counting_route;
 use common::with_stores;
-use norepeat::fingerprint::Fingerprint;
+use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
 #[cfg(feature = "redis")]
@@ -131,7 +131,7 @@ async fn a_late_release_never_deletes_the_next_owners_key() {
         let guard = FingerprintGuard::new(store.clone())
             .window(Duration::from_millis(100))
             .release(ReleasePolicy::ReleaseOnCompletion);
-        let fp = Fingerprint([9; 32]);
+        let fp = Digest([9; 32]);
         let a = guard.acquire(&fp).await.expect("A takes the key");
         tokio::time::sleep(Duration::from_millis(200)).await; // A's key expires
         let b = guard.acquire(&fp).await.expect("B takes the expired key");
@@ -162,14 +162,14 @@ async fn a_late_release_never_deletes_the_next_owners_key() {
 async fn after_success_the_key_is_held_for_the_window_after_failure_released() {
     with_stores(|store| async move {
         let guard = FingerprintGuard::new(store).window(Duration::from_secs(10));
-        let ok = Fingerprint([1; 32]);
+        let ok = Digest([1; 32]);
         guard.acquire(&ok).await.unwrap().finish(true).await;
         let dup = Problem::from(guard.acquire(&ok).await.unwrap_err());
         assert_eq!(dup.code.as_str(), "duplicate_submission");
         let secs = dup.retry_after.expect("Retry-After");
         assert!((1..=10).contains(&secs), "retry after {secs}s");
 
-        let failed = Fingerprint([2; 32]);
+        let failed = Digest([2; 32]);
         guard.acquire(&failed).await.unwrap().finish(false).await;
         assert!(
             guard.acquire(&failed).await.is_ok(),
@@ -405,7 +405,7 @@ async fn redis_keys_are_short_expire_and_are_released_by_their_owner() {
     let store = RedisStore::connect(&redis.url()).await.unwrap();
     assert_eq!(store.kind(), "redis");
     let guard = FingerprintGuard::new(store);
-    let fp = Fingerprint([3; 32]);
+    let fp = Digest([3; 32]);
     let lease = guard.acquire(&fp).await.unwrap();
     let key = guard.key_of(&fp);
     assert!(key.len() < 64);

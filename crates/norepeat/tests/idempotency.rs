@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
-use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::keys::{KeyBuilder, Namespace};
 #[cfg(feature = "redis")]
 use norepeat::store::Resilient;
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, Store};
@@ -124,7 +124,7 @@ const BODY: &str = r#"{"orderId":"o1","amount":1999}"#;
 /// (the layer's default key layout).
 fn record_key(user: &str, key: &str) -> String {
     KeyBuilder::default().key(
-        Mode::Idempotency,
+        Namespace::Idempotency,
         &[user.as_bytes(), b"POST", b"/payments", key.as_bytes()],
     )
 }
@@ -475,7 +475,7 @@ async fn hundred_concurrent_run_once_others_409<G: Store + Clone>(store: G) {
 
 async fn hundred_concurrent_with_waiting_all_get_the_replay<G: Store + Clone>(store: G) {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(10)));
+    let layer = IdempotencyLayer::new(store).wait_for_result(Duration::from_secs(10));
     let app = app(layer, &runs);
     let answers = concurrent(&app, 100).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -708,7 +708,7 @@ async fn request_body_over_64k_is_413<G: Store + Clone>(store: G) {
 
 async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store: G) {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(store).wait_for_result(Some(Duration::from_secs(5)));
+    let layer = IdempotencyLayer::new(store).wait_for_result(Duration::from_secs(5));
     let app = app(layer, &runs);
     let failing = {
         let app = app.clone();

@@ -5,7 +5,7 @@
 //! needs any of them.
 //!
 //! A body is read by the library's [`norepeat::body::read`], and is valid
-//! JSON by the library's one rule ([`norepeat::fingerprint::check_json`]: RFC 8259,
+//! JSON by the library's one rule ([`norepeat::json::check_json`]: RFC 8259,
 //! UTF-8, no key given twice, at most 128 levels), so a body the fingerprint
 //! guard refuses as malformed JSON is one every handler refuses too, with
 //! the same answer.
@@ -32,7 +32,7 @@ pub(crate) async fn read(body: Body, headers: &HeaderMap) -> Result<Bytes, ApiEr
 /// Parses a JSON object, strict by the library's rule: a key given twice in
 /// any object of it is an error (not "the last one wins").
 pub(crate) fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    norepeat::fingerprint::check_json(bytes).map_err(|e| ApiError::Problem(Problem::from(e)))?;
+    norepeat::json::check_json(bytes).map_err(|e| ApiError::Problem(Problem::from(e)))?;
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::Invalid("The body must be a JSON object.".into())),

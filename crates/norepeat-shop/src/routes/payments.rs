@@ -267,7 +267,7 @@ pub(super) async fn callback(
     if let Some(verifier) = s.cfg.callback_verifier() {
         verifier
             .verify_headers(&headers, &bytes)
-            .map_err(|e| e.to_problem())?;
+            .map_err(norepeat::problem::Problem::from)?;
     }
     let m = body::object(&bytes)?;
     let payment_id = body::string(&m, "paymentId", 128)?;

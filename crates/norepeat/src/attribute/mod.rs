@@ -94,7 +94,9 @@
 //! [`ReleasePolicy::HoldOnSuccess`]: crate::fingerprint::ReleasePolicy::HoldOnSuccess
 
 use crate::degrade::FailurePolicy;
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
+use crate::store::StoreError;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod default_store;
@@ -115,7 +117,10 @@ pub use tx_unavailable::tx_store as __tx_store;
 
 /// Why a guarded call did not run. A guarded function's error type converts
 /// from it (`E: From<Rejected>`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Equal values say the same: two `Unavailable` are equal when their store
+/// errors read the same.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Rejected {
     /// Window mode: the key was used within the window; retry after this.
@@ -127,9 +132,11 @@ pub enum Rejected {
     /// Once mode: another call with the key is running right now.
     #[error("a call with the same key is in progress")]
     InProgress,
-    /// The store failed and the policy fails closed.
+    /// The store failed and the policy fails closed; the store's error is
+    /// the [`source`](std::error::Error::source) (shared, so that
+    /// `Rejected` stays `Clone`).
     #[error("the guard store is unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Arc<StoreError>),
     /// Once mode: a stored result is there but cannot be read as this
     /// function's result type (the type changed since it was stored).
     #[error("the stored result of this key cannot be read: {0}")]
@@ -142,6 +149,29 @@ pub enum Rejected {
         "no store: this guarded function names no `store = ...` and none was set; call `norepeat::attribute::set_default_store(store)` at start"
     )]
     NoDefaultStore,
+}
+
+impl PartialEq for Rejected {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Rejected::Duplicate { retry_after: a }, Rejected::Duplicate { retry_after: b }) => {
+                a == b
+            }
+            (Rejected::InProgress, Rejected::InProgress)
+            | (Rejected::NoDefaultStore, Rejected::NoDefaultStore) => true,
+            (Rejected::Unavailable(a), Rejected::Unavailable(b)) => a.to_string() == b.to_string(),
+            (Rejected::Unreadable(a), Rejected::Unreadable(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Rejected {}
+
+impl From<StoreError> for Rejected {
+    fn from(e: StoreError) -> Self {
+        Rejected::Unavailable(Arc::new(e))
+    }
 }
 
 /// Which mode a [`Guarded`] runs in.
@@ -291,9 +321,9 @@ impl Guarded {
         match self.mode {
             GuardMode::Window(_) => self
                 .keys
-                .key_for_digest(Mode::Fingerprint, &self.fingerprint(key).0),
+                .key_for_digest(Namespace::Fingerprint, &self.fingerprint(key).0),
             GuardMode::Once { .. } => self.keys.key(
-                Mode::Idempotency,
+                Namespace::Idempotency,
                 &[b"norepeat::once", self.scope.as_bytes(), key.as_bytes()],
             ),
         }

@@ -2,8 +2,8 @@
 //! calls get its stored result.
 
 use super::{Guarded, Rejected};
+use crate::claim::{self, Claim, Renewal};
 use crate::degrade::on_store_error;
-use crate::lease::{Acquired, Claim, Renewal};
 use crate::store::{KeyValueStore, Store};
 use bytes::Bytes;
 use serde::Serialize;
@@ -19,9 +19,6 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 /// Tag bytes of a once-mode value: a claim in progress, or a stored result.
 const CLAIM: u8 = b'P';
 const DONE: u8 = b'D';
-
-/// What `Rejected::Unavailable` says before the store's error.
-const UNAVAILABLE: &str = "The duplicate guard cannot decide right now; retry shortly.";
 
 impl Guarded {
     /// Once mode: runs `body` at most once per key with success; later calls
@@ -91,7 +88,7 @@ impl Guarded {
             Err(r) => return Err(E::from(r)),
         };
         let (retention, lease) = self.times();
-        crate::lease::detach(async move {
+        crate::claim::detach(async move {
             let out = claim.run(body, Renewal::thirds(lease)).await;
             finish(claim, encode(out.as_ref().ok()), retention).await;
             out
@@ -120,15 +117,15 @@ impl Guarded {
             let existing = match Claim::acquire(store, Arc::clone(&key), claim_value.clone(), lease)
                 .await
             {
-                Ok(Acquired::Owned(claim)) => {
+                Ok(claim::Claimed::Owned(claim)) => {
                     metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
                     return Ok(Claimed::Owned(claim));
                 }
-                Ok(Acquired::Held(existing)) => existing,
+                Ok(claim::Claimed::Held(existing)) => existing,
                 Err(e) => {
                     return on_store_error("once", self.failure, e)
                         .map(|()| Claimed::Unguarded)
-                        .map_err(|e| Rejected::Unavailable(format!("{UNAVAILABLE}: {e}")));
+                        .map_err(Rejected::from);
                 }
             };
             if let Some(done) = stored(&existing) {

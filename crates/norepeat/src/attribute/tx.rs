@@ -3,7 +3,7 @@
 
 use super::once::{Claimed, encode};
 use super::{Guarded, Rejected};
-use crate::lease::Renewal;
+use crate::claim::Renewal;
 use crate::store::StoreError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -79,16 +79,16 @@ impl Guarded {
                 let tx = store
                     .begin_tx()
                     .await
-                    .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
+                    .map_err(|e| E::from(Rejected::from(e)))?;
                 let (tx, v) = body(tx).await?;
                 store
                     .commit_tx(tx)
                     .await
-                    .map_err(|e| E::from(Rejected::Unavailable(e.to_string())))?;
+                    .map_err(|e| E::from(Rejected::from(e)))?;
                 return Ok(v);
             }
         };
-        let unavailable = |e: StoreError| E::from(Rejected::Unavailable(e.to_string()));
+        let unavailable = |e: StoreError| E::from(Rejected::from(e));
         let work = async {
             let tx = store.begin_tx().await.map_err(unavailable)?;
             body(tx).await

@@ -2,7 +2,7 @@
 //! guard's rules keyed by the key string.
 
 use super::{GuardMode, Guarded, Rejected};
-use crate::fingerprint::{Fingerprint, FingerprintGuard, FingerprintGuardError, ReleasePolicy};
+use crate::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError, ReleasePolicy};
 use crate::store::Store;
 use std::future::Future;
 
@@ -11,13 +11,13 @@ use std::future::Future;
 const RENEW_WINDOWS: u32 = 10;
 
 impl Guarded {
-    pub(super) fn fingerprint(&self, key: &str) -> Fingerprint {
+    pub(super) fn fingerprint(&self, key: &str) -> Digest {
         let mut h = blake3::Hasher::new();
         crate::keys::feed_parts(
             &mut h,
             &[b"norepeat::window", self.scope.as_bytes(), key.as_bytes()],
         );
-        Fingerprint(*h.finalize().as_bytes())
+        Digest(*h.finalize().as_bytes())
     }
 
     fn fingerprint_guard<S: Store + Clone>(&self, store: S) -> FingerprintGuard<S> {
@@ -47,14 +47,14 @@ impl Guarded {
         F: Future<Output = Result<T, E>>,
     {
         let guard = self.fingerprint_guard(store.clone());
-        let lease = match guard.acquire(&self.fingerprint(key)).await {
-            Ok(lease) => lease,
+        let claim = match guard.acquire(&self.fingerprint(key)).await {
+            Ok(claim) => claim,
             Err(e) => return Err(E::from(Rejected::from(e))),
         };
         // Renewal (up to RENEW_WINDOWS windows) lives in this future. Dropped
-        // mid-body, the lease keeps its key for the rest of the window.
-        let out = lease.run(body).await;
-        lease.finish(out.is_ok()).await;
+        // mid-body, the claim keeps its key for the rest of the window.
+        let out = claim.run(body).await;
+        claim.finish(out.is_ok()).await;
         out
     }
 }
@@ -70,10 +70,7 @@ impl From<FingerprintGuardError> for Rejected {
                     retry_after: std::time::Duration::from_secs(secs.max(1)),
                 }
             }
-            FingerprintGuardError::Unavailable(_) => Rejected::Unavailable(UNAVAILABLE.to_owned()),
+            FingerprintGuardError::Unavailable(e) => Rejected::from(e),
         }
     }
 }
-
-/// What `Rejected::Unavailable` says in window mode.
-const UNAVAILABLE: &str = "The duplicate guard cannot decide right now; retry shortly.";

@@ -1,18 +1,18 @@
 //! The fingerprint guard: decides a fingerprint against a store, holds it
-//! with a [`Lease`], and says why it refused ([`FingerprintGuardError`]).
+//! with a [`Claim`], and says why it refused ([`FingerprintGuardError`]).
 
-use super::{Fingerprint, Fingerprinter};
+use crate::claim::{self, Renewal, Renewer};
 use crate::clock::now_ms;
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::keys::{KeyBuilder, Mode};
-use crate::lease::{Acquired, Claim, Renewal, Renewer};
+use crate::fingerprinter::{Digest, Fingerprinter};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{Store, StoreError};
 use bytes::Bytes;
 use std::time::Duration;
 
 /// Why [`FingerprintGuard::acquire`] refused a fingerprint. The layer
 /// answers it as a [`Problem`](crate::problem::Problem) (`From` is in
-/// [`crate::problem`]).
+/// its `layer.rs`, at the HTTP edge).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FingerprintGuardError {
@@ -53,15 +53,15 @@ pub enum ReleasePolicy {
 /// Decides fingerprints against a store.
 ///
 /// ```
-/// use norepeat::fingerprint::{Fingerprint, FingerprintGuard, FingerprintGuardError};
+/// use norepeat::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError};
 /// use norepeat::store::MemoryStore;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let guard = FingerprintGuard::new(MemoryStore::default());
-/// let fp = Fingerprint([1; 32]);
-/// let lease = guard.acquire(&fp).await.expect("first one passes");
+/// let fp = Digest([1; 32]);
+/// let claim = guard.acquire(&fp).await.expect("first one passes");
 /// let dup = guard.acquire(&fp).await.unwrap_err();
 /// assert!(matches!(dup, FingerprintGuardError::Duplicate { .. }));
-/// lease.finish(true).await; // success: held for the rest of the window
+/// claim.finish(true).await; // success: held for the rest of the window
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -74,7 +74,7 @@ pub struct FingerprintGuard<S> {
     pub(crate) failure: FailurePolicy,
     pub(crate) renew_max: Duration,
     /// Renews the keys of handlers that run long, from one task (`None`:
-    /// each lease renews by itself, for a guard built per call).
+    /// each claim renews by itself, for a guard built per call).
     pub(crate) renewer: Option<Renewer<S>>,
 }
 
@@ -87,7 +87,7 @@ impl<S: Store + Clone> FingerprintGuard<S> {
         Self::with_renewer(store, Some(renewer))
     }
 
-    /// A guard for one call (the attribute's window mode): its lease renews
+    /// A guard for one call (the attribute's window mode): its claim renews
     /// by itself, so no renewal task is started for it.
     pub(crate) fn for_one_call(store: S) -> Self {
         Self::with_renewer(store, None)
@@ -152,8 +152,8 @@ impl<S: Store + Clone> FingerprintGuard<S> {
 
     /// The store key of a fingerprint.
     #[must_use]
-    pub fn key_of(&self, fp: &Fingerprint) -> String {
-        self.keys.key_for_digest(Mode::Fingerprint, &fp.0)
+    pub fn key_of(&self, fp: &Digest) -> String {
+        self.keys.key_for_digest(Namespace::Fingerprint, &fp.0)
     }
 
     /// Takes the fingerprint's place for the window, or tells when to retry.
@@ -162,21 +162,21 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     /// [`FingerprintGuardError::Duplicate`] with the time left in the
     /// window, or [`FingerprintGuardError::Unavailable`] when the store fails
     /// and the policy fails closed.
-    pub async fn acquire(&self, fp: &Fingerprint) -> Result<Lease<S>, FingerprintGuardError> {
+    pub async fn acquire(&self, fp: &Digest) -> Result<Claim<S>, FingerprintGuardError> {
         let key = self.key_of(fp);
         let owner = Owner::new(self.window);
-        match Claim::acquire(&self.store, key, owner.0, self.window).await {
-            Ok(Acquired::Owned(claim)) => {
+        match claim::Claim::acquire(&self.store, key, owner.0, self.window).await {
+            Ok(claim::Claimed::Owned(claim)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "admitted").increment(1);
-                Ok(Lease::held(self, claim))
+                Ok(Claim::held(self, claim))
             }
-            Ok(Acquired::Held(existing)) => {
+            Ok(claim::Claimed::Held(existing)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "rejected", "reason" => "duplicate").increment(1);
                 let retry_after = Owner::time_left(&existing).unwrap_or(self.window);
                 Err(FingerprintGuardError::Duplicate { retry_after })
             }
             Err(e) => on_store_error("fingerprint", self.failure, e)
-                .map(|()| Lease::unheld(self))
+                .map(|()| Claim::unheld(self))
                 .map_err(FingerprintGuardError::Unavailable),
         }
     }
@@ -214,16 +214,16 @@ impl Owner {
 /// whatever the policy, because the handler may already have had its effect.
 /// Only a panic releases at once (as a failure does).
 #[derive(Debug)]
-pub struct Lease<S: Store + Clone> {
-    claim: Option<Claim<S>>,
+pub struct Claim<S: Store + Clone> {
+    claim: Option<claim::Claim<S>>,
     window: Duration,
     renew_max: Duration,
     policy: ReleasePolicy,
     renewer: Option<Renewer<S>>,
 }
 
-impl<S: Store + Clone> Lease<S> {
-    fn held(g: &FingerprintGuard<S>, claim: Claim<S>) -> Self {
+impl<S: Store + Clone> Claim<S> {
+    fn held(g: &FingerprintGuard<S>, claim: claim::Claim<S>) -> Self {
         Self {
             claim: Some(claim),
             window: g.window,
@@ -243,19 +243,19 @@ impl<S: Store + Clone> Lease<S> {
         }
     }
 
-    /// The store key this lease holds (empty when admitted without a store).
+    /// The store key this claim holds (empty when admitted without a store).
     #[must_use]
     pub fn key(&self) -> &str {
-        self.claim.as_ref().map_or("", Claim::key)
+        self.claim.as_ref().map_or("", claim::Claim::key)
     }
 
-    /// Whether the lease holds a key (false when admitted fail-open).
+    /// Whether the claim holds a key (false when admitted fail-open).
     #[must_use]
     pub fn is_held(&self) -> bool {
         self.claim.is_some()
     }
 
-    /// Extends the key to a full window from now, if this lease still owns
+    /// Extends the key to a full window from now, if this claim still owns
     /// it. Returns whether it did.
     ///
     /// # Errors

@@ -1,35 +1,26 @@
-//! The fingerprint guard as a tower layer: [`FingerprintLayer`] and its
-//! service.
+//! The fingerprint guard as a tower layer: [`FingerprintLayer`], the
+//! [`Fingerprint`] service it builds, and its answers.
 
 use super::{FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
+use crate::middleware::{
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, unauthenticated,
+};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-/// The response body of a fingerprint-guarded service: the inner body, or a
-/// rejection.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
-
-/// What the layer hands its service.
-#[derive(Clone)]
-struct Settings<G> {
-    guard: FingerprintGuard<G>,
-    identity: Arc<dyn Identify>,
-    route: Option<Cow<'static, str>>,
-    max_body: usize,
-    duplicate_detail: Option<Cow<'static, str>>,
-}
+/// A service guarded by a [`FingerprintLayer`].
+pub type Fingerprint<S, G> = Middleware<FingerprintLayer<G>, S>;
 
 /// Guards a service with request fingerprints.
 ///
@@ -57,14 +48,18 @@ struct Settings<G> {
 #[derive(Clone)]
 #[must_use]
 pub struct FingerprintLayer<G> {
-    settings: Settings<G>,
+    guard: FingerprintGuard<G>,
+    identity: Arc<dyn Identify>,
+    route: Option<Cow<'static, str>>,
+    max_body: usize,
+    duplicate_detail: Option<Cow<'static, str>>,
 }
 
 impl<G> std::fmt::Debug for FingerprintLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FingerprintLayer")
-            .field("route", &self.settings.route)
-            .field("max_body", &self.settings.max_body)
+            .field("route", &self.route)
+            .field("max_body", &self.max_body)
             .finish_non_exhaustive()
     }
 }
@@ -73,13 +68,11 @@ impl<G> FingerprintLayer<G> {
     /// Guards with `guard`: the caller from `X-User-Id`, bodies up to 64 KiB.
     pub fn new(guard: FingerprintGuard<G>) -> Self {
         Self {
-            settings: Settings {
-                guard,
-                identity: Arc::new(UserHeader::default()),
-                route: None,
-                max_body: 64 * 1024,
-                duplicate_detail: None,
-            },
+            guard,
+            identity: Arc::new(UserHeader::default()),
+            route: None,
+            max_body: 64 * 1024,
+            duplicate_detail: None,
         }
     }
 
@@ -88,19 +81,19 @@ impl<G> FingerprintLayer<G> {
     /// (also inside `Router::nest`, see [`crate::request`]), so
     /// `/orders/1/pay` and `/orders/2/pay` never meet.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.settings.route = Some(template.into());
+        self.route = Some(template.into());
         self
     }
 
     /// Where the caller's id comes from.
     pub fn identity(mut self, identity: impl Identify) -> Self {
-        self.settings.identity = Arc::new(identity);
+        self.identity = Arc::new(identity);
         self
     }
 
     /// The largest body read (default 64 KiB).
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.settings.max_body = bytes;
+        self.max_body = bytes;
         self
     }
 
@@ -108,50 +101,22 @@ impl<G> FingerprintLayer<G> {
     /// "This request was already submitted; wait before sending it
     /// again.").
     pub fn duplicate_detail(mut self, detail: impl Into<Cow<'static, str>>) -> Self {
-        self.settings.duplicate_detail = Some(detail.into());
+        self.duplicate_detail = Some(detail.into());
         self
     }
 }
 
 impl<S, G: Clone> Layer<S> for FingerprintLayer<G> {
-    type Service = FingerprintService<S, G>;
+    type Service = Fingerprint<S, G>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        FingerprintService {
-            inner,
-            settings: Arc::new(self.settings.clone()),
-        }
+        Middleware::new(inner, self.clone())
     }
 }
 
-/// A service guarded by a [`FingerprintLayer`].
-pub struct FingerprintService<S, G> {
-    inner: S,
-    settings: Arc<Settings<G>>,
-}
-
-impl<S: Clone, G> Clone for FingerprintService<S, G> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            settings: Arc::clone(&self.settings),
-        }
-    }
-}
-
-impl<S, G> std::fmt::Debug for FingerprintService<S, G> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FingerprintService").finish_non_exhaustive()
-    }
-}
-
-fn reject<B>(p: Problem) -> Response<ResponseBody<B>> {
-    p.to_response().map(Either::Right)
-}
-
-impl<S, G, ReqBody, ResBody> Service<Request<ReqBody>> for FingerprintService<S, G>
+impl<S, G, ReqBody, ResBody> Handle<S, ReqBody, ResBody> for FingerprintLayer<G>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: Send,
     G: Store + Clone,
@@ -159,25 +124,19 @@ where
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Body = ResponseBody<ResBody>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone that was polled ready handles this request.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let settings = Arc::clone(&self.settings);
-        Box::pin(guarded(settings, inner, req))
+    fn handle(
+        self: Arc<Self>,
+        inner: S,
+        req: Request<ReqBody>,
+    ) -> impl Future<Output = Result<Response<Self::Body>, S::Error>> + Send + 'static {
+        guarded(self, inner, req)
     }
 }
 
 async fn guarded<S, G, ReqBody, ResBody>(
-    settings: Arc<Settings<G>>,
+    s: Arc<FingerprintLayer<G>>,
     mut inner: S,
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -187,16 +146,13 @@ where
     ReqBody: Body<Data = Bytes> + From<Bytes>,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
 {
-    let s = &*settings;
     let (parts, body) = req.into_parts();
     let Some(user) = s.identity.identify(&parts) else {
-        return Ok(reject(
-            Problem::new(Code::Unauthenticated).detail(s.identity.missing()),
-        ));
+        return Ok(reject(&unauthenticated(&*s.identity)));
     };
     let bytes = match body::read(body, s.max_body, &parts.headers).await {
         Ok(b) => b,
-        Err(e) => return Ok(reject(Problem::from(e))),
+        Err(e) => return Ok(reject(&Problem::from(e))),
     };
     // The concrete path goes into the fingerprint (`/orders/1/pay` and
     // `/orders/2/pay` are different requests), as the client sent it (a
@@ -209,7 +165,7 @@ where
         .fingerprint_http(&user, &parts, path, &bytes)
     {
         Ok(fp) => fp,
-        Err(e) => return Ok(reject(Problem::from(e))),
+        Err(e) => return Ok(reject(&Problem::from(e))),
     };
     let decision = s.guard.acquire(&fp).instrument(tracing::debug_span!(
         "norepeat.decide",
@@ -217,7 +173,7 @@ where
         user,
         route
     ));
-    let lease = match decision.await {
+    let claim = match decision.await {
         Ok(l) => l,
         Err(e) => {
             let duplicate = matches!(e, FingerprintGuardError::Duplicate { .. });
@@ -228,21 +184,36 @@ where
                     p = p.detail(d.clone());
                 }
             }
-            return Ok(reject(p));
+            return Ok(reject(&p));
         }
     };
     let req = Request::from_parts(parts, ReqBody::from(bytes));
-    // Renewal lives in this future. Dropped mid-handler, the lease keeps its
-    // key for the rest of the window (see `Lease`).
-    let result = lease.run(inner.call(req)).await;
+    // Renewal lives in this future. Dropped mid-handler, the claim keeps its
+    // key for the rest of the window (see `Claim`).
+    let result = claim.run(inner.call(req)).await;
     match result {
         Ok(res) => {
-            lease.finish(res.status().as_u16() < 400).await;
+            claim.finish(res.status().as_u16() < 400).await;
             Ok(res.map(Either::Left))
         }
         Err(e) => {
-            lease.finish(false).await;
+            claim.finish(false).await;
             Err(e)
+        }
+    }
+}
+
+impl From<FingerprintGuardError> for Problem {
+    fn from(e: FingerprintGuardError) -> Self {
+        match e {
+            FingerprintGuardError::Duplicate { retry_after } => {
+                Problem::new(Code::DuplicateSubmission)
+                    .detail("This request was already submitted; wait before sending it again.")
+                    .retry_after(retry_after)
+            }
+            FingerprintGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
         }
     }
 }

@@ -1,117 +1,50 @@
-//! [`IdempotencyLayer`]: the tower layer, its settings, and which responses are stored ([`StorePolicy`]).
+// Over 400 lines on purpose: the builder and the one request path it configures, which read best together.
+//! [`IdempotencyLayer`] and the [`Idempotency`] service it builds: claim
+//! the key (through the guard), run the handler, complete or release,
+//! replay; and the HTTP answers of the whole capability.
 
+use super::body::Passthrough;
 use super::detached::DetachedTasks;
-use super::service::Idempotency;
+use super::guard::{Claimed, IdempotencyError, IdempotencyGuard};
+use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, never_stored};
+use super::record::Digest;
+use crate::body as request_body;
+use crate::claim::{self, Renewer};
 use crate::degrade::FailurePolicy;
-use crate::fingerprint::Fingerprinter;
-use crate::identity::{Identify, UserHeader};
-use crate::keys::KeyBuilder;
-use crate::lease::Renewer;
-use http::{HeaderName, StatusCode, header};
+use crate::fingerprinter::Fingerprinter;
+use crate::identity::{Identify, UserHeader, is_visible_ascii};
+use crate::json::InvalidJson;
+use crate::keys::{KeyBuilder, Namespace};
+use crate::middleware::{self, GUARD_UNAVAILABLE, Handle, Middleware, reject, unauthenticated};
+use crate::problem::{Code, Problem};
+use crate::store::KeyValueStore;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Request, Response};
+use http_body::Body;
+use http_body_util::Either;
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use tower::Layer;
+use tower::{Layer, Service};
 
-/// Which finished responses are stored and replayed. A response that is
-/// not stored releases the key, so a retry runs the handler again. A
-/// stored response whose body cannot be kept (over the cap, an event
-/// stream, trailers, a body that breaks) is stored without it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StorePolicy {
-    /// 2xx, and the 4xx that describe the request itself (400, 422, 410,
-    /// ...). Not 401, 403, 404, 408, 409, 413 or 429: nothing happened, and
-    /// the answer describes the caller or a moment (a login, a missing
-    /// resource, a lock, a size limit, a rate), not an effect; it may well
-    /// change on retry, and a client sending fresh keys must not pile up a
-    /// day's record for each (a 404 per unknown id at 5k requests/s is
-    /// gigabytes an hour). No 1xx, 3xx or 5xx.
-    #[default]
-    Default,
-    /// Every response once the handler has started, 5xx included: Stripe's
-    /// behaviour. Only a handler *error* (no response at all) releases.
-    All,
-    /// 2xx only.
-    SuccessOnly,
-}
+mod run;
+use run::{replay, run_claimed};
 
-impl StorePolicy {
-    /// Whether a response with `status` is stored.
-    #[must_use]
-    pub fn stores(self, status: StatusCode) -> bool {
-        match self {
-            StorePolicy::All => true,
-            StorePolicy::SuccessOnly => status.is_success(),
-            StorePolicy::Default => {
-                status.is_success()
-                    || (status.is_client_error()
-                        && !matches!(status.as_u16(), 401 | 403 | 404 | 408 | 409 | 413 | 429))
-            }
-        }
-    }
-}
+/// The response body of an idempotent service: the handler's body passed
+/// on (possibly after part of it was read), or a stored, replayed or
+/// rejection body.
+pub type ResponseBody<B> = middleware::ResponseBody<Passthrough<B>>;
 
-/// The response headers replayed by default (besides the status and body).
-pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 8] = [
-    header::CONTENT_TYPE,
-    header::CONTENT_ENCODING,
-    header::CONTENT_LANGUAGE,
-    header::CONTENT_LOCATION,
-    header::LOCATION,
-    header::ETAG,
-    header::LAST_MODIFIED,
-    header::LINK,
-];
+/// The request header that carries the client's key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// Headers never stored, whatever the allow-list says: cookies (a replay
-/// must not hand out a session) and hop-by-hop or framing headers (they
-/// describe one connection, and the replayed body is framed anew).
-pub(crate) fn never_stored(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "set-cookie"
-            | "set-cookie2"
-            | "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "content-length"
-            | "idempotent-replayed"
-            | "idempotent-body"
-    )
-}
+/// The response header that marks a replay.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-#[derive(Clone)]
-pub(crate) struct Config<G> {
-    pub(crate) store: G,
-    pub(crate) keys: KeyBuilder,
-    pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) identity: Arc<dyn Identify>,
-    pub(crate) route: Option<Cow<'static, str>>,
-    pub(crate) required: bool,
-    pub(crate) retention: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) renew: bool,
-    pub(crate) max_body: usize,
-    pub(crate) max_request_body: usize,
-    pub(crate) policy: StorePolicy,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) replayed_headers: Arc<[HeaderName]>,
-    pub(crate) failure: FailurePolicy,
-    /// Renews the claims of handlers that run long, from one task.
-    pub(crate) renewer: Renewer<G>,
-    /// The detached handlers, for a server to wait for.
-    pub(crate) detached: DetachedTasks,
-    /// One permit per detached handler that may run at once.
-    pub(crate) slots: Arc<Semaphore>,
-}
+/// A service made idempotent by an [`IdempotencyLayer`].
+pub type Idempotency<S, G> = Middleware<IdempotencyLayer<G>, S>;
 
 /// How many detached handlers a layer runs at once by default.
 pub const DEFAULT_MAX_DETACHED: usize = 1024;
@@ -144,7 +77,7 @@ pub const DEFAULT_MAX_DETACHED: usize = 1024;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let layer = IdempotencyLayer::new(MemoryStore::default())
 ///     .retention(Duration::from_secs(24 * 3600))
-///     .wait_for_result(Some(Duration::from_secs(2)))
+///     .wait_for_result(Duration::from_secs(2))
 ///     .route("/payments");
 /// let app: Router = Router::new().route(
 ///     "/payments",
@@ -168,19 +101,37 @@ pub const DEFAULT_MAX_DETACHED: usize = 1024;
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyLayer<G> {
-    cfg: Config<G>,
+    /// Claims keys: the store, the lease, the wait and the failure policy.
+    guard: IdempotencyGuard<G>,
+    keys: KeyBuilder,
+    fingerprinter: Fingerprinter,
+    identity: Arc<dyn Identify>,
+    route: Option<Cow<'static, str>>,
+    required: bool,
+    retention: Duration,
+    renew: bool,
+    max_body: usize,
+    max_request_body: usize,
+    policy: StorePolicy,
+    replayed_headers: Arc<[HeaderName]>,
+    /// Renews the claims of handlers that run long, from one task.
+    renewer: Renewer<G>,
+    /// The detached handlers, for a server to wait for.
+    detached: DetachedTasks,
+    /// One permit per detached handler that may run at once.
+    slots: Arc<Semaphore>,
 }
 
 impl<G> std::fmt::Debug for IdempotencyLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("route", &self.cfg.route)
-            .field("required", &self.cfg.required)
-            .field("retention", &self.cfg.retention)
-            .field("lease", &self.cfg.lease)
-            .field("policy", &self.cfg.policy)
-            .field("wait", &self.cfg.wait)
-            .field("failure", &self.cfg.failure)
+            .field("route", &self.route)
+            .field("required", &self.required)
+            .field("retention", &self.retention)
+            .field("lease", &self.guard.lease)
+            .field("policy", &self.policy)
+            .field("wait", &self.guard.wait)
+            .field("failure", &self.guard.failure)
             .finish_non_exhaustive()
     }
 }
@@ -189,26 +140,26 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// A layer keeping its records in `store`, with the defaults above.
     pub fn new(store: G) -> Self {
         Self {
-            cfg: Config {
-                renewer: Renewer::new(store.clone()),
+            renewer: Renewer::new(store.clone()),
+            guard: IdempotencyGuard {
                 store,
-                keys: KeyBuilder::default(),
-                fingerprinter: Fingerprinter::default(),
-                identity: Arc::new(UserHeader::default()),
-                route: None,
-                required: true,
-                retention: Duration::from_secs(24 * 3600),
                 lease: Duration::from_secs(10),
-                renew: true,
-                max_body: 1024 * 1024,
-                max_request_body: 64 * 1024,
-                policy: StorePolicy::Default,
-                wait: None,
-                replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
+                wait: Duration::ZERO,
                 failure: FailurePolicy::FailClosed,
-                detached: DetachedTasks::new(),
-                slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             },
+            keys: KeyBuilder::default(),
+            fingerprinter: Fingerprinter::default(),
+            identity: Arc::new(UserHeader::default()),
+            route: None,
+            required: true,
+            retention: Duration::from_secs(24 * 3600),
+            renew: true,
+            max_body: 1024 * 1024,
+            max_request_body: 64 * 1024,
+            policy: StorePolicy::Default,
+            replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
+            detached: DetachedTasks::new(),
+            slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
         }
     }
 
@@ -222,7 +173,7 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// to its handler's end; one waiting for another's result
     /// ([`wait_for_result`](Self::wait_for_result)) holds one while it waits.
     pub fn max_detached(mut self, handlers: usize) -> Self {
-        self.cfg.slots = Arc::new(Semaphore::new(handlers.clamp(1, Semaphore::MAX_PERMITS)));
+        self.slots = Arc::new(Semaphore::new(handlers.clamp(1, Semaphore::MAX_PERMITS)));
         self
     }
 
@@ -230,7 +181,7 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// than in a set of its own: one [`DetachedTasks`] then waits for every
     /// layer of a server at shutdown.
     pub fn detached_tasks_in(mut self, tasks: &DetachedTasks) -> Self {
-        self.cfg.detached = tasks.clone();
+        self.detached = tasks.clone();
         self
     }
 
@@ -239,19 +190,19 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// [`DetachedTasks`]).
     #[must_use]
     pub fn detached_tasks(&self) -> DetachedTasks {
-        self.cfg.detached.clone()
+        self.detached.clone()
     }
 
     /// Whether a request without `Idempotency-Key` is refused with 400
     /// `missing_idempotency_key` (default) or passed on unguarded.
     pub fn required(mut self, required: bool) -> Self {
-        self.cfg.required = required;
+        self.required = required;
         self
     }
 
     /// How long a completed response is kept and replayed (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.cfg.retention = retention.max(Duration::from_millis(1));
+        self.retention = retention.max(Duration::from_millis(1));
         self
     }
 
@@ -259,7 +210,7 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// runs it is renewed every third of this; if the process dies, the key
     /// frees itself this long after the last renewal.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.cfg.lease = lease.max(Duration::from_millis(1));
+        self.guard.lease = lease.max(Duration::from_millis(1));
         self
     }
 
@@ -267,7 +218,7 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// Without renewal a handler slower than the lease loses its claim: a
     /// retry then runs again, and the slow one's completion is refused.
     pub fn lease_renewal(mut self, renew: bool) -> Self {
-        self.cfg.renew = renew;
+        self.renew = renew;
         self
     }
 
@@ -276,30 +227,30 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// the status and `Idempotent-Body: omitted`, and the handler does not
     /// run again.
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.cfg.max_body = bytes;
+        self.max_body = bytes;
         self
     }
 
     /// The largest request body read for the fingerprint (default 64 KiB);
     /// larger gets 413 `payload_too_large`.
     pub fn max_request_body(mut self, bytes: usize) -> Self {
-        self.cfg.max_request_body = bytes;
+        self.max_request_body = bytes;
         self
     }
 
     /// Which responses are stored.
     pub fn store_policy(mut self, policy: StorePolicy) -> Self {
-        self.cfg.policy = policy;
+        self.policy = policy;
         self
     }
 
     /// While the first request with a key is still running, a repeat gets
-    /// 409 `idempotency_key_in_use` with `Retry-After` (`None`, the
-    /// default), or waits up to this long for the first one's response and
-    /// replays it. If the first one releases the key meanwhile (a 5xx), the
-    /// waiting repeat takes the key and runs the handler itself.
-    pub fn wait_for_result(mut self, wait: Option<Duration>) -> Self {
-        self.cfg.wait = wait;
+    /// 409 `idempotency_key_in_use` with `Retry-After` (`Duration::ZERO`,
+    /// the default), or waits up to this long for the first one's response
+    /// and replays it. If the first one releases the key meanwhile (a 5xx),
+    /// the waiting repeat takes the key and runs the handler itself.
+    pub fn wait_for_result(mut self, wait: Duration) -> Self {
+        self.guard.wait = wait;
         self
     }
 
@@ -310,7 +261,7 @@ impl<G: Clone> IdempotencyLayer<G> {
     where
         I: IntoIterator<Item = HeaderName>,
     {
-        self.cfg.replayed_headers = names.into_iter().filter(|n| !never_stored(n)).collect();
+        self.replayed_headers = names.into_iter().filter(|n| !never_stored(n)).collect();
         self
     }
 
@@ -318,14 +269,14 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// [`FailurePolicy::FailClosed`]: 503 `guard_unavailable`). Fail-open
     /// runs the handler without a record: nothing is stored or replayed.
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.cfg.failure = policy;
+        self.guard.failure = policy;
         self
     }
 
     /// Where the caller's id comes from (default header `X-User-Id`). Keys
     /// are scoped by it: two users' equal keys never meet.
     pub fn identity(mut self, identity: impl Identify) -> Self {
-        self.cfg.identity = Arc::new(identity);
+        self.identity = Arc::new(identity);
         self
     }
 
@@ -334,19 +285,19 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// request path, so `/orders/1/pay` and `/orders/2/pay` with one key are
     /// two records, never a replay of each other.
     pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.cfg.route = Some(template.into());
+        self.route = Some(template.into());
         self
     }
 
     /// The key prefix and layout.
     pub fn keys(mut self, keys: KeyBuilder) -> Self {
-        self.cfg.keys = keys;
+        self.keys = keys;
         self
     }
 
     /// The JSON fields left out of the request fingerprint.
     pub fn fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
-        self.cfg.fingerprinter = fingerprinter;
+        self.fingerprinter = fingerprinter;
         self
     }
 }
@@ -355,26 +306,194 @@ impl<S, G: Clone> Layer<S> for IdempotencyLayer<G> {
     type Service = Idempotency<S, G>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, Arc::new(self.cfg.clone()))
+        Middleware::new(inner, self.clone())
+    }
+}
+
+impl<S, G, ReqBody, ResBody> Handle<S, ReqBody, ResBody> for IdempotencyLayer<G>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    G: KeyValueStore + Clone,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    type Body = ResponseBody<ResBody>;
+
+    fn handle(
+        self: Arc<Self>,
+        inner: S,
+        req: Request<ReqBody>,
+    ) -> impl Future<Output = Result<Response<Self::Body>, S::Error>> + Send + 'static {
+        handle(self, inner, req)
+    }
+}
+
+fn pass<B: Body>(res: Response<B>) -> Response<ResponseBody<B>> {
+    res.map(|b| Either::Left(Passthrough::new(b)))
+}
+
+/// The client's key: `Ok(None)` when absent. The draft sends it as a
+/// structured-field string (`"abc"`); the quotes are dropped, so `"abc"` and
+/// `abc` are the same key.
+fn client_key(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = || {
+        Problem::new(Code::InvalidIdempotencyKey)
+            .detail("Idempotency-Key must be one value of 1 to 255 visible ASCII characters.")
+    };
+    if values.next().is_some() {
+        return Err(invalid());
+    }
+    let mut b = v.as_bytes();
+    if b.len() >= 2 && b[0] == b'"' && b[b.len() - 1] == b'"' {
+        b = &b[1..b.len() - 1];
+    }
+    if !is_visible_ascii(b, 255) {
+        return Err(invalid());
+    }
+    // Visible ASCII is valid UTF-8.
+    std::str::from_utf8(b).map(Some).map_err(|_| invalid())
+}
+
+async fn handle<S, G, ReqBody, ResBody>(
+    cfg: Arc<IdempotencyLayer<G>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    G: KeyValueStore + Clone,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let (parts, body) = req.into_parts();
+    let Some(user) = cfg.identity.identify(&parts) else {
+        return Ok(reject(&unauthenticated(&*cfg.identity)));
+    };
+    let client_key = match client_key(&parts.headers) {
+        Ok(Some(k)) => k.to_owned(),
+        Ok(None) if cfg.required => {
+            return Ok(reject(&Problem::new(Code::MissingIdempotencyKey).detail(
+                "This operation needs an Idempotency-Key header; send a new random key (a UUID) per operation, and the same one on every retry of it.",
+            )));
+        }
+        Ok(None) => return Ok(pass(inner.call(Request::from_parts(parts, body)).await?)),
+        Err(p) => return Ok(reject(&p)),
+    };
+    let bytes = match request_body::read(body, cfg.max_request_body, &parts.headers).await {
+        Ok(b) => b,
+        Err(e) => return Ok(reject(&Problem::from(e))),
+    };
+    // The scope and the fingerprint take the concrete path: `/orders/1/pay`
+    // and `/orders/2/pay` are different resources. The template is a label.
+    let path = crate::request::client_path(&parts).to_owned();
+    let route = cfg.route.as_deref().unwrap_or(&path).to_owned();
+    let method = parts.method.clone();
+    let method = method.as_str();
+    let key = cfg.keys.key(
+        Namespace::Idempotency,
+        &[
+            user.as_bytes(),
+            method.as_bytes(),
+            path.as_bytes(),
+            client_key.as_bytes(),
+        ],
+    );
+    // A body declared JSON that does not parse is the client's error: 400
+    // before any claim, as the fingerprint guard answers (one rule for both
+    // layers; the key stays free for the corrected request).
+    let fingerprint = match fingerprint_of(&cfg, &user, &path, &parts, &bytes) {
+        Ok(fp) => fp,
+        Err(e) => return Ok(reject(&Problem::from(e))),
+    };
+
+    // The bound on detached handlers, before the claim: a request refused
+    // here leaves the key free, and its retry runs normally.
+    let Ok(slot) = Arc::clone(&cfg.slots).try_acquire_owned() else {
+        metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "max_detached").increment(1);
+        return Ok(reject(
+            &Problem::new(Code::GuardUnavailable)
+                .detail("Too many requests are being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+        ));
+    };
+    let (claim, owner) = match cfg.guard.claim(&key, &fingerprint).await {
+        Claimed::Owned(c, owner) => (c, owner),
+        Claimed::Done(done) => return Ok(replay(done)),
+        Claimed::Refused(e) => return Ok(reject(&Problem::from(e))),
+        Claimed::Unguarded => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return Ok(pass(inner.call(req).await?));
+        }
+    };
+    tracing::debug!(user, route, "idempotency key claimed");
+
+    // From here the work is carried to its end in a task of its own: a
+    // caller that gives up (a disconnected client, a timeout layer) does not
+    // stop it, its result is stored, and a retry gets the replay (or 409
+    // while it still runs). The claim is never freed early.
+    // The task holds the slot: a handler whose client left still counts.
+    let req = Request::from_parts(parts, ReqBody::from(bytes));
+    let tracker = cfg.detached.tracker().clone();
+    let work = run_claimed(cfg, inner, req, claim, owner, fingerprint, route);
+    claim::detach_tracked(&tracker, async move {
+        let out = work.await;
+        drop(slot);
+        out
+    })
+    .await
+}
+
+/// 128 bits of the request's fingerprint: caller, method, route, query and
+/// canonical body. The fingerprint guard's rule: a body whose content type
+/// says JSON must parse (else the error, answered 400); one that only looks
+/// like JSON and does not parse is hashed as bytes.
+fn fingerprint_of<G>(
+    cfg: &IdempotencyLayer<G>,
+    user: &str,
+    route: &str,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Result<Digest, InvalidJson> {
+    let fp = cfg
+        .fingerprinter
+        .fingerprint_http(user, parts, route, body)?;
+    let mut out = [0; 16];
+    out.copy_from_slice(&fp.0[..16]);
+    Ok(out)
+}
+
+impl From<IdempotencyError> for Problem {
+    fn from(e: IdempotencyError) -> Self {
+        match e {
+            IdempotencyError::InUse => Problem::new(Code::IdempotencyKeyInUse)
+                .detail("A request with this Idempotency-Key is still being processed; retry shortly with the same key.")
+                .retry_after_secs(1),
+            IdempotencyError::Mismatch => Problem::new(Code::IdempotencyKeyMismatch).detail(
+                "This Idempotency-Key was used with a different request; use a new key for a new operation.",
+            ),
+            IdempotencyError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_policy_stores_what_describes_the_request() {
-        let p = StorePolicy::Default;
-        for s in [200, 201, 204, 400, 410, 422] {
-            assert!(p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-        for s in [101, 302, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503] {
-            assert!(!p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-        assert!(StorePolicy::All.stores(StatusCode::INTERNAL_SERVER_ERROR));
-        assert!(!StorePolicy::SuccessOnly.stores(StatusCode::BAD_REQUEST));
-    }
+    use http::{HeaderValue, header};
 
     #[test]
     fn cookies_cannot_be_allowed() {
@@ -383,6 +502,26 @@ mod tests {
             header::CONTENT_TYPE,
             header::TRANSFER_ENCODING,
         ]);
-        assert_eq!(&*l.cfg.replayed_headers, &[header::CONTENT_TYPE]);
+        assert_eq!(&*l.replayed_headers, &[header::CONTENT_TYPE]);
+    }
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn keys_are_validated() {
+        assert_eq!(client_key(&headers(&[])).unwrap(), None);
+        assert_eq!(client_key(&headers(&[b"abc"])).unwrap(), Some("abc"));
+        assert_eq!(client_key(&headers(&[b"\"abc\""])).unwrap(), Some("abc"));
+        assert!(client_key(&headers(&[&[b'k'; 255]])).unwrap().is_some());
+        for bad in [&b""[..], b"\"\"", &[b'k'; 256], b"a b", b"\xc3\xa9"] {
+            assert!(client_key(&headers(&[bad])).is_err(), "{bad:?}");
+        }
+        assert!(client_key(&headers(&[b"a", b"b"])).is_err());
     }
 }

@@ -104,7 +104,7 @@
 //!
 //! let layer = IdempotencyLayer::new(MemoryStore::default())
 //!     .store_policy(StorePolicy::Default)
-//!     .wait_for_result(Some(Duration::from_secs(2)))
+//!     .wait_for_result(Duration::from_secs(2))
 //!     .route("/payments");
 //! let app: Router = Router::new().route("/payments", post(|| async { "paid" }).layer(layer));
 //! ```
@@ -135,17 +135,20 @@
 //! store it cannot know whether a request already ran.
 
 mod body;
-mod claim;
 mod detached;
+mod guard;
 mod layer;
+mod policy;
 mod record;
-mod service;
 mod tx;
 
 pub use body::Passthrough;
-pub use claim::IdempotencyError;
 pub use detached::DetachedTasks;
-pub use layer::{DEFAULT_MAX_DETACHED, DEFAULT_REPLAYED_HEADERS, IdempotencyLayer, StorePolicy};
+pub use guard::IdempotencyError;
+pub use layer::{
+    DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
+    ResponseBody,
+};
+pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy};
 pub use record::IDEMPOTENT_BODY;
-pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, ResponseBody};
 pub use tx::{IdempotentTx, TxError};

@@ -1,8 +1,8 @@
 //! Whose quota a request spends: key extractors.
 
 use crate::identity::{Identify, UserHeader};
-use crate::problem::{Code, Problem};
 use http::request::Parts;
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Picks the key a request is counted under (a user, an address, a route),
@@ -23,11 +23,28 @@ pub trait ExtractKey: Send + Sync + 'static {
     /// The key, or `None` when the request has none.
     fn extract_key(&self, parts: &Parts) -> Option<String>;
 
-    /// The answer to a request without a key (default: 400
-    /// `invalid_request`).
-    fn missing(&self) -> Problem {
-        Problem::new(Code::InvalidRequest).detail("The request carries no rate-limit key.")
+    /// What a request without a key lacks; the layer answers it (default:
+    /// [`MissingKey::Other`], 400 `invalid_request`).
+    fn missing(&self) -> MissingKey {
+        MissingKey::Other(Cow::Borrowed("The request carries no rate-limit key."))
     }
+}
+
+/// What a request without a rate-limit key lacks, from
+/// [`ExtractKey::missing`]. The layer answers it; the extractor builds no
+/// HTTP answer itself.
+///
+/// ```
+/// use norepeat::ratelimit::{ByUser, ExtractKey, MissingKey};
+/// assert!(matches!(ByUser::default().missing(), MissingKey::Caller(_)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// No caller: answered 401 `unauthenticated` with this detail.
+    Caller(Cow<'static, str>),
+    /// Any other key: answered 400 `invalid_request` with this detail.
+    Other(Cow<'static, str>),
 }
 
 impl<F> ExtractKey for F
@@ -66,8 +83,8 @@ impl<I: Identify> ExtractKey for ByUser<I> {
         self.identity.identify(parts)
     }
 
-    fn missing(&self) -> Problem {
-        Problem::new(Code::Unauthenticated).detail(self.identity.missing())
+    fn missing(&self) -> MissingKey {
+        MissingKey::Caller(self.identity.missing())
     }
 }
 
@@ -245,11 +262,11 @@ impl ExtractKey for ByClientIp {
         Some(ip.to_string())
     }
 
-    fn missing(&self) -> Problem {
+    fn missing(&self) -> MissingKey {
         tracing::warn!(
             "rate limit by client IP without a PeerAddr extension: see ratelimit::PeerAddr"
         );
-        Problem::new(Code::InvalidRequest).detail("The client's address is unknown.")
+        MissingKey::Other(Cow::Borrowed("The client's address is unknown."))
     }
 }
 
@@ -378,6 +395,6 @@ mod tests {
             Some("POST /flash-sale/SKU-1")
         );
         assert_eq!(Global.extract_key(&p).as_deref(), Some(""));
-        assert_eq!(ByUser::default().missing().code, Code::Unauthenticated);
+        assert!(matches!(ByUser::default().missing(), MissingKey::Caller(_)));
     }
 }

@@ -1,10 +1,21 @@
-//! [`RateLimitLayer`]: one or more quotas in front of a service, each with its key extractor.
+//! [`RateLimitLayer`]: one or more quotas in front of a service, each with
+//! its key extractor; the [`RateLimit`] service it builds (extract the
+//! keys, ask every quota, answer 429 or pass on), and its answers.
 
-use super::key::ExtractKey;
-use super::limiter::RateLimiter;
-use super::service::RateLimit;
+use super::key::{ExtractKey, MissingKey};
+use super::limiter::{RateLimitError, RateLimiter, check_all};
+use super::verdict::{Verdict, whole_secs};
+use crate::middleware::{Handle, Middleware, ResponseBody, reject};
+use crate::problem::{Code, Problem};
+use crate::store::Store;
+use http::{Request, Response};
+use http_body_util::Either;
 use std::sync::Arc;
-use tower::Layer;
+use std::time::Duration;
+use tower::{Layer, Service};
+
+/// A service limited by a [`RateLimitLayer`].
+pub type RateLimit<S, G> = Middleware<RateLimitLayer<G>, S>;
 
 pub(crate) struct Rule<G> {
     pub(crate) limiter: RateLimiter<G>,
@@ -18,11 +29,6 @@ impl<G: Clone> Clone for Rule<G> {
             key: Arc::clone(&self.key),
         }
     }
-}
-
-pub(crate) struct Config<G> {
-    pub(crate) rules: Vec<Rule<G>>,
-    pub(crate) headers_on_allowed: bool,
 }
 
 /// Limits the rate of a service with one or more quotas, each counted under
@@ -58,16 +64,15 @@ pub(crate) struct Config<G> {
 /// ```
 #[must_use]
 pub struct RateLimitLayer<G> {
-    cfg: Config<G>,
+    rules: Vec<Rule<G>>,
+    headers_on_allowed: bool,
 }
 
 impl<G: Clone> Clone for RateLimitLayer<G> {
     fn clone(&self) -> Self {
         Self {
-            cfg: Config {
-                rules: self.cfg.rules.clone(),
-                headers_on_allowed: self.cfg.headers_on_allowed,
-            },
+            rules: self.rules.clone(),
+            headers_on_allowed: self.headers_on_allowed,
         }
     }
 }
@@ -75,8 +80,8 @@ impl<G: Clone> Clone for RateLimitLayer<G> {
 impl<G> std::fmt::Debug for RateLimitLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("quotas", &self.cfg.rules.len())
-            .field("headers_on_allowed", &self.cfg.headers_on_allowed)
+            .field("quotas", &self.rules.len())
+            .field("headers_on_allowed", &self.headers_on_allowed)
             .finish_non_exhaustive()
     }
 }
@@ -86,20 +91,18 @@ impl<G> RateLimitLayer<G> {
     /// picks.
     pub fn new(limiter: RateLimiter<G>, key: impl ExtractKey) -> Self {
         Self {
-            cfg: Config {
-                rules: vec![Rule {
-                    limiter,
-                    key: Arc::new(key),
-                }],
-                headers_on_allowed: false,
-            },
+            rules: vec![Rule {
+                limiter,
+                key: Arc::new(key),
+            }],
+            headers_on_allowed: false,
         }
     }
 
     /// Adds a quota that must admit the request too (asked after the ones
     /// before it).
     pub fn and(mut self, limiter: RateLimiter<G>, key: impl ExtractKey) -> Self {
-        self.cfg.rules.push(Rule {
+        self.rules.push(Rule {
             limiter,
             key: Arc::new(key),
         });
@@ -109,7 +112,7 @@ impl<G> RateLimitLayer<G> {
     /// Also sends `RateLimit` and `RateLimit-Policy` on admitted responses
     /// (default: only on 429s).
     pub fn headers_on_allowed(mut self, yes: bool) -> Self {
-        self.cfg.headers_on_allowed = yes;
+        self.headers_on_allowed = yes;
         self
     }
 }
@@ -118,6 +121,125 @@ impl<S, G: Clone> Layer<S> for RateLimitLayer<G> {
     type Service = RateLimit<S, G>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::new(self.clone().cfg))
+        Middleware::new(inner, self.clone())
+    }
+}
+
+impl<S, G, ReqBody, ResBody> Handle<S, ReqBody, ResBody> for RateLimitLayer<G>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    G: Store + Clone,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Body = ResponseBody<ResBody>;
+
+    async fn handle(
+        self: Arc<Self>,
+        mut inner: S,
+        req: Request<ReqBody>,
+    ) -> Result<Response<Self::Body>, S::Error> {
+        // Every key first: a request without one is counted nowhere.
+        let (parts, body) = req.into_parts();
+        let mut keys = Vec::with_capacity(self.rules.len());
+        for rule in &self.rules {
+            match rule.key.extract_key(&parts) {
+                Some(k) => keys.push(k),
+                None => return Ok(reject(&Problem::from(rule.key.missing()))),
+            }
+        }
+        let checks: Vec<(&RateLimiter<G>, &str)> = self
+            .rules
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| (&r.limiter, k.as_str()))
+            .collect();
+        let verdict = match check_all(&checks).await {
+            Ok(v) => v,
+            Err(e) => return Ok(reject(&Problem::from(e))),
+        };
+        if let Some(p) = verdict.to_problem() {
+            tracing::debug!(path = crate::request::client_path(&parts), "rate limited");
+            return Ok(reject(&p));
+        }
+        let mut res = inner
+            .call(Request::from_parts(parts, body))
+            .await?
+            .map(Either::Left);
+        if self.headers_on_allowed {
+            for (k, v) in verdict.headers() {
+                res.headers_mut().append(k, v);
+            }
+        }
+        res.extensions_mut().insert(verdict);
+        Ok(res)
+    }
+}
+
+impl Verdict {
+    /// The 429 `rate_limited` answer with `Retry-After` and both headers,
+    /// for a refused request.
+    #[must_use]
+    pub fn to_problem(&self) -> Option<Problem> {
+        let refused = self.refused_by()?;
+        let wait = refused.decision.map_or(Duration::from_secs(1), |d| d.reset);
+        let mut p = Problem::new(Code::RateLimited)
+            .detail(format!(
+                "Over the rate of policy \"{}\" ({}); retry in {} s.",
+                refused.policy,
+                refused.quota,
+                whole_secs(wait)
+            ))
+            .retry_after_secs(whole_secs(wait));
+        for (k, v) in self.headers() {
+            p = p.header(k, v);
+        }
+        Some(p)
+    }
+}
+
+impl From<MissingKey> for Problem {
+    fn from(m: MissingKey) -> Self {
+        match m {
+            MissingKey::Caller(detail) => Problem::new(Code::Unauthenticated).detail(detail),
+            MissingKey::Other(detail) => Problem::new(Code::InvalidRequest).detail(detail),
+        }
+    }
+}
+
+impl From<RateLimitError> for Problem {
+    fn from(e: RateLimitError) -> Self {
+        match e {
+            RateLimitError::Unavailable { .. } => Problem::new(Code::GuardUnavailable)
+                .detail("The rate limiter cannot decide right now; retry shortly.")
+                .retry_after_secs(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratelimit::Quota;
+    use crate::store::MemoryStore;
+    use std::num::NonZeroU32;
+
+    #[tokio::test]
+    async fn a_refusal_is_429_with_the_wait() {
+        let l = RateLimiter::new(
+            MemoryStore::default(),
+            Quota::per_minute(NonZeroU32::new(2).unwrap()),
+        )
+        .name("peruser")
+        .algorithm(crate::ratelimit::Algorithm::FixedWindow);
+        let v = check_all(&[(&l, "u")]).await.unwrap();
+        assert!(v.to_problem().is_none());
+        check_all(&[(&l, "u")]).await.unwrap();
+        let v = check_all(&[(&l, "u")]).await.unwrap();
+        let p = v.to_problem().unwrap();
+        assert_eq!(p.code, Code::RateLimited);
+        assert_eq!(p.retry_after, Some(60));
     }
 }

@@ -5,7 +5,7 @@
 use super::verdict::{Checked, Verdict};
 use super::{Algorithm, Quota};
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::store::RateStoreExt;
 use crate::store::{RateDecision, Store, StoreError};
 use std::borrow::Cow;
@@ -13,7 +13,7 @@ use std::borrow::Cow;
 /// Why [`check_all`] could not decide. A refusal over the rate is not an
 /// error: it is a [`Verdict`] that is not [`allowed`](Verdict::allowed).
 /// The layer answers it as a [`Problem`](crate::problem::Problem) (`From` is
-/// in [`crate::problem`]).
+/// in its `layer.rs`, at the HTTP edge).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RateLimitError {
@@ -164,7 +164,7 @@ impl<S: Store> RateLimiter<S> {
         };
         let scale = scale.as_micros().to_string();
         self.keys.key(
-            Mode::RateLimit,
+            Namespace::RateLimit,
             &[
                 self.name.as_bytes(),
                 self.algorithm.letter(),
@@ -290,7 +290,6 @@ pub async fn check_all<S: Store>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::Code;
     use crate::store::MemoryStore;
     use std::num::NonZeroU32;
 
@@ -344,9 +343,8 @@ mod tests {
         assert_eq!(v.limit_header().unwrap(), "\"peruser\";r=1;t=60");
         check_all(&[(&l, "u")]).await.unwrap();
         let v = check_all(&[(&l, "u")]).await.unwrap();
-        let p = v.to_problem().unwrap();
-        assert_eq!(p.code, Code::RateLimited);
-        assert_eq!(p.retry_after, Some(60));
+        assert!(!v.allowed());
+        assert!(v.retry_after().is_some());
         assert_eq!(v.limit_header().unwrap(), "\"peruser\";r=0;t=60");
     }
 }

@@ -59,12 +59,11 @@ mod key;
 mod layer;
 mod limiter;
 mod quota;
-mod service;
 mod verdict;
 
-pub use key::{ByClientIp, ByRoute, ByUser, ExtractKey, Global, PeerAddr};
-pub use layer::RateLimitLayer;
+pub use crate::middleware::ResponseBody;
+pub use key::{ByClientIp, ByRoute, ByUser, ExtractKey, Global, MissingKey, PeerAddr};
+pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::{RateLimitError, RateLimiter, check_all};
 pub use quota::{Algorithm, ParseQuotaError, Quota};
-pub use service::{RateLimit, ResponseBody};
 pub use verdict::{Checked, RATELIMIT, RATELIMIT_POLICY, Verdict};

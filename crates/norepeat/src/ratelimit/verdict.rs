@@ -1,7 +1,6 @@
 //! What a request met: the [`Verdict`] of every quota of a route, and the
-//! `RateLimit` headers and 429 answer it makes.
+//! `RateLimit` headers it makes (its 429 answer is made by the layer).
 
-use crate::problem::{Code, Problem};
 use crate::ratelimit::Quota;
 use crate::store::RateDecision;
 use http::{HeaderName, HeaderValue};
@@ -103,26 +102,6 @@ impl Verdict {
         }
         h
     }
-
-    /// The 429 `rate_limited` answer with `Retry-After` and both headers,
-    /// for a refused request.
-    #[must_use]
-    pub fn to_problem(&self) -> Option<Problem> {
-        let refused = self.refused_by()?;
-        let wait = refused.decision.map_or(Duration::from_secs(1), |d| d.reset);
-        let mut p = Problem::new(Code::RateLimited)
-            .detail(format!(
-                "Over the rate of policy \"{}\" ({}); retry in {} s.",
-                refused.policy,
-                refused.quota,
-                whole_secs(wait)
-            ))
-            .retry_after_secs(whole_secs(wait));
-        for (k, v) in self.headers() {
-            p = p.header(k, v);
-        }
-        Some(p)
-    }
 }
 
 fn sep(out: &mut String) {
@@ -132,7 +111,7 @@ fn sep(out: &mut String) {
 }
 
 /// Whole seconds, rounded up, at least 1.
-fn whole_secs(d: Duration) -> u64 {
+pub(super) fn whole_secs(d: Duration) -> u64 {
     (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
 }
 

@@ -3,12 +3,13 @@
 
 use super::{IssuedToken, TokenError, TokenSigner};
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{KeyValueStoreExt, Store, StoreError};
 use std::time::Duration;
 
 /// Why [`TokenGuard::consume`] refused a token. The layer answers it as a
-/// [`Problem`](crate::problem::Problem) (`From` is in [`crate::problem`]).
+/// [`Problem`](crate::problem::Problem) (`From` is in its
+/// `layer.rs`, at the HTTP edge).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenGuardError {
@@ -142,7 +143,7 @@ impl<S: Store + Clone> TokenGuard<S> {
             Ok(v) => v,
             Err(why) => return reject(why),
         };
-        let key = self.keys.key(Mode::Token, &[&verified.nonce]);
+        let key = self.keys.key(Namespace::Token, &[&verified.nonce]);
         // Not `verified.remaining`: that is this instance's view, and an
         // instance with a slower clock takes the token for longer. A token
         // signed for more than this guard's `ttl` (by another issuer) is

@@ -1,34 +1,26 @@
-//! The token guard as a tower layer: [`TokenLayer`] and its service.
+//! The token guard as a tower layer: [`TokenLayer`], the [`Token`] service
+//! it builds, and its answers.
 
-use super::TokenGuard;
+use super::{TokenGuard, TokenGuardError};
 use crate::identity::{Identify, UserHeader};
+use crate::middleware::{
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, unauthenticated,
+};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
-use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-/// The response body of a token-guarded service: the inner body, or a
-/// rejection.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+/// A service guarded by a [`TokenLayer`].
+pub type Token<S, G> = Middleware<TokenLayer<G>, S>;
 
 /// The default `detail` of 400 `missing_token`.
 const MISSING_TOKEN: &str =
     "Send a repeat token in the Repeat-Token header or the repeatToken query parameter.";
-
-/// What the layer hands its service.
-#[derive(Clone)]
-struct Settings<G> {
-    guard: TokenGuard<G>,
-    identity: Arc<dyn Identify>,
-    missing_token: Cow<'static, str>,
-}
 
 /// Guards a service with one-time tokens.
 ///
@@ -51,13 +43,15 @@ struct Settings<G> {
 #[derive(Clone)]
 #[must_use]
 pub struct TokenLayer<G> {
-    settings: Settings<G>,
+    guard: TokenGuard<G>,
+    identity: Arc<dyn Identify>,
+    missing_token: Cow<'static, str>,
 }
 
 impl<G> std::fmt::Debug for TokenLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenLayer")
-            .field("missing_token", &self.settings.missing_token)
+            .field("missing_token", &self.missing_token)
             .finish_non_exhaustive()
     }
 }
@@ -66,17 +60,15 @@ impl<G> TokenLayer<G> {
     /// Guards with `guard`, the caller from `X-User-Id`.
     pub fn new(guard: TokenGuard<G>) -> Self {
         Self {
-            settings: Settings {
-                guard,
-                identity: Arc::new(UserHeader::default()),
-                missing_token: Cow::Borrowed(MISSING_TOKEN),
-            },
+            guard,
+            identity: Arc::new(UserHeader::default()),
+            missing_token: Cow::Borrowed(MISSING_TOKEN),
         }
     }
 
     /// Where the caller's id comes from.
     pub fn identity(mut self, identity: impl Identify) -> Self {
-        self.settings.identity = Arc::new(identity);
+        self.identity = Arc::new(identity);
         self
     }
 
@@ -84,95 +76,57 @@ impl<G> TokenLayer<G> {
     /// token (default: "Send a repeat token in the Repeat-Token header or
     /// the repeatToken query parameter.").
     pub fn missing_token_detail(mut self, detail: impl Into<Cow<'static, str>>) -> Self {
-        self.settings.missing_token = detail.into();
+        self.missing_token = detail.into();
         self
     }
 }
 
 impl<S, G: Clone> Layer<S> for TokenLayer<G> {
-    type Service = TokenService<S, G>;
+    type Service = Token<S, G>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TokenService {
-            inner,
-            settings: Arc::new(self.settings.clone()),
-        }
+        Middleware::new(inner, self.clone())
     }
 }
 
-/// A service guarded by a [`TokenLayer`].
-pub struct TokenService<S, G> {
-    inner: S,
-    settings: Arc<Settings<G>>,
-}
-
-impl<S: Clone, G> Clone for TokenService<S, G> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            settings: Arc::clone(&self.settings),
-        }
-    }
-}
-
-impl<S, G> std::fmt::Debug for TokenService<S, G> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenService").finish_non_exhaustive()
-    }
-}
-
-fn reject<B>(p: Problem) -> Response<ResponseBody<B>> {
-    p.to_response().map(Either::Right)
-}
-
-impl<S, G, ReqBody, ResBody> Service<Request<ReqBody>> for TokenService<S, G>
+impl<S, G, ReqBody, ResBody> Handle<S, ReqBody, ResBody> for TokenLayer<G>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: Send,
     G: Store + Clone,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Body = ResponseBody<ResBody>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone that was polled ready handles this request.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let settings = Arc::clone(&self.settings);
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let Some(user) = settings.identity.identify(&parts) else {
-                return Ok(reject(
-                    Problem::new(Code::Unauthenticated).detail(settings.identity.missing()),
-                ));
-            };
-            let req = Request::from_parts(parts, body);
-            let Some(token) = token_of(&req) else {
-                return Ok(reject(
-                    Problem::new(Code::MissingToken).detail(settings.missing_token.clone()),
-                ));
-            };
-            let decision = settings
-                .guard
-                .consume(&user, &token)
-                .instrument(tracing::debug_span!(
-                    "norepeat.decide",
-                    mode = "token",
-                    user
-                ));
-            if let Err(e) = decision.await {
-                return Ok(reject(Problem::from(e)));
-            }
-            Ok(inner.call(req).await?.map(Either::Left))
-        })
+    async fn handle(
+        self: Arc<Self>,
+        mut inner: S,
+        req: Request<ReqBody>,
+    ) -> Result<Response<Self::Body>, S::Error> {
+        let (parts, body) = req.into_parts();
+        let Some(user) = self.identity.identify(&parts) else {
+            return Ok(reject(&unauthenticated(&*self.identity)));
+        };
+        let req = Request::from_parts(parts, body);
+        let Some(token) = token_of(&req) else {
+            return Ok(reject(
+                &Problem::new(Code::MissingToken).detail(self.missing_token.clone()),
+            ));
+        };
+        let decision = self
+            .guard
+            .consume(&user, &token)
+            .instrument(tracing::debug_span!(
+                "norepeat.decide",
+                mode = "token",
+                user
+            ));
+        if let Err(e) = decision.await {
+            return Ok(reject(&Problem::from(e)));
+        }
+        Ok(inner.call(req).await?.map(Either::Left))
     }
 }
 
@@ -187,4 +141,25 @@ fn token_of<B>(req: &Request<B>) -> Option<String> {
         let (k, v) = pair.split_once('=')?;
         (k == "repeatToken").then(|| v.to_owned())
     })
+}
+
+impl From<TokenGuardError> for Problem {
+    fn from(e: TokenGuardError) -> Self {
+        let duplicate =
+            |detail: &'static str| Problem::new(Code::DuplicateSubmission).detail(detail);
+        match e {
+            TokenGuardError::Used => {
+                duplicate("This form was already submitted. Reload to get a new token.")
+            }
+            TokenGuardError::Expired => {
+                duplicate("The repeat token expired. Reload to get a new one.")
+            }
+            TokenGuardError::Invalid => {
+                duplicate("The repeat token is unknown or belongs to another user.")
+            }
+            TokenGuardError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
+                .detail(GUARD_UNAVAILABLE)
+                .retry_after_secs(1),
+        }
+    }
 }

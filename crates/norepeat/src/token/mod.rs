@@ -55,8 +55,9 @@ use std::time::Duration;
 mod guard;
 mod layer;
 
+pub use crate::middleware::ResponseBody;
 pub use guard::{TokenGuard, TokenGuardError};
-pub use layer::{ResponseBody, TokenLayer, TokenService};
+pub use layer::{Token, TokenLayer};
 
 const VERSION: u8 = 1;
 const NONCE: usize = 12;

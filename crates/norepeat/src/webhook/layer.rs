@@ -1,20 +1,25 @@
-//! The verifier as a tower layer: [`WebhookLayer`] and its service, with an
-//! opt-in memory of the signatures it accepted.
+//! The verifier as a tower layer: [`WebhookLayer`] and the [`Webhook`]
+//! service it builds, with an opt-in memory of the signatures it accepted,
+//! and the answers to a refused signature.
 
-use super::{WebhookVerifier, unix_now};
+use super::{SignatureError, WebhookVerifier, unix_now};
 use crate::body;
-use crate::keys::{KeyBuilder, Mode};
+use crate::keys::{KeyBuilder, Namespace};
+use crate::middleware::{Handle, Middleware, ResponseBody, reject};
 use crate::problem::{Code, Problem};
 use crate::store::{KeyValueStore, KeyValueStoreExt, StoreError};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
+use tower::Service;
+
+/// A service behind a [`WebhookLayer`].
+pub type Webhook<S> = Middleware<WebhookLayer, S>;
 
 /// The largest body [`WebhookLayer`] reads unless told otherwise.
 pub const DEFAULT_MAX_BODY: usize = 64 * 1024;
@@ -136,28 +141,9 @@ impl<S> tower::Layer<S> for WebhookLayer {
     type Service = Webhook<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Webhook {
-            inner,
-            cfg: Arc::new(self.clone()),
-        }
+        Middleware::new(inner, self.clone())
     }
 }
-
-/// A service behind a [`WebhookLayer`].
-#[derive(Clone)]
-pub struct Webhook<S> {
-    inner: S,
-    cfg: Arc<WebhookLayer>,
-}
-
-impl<S> fmt::Debug for Webhook<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Webhook").finish_non_exhaustive()
-    }
-}
-
-/// The response body of a [`Webhook`] service: the inner body, or a refusal.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 
 /// Whether a notice signed at `t` with `tag` was seen before: `Ok(false)`
 /// the first time, `Ok(true)` for a repeat.
@@ -169,74 +155,94 @@ async fn seen_before(
 ) -> Result<bool, StoreError> {
     let key = m
         .keys
-        .key(Mode::Fingerprint, &[b"webhook", &t.to_be_bytes(), tag]);
+        .key(Namespace::Fingerprint, &[b"webhook", &t.to_be_bytes(), tag]);
     let ttl = tolerance
         .saturating_mul(2)
         .saturating_add(Duration::from_secs(1));
     Ok(!(m.remember)(key, ttl).await?)
 }
 
-impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for Webhook<S>
+impl<S, ReqBody, ResBody> Handle<S, ReqBody, ResBody> for WebhookLayer
 where
-    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: Send,
     ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Body = ResponseBody<ResBody>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone that was polled ready handles this request.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let cfg = Arc::clone(&self.cfg);
-        Box::pin(async move {
-            let refuse = |p: Problem| -> Result<Response<ResponseBody<ResBody>>, S::Error> {
-                Ok(p.to_response().map(Either::Right))
-            };
-            let (mut parts, body) = req.into_parts();
-            let bytes = match body::read(body, cfg.max_body, &parts.headers).await {
-                Ok(b) => b,
-                Err(e) => return refuse(Problem::from(e)),
-            };
-            let (t, tag) = match cfg
-                .verifier
-                .verified_tag(&parts.headers, &bytes, unix_now())
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::debug!(error = %e, "webhook signature refused");
-                    return refuse(cfg.verifier.problem(&e));
+    async fn handle(
+        self: Arc<Self>,
+        mut inner: S,
+        req: Request<ReqBody>,
+    ) -> Result<Response<Self::Body>, S::Error> {
+        let refuse =
+            |p: Problem| -> Result<Response<ResponseBody<ResBody>>, S::Error> { Ok(reject(&p)) };
+        let cfg = &*self;
+        let (mut parts, body) = req.into_parts();
+        let bytes = match body::read(body, cfg.max_body, &parts.headers).await {
+            Ok(b) => b,
+            Err(e) => return refuse(Problem::from(e)),
+        };
+        let (t, tag) = match cfg
+            .verifier
+            .verified_tag(&parts.headers, &bytes, unix_now())
+        {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "webhook signature refused");
+                return refuse(cfg.verifier.problem(&e));
+            }
+        };
+        if let Some(m) = &cfg.memory {
+            match seen_before(m, cfg.verifier.get_tolerance(), t, &tag).await {
+                Ok(false) => {}
+                Ok(true) if m.on_replay == OnReplay::PassMarked => {
+                    parts.extensions.insert(Repeated);
                 }
-            };
-            if let Some(m) = &cfg.memory {
-                match seen_before(m, cfg.verifier.get_tolerance(), t, &tag).await {
-                    Ok(false) => {}
-                    Ok(true) if m.on_replay == OnReplay::PassMarked => {
-                        parts.extensions.insert(Repeated);
-                    }
-                    Ok(true) => {
-                        tracing::debug!(t, "webhook notice replayed");
-                        return refuse(Problem::new(Code::DuplicateSubmission).detail(
-                            "This signed notice was already accepted; a new delivery needs a new signature.",
-                        ));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "webhook signature memory unavailable");
-                        return refuse(Problem::new(Code::GuardUnavailable).retry_after_secs(1));
-                    }
+                Ok(true) => {
+                    tracing::debug!(t, "webhook notice replayed");
+                    return refuse(Problem::new(Code::DuplicateSubmission).detail(
+                        "This signed notice was already accepted; a new delivery needs a new signature.",
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook signature memory unavailable");
+                    return refuse(Problem::new(Code::GuardUnavailable).retry_after_secs(1));
                 }
             }
-            let req = Request::from_parts(parts, ReqBody::from(bytes));
-            Ok(inner.call(req).await?.map(Either::Left))
-        })
+        }
+        let req = Request::from_parts(parts, ReqBody::from(bytes));
+        Ok(inner.call(req).await?.map(Either::Left))
+    }
+}
+
+impl WebhookVerifier {
+    /// The 401 `invalid_signature` problem for `e`, naming the header this
+    /// verifier reads when it is missing.
+    ///
+    /// ```
+    /// use norepeat::webhook::{SignatureError, WebhookVerifier};
+    /// let v = WebhookVerifier::new("s").header(http::HeaderName::from_static("x-sig"));
+    /// let p = v.problem(&SignatureError::Missing);
+    /// assert_eq!(p.detail, "The request carries no X-Sig header.");
+    /// ```
+    #[must_use]
+    pub fn problem(&self, e: &SignatureError) -> Problem {
+        match e {
+            SignatureError::Missing => Problem::from(e.clone()).detail(format!(
+                "The request carries no {} header.",
+                crate::identity::title_case(self.header.as_str())
+            )),
+            other => Problem::from(other.clone()),
+        }
+    }
+}
+
+impl From<SignatureError> for Problem {
+    fn from(e: SignatureError) -> Self {
+        Problem::new(Code::InvalidSignature).detail(e.to_string())
     }
 }

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: most is the module docs and the known-answer tests of one verifier.
 //! Signed webhooks: an HMAC over the raw body and a timestamp.
 //!
 //! A payment provider's notice changes money and state, so whoever sends it
@@ -98,10 +99,11 @@
 //!
 //! # In an axum handler
 //! Take the body as [`Bytes`](bytes::Bytes), verify, then parse. A refusal
-//! converts to a 401 `invalid_signature` [`Problem`].
+//! converts to a 401 `invalid_signature` [`Problem`](crate::problem::Problem).
 //!
 //! ```
 //! use axum::{Router, body::Bytes, http::HeaderMap, routing::post};
+//! use norepeat::problem::Problem;
 //! use norepeat::webhook::WebhookVerifier;
 //!
 //! let verifier = WebhookVerifier::new("whsec_shared");
@@ -109,7 +111,7 @@
 //!     "/payments/callback",
 //!     post(move |headers: HeaderMap, body: Bytes| async move {
 //!         if let Err(e) = verifier.verify_headers(&headers, &body) {
-//!             return e.to_problem().to_response().map(axum::body::Body::new);
+//!             return Problem::from(e).to_response().map(axum::body::Body::new);
 //!         }
 //!         // ... parse `body` and apply the notice ...
 //!         axum::http::Response::new(axum::body::Body::from("ok"))
@@ -117,7 +119,6 @@
 //! );
 //! ```
 
-use crate::problem::Problem;
 use hmac::{Hmac, KeyInit, Mac};
 use http::{HeaderMap, HeaderName};
 use sha2::Sha256;
@@ -127,7 +128,8 @@ use std::time::Duration;
 
 mod layer;
 
-pub use layer::{DEFAULT_MAX_BODY, OnReplay, Repeated, ResponseBody, Webhook, WebhookLayer};
+pub use crate::middleware::ResponseBody;
+pub use layer::{DEFAULT_MAX_BODY, OnReplay, Repeated, Webhook, WebhookLayer};
 
 /// The header carrying the signature (lower case, as `http` spells names).
 pub const SIGNATURE_HEADER: &str = "norepeat-signature";
@@ -160,20 +162,6 @@ pub enum SignatureError {
     /// No `v1` matches the body: wrong secret, or a body changed on the way.
     #[error("the signature does not match the body")]
     Mismatch,
-}
-
-impl SignatureError {
-    /// The 401 `invalid_signature` problem for this refusal.
-    ///
-    /// ```
-    /// use norepeat::webhook::SignatureError;
-    /// let res = SignatureError::Missing.to_problem().to_response();
-    /// assert_eq!(res.status(), 401);
-    /// ```
-    #[must_use]
-    pub fn to_problem(&self) -> Problem {
-        Problem::from(self.clone())
-    }
 }
 
 /// Signs and verifies webhook bodies with a shared secret.
@@ -237,26 +225,6 @@ impl WebhookVerifier {
     #[must_use]
     pub fn get_tolerance(&self) -> Duration {
         self.tolerance
-    }
-
-    /// The 401 `invalid_signature` problem for `e`, naming the header this
-    /// verifier reads when it is missing.
-    ///
-    /// ```
-    /// use norepeat::webhook::{SignatureError, WebhookVerifier};
-    /// let v = WebhookVerifier::new("s").header(http::HeaderName::from_static("x-sig"));
-    /// let p = v.problem(&SignatureError::Missing);
-    /// assert_eq!(p.detail, "The request carries no X-Sig header.");
-    /// ```
-    #[must_use]
-    pub fn problem(&self, e: &SignatureError) -> Problem {
-        match e {
-            SignatureError::Missing => Problem::from(e.clone()).detail(format!(
-                "The request carries no {} header.",
-                crate::identity::title_case(self.header.as_str())
-            )),
-            other => Problem::from(other.clone()),
-        }
     }
 
     /// How far the signature's `t` may be from the receiver's clock, either

@@ -11,7 +11,7 @@ use super::rows::fingerprint;
 use super::rows::idempotency::{Held, Pending, created, held_handler, let_go, payment, status_of};
 use norepeat::fingerprint::FingerprintGuard;
 use norepeat::idempotency::IdempotencyLayer;
-use norepeat::keys::{KeyBuilder, Mode};
+use norepeat::keys::{KeyBuilder, Namespace};
 use norepeat::store::AnyStore;
 use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
@@ -320,7 +320,7 @@ async fn idempotency_records(
     let keys = (0..n)
         .map(|i| {
             KeyBuilder::default().key(
-                Mode::Idempotency,
+                Namespace::Idempotency,
                 &[
                     b"bench-user",
                     b"POST",

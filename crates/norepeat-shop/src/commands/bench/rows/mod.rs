@@ -11,7 +11,7 @@ pub(crate) mod sql;
 
 use super::BenchError;
 use super::harness::{Load, Sample, measure};
-use norepeat::fingerprint::Fingerprint;
+use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintGuardError};
 use norepeat::problem::Problem;
 use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
@@ -76,12 +76,12 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
 /// A fingerprint unique to this run, `purpose` and `id`. A fingerprint
 /// key keeps the first 60 bits: 20 of the run, 4 of the purpose, 36 of the
 /// id (68 billion per row and run).
-pub(crate) fn fingerprint(run: u64, purpose: u8, id: u64) -> Fingerprint {
+pub(crate) fn fingerprint(run: u64, purpose: u8, id: u64) -> Digest {
     let head = (run & 0xF_FFFF) << 44 | u64::from(purpose & 0xF) << 40 | (id & 0xF_FFFF_FFFF) << 4;
     let mut b = [0u8; 32];
     b[..8].copy_from_slice(&head.to_be_bytes());
     b[8..16].copy_from_slice(&id.to_le_bytes());
-    Fingerprint(b)
+    Digest(b)
 }
 
 async fn token_issue(store: &AnyStore, load: &Load) -> Result<Sample, BenchError> {

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: 195 lines are the tests of one renewal task, whose timing they pin down.
 //! One task that renews every running claim of a guard when it is due.
 //!
 //! A claim whose work runs longer than a third of its TTL is extended
@@ -297,7 +298,7 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::{Acquired, Claim, Renewal};
+    use crate::claim::{Claim, Claimed, Renewal};
     use crate::store::MemoryStore;
 
     const TTL: Duration = Duration::from_millis(60);
@@ -385,7 +386,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_gives_up_stops_the_renewal() {
         let store = MemoryStore::default();
-        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "k", b"me".to_vec(), TTL).await
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"me".to_vec(), TTL).await
         else {
             panic!("first claim");
         };

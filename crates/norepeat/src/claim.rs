@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one claim life cycle with its cancellation rules; 90 lines are tests.
 //! One claim life cycle, shared by every guard: claim, run with
 //! owner-checked renewal, then complete or release.
 //!
@@ -86,7 +87,7 @@ impl Renewal {
 }
 
 /// The outcome of a claim attempt.
-pub(crate) enum Acquired<S: KeyValueStore + Clone> {
+pub(crate) enum Claimed<S: KeyValueStore + Clone> {
     /// This caller holds the key.
     Owned(Claim<S>),
     /// Someone else does; their value, unchanged.
@@ -133,17 +134,17 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         key: impl Into<Arc<str>>,
         value: impl Into<Bytes>,
         ttl: Duration,
-    ) -> Result<Acquired<S>, StoreError> {
+    ) -> Result<Claimed<S>, StoreError> {
         let (key, value) = (key.into(), value.into());
         Ok(match store.put_if_absent(&key, &value, ttl).await? {
-            None => Acquired::Owned(Self {
+            None => Claimed::Owned(Self {
                 store: store.clone(),
                 key,
                 value,
                 ttl,
                 settled: false,
             }),
-            Some(existing) => Acquired::Held(existing),
+            Some(existing) => Claimed::Held(existing),
         })
     }
 
@@ -501,7 +502,7 @@ mod tests {
     #[tokio::test]
     async fn the_longest_lease_runs_its_work() {
         let store = MemoryStore::default();
-        let Ok(Acquired::Owned(claim)) =
+        let Ok(Claimed::Owned(claim)) =
             Claim::acquire(&store, "k", b"a".to_vec(), Duration::MAX).await
         else {
             panic!("claim");
@@ -528,7 +529,7 @@ mod tests {
     async fn a_dropped_run_keeps_the_key_and_a_panic_releases_it() {
         let store = MemoryStore::default();
         let ttl = Duration::from_secs(5);
-        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
         else {
             panic!("first claim");
         };
@@ -537,7 +538,7 @@ mod tests {
         drop(claim);
         assert!(store.put_if_absent("k", b"b", ttl).await.unwrap().is_some());
 
-        let Ok(Acquired::Owned(claim)) = Claim::acquire(&store, "p", b"a".to_vec(), ttl).await
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "p", b"a".to_vec(), ttl).await
         else {
             panic!("second claim");
         };

@@ -1,0 +1,177 @@
+//! The skeleton of the crate's five tower services (fingerprint, token,
+//! idempotency, rate limit, webhook), written once, as tower-http writes
+//! its `define_inner_service_accessors!`.
+//!
+//! Each capability's `layer.rs` keeps its `XLayer` (the builder, and the
+//! settings its service reads: the layer *is* the settings) and implements
+//! [`Handle`], the one thing that differs: what to do with a request.
+//! Everything else is here: [`Middleware`], the service every layer builds
+//! (it owns `poll_ready`, the clone-and-replace in `call`, the boxing, and
+//! tower-http's `get_ref`/`get_mut`/`into_inner`), the one
+//! [`ResponseBody`], the one [`reject`], and the answers shared by several
+//! layers (a body too large or not JSON, a caller missing, a store down).
+//!
+//! Per request this costs what each service cost when it was written out:
+//! one `Arc` clone of the layer and one boxed future.
+
+use crate::body::BodyError;
+use crate::identity::Identify;
+use crate::json::InvalidJson;
+use crate::problem::{Code, Problem};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower::Service;
+
+/// The response body of a guarded service: the inner service's body
+/// (`Left`), or one the layer wrote (`Right`: a refusal, or for
+/// idempotency a stored or replayed answer).
+pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+
+/// A refusal as a response of a guarded service.
+pub(crate) fn reject<B>(p: &Problem) -> Response<ResponseBody<B>> {
+    p.to_response().map(Either::Right)
+}
+
+/// 401 `unauthenticated`, saying what `identity` wanted.
+pub(crate) fn unauthenticated(identity: &dyn Identify) -> Problem {
+    Problem::new(Code::Unauthenticated).detail(identity.missing())
+}
+
+/// The `detail` of 503 `guard_unavailable` from a guard whose store failed.
+pub(crate) const GUARD_UNAVAILABLE: &str =
+    "The duplicate guard cannot decide right now; retry shortly.";
+
+/// What a layer does with one request: the one part of a service that is
+/// its own. `self` is the layer (its settings), shared by every clone of
+/// the service; `inner` is the clone of the inner service that was polled
+/// ready.
+pub trait Handle<S, ReqBody, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    /// The body of the responses: usually [`ResponseBody<ResBody>`].
+    type Body;
+
+    /// Answers `req`, calling `inner` or not.
+    fn handle(
+        self: Arc<Self>,
+        inner: S,
+        req: Request<ReqBody>,
+    ) -> impl Future<Output = Result<Response<Self::Body>, S::Error>> + Send + 'static;
+}
+
+/// The service a layer `L` builds around `S`: the crate's five services
+/// are this type (`fingerprint::Fingerprint<S, G>` is
+/// `Middleware<FingerprintLayer<G>, S>`, and so on).
+pub struct Middleware<L, S> {
+    inner: S,
+    layer: Arc<L>,
+}
+
+impl<L, S> Middleware<L, S> {
+    /// `inner`, guarded by `layer`.
+    pub(crate) fn new(inner: S, layer: L) -> Self {
+        Self {
+            inner,
+            layer: Arc::new(layer),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<L, S: Clone> Clone for Middleware<L, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: Arc::clone(&self.layer),
+        }
+    }
+}
+
+impl<L: fmt::Debug, S> fmt::Debug for Middleware<L, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Middleware")
+            .field("layer", &self.layer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L, S, ReqBody, ResBody> Service<Request<ReqBody>> for Middleware<L, S>
+where
+    L: Handle<S, ReqBody, ResBody>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<L::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone that was polled ready handles this request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(Arc::clone(&self.layer).handle(inner, req))
+    }
+}
+
+impl From<BodyError> for Problem {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge { max } => Problem::new(Code::PayloadTooLarge)
+                .detail(format!("The request body is larger than {}.", size(max))),
+            BodyError::Unreadable(why) => Problem::new(Code::InvalidRequest)
+                .detail(format!("The request body could not be read: {why}")),
+        }
+    }
+}
+
+impl From<InvalidJson> for Problem {
+    fn from(e: InvalidJson) -> Self {
+        Problem::new(Code::InvalidRequest).detail(e.to_string())
+    }
+}
+
+/// A size as people write it: `64 KiB`, `1 MiB`, else `1000 bytes`.
+fn size(bytes: usize) -> String {
+    match bytes {
+        0 => "0 bytes".to_owned(),
+        n if n % (1024 * 1024) == 0 => format!("{} MiB", n / (1024 * 1024)),
+        n if n % 1024 == 0 => format!("{} KiB", n / 1024),
+        n => format!("{n} bytes"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(64 * 1024), "64 KiB");
+        assert_eq!(size(1024 * 1024), "1 MiB");
+        assert_eq!(size(1000), "1000 bytes");
+    }
+}
