@@ -431,38 +431,54 @@ async fn admin_routes_need_the_token() {
     );
 }
 
+/// The value of the Prometheus sample `name` whose labels include every
+/// pair of `labels` (in any order), or 0 when there is none yet.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+            let has_all = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            (n == name && has_all).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+impl Shop {
+    async fn metrics(&self) -> String {
+        let a = self.get("/metrics", None).await;
+        assert_eq!(a.status, StatusCode::OK);
+        String::from_utf8(a.bytes.to_vec()).unwrap()
+    }
+}
+
+/// A quick order and its double: one 201, one 409 `duplicate_submission`,
+/// and the decision counter grows by exactly one of each.
 #[tokio::test]
 async fn metrics_count_decisions() {
     let s = shop().await;
-    s.post(
-        "/orders/quick",
-        "m1",
-        &[],
-        json!({"sku": "SKU-1", "quantity": 1}),
-    )
-    .await;
-    s.post(
-        "/orders/quick",
-        "m1",
-        &[],
-        json!({"sku": "SKU-1", "quantity": 1}),
-    )
-    .await;
-    let res = s
-        .app
-        .clone()
-        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let text = String::from_utf8(
-        axum::body::to_bytes(res.into_body(), 1 << 20)
-            .await
-            .unwrap()
-            .to_vec(),
-    )
-    .unwrap();
-    assert!(text.contains("norepeat_decisions_total"), "{text}");
+    let admitted = [("mode", "fingerprint"), ("outcome", "admitted")];
+    let duplicate = [
+        ("mode", "fingerprint"),
+        ("outcome", "rejected"),
+        ("reason", "duplicate"),
+    ];
+    let before = s.metrics().await;
+    let order = json!({"sku": "SKU-1", "quantity": 1});
+    let first = s.post("/orders/quick", "m1", &[], order.clone()).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    let second = s.post("/orders/quick", "m1", &[], order).await;
+    assert_eq!(second.code(), (409, "duplicate_submission"));
+    let after = s.metrics().await;
+    let grew = |labels: &[(&str, &str)]| {
+        sample(&after, "norepeat_decisions_total", labels)
+            - sample(&before, "norepeat_decisions_total", labels)
+    };
+    assert_eq!(grew(&admitted), 1.0, "{after}");
+    assert_eq!(grew(&duplicate), 1.0, "{after}");
 }
 
 #[tokio::test]

@@ -122,3 +122,46 @@ async fn sigterm_lets_slow_payments_finish_and_exits_0() {
     }
     pool.close().await;
 }
+
+/// The grace has an end: a payment handler that would run for a minute
+/// holds the stop for the 10 s grace, not for its minute, and the shop
+/// still exits 0. (Bounds are generous: the point is "10 s, not 60 s".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_running_handler_at_most_the_grace() {
+    let db = SqliteFile::new();
+    let env = vec![
+        ("DATABASE_URL".to_owned(), db.url()),
+        ("NOREPEAT_PAYMENT_LATENCY_MS".to_owned(), "60000".to_owned()),
+    ];
+    let mut shop = ShopProcess::start(BIN, env).await;
+    let base = shop.base_url();
+    let http = reqwest::Client::new();
+    let body = json!({"sku": "SKU-1", "quantity": 1, "bizId": rand::random::<u64>().to_string()});
+    let (s, order) = post(&http, format!("{base}/orders/quick"), None, body)
+        .await
+        .unwrap();
+    assert_eq!(s, 201, "{order}");
+    let paying = {
+        let (http, url) = (http.clone(), format!("{base}/payments"));
+        let body = json!({"orderId": order["orderId"], "amount": 1999});
+        tokio::spawn(async move { post(&http, url, Some("k-long"), body).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while admitted(&http, &base).await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "payment not admitted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked = std::time::Instant::now();
+    shop.terminate();
+    let exit = shop
+        .wait_exit(Duration::from_secs(40))
+        .await
+        .expect("the shop exits before its handler's minute is up");
+    let took = asked.elapsed();
+    assert_eq!(exit.code(), Some(0), "{exit}");
+    assert!(
+        took >= Duration::from_secs(9),
+        "it waited for the handler, up to the grace: {took:?}"
+    );
+    paying.abort();
+}
