@@ -148,7 +148,10 @@ async fn sigterm_waits_for_a_running_handler_at_most_the_grace() {
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while admitted(&http, &base).await < 1 {
-        assert!(tokio::time::Instant::now() < deadline, "payment not admitted");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "payment not admitted"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let asked = std::time::Instant::now();
