@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower::{Layer, Service};
 
 /// What the tests' guarded functions return: a refusal from the guard
@@ -31,6 +31,43 @@ pub enum Error {
 impl From<Rejected> for Error {
     fn from(r: Rejected) -> Self {
         Error::Refused(r)
+    }
+}
+
+/// How long a test waits for something that must happen: generous, so a
+/// busy two-core machine cannot break it, and a passing run waits only as
+/// long as the thing takes.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `attempt` every 10 ms until it gives `Some`, for up to
+/// [`PATIENCE`]; past that the test fails, naming `what` it waited for.
+pub async fn eventually<T, F, Fut>(what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(t) = attempt().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Drives `call` until `reached()` holds, then drops it, as hyper drops a
+/// handler's future when its client goes away: a caller that gives up at
+/// that point, however slow the machine. The test fails if `call` ends
+/// first or `reached` does not hold within [`PATIENCE`].
+pub async fn drop_when<F: Future>(call: F, what: &str, reached: impl Fn() -> bool) {
+    tokio::select! {
+        biased;
+        () = eventually(what, || {
+            let now = reached();
+            async move { now.then_some(()) }
+        }) => {}
+        _ = call => panic!("the call ended before {what}: it cannot be dropped there"),
     }
 }
 
