@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use common::counting_route;
-use common::with_stores;
+use common::{eventually, with_stores};
 use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
@@ -131,29 +131,33 @@ async fn a_late_release_never_deletes_the_next_owners_key() {
         let guard = FingerprintGuard::new(store.clone())
             .window(Duration::from_millis(100))
             .release(ReleasePolicy::ReleaseOnCompletion);
+        // B's window is seconds long (the key does not depend on the
+        // window), so B's key cannot expire by itself between B's claim and
+        // the checks below, however slow the machine: only A's release
+        // could remove it.
+        let b_window = Duration::from_secs(2);
+        let next = FingerprintGuard::new(store)
+            .window(b_window)
+            .release(ReleasePolicy::ReleaseOnCompletion);
         let fp = Digest([9; 32]);
+        assert_eq!(guard.key_of(&fp), next.key_of(&fp));
         let a = guard.acquire(&fp).await.expect("A takes the key");
-        tokio::time::sleep(Duration::from_millis(200)).await; // A's key expires
-        let b = guard.acquire(&fp).await.expect("B takes the expired key");
+        // A's key expires after its 100 ms window: B takes it then.
+        let b = eventually("A's key expires", || async { next.acquire(&fp).await.ok() }).await;
         a.finish(true).await; // A releases: must not touch B's key
-        let c = guard.acquire(&fp).await;
+        let c = next.acquire(&fp).await;
         assert!(c.is_err(), "B's key was deleted by A's release");
         drop(b);
         // B's lease was dropped (its request gave up): the key is held for
         // the rest of its window, then free.
         assert!(
-            guard.acquire(&fp).await.is_err(),
+            next.acquire(&fp).await.is_err(),
             "a dropped lease freed its key"
         );
-        let mut freed = false;
-        for _ in 0..50 {
-            if guard.acquire(&fp).await.is_ok() {
-                freed = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(freed, "a dropped lease's key outlived its window");
+        eventually("a dropped lease's key outlives its window", || async {
+            next.acquire(&fp).await.ok()
+        })
+        .await;
     })
     .await;
 }
