@@ -10,6 +10,8 @@
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -156,10 +158,21 @@ macro_rules! cases {
                     .await
                 }
             });
-            // Past the first's lease (not renewed), a retry takes the key.
-            tokio::time::sleep(Duration::from_millis(350)).await;
-            let retry = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(retry.status, StatusCode::CREATED);
+            // Once the first has its claim (its handler runs), a retry is
+            // told to wait until that claim's lease (not renewed) ends, then
+            // takes the key. (On SQLite the retry's claim waits for the
+            // first's open write to roll back.) Polled: no fixed delay can
+            // tell a busy machine's "has claimed" and "has lost its lease".
+            common::eventually("the first has claimed", || async {
+                (app.runs.load(Ordering::SeqCst) == 1).then_some(())
+            })
+            .await;
+            let retry = common::eventually("the first's lease ends", || async {
+                let a = send(&router, request("u1", "k", "\"x\"", &[])).await;
+                (a.status != StatusCode::CONFLICT).then_some(a)
+            })
+            .await;
+            assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
             let slow = slow.await.unwrap();
             assert_eq!(
                 slow.status,
