@@ -767,27 +767,70 @@ async fn replay_survives_a_process_restart() {
 }
 
 #[cfg(feature = "redis")]
-/// The store forgets every record (FLUSHALL) while a request runs: a
-/// retry claims the key afresh and runs, and the first request, when it
-/// ends, cannot overwrite the retry's record (the 12-byte claim is still
-/// the fence). Its client still gets its own answer.
+/// The store forgets every record (FLUSHALL) while a request runs: the
+/// first's lease renewal (owner-checked) finds its key gone and does not
+/// write it back, a retry claims the key afresh and runs, and the first
+/// request, when it ends, cannot overwrite the retry's record (the 12-byte
+/// claim is still the fence). Its client still gets its own answer.
+///
+/// A 300 ms lease is renewed every 100 ms; the handler runs 2 s, so a
+/// renewal is due soon after the flush. The test waits until Redis has run
+/// a script (the renewal's `EVALSHA`; nothing else runs one then) after
+/// the flush, and only then checks that no key came back and sends the
+/// retry: a renewal that wrote the key back would fail both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
     let redis = RedisServer::start().await;
     let store = RedisStore::connect(&redis.url()).await.unwrap();
     let runs = Runs::default();
-    let app = app(IdempotencyLayer::new(store), &runs);
+    let app = app(
+        IdempotencyLayer::new(store).lease(Duration::from_millis(300)),
+        &runs,
+    );
     let first = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "600")).await })
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "2000")).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    common::eventually("the first runs", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let mut admin = redis.connection().await;
     let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let flushed = scripts_run(&redis).await;
+    common::eventually("a renewal after the flush", || async {
+        (scripts_run(&redis).await > flushed).then_some(())
+    })
+    .await;
+    assert!(!first.is_finished(), "the renewal came before the end");
+    assert_eq!(redis.dbsize().await, 0, "the renewal wrote the key back");
+    a_retry_takes_over_from(&app, &runs, first).await;
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+#[cfg(feature = "redis")]
+/// How many scripts (`EVALSHA` and `EVAL` calls) `redis` has run, from its
+/// `INFO commandstats` (FLUSHALL does not reset it).
+async fn scripts_run(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
         .query_async(&mut redis.connection().await)
         .await
         .unwrap();
-    a_retry_takes_over_from(&app, &runs, first).await;
-    assert!(redis.keys_without_ttl().await.is_empty());
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 #[cfg(feature = "redis")]
