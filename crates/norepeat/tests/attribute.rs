@@ -8,7 +8,7 @@
 mod common;
 
 use common::Error;
-use common::{drop_when, eventually, with_stores};
+use common::{drop_when, eventually, eventually_within, with_stores};
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
 #[cfg(feature = "redis")]
@@ -88,6 +88,13 @@ impl<S: Store + Clone> Shop<S> {
 
     #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", window = "1s")]
     async fn place_window(&self, order: &Order) -> Result<Receipt, Error> {
+        self.body(order).await
+    }
+
+    /// Window mode with a window far longer than a test waits, so a key
+    /// that is free again was released, not expired.
+    #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", window = "60s")]
+    async fn place_long_window(&self, order: &Order) -> Result<Receipt, Error> {
         self.body(order).await
     }
 
@@ -190,6 +197,34 @@ async fn once_a_panic_releases_the_key_a_dropped_call_keeps_it() {
             Err(Error::Refused(Rejected::InProgress))
         );
         assert_eq!(shop.runs(), 3);
+    })
+    .await;
+}
+
+/// Window mode: a panic releases the key at once, as in once mode, so a
+/// repeat within the (60 s) window runs; polled for at most 5 s, so the
+/// window's end cannot stand in for the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_a_panic_releases_the_key() {
+    with_stores(|store| async move {
+        let shop = Arc::new(Shop::new(store));
+        shop.panic_next.store(true, Ordering::SeqCst);
+        let s = Arc::clone(&shop);
+        let panicked =
+            tokio::spawn(async move { s.place_long_window(&order("u6", "c")).await }).await;
+        assert!(panicked.unwrap_err().is_panic());
+        let repeat = eventually_within(Duration::from_secs(5), "the panic's release", || async {
+            let out = shop.place_long_window(&order("u6", "c")).await;
+            (!matches!(out, Err(Error::Refused(Rejected::Duplicate { .. })))).then_some(out)
+        })
+        .await;
+        assert_eq!(repeat.unwrap().number, 2, "the repeat ran the body");
+        // Its success holds the key for the window.
+        assert!(matches!(
+            shop.place_long_window(&order("u6", "c")).await,
+            Err(Error::Refused(Rejected::Duplicate { .. }))
+        ));
+        assert_eq!(shop.runs(), 2);
     })
     .await;
 }

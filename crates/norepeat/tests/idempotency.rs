@@ -208,7 +208,45 @@ each_store!(
     a_claim_the_previous_release_wrote_is_honoured,
     a_record_this_release_cannot_read_is_refused_not_run,
     past_max_detached_is_503_before_the_claim,
+    a_panicking_handler_releases_the_key,
 );
+
+/// A handler that panics releases its key at once (a panic is a failure,
+/// as a 5xx is): the claim is gone, and the same request with the same
+/// `Idempotency-Key` runs the handler a second time, neither 409 nor a
+/// replay. The lease is a minute and the release is polled for at most
+/// 5 s, so the lease's own end cannot stand in for the release.
+async fn a_panicking_handler_releases_the_key<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let panic_next = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let layer = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .lease(Duration::from_secs(60));
+    let app = common::panicking_route("/payments", layer, Arc::clone(&runs), panic_next);
+    let req = || payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap();
+    common::send_and_panic(&app, req()).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The release runs in a short task: poll the store until the claim is
+    // gone (a probe that finds the key free takes it, then gives it back).
+    let key = record_key("u1", "k");
+    common::eventually_within(Duration::from_secs(5), "the panic's release", || async {
+        let free = store
+            .put_if_absent(&key, b"probe", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_none();
+        free.then_some(())
+    })
+    .await;
+    assert!(store.delete_if_equals(&key, b"probe").await.unwrap());
+    let retry = send(&app, req()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed(), "the panic's outcome was stored");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran the handler");
+    // The retry's success is kept: the next one is its replay.
+    assert!(send(&app, req()).await.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
 
 /// Past `max_detached` handlers running at once (here one, whose client
 /// left), a request is answered 503 `guard_unavailable` with

@@ -41,18 +41,69 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Polls `attempt` every 10 ms until it gives `Some`, for up to
 /// [`PATIENCE`]; past that the test fails, naming `what` it waited for.
-pub async fn eventually<T, F, Fut>(what: &str, mut attempt: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, attempt: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + PATIENCE;
+    eventually_within(PATIENCE, what, attempt).await
+}
+
+/// [`eventually`] with a deadline of its own: for a test whose thing
+/// would also happen by itself later (a key's TTL), so the wait must end
+/// well before that.
+pub async fn eventually_within<T, F, Fut>(within: Duration, what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
     loop {
         if let Some(t) = attempt().await {
             return t;
         }
-        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A route at `path` behind `layer` whose handler counts its runs in
+/// `runs`, panics on its first run (while `panic_next` is set), then
+/// answers 201.
+pub fn panicking_route<L: RouteLayer>(
+    path: &str,
+    layer: L,
+    runs: Arc<AtomicUsize>,
+    panic_next: Arc<std::sync::atomic::AtomicBool>,
+) -> Router {
+    Router::new().route(
+        path,
+        post(move || {
+            let runs = Arc::clone(&runs);
+            let panic_next = Arc::clone(&panic_next);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                assert!(!panic_next.swap(false, Ordering::SeqCst), "injected panic");
+                (StatusCode::CREATED, "created")
+            }
+        })
+        .layer(layer),
+    )
+}
+
+/// Sends `req` to `app` in a task of its own, as a server does, and
+/// checks the handler's panic came out of it (the task ended with a
+/// panic, not an answer).
+pub async fn send_and_panic(app: &Router, req: Request<Body>) {
+    use tower::ServiceExt;
+    let app = app.clone();
+    let out = tokio::spawn(async move { app.oneshot(req).await }).await;
+    match out {
+        Err(e) => assert!(e.is_panic(), "the task ended without a panic: {e}"),
+        Ok(res) => panic!(
+            "the handler answered {} instead of panicking",
+            res.unwrap().status()
+        ),
     }
 }
 
