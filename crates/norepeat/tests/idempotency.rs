@@ -410,7 +410,7 @@ async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    running(&runs).await;
     let busy = pay_with(&app, "u1", "k", BODY).await;
     assert_eq!(busy.status, StatusCode::CONFLICT);
     assert_eq!(busy.code(), "idempotency_key_in_use");
@@ -532,9 +532,20 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
     };
+    // Once the first runs (so it has claimed), three of its 50 ms leases:
+    // its lease has run out, this one takes the key and completes.
+    running(&runs).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // The first one's lease has run out: this one takes the key and completes.
     a_retry_takes_over_from(&app, &runs, stale).await;
+}
+
+/// Waits until the handler has started (so its request holds its claim),
+/// polled rather than assumed after a fixed delay.
+async fn running(runs: &Runs) {
+    common::eventually("the handler runs", || async {
+        (runs.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
 }
 
 /// A retry of key `k` while `first` (paying `p1`, its claim lost) still
@@ -567,6 +578,8 @@ async fn renewal_keeps_a_slow_handlers_claim<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "1200")).await })
     };
+    // Past two leases since the handler started, still held: renewed.
+    running(&runs).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         pay_with(&app, "u1", "k", BODY).await.status,
@@ -762,7 +775,7 @@ async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    running(&runs).await;
     let waiter = pay_with(&app, "u1", "k", BODY).await;
     assert_eq!(
         failing.await.unwrap().status,
