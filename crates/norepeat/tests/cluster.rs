@@ -392,6 +392,12 @@ async fn cluster_idempotency_replays_byte_for_byte() {
         let app = app.clone();
         tokio::spawn(async move { send(&app, payment("slow", BODY, 1200)).await })
     };
+    // Past two leases since the handler started (polled: it has claimed),
+    // still held: renewed.
+    common::eventually("the slow handler runs", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         send(&b, payment("slow", BODY, 0)).await.status,
