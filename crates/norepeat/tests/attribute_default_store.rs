@@ -85,7 +85,12 @@ fn start(key: &str) {
 /// busy machine.
 async fn started(key: &str) {
     eventually("the first body runs", || async {
-        STARTED.lock().unwrap().iter().any(|k| k == key).then_some(())
+        STARTED
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|k| k == key)
+            .then_some(())
     })
     .await;
 }
