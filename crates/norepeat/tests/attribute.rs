@@ -8,7 +8,7 @@
 mod common;
 
 use common::Error;
-use common::with_stores;
+use common::{drop_when, eventually, eventually_within, with_stores};
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
 #[cfg(feature = "redis")]
@@ -91,6 +91,13 @@ impl<S: Store + Clone> Shop<S> {
         self.body(order).await
     }
 
+    /// Window mode with a window far longer than a test waits, so a key
+    /// that is free again was released, not expired.
+    #[norepeat::guard(store = self.store, key = "{order.user_id}:{order.biz_id}", window = "60s")]
+    async fn place_long_window(&self, order: &Order) -> Result<Receipt, Error> {
+        self.body(order).await
+    }
+
     /// Not guarded: calls the guarded methods on `self`, the call Spring's
     /// proxies would not see.
     async fn checkout(&self, order: &Order, once: bool) -> Result<Receipt, Error> {
@@ -168,24 +175,56 @@ async fn once_a_panic_releases_the_key_a_dropped_call_keeps_it() {
         let s = Arc::clone(&shop);
         let panicked = tokio::spawn(async move { s.place_once(&order("u3", "c")).await }).await;
         assert!(panicked.unwrap_err().is_panic());
-        // The release runs in a short task.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(shop.place_once(&order("u3", "c")).await.unwrap().number, 2);
+        // The release runs in a short task: the retry runs once it is done.
+        let retry = eventually("the panic's release", || async {
+            let out = shop.place_once(&order("u3", "c")).await;
+            (out != Err(Error::Refused(Rejected::InProgress))).then_some(out)
+        })
+        .await;
+        assert_eq!(retry.unwrap().number, 2);
 
         // A call whose future is dropped mid-body (a timeout) may have had
         // its effect: its claim is kept until the lease ends.
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(20),
-            shop.place_once(&order("u3", "d")),
-        )
+        drop_when(shop.place_once(&order("u3", "d")), "the body runs", || {
+            shop.runs() == 3
+        })
         .await;
-        assert!(dropped.is_err());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A bounded wait, generous beside the release's short task: it
+        // shows the claim is NOT freed, which no condition can signal.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             shop.place_once(&order("u3", "d")).await,
             Err(Error::Refused(Rejected::InProgress))
         );
         assert_eq!(shop.runs(), 3);
+    })
+    .await;
+}
+
+/// Window mode: a panic releases the key at once, as in once mode, so a
+/// repeat within the (60 s) window runs; polled for at most 5 s, so the
+/// window's end cannot stand in for the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_a_panic_releases_the_key() {
+    with_stores(|store| async move {
+        let shop = Arc::new(Shop::new(store));
+        shop.panic_next.store(true, Ordering::SeqCst);
+        let s = Arc::clone(&shop);
+        let panicked =
+            tokio::spawn(async move { s.place_long_window(&order("u6", "c")).await }).await;
+        assert!(panicked.unwrap_err().is_panic());
+        let repeat = eventually_within(Duration::from_secs(5), "the panic's release", || async {
+            let out = shop.place_long_window(&order("u6", "c")).await;
+            (!matches!(out, Err(Error::Refused(Rejected::Duplicate { .. })))).then_some(out)
+        })
+        .await;
+        assert_eq!(repeat.unwrap().number, 2, "the repeat ran the body");
+        // Its success holds the key for the window.
+        assert!(matches!(
+            shop.place_long_window(&order("u6", "c")).await,
+            Err(Error::Refused(Rejected::Duplicate { .. }))
+        ));
+        assert_eq!(shop.runs(), 2);
     })
     .await;
 }
@@ -234,8 +273,12 @@ async fn window_mode_rejects_repeats_within_the_window_and_admits_after() {
         // Held after success for the rest of the window...
         assert!(shop.place_window(&order("u5", "cart-1")).await.is_err());
         // ...and free once it has passed.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(shop.place_window(&order("u5", "cart-1")).await.is_ok());
+        let after = eventually("the window has passed", || async {
+            let out = shop.place_window(&order("u5", "cart-1")).await;
+            (!matches!(out, Err(Error::Refused(Rejected::Duplicate { .. })))).then_some(out)
+        })
+        .await;
+        assert!(after.is_ok(), "{after:?}");
         assert_eq!(shop.runs(), 2);
 
         // A failure releases at once: the retry runs inside the window.

@@ -11,7 +11,7 @@
 mod common;
 
 use common::Error;
-use common::with_stores;
+use common::{eventually, with_stores};
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::store::KeyValueStore;
 use norepeat::store::MemoryStore;
@@ -73,12 +73,43 @@ async fn the_store_is_set_once() {
 /// share a process).
 static WAIT_RUNS: AtomicU32 = AtomicU32::new(0);
 
+/// The keys whose body has started, in `slow` and `short_wait`.
+static STARTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn start(key: &str) {
+    STARTED.lock().unwrap().push(key.to_owned());
+}
+
+/// Waits until a body with `key` has started (so its call holds the
+/// claim): polled, where a fixed 50 ms could pass before the claim on a
+/// busy machine.
+async fn started(key: &str) {
+    eventually("the first body runs", || async {
+        STARTED
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|k| k == key)
+            .then_some(())
+    })
+    .await;
+}
+
+/// Waits until `runs` has reached `n`.
+async fn reached(runs: &AtomicU32, n: u32) {
+    eventually("the first body runs", || async {
+        (runs.load(Ordering::SeqCst) >= n).then_some(())
+    })
+    .await;
+}
+
 /// Once mode with a bounded wait; the body takes `ms` and fails when told.
 #[norepeat::guard(key = "{key}", mode = once, wait = "2s")]
 async fn slow(key: &str, ms: u64, value: u32, fail: bool) -> Result<u32, Error> {
     if key == "w-1" {
         WAIT_RUNS.fetch_add(1, Ordering::SeqCst);
     }
+    start(key);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     if fail { Err(Error::Failed) } else { Ok(value) }
 }
@@ -86,6 +117,7 @@ async fn slow(key: &str, ms: u64, value: u32, fail: bool) -> Result<u32, Error> 
 /// The same with a wait shorter than the body.
 #[norepeat::guard(key = "{key}", mode = once, wait = "50ms", scope = "short")]
 async fn short_wait(key: &str, ms: u64, value: u32) -> Result<u32, Error> {
+    start(key);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     Ok(value)
 }
@@ -94,7 +126,7 @@ async fn short_wait(key: &str, ms: u64, value: u32) -> Result<u32, Error> {
 async fn a_concurrent_call_waits_for_the_first_result() {
     init();
     let first = tokio::spawn(slow("w-1", 300, 1, false));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    started("w-1").await;
     // Starts while the first runs: its body does not run, it gets 1.
     let second = slow("w-1", 0, 2, false).await;
     assert_eq!(first.await.unwrap(), Ok(1));
@@ -106,7 +138,7 @@ async fn a_concurrent_call_waits_for_the_first_result() {
 async fn after_the_wait_a_concurrent_call_gets_in_progress() {
     init();
     let first = tokio::spawn(short_wait("t-1", 600, 1));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    started("t-1").await;
     let started = std::time::Instant::now();
     let second = short_wait("t-1", 0, 2).await;
     assert_eq!(second, Err(Error::Refused(Rejected::InProgress)));
@@ -124,7 +156,7 @@ async fn after_the_wait_a_concurrent_call_gets_in_progress() {
 async fn a_waiting_call_runs_the_body_when_the_first_fails() {
     init();
     let first = tokio::spawn(slow("f-1", 200, 1, true));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    started("f-1").await;
     // The first fails and frees the key: the waiting call takes it and runs.
     let second = slow("f-1", 0, 2, false).await;
     assert_eq!(first.await.unwrap(), Err(Error::Failed));
@@ -149,7 +181,7 @@ async fn guarded_wait_on_memory_and_redis() {
         };
         let waiting = Guarded::once("test::wait").wait(Duration::from_secs(2));
         let (first, second) = tokio::join!(waiting.run_once(&store, "k", body(300, 1)), async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            reached(&runs, 1).await;
             waiting.run_once(&store, "k", body(0, 2)).await
         });
         assert_eq!((first, second), (Ok(1), Ok(1)), "{}", store.kind());
@@ -157,7 +189,7 @@ async fn guarded_wait_on_memory_and_redis() {
 
         let impatient = Guarded::once("test::wait").wait(Duration::from_millis(30));
         let (first, second) = tokio::join!(impatient.run_once(&store, "k2", body(400, 1)), async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            reached(&runs, 2).await;
             impatient.run_once(&store, "k2", body(0, 2)).await
         });
         assert_eq!(first, Ok(1));
@@ -165,7 +197,7 @@ async fn guarded_wait_on_memory_and_redis() {
         // No wait (the default): InProgress at once.
         let no_wait = Guarded::once("test::wait");
         let (_, third) = tokio::join!(no_wait.run_once(&store, "k3", body(300, 1)), async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            reached(&runs, 3).await;
             no_wait.run_once(&store, "k3", body(0, 2)).await
         });
         assert_eq!(third, Err(Error::Refused(Rejected::InProgress)));

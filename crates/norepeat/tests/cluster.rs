@@ -392,6 +392,12 @@ async fn cluster_idempotency_replays_byte_for_byte() {
         let app = app.clone();
         tokio::spawn(async move { send(&app, payment("slow", BODY, 1200)).await })
     };
+    // Past two leases since the handler started (polled: it has claimed),
+    // still held: renewed.
+    common::eventually("the slow handler runs", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         send(&b, payment("slow", BODY, 0)).await.status,
@@ -578,14 +584,17 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     let driver = {
         let (a, b, stop) = (a.clone(), b.clone(), Arc::clone(&stop));
         tokio::spawn(async move {
+            // Per number: its three statuses and when the last one came.
             let mut seen = Vec::new();
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
                 n += 1;
+                let mut statuses = Vec::new();
                 for app in [&a, &b, &a] {
                     let res = app.clone().oneshot(order("u1", body_of(n))).await.unwrap();
-                    seen.push((n, res.status()));
+                    statuses.push(res.status());
                 }
+                seen.push((n, statuses, Instant::now()));
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             seen
@@ -593,6 +602,7 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    let killing = Instant::now();
     let killed = cluster.kill_master(0).await;
     assert_eq!(killed, victim);
     let killed_at = Instant::now();
@@ -621,12 +631,33 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     let seen = driver.await.unwrap();
     let bad: Vec<_> = seen
         .iter()
-        .filter(|(_, s)| !s.is_success() && *s != StatusCode::CONFLICT)
+        .filter(|(_, s, _)| {
+            s.iter()
+                .any(|s| !s.is_success() && *s != StatusCode::CONFLICT)
+        })
         .collect();
     assert!(bad.is_empty(), "answers other than 2xx/409: {bad:?}");
-    assert!(seen.len() > 30, "the driver ran: {} requests", seen.len());
-    // Each number went A, B, A: exactly one admitted while the cluster decides.
-    eprintln!("{} requests during the failover, all 2xx/409", seen.len());
+    assert!(seen.len() > 10, "the driver ran: {} numbers", seen.len());
+    // Each number went A, B, A. Its first request is always admitted (a
+    // fresh fingerprint: the store claims it, or fail-open lets it by).
+    for (n, s, _) in &seen {
+        assert!(s[0].is_success(), "number {n}, fresh, was refused: {s:?}");
+    }
+    // While the cluster was healthy (every request of the number answered
+    // before the kill began) exactly one was admitted. During the failover
+    // this cannot be asserted: fail-open lets a repeat through on each
+    // instance's local fallback while its master is unreachable, by design.
+    let healthy: Vec<_> = seen.iter().filter(|(_, _, at)| *at < killing).collect();
+    assert!(!healthy.is_empty(), "the driver ran before the kill");
+    for (n, s, _) in &healthy {
+        let admitted = s.iter().filter(|s| s.is_success()).count();
+        assert_eq!(admitted, 1, "number {n} before the kill: {s:?}");
+    }
+    eprintln!(
+        "{} numbers during the failover, all 2xx/409; {} before the kill, each admitted once",
+        seen.len(),
+        healthy.len()
+    );
 
     // The promoted master answered NOSCRIPT; the scripts were loaded again
     // and every script works there (plain store, no fallback).

@@ -14,8 +14,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use common::counting_route;
-use common::with_stores;
+use common::{counting_route, panicking_route, send_and_panic};
+use common::{eventually, eventually_within, with_stores};
 use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
@@ -30,7 +30,7 @@ use norepeat::token::{TokenGuard, TokenLayer};
 use norepeat_testkit::RedisServer;
 use norepeat_testkit::{Answer, send};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
 
@@ -131,29 +131,33 @@ async fn a_late_release_never_deletes_the_next_owners_key() {
         let guard = FingerprintGuard::new(store.clone())
             .window(Duration::from_millis(100))
             .release(ReleasePolicy::ReleaseOnCompletion);
+        // B's window is seconds long (the key does not depend on the
+        // window), so B's key cannot expire by itself between B's claim and
+        // the checks below, however slow the machine: only A's release
+        // could remove it.
+        let b_window = Duration::from_secs(2);
+        let next = FingerprintGuard::new(store)
+            .window(b_window)
+            .release(ReleasePolicy::ReleaseOnCompletion);
         let fp = Digest([9; 32]);
+        assert_eq!(guard.key_of(&fp), next.key_of(&fp));
         let a = guard.acquire(&fp).await.expect("A takes the key");
-        tokio::time::sleep(Duration::from_millis(200)).await; // A's key expires
-        let b = guard.acquire(&fp).await.expect("B takes the expired key");
+        // A's key expires after its 100 ms window: B takes it then.
+        let b = eventually("A's key expires", || async { next.acquire(&fp).await.ok() }).await;
         a.finish(true).await; // A releases: must not touch B's key
-        let c = guard.acquire(&fp).await;
+        let c = next.acquire(&fp).await;
         assert!(c.is_err(), "B's key was deleted by A's release");
         drop(b);
         // B's lease was dropped (its request gave up): the key is held for
         // the rest of its window, then free.
         assert!(
-            guard.acquire(&fp).await.is_err(),
+            next.acquire(&fp).await.is_err(),
             "a dropped lease freed its key"
         );
-        let mut freed = false;
-        for _ in 0..50 {
-            if guard.acquire(&fp).await.is_ok() {
-                freed = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(freed, "a dropped lease's key outlived its window");
+        eventually("a dropped lease's key outlives its window", || async {
+            next.acquire(&fp).await.ok()
+        })
+        .await;
     })
     .await;
 }
@@ -175,6 +179,44 @@ async fn after_success_the_key_is_held_for_the_window_after_failure_released() {
             guard.acquire(&failed).await.is_ok(),
             "a failed request can be retried at once"
         );
+    })
+    .await;
+}
+
+/// A handler that panics releases its fingerprint at once (a panic is a
+/// failure, as a 5xx is): the same request, sent again, runs the handler a
+/// second time. The window is a minute and the retry is polled for at most
+/// 5 s, so the key's own end cannot stand in for the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_releases_its_fingerprint() {
+    with_stores(|store| async move {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let panic_next = Arc::new(AtomicBool::new(true));
+        let guard = FingerprintGuard::new(store).window(Duration::from_secs(60));
+        let app = panicking_route(
+            "/orders",
+            FingerprintLayer::new(guard),
+            Arc::clone(&runs),
+            Arc::clone(&panic_next),
+        );
+        let body = r#"{"sku":"SKU-1","quantity":1}"#;
+        send_and_panic(&app, order("u1", body)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        // The release runs in a short task: until it is done the repeat
+        // may still be told 409.
+        let retry = eventually_within(Duration::from_secs(5), "the panic's release", || async {
+            let a = send(&app, order("u1", body)).await;
+            (a.status != StatusCode::CONFLICT).then_some(a)
+        })
+        .await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "the repeat ran the handler");
+        // Its success is held for the window, as any other.
+        assert_eq!(
+            send(&app, order("u1", body)).await.status,
+            StatusCode::CONFLICT
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
     })
     .await;
 }

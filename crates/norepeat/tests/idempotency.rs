@@ -208,7 +208,45 @@ each_store!(
     a_claim_the_previous_release_wrote_is_honoured,
     a_record_this_release_cannot_read_is_refused_not_run,
     past_max_detached_is_503_before_the_claim,
+    a_panicking_handler_releases_the_key,
 );
+
+/// A handler that panics releases its key at once (a panic is a failure,
+/// as a 5xx is): the claim is gone, and the same request with the same
+/// `Idempotency-Key` runs the handler a second time, neither 409 nor a
+/// replay. The lease is a minute and the release is polled for at most
+/// 5 s, so the lease's own end cannot stand in for the release.
+async fn a_panicking_handler_releases_the_key<G: Store + Clone>(store: G) {
+    let runs = Runs::default();
+    let panic_next = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let layer = IdempotencyLayer::new(store.clone())
+        .route("/payments")
+        .lease(Duration::from_secs(60));
+    let app = common::panicking_route("/payments", layer, Arc::clone(&runs), panic_next);
+    let req = || payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap();
+    common::send_and_panic(&app, req()).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The release runs in a short task: poll the store until the claim is
+    // gone (a probe that finds the key free takes it, then gives it back).
+    let key = record_key("u1", "k");
+    common::eventually_within(Duration::from_secs(5), "the panic's release", || async {
+        let free = store
+            .put_if_absent(&key, b"probe", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_none();
+        free.then_some(())
+    })
+    .await;
+    assert!(store.delete_if_equals(&key, b"probe").await.unwrap());
+    let retry = send(&app, req()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed(), "the panic's outcome was stored");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran the handler");
+    // The retry's success is kept: the next one is its replay.
+    assert!(send(&app, req()).await.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
 
 /// Past `max_detached` handlers running at once (here one, whose client
 /// left), a request is answered 503 `guard_unavailable` with
@@ -372,7 +410,7 @@ async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    running(&runs).await;
     let busy = pay_with(&app, "u1", "k", BODY).await;
     assert_eq!(busy.status, StatusCode::CONFLICT);
     assert_eq!(busy.code(), "idempotency_key_in_use");
@@ -494,9 +532,20 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
     };
+    // Once the first runs (so it has claimed), three of its 50 ms leases:
+    // its lease has run out, this one takes the key and completes.
+    running(&runs).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // The first one's lease has run out: this one takes the key and completes.
     a_retry_takes_over_from(&app, &runs, stale).await;
+}
+
+/// Waits until the handler has started (so its request holds its claim),
+/// polled rather than assumed after a fixed delay.
+async fn running(runs: &Runs) {
+    common::eventually("the handler runs", || async {
+        (runs.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
 }
 
 /// A retry of key `k` while `first` (paying `p1`, its claim lost) still
@@ -529,6 +578,8 @@ async fn renewal_keeps_a_slow_handlers_claim<G: Store + Clone>(store: G) {
         let app = app.clone();
         tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "1200")).await })
     };
+    // Past two leases since the handler started, still held: renewed.
+    running(&runs).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         pay_with(&app, "u1", "k", BODY).await.status,
@@ -724,7 +775,7 @@ async fn waiting_repeat_runs_itself_when_the_first_fails<G: Store + Clone>(store
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    running(&runs).await;
     let waiter = pay_with(&app, "u1", "k", BODY).await;
     assert_eq!(
         failing.await.unwrap().status,
@@ -767,27 +818,70 @@ async fn replay_survives_a_process_restart() {
 }
 
 #[cfg(feature = "redis")]
-/// The store forgets every record (FLUSHALL) while a request runs: a
-/// retry claims the key afresh and runs, and the first request, when it
-/// ends, cannot overwrite the retry's record (the 12-byte claim is still
-/// the fence). Its client still gets its own answer.
+/// The store forgets every record (FLUSHALL) while a request runs: the
+/// first's lease renewal (owner-checked) finds its key gone and does not
+/// write it back, a retry claims the key afresh and runs, and the first
+/// request, when it ends, cannot overwrite the retry's record (the 12-byte
+/// claim is still the fence). Its client still gets its own answer.
+///
+/// A 300 ms lease is renewed every 100 ms; the handler runs 2 s, so a
+/// renewal is due soon after the flush. The test waits until Redis has run
+/// a script (the renewal's `EVALSHA`; nothing else runs one then) after
+/// the flush, and only then checks that no key came back and sends the
+/// retry: a renewal that wrote the key back would fail both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
     let redis = RedisServer::start().await;
     let store = RedisStore::connect(&redis.url()).await.unwrap();
     let runs = Runs::default();
-    let app = app(IdempotencyLayer::new(store), &runs);
+    let app = app(
+        IdempotencyLayer::new(store).lease(Duration::from_millis(300)),
+        &runs,
+    );
     let first = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "600")).await })
+        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "2000")).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    common::eventually("the first runs", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let mut admin = redis.connection().await;
     let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let flushed = scripts_run(&redis).await;
+    common::eventually("a renewal after the flush", || async {
+        (scripts_run(&redis).await > flushed).then_some(())
+    })
+    .await;
+    assert!(!first.is_finished(), "the renewal came before the end");
+    assert_eq!(redis.dbsize().await, 0, "the renewal wrote the key back");
+    a_retry_takes_over_from(&app, &runs, first).await;
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
+
+#[cfg(feature = "redis")]
+/// How many scripts (`EVALSHA` and `EVAL` calls) `redis` has run, from its
+/// `INFO commandstats` (FLUSHALL does not reset it).
+async fn scripts_run(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
         .query_async(&mut redis.connection().await)
         .await
         .unwrap();
-    a_retry_takes_over_from(&app, &runs, first).await;
-    assert!(redis.keys_without_ttl().await.is_empty());
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 #[cfg(feature = "redis")]

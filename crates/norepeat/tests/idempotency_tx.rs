@@ -10,6 +10,8 @@
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -156,10 +158,21 @@ macro_rules! cases {
                     .await
                 }
             });
-            // Past the first's lease (not renewed), a retry takes the key.
-            tokio::time::sleep(Duration::from_millis(350)).await;
-            let retry = send(&router, request("u1", "k", "\"x\"", &[])).await;
-            assert_eq!(retry.status, StatusCode::CREATED);
+            // Once the first has its claim (its handler runs), a retry is
+            // told to wait until that claim's lease (not renewed) ends, then
+            // takes the key. (On SQLite the retry's claim waits for the
+            // first's open write to roll back.) Polled: no fixed delay can
+            // tell a busy machine's "has claimed" and "has lost its lease".
+            common::eventually("the first has claimed", || async {
+                (app.runs.load(Ordering::SeqCst) == 1).then_some(())
+            })
+            .await;
+            let retry = common::eventually("the first's lease ends", || async {
+                let a = send(&router, request("u1", "k", "\"x\"", &[])).await;
+                (a.status != StatusCode::CONFLICT).then_some(a)
+            })
+            .await;
+            assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
             let slow = slow.await.unwrap();
             assert_eq!(
                 slow.status,
@@ -255,38 +268,50 @@ macro_rules! cases {
             let (url, _db) = $fresh().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let pool = app.pool.clone();
-            let lease = Duration::from_millis(300);
+            // Long enough that the "still open" check below cannot outlast
+            // it on a slow machine; the end of it is polled.
+            let lease = Duration::from_secs(1);
             let once = Guarded::once("points").lease(lease);
+            let wrote = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let award = |note: &'static str, pause: Duration| {
                 let once = once.clone();
                 let store = store.clone();
+                let wrote = Arc::clone(&wrote);
                 async move {
                     once.run_once_in_tx(&store, "order-1", |mut tx| async move {
                         sqlx::query("INSERT INTO effects (note) VALUES ($1)")
                             .bind(note)
                             .execute(&mut *tx)
                             .await?;
+                        wrote.store(true, Ordering::SeqCst);
                         tokio::time::sleep(pause).await;
                         Ok::<_, ConsumerError>((tx, note.to_owned()))
                     })
                     .await
                 }
             };
-            // A delivery dropped after its write, before its commit.
-            let dropped = tokio::time::timeout(
-                Duration::from_millis(100),
+            // A delivery dropped after its write (seen, not assumed after a
+            // fixed delay), before its commit.
+            common::drop_when(
                 award("dropped", Duration::from_secs(5)),
+                "the write",
+                || wrote.load(Ordering::SeqCst),
             )
             .await;
-            assert!(dropped.is_err());
             assert_eq!(effects(&pool).await, 0, "no effect without the commit");
             // The claim is open until its lease ends.
             assert!(matches!(
                 award("early", Duration::ZERO).await,
                 Err(ConsumerError::Rejected(Rejected::InProgress))
             ));
-            tokio::time::sleep(lease + Duration::from_millis(100)).await;
-            assert_eq!(award("first", Duration::ZERO).await.unwrap(), "first");
+            let first = common::eventually("the dropped claim's lease ends", || async {
+                match award("first", Duration::ZERO).await {
+                    Err(ConsumerError::Rejected(Rejected::InProgress)) => None,
+                    other => Some(other),
+                }
+            })
+            .await;
+            assert_eq!(first.unwrap(), "first");
             for _ in 0..3 {
                 assert_eq!(award("again", Duration::ZERO).await.unwrap(), "first");
             }
@@ -309,10 +334,12 @@ macro_rules! cases {
                 owner: &[u8],
                 lease: Duration,
                 pause: Duration,
+                claimed: &std::sync::atomic::AtomicBool,
             ) -> Result<bool, TxError> {
                 if store.put_if_absent(msg, owner, lease).await?.is_some() {
                     return Ok(false); // done, or someone else is on it
                 }
+                claimed.store(true, Ordering::SeqCst);
                 let mut tx = pool.begin().await.unwrap();
                 sqlx::query("INSERT INTO effects (note) VALUES ($1)")
                     .bind(msg)
@@ -331,23 +358,44 @@ macro_rules! cases {
                 Ok(true)
             }
             let pool = &app.pool;
+            let no = std::sync::atomic::AtomicBool::new(false);
             assert!(
-                consume(&store, pool, "m1", b"a", ttl, Duration::ZERO)
+                consume(&store, pool, "m1", b"a", ttl, Duration::ZERO, &no)
                     .await
                     .unwrap()
             );
             assert!(
-                !consume(&store, pool, "m1", b"b", ttl, Duration::ZERO)
+                !consume(&store, pool, "m1", b"b", ttl, Duration::ZERO, &no)
                     .await
                     .unwrap()
             );
             assert_eq!(effects(pool).await, 1);
             // Lost claim: `a` sleeps past its lease, `b` takes the message.
+            // `b` starts once `a` has claimed (seen, not assumed after a
+            // fixed delay) and tries until `a`'s lease has ended.
             let short = Duration::from_millis(100);
-            let slow = consume(&store, pool, "m2", b"a", short, Duration::from_millis(400));
+            let a_claimed = std::sync::atomic::AtomicBool::new(false);
+            let slow = consume(
+                &store,
+                pool,
+                "m2",
+                b"a",
+                short,
+                Duration::from_millis(400),
+                &a_claimed,
+            );
             let other = async {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                consume(&store, pool, "m2", b"b", ttl, Duration::ZERO).await
+                common::eventually("`a` claims", || async {
+                    a_claimed.load(Ordering::SeqCst).then_some(())
+                })
+                .await;
+                common::eventually("`a`'s lease ends", || async {
+                    match consume(&store, pool, "m2", b"b", ttl, Duration::ZERO, &no).await {
+                        Ok(false) => None,
+                        other => Some(other),
+                    }
+                })
+                .await
             };
             let (slow, other) = tokio::join!(slow, other);
             assert!(matches!(slow, Err(TxError::Lost)), "{slow:?}");

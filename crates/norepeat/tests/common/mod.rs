@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower::{Layer, Service};
 
 /// What the tests' guarded functions return: a refusal from the guard
@@ -31,6 +31,94 @@ pub enum Error {
 impl From<Rejected> for Error {
     fn from(r: Rejected) -> Self {
         Error::Refused(r)
+    }
+}
+
+/// How long a test waits for something that must happen: generous, so a
+/// busy two-core machine cannot break it, and a passing run waits only as
+/// long as the thing takes.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `attempt` every 10 ms until it gives `Some`, for up to
+/// [`PATIENCE`]; past that the test fails, naming `what` it waited for.
+pub async fn eventually<T, F, Fut>(what: &str, attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_within(PATIENCE, what, attempt).await
+}
+
+/// [`eventually`] with a deadline of its own: for a test whose thing
+/// would also happen by itself later (a key's TTL), so the wait must end
+/// well before that.
+pub async fn eventually_within<T, F, Fut>(within: Duration, what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = attempt().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A route at `path` behind `layer` whose handler counts its runs in
+/// `runs`, panics on its first run (while `panic_next` is set), then
+/// answers 201.
+pub fn panicking_route<L: RouteLayer>(
+    path: &str,
+    layer: L,
+    runs: Arc<AtomicUsize>,
+    panic_next: Arc<std::sync::atomic::AtomicBool>,
+) -> Router {
+    Router::new().route(
+        path,
+        post(move || {
+            let runs = Arc::clone(&runs);
+            let panic_next = Arc::clone(&panic_next);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                assert!(!panic_next.swap(false, Ordering::SeqCst), "injected panic");
+                (StatusCode::CREATED, "created")
+            }
+        })
+        .layer(layer),
+    )
+}
+
+/// Sends `req` to `app` in a task of its own, as a server does, and
+/// checks the handler's panic came out of it (the task ended with a
+/// panic, not an answer).
+pub async fn send_and_panic(app: &Router, req: Request<Body>) {
+    use tower::ServiceExt;
+    let app = app.clone();
+    let out = tokio::spawn(async move { app.oneshot(req).await }).await;
+    match out {
+        Err(e) => assert!(e.is_panic(), "the task ended without a panic: {e}"),
+        Ok(res) => panic!(
+            "the handler answered {} instead of panicking",
+            res.unwrap().status()
+        ),
+    }
+}
+
+/// Drives `call` until `reached()` holds, then drops it, as hyper drops a
+/// handler's future when its client goes away: a caller that gives up at
+/// that point, however slow the machine. The test fails if `call` ends
+/// first or `reached` does not hold within [`PATIENCE`].
+pub async fn drop_when<F: Future>(call: F, what: &str, reached: impl Fn() -> bool) {
+    tokio::select! {
+        biased;
+        () = eventually(what, || {
+            let now = reached();
+            async move { now.then_some(()) }
+        }) => {}
+        _ = call => panic!("the call ended before {what}: it cannot be dropped there"),
     }
 }
 

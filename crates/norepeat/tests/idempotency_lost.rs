@@ -1,0 +1,147 @@
+//! The lost completion (`idempotency/mod.rs`, the answers table's last
+//! row): the handler answered, but the store refuses every try to store its
+//! response for the whole lease. The client still gets its answer; the
+//! claim then ends with its lease, a retry runs the handler again, and the
+//! loss is counted in `norepeat_idempotency_completion_lost_total`.
+//!
+//! A file of its own: the test installs a global metrics recorder, which a
+//! process can hold only once (nextest runs each test in its own process;
+//! this file has one test, so `cargo test` is safe too).
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use norepeat::idempotency::IdempotencyLayer;
+use norepeat::store::RedisStore;
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy, send};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A recorder that keeps each counter, by name (labels ignored), so a test
+/// can read it; gauges and histograms are dropped.
+#[derive(Default)]
+struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+impl Counters {
+    fn handle(&self, name: &str) -> Arc<AtomicU64> {
+        let mut map = self.0.lock().unwrap();
+        Arc::clone(map.entry(name.to_owned()).or_default())
+    }
+
+    fn get(&self, name: &str) -> u64 {
+        self.handle(name).load(Ordering::SeqCst)
+    }
+}
+
+/// The recorder lives for the process; the test reads it through this.
+struct Shared(&'static Counters);
+
+impl Recorder for Shared {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.0.handle(key.name()))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+const LOST: &str = "norepeat_idempotency_completion_lost_total";
+
+type Runs = Arc<AtomicUsize>;
+
+/// Counts its runs, takes 300 ms (the claim is written well before it
+/// answers), answers 201 with the run's number.
+async fn pay(State(runs): State<Runs>) -> (StatusCode, String) {
+    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (StatusCode::CREATED, format!(r#"{{"run":{n}}}"#))
+}
+
+fn payment() -> Request<Body> {
+    Request::post("/payments")
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"amount":1999}"#))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_runs_again() {
+    let counters: &'static Counters = Box::leak(Box::default());
+    metrics::set_global_recorder(Shared(counters)).unwrap();
+
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = RedisStore::connect(&proxy.url_for_redis()).await.unwrap();
+    let runs = Runs::default();
+    let lease = Duration::from_secs(1);
+    let app = Router::new()
+        .route(
+            "/payments",
+            post(pay).layer(IdempotencyLayer::new(store).lease(lease)),
+        )
+        .with_state(Arc::clone(&runs));
+
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, payment()).await })
+    };
+    // Once the claim is in Redis (and the handler runs), the store refuses
+    // every connection: the completion cannot land.
+    common::eventually("the claim is written", || async {
+        (redis.dbsize().await == 1 && runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    proxy.set_mode(ProxyMode::Refuse);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    assert!(!first.replayed());
+    assert_eq!(first.json()["run"], 1);
+
+    // The completion is tried again for up to the lease, then given up:
+    // counted once. Meanwhile the claim, unrenewed, ends with its lease.
+    common::eventually("the completion is given up", || async {
+        (counters.get(LOST) == 1).then_some(())
+    })
+    .await;
+    common::eventually("the claim ends with its lease", || async {
+        (redis.dbsize().await == 0).then_some(())
+    })
+    .await;
+
+    // The store is back: the retry runs the handler again (the record was
+    // never stored), once the client has reconnected (503 until then).
+    proxy.set_mode(ProxyMode::Pass);
+    let retry = common::eventually("the store is back", || async {
+        let a = send(&app, payment()).await;
+        (a.status != StatusCode::SERVICE_UNAVAILABLE).then_some(a)
+    })
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed(), "a record of the first was stored");
+    assert_eq!(retry.json()["run"], 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Its completion lands: the next one is its replay.
+    let replay = send(&app, payment()).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retry.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(counters.get(LOST), 1, "counted once");
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
