@@ -6,8 +6,8 @@
 use super::body::Passthrough;
 use super::detached::DetachedTasks;
 use super::guard::{Claimed, IdempotencyError, IdempotencyGuard};
-use super::record::Completed;
 use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, never_stored};
+use super::record::Completed;
 use super::record::Digest;
 use crate::body as request_body;
 use crate::claim::{self, Renewer};
@@ -518,7 +518,14 @@ where
     let (parts, body) = req.into_parts();
     let Some(user) = cfg.identity.identify(&parts) else {
         let p = unauthenticated(&*cfg.identity);
-        return refuse(&cfg, inner, p.into(), Request::from_parts(parts, body), None).await;
+        return refuse(
+            &cfg,
+            inner,
+            p.into(),
+            Request::from_parts(parts, body),
+            None,
+        )
+        .await;
     };
     let user = user.as_str();
     let client_key = match client_key(&parts.headers) {
