@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one comparison (shadowed, then enforced) run for the four layers, with the recorder and request builders they share.
 //! Shadow mode (`.shadow(true)`) on the four layers (fingerprint, token,
 //! Idempotency-Key, rate limit), on memory and Redis: every request reaches
 //! the handler (its runs are counted), each would-refuse is counted exactly
