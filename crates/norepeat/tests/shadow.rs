@@ -512,6 +512,79 @@ async fn rate_limit_refusals_pass_and_are_counted<G: Store + Clone>(store: G) {
     compare("rate_limit", app, traffic, &expected).await;
 }
 
+// ------------------------------------------------------ switching it off --
+
+/// What shadow mode decided stays in the store: a layer switched to
+/// enforcing on the same keys refuses (or replays) the repeat of a request
+/// that passed in shadow mode: the fingerprint is held, the token spent,
+/// the response stored, the quota spent.
+async fn switching_shadow_off_keeps_what_shadow_decided<G: Store + Clone>(store: G) {
+    let signer = TokenSigner::random();
+    let token = TokenGuard::new(store.clone(), signer.clone())
+        .issue("u1")
+        .token;
+    let apps = |shadow: bool, runs: &Arc<AtomicUsize>| {
+        let fingerprint = FingerprintGuard::new(store.clone())
+            .window(Duration::from_secs(60))
+            .keys(keys(true));
+        let tokens = TokenGuard::new(store.clone(), signer.clone()).keys(keys(true));
+        let limiter = RateLimiter::new(store.clone(), Quota::parse("1/m").unwrap())
+            .algorithm(Algorithm::FixedWindow)
+            .keys(keys(true));
+        let idempotency = IdempotencyLayer::new(store.clone())
+            .keys(keys(true))
+            .shadow(shadow);
+        let r = || Arc::clone(runs);
+        let fingerprint = FingerprintLayer::new(fingerprint).shadow(shadow);
+        let limit = RateLimitLayer::new(limiter, ByUser::default()).shadow(shadow);
+        [
+            ("fingerprint", counting_route(fingerprint, r()), None),
+            (
+                "token",
+                counting_route(TokenLayer::new(tokens).shadow(shadow), r()),
+                None,
+            ),
+            (
+                "idempotency",
+                counting_route(idempotency, r()),
+                Some("replay"),
+            ),
+            (
+                "rate_limit",
+                counting_route(limit, r()),
+                Some("rate_limited"),
+            ),
+        ]
+    };
+    let request = || {
+        Request::post("/orders")
+            .header("x-user-id", "u1")
+            .header("repeat-token", &token)
+            .header("idempotency-key", "k1")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    for (guard, app, _) in apps(true, &runs) {
+        assert_eq!(
+            send(&app, request()).await.status,
+            StatusCode::CREATED,
+            "{guard}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    for (guard, app, would) in apps(false, &runs) {
+        let answer = send(&app, request()).await;
+        let would = would.unwrap_or("duplicate");
+        assert_eq!(
+            enforced(&answer).as_deref(),
+            Some(would),
+            "{guard}: {answer:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "enforced, none ran again");
+}
+
 // ------------------------------------------------------ the store is down --
 
 /// Redis killed, every layer fail-closed: enforced, each answers 503
@@ -590,4 +663,5 @@ each_store!(
     idempotency_repeats_run_and_are_counted,
     idempotency_a_repeat_of_a_running_request_runs,
     rate_limit_refusals_pass_and_are_counted,
+    switching_shadow_off_keeps_what_shadow_decided,
 );
