@@ -28,7 +28,7 @@ use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::keys::KeyBuilder;
-use norepeat::ratelimit::{Algorithm, ByUser, Quota, RateLimitLayer, RateLimiter};
+use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
 use norepeat::store::{KeyValueStore, Store};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
 use norepeat_testkit::{Answer, send};
@@ -478,14 +478,14 @@ async fn until(done: impl Fn() -> bool) {
 
 // ------------------------------------------------------------- rate limit --
 
+/// GCRA (the default), not a fixed window: a window that ends mid-run
+/// would reset the counts between the shadowed and the enforced run.
 async fn rate_limit_refusals_pass_and_are_counted<G: Store + Clone>(store: G) {
     let app = |shadow: bool, runs: Arc<AtomicUsize>| {
         let per_user = RateLimiter::new(store.clone(), Quota::parse("2/m").unwrap())
-            .algorithm(Algorithm::FixedWindow)
             .keys(keys(shadow))
             .name("user");
         let total = RateLimiter::new(store.clone(), Quota::parse("4/m").unwrap())
-            .algorithm(Algorithm::FixedWindow)
             .keys(keys(shadow))
             .name("all");
         let layer = RateLimitLayer::new(per_user, ByUser::default())
@@ -537,9 +537,8 @@ async fn switching_shadow_off_keeps_what_shadow_decided<G: Store + Clone>(store:
             .window(Duration::from_secs(60))
             .keys(keys(true));
         let tokens = TokenGuard::new(store.clone(), signer.clone()).keys(keys(true));
-        let limiter = RateLimiter::new(store.clone(), Quota::parse("1/m").unwrap())
-            .algorithm(Algorithm::FixedWindow)
-            .keys(keys(true));
+        let limiter =
+            RateLimiter::new(store.clone(), Quota::parse("1/m").unwrap()).keys(keys(true));
         let idempotency = IdempotencyLayer::new(store.clone())
             .keys(keys(true))
             .shadow(shadow);
