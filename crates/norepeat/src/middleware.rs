@@ -8,8 +8,10 @@
 //! Everything else is here: [`Middleware`], the service every layer builds
 //! (it owns `poll_ready`, the clone-and-replace in `call`, the boxing, and
 //! tower-http's `get_ref`/`get_mut`/`into_inner`), the one
-//! [`ResponseBody`], the one [`reject`], and the answers shared by several
-//! layers (a body too large or not JSON, a caller missing, a store down).
+//! [`ResponseBody`], the one [`reject`], the answers shared by several
+//! layers (a body too large or not JSON, a caller missing, a store down),
+//! and shadow mode's one record of what a layer would have refused
+//! ([`shadowed`]).
 //!
 //! Per request this costs what each service cost when it was written out:
 //! one `Arc` clone of the layer and one boxed future.
@@ -46,6 +48,64 @@ pub(crate) fn unauthenticated(identity: &dyn Identify) -> Problem {
 /// The `detail` of 503 `guard_unavailable` from a guard whose store failed.
 pub(crate) const GUARD_UNAVAILABLE: &str =
     "The duplicate guard cannot decide right now; retry shortly.";
+
+/// Shadow mode (`.shadow(true)` on the fingerprint, token, Idempotency-Key
+/// and rate-limit layers): the layer took its decision, would have answered
+/// `p`, and lets the request through instead. Counted in
+/// `norepeat_shadow_total{guard, would}` and logged at `info` with the
+/// guard, what it would have done, the route and the caller, hashed
+/// ([`user_hash`]). Each layer calls this, then hands the request on
+/// unguarded, so the metric and the line are the same for all four.
+pub(crate) fn shadowed(guard: &'static str, would: &'static str, route: &str, user: Option<&str>) {
+    metrics::counter!("norepeat_shadow_total", "guard" => guard, "would" => would).increment(1);
+    let user = user.map(user_hash);
+    tracing::info!(
+        guard,
+        would,
+        route,
+        user = user.as_deref(),
+        "shadow mode: would refuse; let through"
+    );
+}
+
+/// The `would` label of a refusal answered `code`: the decisions by their
+/// short names (`duplicate`, `in_progress`, `mismatch`, `rate_limited`,
+/// `unavailable` for a fail-closed store that failed), every other answer by
+/// its code (`unauthenticated`, `missing_token`, `missing_idempotency_key`,
+/// `invalid_idempotency_key`, `invalid_request`, `payload_too_large`). A
+/// replay, which is no refusal, is `replay`.
+pub(crate) fn would(code: Code) -> &'static str {
+    match code {
+        Code::DuplicateSubmission => "duplicate",
+        Code::IdempotencyKeyInUse => "in_progress",
+        Code::IdempotencyKeyMismatch => "mismatch",
+        Code::GuardUnavailable => "unavailable",
+        other => other.as_str(),
+    }
+}
+
+/// A caller's id as a shadow line shows it: the first 8 bytes of its BLAKE3
+/// hash, in hex. The same caller gives the same value on every line and
+/// every instance, so lines can be grouped by caller; the id itself is not
+/// written to an `info` log. Not a secret: anyone who knows an id can hash
+/// it to find its lines.
+pub(crate) fn user_hash(user: &str) -> String {
+    hex::encode(&blake3::hash(user.as_bytes()).as_bytes()[..8])
+}
+
+/// Whether the request's `Content-Length` says its body is over `max`: then
+/// [`crate::body::read`] refuses it before reading a byte, and a shadowed
+/// layer can still hand the untouched body on. (A body that only turns out
+/// larger while it is read cannot be handed on: the layer read part of it
+/// and did not keep the rest; that one is refused with 413 even in shadow
+/// mode.)
+pub(crate) fn declares_over(headers: &http::HeaderMap, max: usize) -> bool {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > max as u64)
+}
 
 /// What a layer does with one request: the one part of a service that is
 /// its own. `self` is the layer (its settings), shared by every clone of
@@ -167,6 +227,24 @@ fn size(bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shadow_labels_name_the_answer() {
+        assert_eq!(would(Code::DuplicateSubmission), "duplicate");
+        assert_eq!(would(Code::IdempotencyKeyInUse), "in_progress");
+        assert_eq!(would(Code::IdempotencyKeyMismatch), "mismatch");
+        assert_eq!(would(Code::RateLimited), "rate_limited");
+        assert_eq!(would(Code::GuardUnavailable), "unavailable");
+        assert_eq!(would(Code::MissingToken), "missing_token");
+        assert_eq!(would(Code::Unauthenticated), "unauthenticated");
+    }
+
+    #[test]
+    fn shadow_lines_hash_the_caller() {
+        assert_eq!(user_hash("u1"), user_hash("u1"));
+        assert_ne!(user_hash("u1"), user_hash("u2"));
+        assert_eq!(user_hash("u1").len(), 16);
+    }
 
     #[test]
     fn sizes_read_as_people_write_them() {

@@ -1,11 +1,12 @@
 //! The fingerprint guard as a tower layer: [`FingerprintLayer`], the
 //! [`Fingerprint`] service it builds, and its answers.
 
-use super::{FingerprintGuard, FingerprintGuardError};
+use super::{Claim, FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, unauthenticated,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, declares_over, reject, shadowed,
+    unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -45,6 +46,10 @@ pub type Fingerprint<S, G> = Middleware<FingerprintLayer<G>, S>;
 ///     post(|| async { "created" }).layer(FingerprintLayer::new(guard).route("/orders/quick")),
 /// );
 /// ```
+///
+/// # Shadow mode
+/// With [`shadow(true)`](Self::shadow) the layer decides every request as
+/// above and lets every one through: see [`shadow`](Self::shadow).
 #[derive(Clone)]
 #[must_use]
 pub struct FingerprintLayer<G> {
@@ -53,6 +58,7 @@ pub struct FingerprintLayer<G> {
     route: Option<Cow<'static, str>>,
     max_body: usize,
     duplicate_detail: Option<Cow<'static, str>>,
+    shadow: bool,
 }
 
 impl<G> std::fmt::Debug for FingerprintLayer<G> {
@@ -60,6 +66,7 @@ impl<G> std::fmt::Debug for FingerprintLayer<G> {
         f.debug_struct("FingerprintLayer")
             .field("route", &self.route)
             .field("max_body", &self.max_body)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -73,7 +80,67 @@ impl<G> FingerprintLayer<G> {
             route: None,
             max_body: 64 * 1024,
             duplicate_detail: None,
+            shadow: false,
         }
+    }
+
+    /// Shadow mode (default off): decide, count and log, never refuse.
+    ///
+    /// Every request is decided as it would be: the first of its kind
+    /// takes the fingerprint's key and holds it per the guard's
+    /// [`ReleasePolicy`](super::ReleasePolicy), so a repeat within the
+    /// window is seen as one. But a request the layer would refuse reaches
+    /// the handler anyway, unguarded (it takes no key and frees none), and
+    /// is counted in `norepeat_shadow_total{guard="fingerprint", would}`
+    /// and logged at `info` (guard, would, route, the caller's hash):
+    ///
+    /// | would refuse with | `would` |
+    /// |---|---|
+    /// | 409 `duplicate_submission` | `duplicate` |
+    /// | 401 `unauthenticated` (no caller) | `unauthenticated` |
+    /// | 400 `invalid_request` (JSON that does not parse) | `invalid_request` |
+    /// | 413 `payload_too_large`, announced by `Content-Length` | `payload_too_large` |
+    /// | 503 `guard_unavailable` (the store failed, fail-closed) | `unavailable` |
+    ///
+    /// A fail-open guard whose store fails lets the request through in
+    /// either mode, and counts nothing here. Two answers stay even in shadow
+    /// mode, because there is no request left to hand on: a body that grows
+    /// past [`max_body`](Self::max_body) while it is read (413) and a body
+    /// whose stream fails (400).
+    ///
+    /// The store holds exactly what it would hold without shadow mode, so
+    /// turning shadow off refuses the requests shadow mode counted, no more
+    /// (Envoy's rate limit `shadow_mode`: the limits are evaluated and
+    /// their counters kept; only the answer is not enforced).
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+    /// use norepeat::store::MemoryStore;
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = FingerprintGuard::new(MemoryStore::default());
+    /// let app: Router = Router::new().route(
+    ///     "/orders/quick",
+    ///     post(|| async { StatusCode::CREATED })
+    ///         .layer(FingerprintLayer::new(guard).route("/orders/quick").shadow(true)),
+    /// );
+    /// let order = || {
+    ///     Request::post("/orders/quick")
+    ///         .header("x-user-id", "u1")
+    ///         .header("content-type", "application/json")
+    ///         .body(Body::from(r#"{"sku":"SKU-1"}"#))
+    ///         .unwrap()
+    /// };
+    /// assert_eq!(app.clone().oneshot(order()).await.unwrap().status(), StatusCode::CREATED);
+    /// // A duplicate: counted (would="duplicate") and logged, but it passes.
+    /// assert_eq!(app.oneshot(order()).await.unwrap().status(), StatusCode::CREATED);
+    /// # }
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
     }
 
     /// The route template (`/orders/{id}/pay`), a label for logs and traces
@@ -135,6 +202,17 @@ where
     }
 }
 
+/// What the fingerprint decided about one request.
+enum Decided<S: Store + Clone, B> {
+    /// Its fingerprint's key is this request's: the handler runs under it.
+    Admitted(Claim<S>, Request<B>),
+    /// Refused with the problem; the request as it was read, for shadow
+    /// mode to hand on.
+    Refused(Problem, Request<B>, Option<String>),
+    /// Refused, and nothing left to hand on (the body was not kept).
+    Broken(Problem),
+}
+
 async fn guarded<S, G, ReqBody, ResBody>(
     s: Arc<FingerprintLayer<G>>,
     mut inner: S,
@@ -146,13 +224,54 @@ where
     ReqBody: Body<Data = Bytes> + From<Bytes>,
     ReqBody::Error: std::error::Error + Send + Sync + 'static,
 {
+    let (claim, req) = match decide(&s, req).await {
+        Decided::Admitted(claim, req) => (claim, req),
+        Decided::Refused(p, req, user) if s.shadow => {
+            let (parts, body) = req.into_parts();
+            let route = (s.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
+            shadowed("fingerprint", would(p.code), route, user.as_deref());
+            let req = Request::from_parts(parts, body);
+            return Ok(inner.call(req).await?.map(Either::Left));
+        }
+        Decided::Refused(p, _, _) | Decided::Broken(p) => return Ok(reject(&p)),
+    };
+    // Renewal lives in this future. Dropped mid-handler, the claim keeps its
+    // key for the rest of the window (see `Claim`).
+    let result = claim.run(inner.call(req)).await;
+    match result {
+        Ok(res) => {
+            claim.finish(res.status().as_u16() < 400).await;
+            Ok(res.map(Either::Left))
+        }
+        Err(e) => {
+            claim.finish(false).await;
+            Err(e)
+        }
+    }
+}
+
+/// Reads the body (up to the cap), fingerprints the request and takes its
+/// key: the same steps, the same store operations, with shadow mode on or
+/// off.
+async fn decide<G, ReqBody>(s: &FingerprintLayer<G>, req: Request<ReqBody>) -> Decided<G, ReqBody>
+where
+    G: Store + Clone,
+    ReqBody: Body<Data = Bytes> + From<Bytes>,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
+{
     let (parts, body) = req.into_parts();
     let Some(user) = s.identity.identify(&parts) else {
-        return Ok(reject(&unauthenticated(&*s.identity)));
+        let p = unauthenticated(&*s.identity);
+        return Decided::Refused(p, Request::from_parts(parts, body), None);
     };
+    if s.shadow && declares_over(&parts.headers, s.max_body) {
+        // Refused before a byte is read: the body is still whole.
+        let p = Problem::from(body::BodyError::TooLarge { max: s.max_body });
+        return Decided::Refused(p, Request::from_parts(parts, body), Some(user));
+    }
     let bytes = match body::read(body, s.max_body, &parts.headers).await {
         Ok(b) => b,
-        Err(e) => return Ok(reject(&Problem::from(e))),
+        Err(e) => return Decided::Broken(Problem::from(e)),
     };
     // The concrete path goes into the fingerprint (`/orders/1/pay` and
     // `/orders/2/pay` are different requests), as the client sent it (a
@@ -165,7 +284,10 @@ where
         .fingerprint_http(&user, &parts, path, &bytes)
     {
         Ok(fp) => fp,
-        Err(e) => return Ok(reject(&Problem::from(e))),
+        Err(e) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return Decided::Refused(Problem::from(e), req, Some(user));
+        }
     };
     let decision = s.guard.acquire(&fp).instrument(tracing::debug_span!(
         "norepeat.decide",
@@ -184,23 +306,11 @@ where
                     p = p.detail(d.clone());
                 }
             }
-            return Ok(reject(&p));
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return Decided::Refused(p, req, Some(user));
         }
     };
-    let req = Request::from_parts(parts, ReqBody::from(bytes));
-    // Renewal lives in this future. Dropped mid-handler, the claim keeps its
-    // key for the rest of the window (see `Claim`).
-    let result = claim.run(inner.call(req)).await;
-    match result {
-        Ok(res) => {
-            claim.finish(res.status().as_u16() < 400).await;
-            Ok(res.map(Either::Left))
-        }
-        Err(e) => {
-            claim.finish(false).await;
-            Err(e)
-        }
-    }
+    Decided::Admitted(claim, Request::from_parts(parts, ReqBody::from(bytes)))
 }
 
 impl From<FingerprintGuardError> for Problem {

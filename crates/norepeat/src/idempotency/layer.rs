@@ -7,6 +7,7 @@ use super::body::Passthrough;
 use super::detached::DetachedTasks;
 use super::guard::{Claimed, IdempotencyError, IdempotencyGuard};
 use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, never_stored};
+use super::record::Completed;
 use super::record::Digest;
 use crate::body as request_body;
 use crate::claim::{self, Renewer};
@@ -15,7 +16,10 @@ use crate::fingerprinter::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
 use crate::keys::{KeyBuilder, Namespace};
-use crate::middleware::{self, GUARD_UNAVAILABLE, Handle, Middleware, reject, unauthenticated};
+use crate::middleware::{
+    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, reject, shadowed, unauthenticated,
+    would,
+};
 use crate::problem::{Code, Problem};
 use crate::store::KeyValueStore;
 use bytes::Bytes;
@@ -98,6 +102,11 @@ pub const DEFAULT_MAX_DETACHED: usize = 1024;
 /// assert_eq!(again.headers()["idempotent-replayed"], "true");
 /// # }
 /// ```
+///
+/// # Shadow mode
+/// With [`shadow(true)`](Self::shadow) every key is claimed and every
+/// response stored as above, and every request reaches the handler, none
+/// refused or replayed: see [`shadow`](Self::shadow).
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyLayer<G> {
@@ -120,6 +129,8 @@ pub struct IdempotencyLayer<G> {
     detached: DetachedTasks,
     /// One permit per detached handler that may run at once.
     slots: Arc<Semaphore>,
+    /// Decide, count and log, never refuse or replay.
+    shadow: bool,
 }
 
 impl<G> std::fmt::Debug for IdempotencyLayer<G> {
@@ -132,6 +143,7 @@ impl<G> std::fmt::Debug for IdempotencyLayer<G> {
             .field("policy", &self.policy)
             .field("wait", &self.guard.wait)
             .field("failure", &self.guard.failure)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -160,7 +172,85 @@ impl<G: Clone> IdempotencyLayer<G> {
             replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
             detached: DetachedTasks::new(),
             slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
+            shadow: false,
         }
+    }
+
+    /// Shadow mode (default off): decide, count and log; never refuse, never
+    /// replay.
+    ///
+    /// Every request is decided as it would be, with the same store
+    /// operations: the first with a key claims it, runs, and its response
+    /// is stored per the [`StorePolicy`] (or the key released), so a repeat
+    /// is seen as one. But a request the layer would refuse or answer from
+    /// the record reaches the handler anyway, unguarded, as the client sent
+    /// it: it claims nothing, its response is not stored, the first one's
+    /// record is left as it was, and nothing is replayed (no
+    /// `Idempotent-Replayed` answer ever comes from a shadowed layer). Each
+    /// is counted in `norepeat_shadow_total{guard="idempotency", would}` and
+    /// logged at `info` (guard, would, route, the caller's hash):
+    ///
+    /// | would answer | `would` |
+    /// |---|---|
+    /// | the stored response (a replay) | `replay` |
+    /// | 409 `idempotency_key_in_use` | `in_progress` |
+    /// | 422 `idempotency_key_mismatch` | `mismatch` |
+    /// | 400 `missing_idempotency_key` (with [`required`](Self::required), the default) | `missing_idempotency_key` |
+    /// | 400 `invalid_idempotency_key` | `invalid_idempotency_key` |
+    /// | 401 `unauthenticated` (no caller) | `unauthenticated` |
+    /// | 400 `invalid_request` (JSON that does not parse) | `invalid_request` |
+    /// | 413 `payload_too_large`, announced by `Content-Length` | `payload_too_large` |
+    /// | 503 `guard_unavailable` (the store failed, fail-closed; or [`max_detached`](Self::max_detached) handlers running: this one then runs in the caller's future) | `unavailable` |
+    ///
+    /// A shadowed layer never waits: [`wait_for_result`](Self::wait_for_result)
+    /// would hold the repeat back until the first one ends, and shadow mode
+    /// must not change what a request meets. A repeat that arrives while
+    /// the first runs is counted `in_progress` at once; enforced with a
+    /// wait, it would get the replay once the first one is done, or run
+    /// if the first one freed its key. Two answers stay even in shadow mode,
+    /// because there is no request left to hand on: a body that grows past
+    /// [`max_request_body`](Self::max_request_body) while it is read (413)
+    /// and a body whose stream fails (400). A fail-open layer whose store
+    /// fails lets the request through in either mode and counts nothing
+    /// here. Turning shadow off refuses and replays the requests shadow
+    /// mode counted.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use norepeat::idempotency::IdempotencyLayer;
+    /// use norepeat::store::MemoryStore;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let payments = Arc::new(AtomicUsize::new(0));
+    /// let counted = Arc::clone(&payments);
+    /// let app: Router = Router::new().route(
+    ///     "/payments",
+    ///     post(move || async move {
+    ///         counted.fetch_add(1, Ordering::SeqCst);
+    ///         StatusCode::CREATED
+    ///     })
+    ///     .layer(IdempotencyLayer::new(MemoryStore::default()).route("/payments").shadow(true)),
+    /// );
+    /// let pay = || {
+    ///     Request::post("/payments")
+    ///         .header("x-user-id", "u1")
+    ///         .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+    ///         .body(Body::from("amount=1999"))
+    ///         .unwrap()
+    /// };
+    /// assert_eq!(app.clone().oneshot(pay()).await.unwrap().status(), StatusCode::CREATED);
+    /// // Would be a replay: counted (would="replay") and logged, but the handler runs.
+    /// let again = app.oneshot(pay()).await.unwrap();
+    /// assert!(again.headers().get("idempotent-replayed").is_none());
+    /// assert_eq!(payments.load(Ordering::SeqCst), 2);
+    /// # }
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
     }
 
     /// How many handlers may run at once, each in a task of its own
@@ -306,7 +396,12 @@ impl<S, G: Clone> Layer<S> for IdempotencyLayer<G> {
     type Service = Idempotency<S, G>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Middleware::new(inner, self.clone())
+        let mut layer = self.clone();
+        if layer.shadow {
+            // A shadowed repeat is decided at once (see `shadow`).
+            layer.guard.wait = Duration::ZERO;
+        }
+        Middleware::new(inner, layer)
     }
 }
 
@@ -362,6 +457,49 @@ fn client_key(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
     std::str::from_utf8(b).map(Some).map_err(|_| invalid())
 }
 
+/// What a request meets instead of its handler: a refusal, or the first
+/// request's stored answer.
+enum Refusal {
+    Problem(Problem),
+    Replay(Completed),
+}
+
+impl From<Problem> for Refusal {
+    fn from(p: Problem) -> Self {
+        Refusal::Problem(p)
+    }
+}
+
+/// Answers `refusal`; in shadow mode counts and logs it instead and hands
+/// `req` on unguarded: no claim, no record, nothing replayed, and the
+/// handler gets the request as the client sent it.
+async fn refuse<S, G, ReqBody, ResBody>(
+    cfg: &IdempotencyLayer<G>,
+    mut inner: S,
+    refusal: Refusal,
+    req: Request<ReqBody>,
+    user: Option<&str>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body,
+{
+    if !cfg.shadow {
+        return Ok(match refusal {
+            Refusal::Problem(p) => reject(&p),
+            Refusal::Replay(done) => replay(done),
+        });
+    }
+    let would = match &refusal {
+        Refusal::Problem(p) => would(p.code),
+        Refusal::Replay(_) => "replay",
+    };
+    let (parts, body) = req.into_parts();
+    let route = (cfg.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
+    shadowed("idempotency", would, route, user);
+    Ok(pass(inner.call(Request::from_parts(parts, body)).await?))
+}
+
 async fn handle<S, G, ReqBody, ResBody>(
     cfg: Arc<IdempotencyLayer<G>>,
     mut inner: S,
@@ -379,20 +517,42 @@ where
 {
     let (parts, body) = req.into_parts();
     let Some(user) = cfg.identity.identify(&parts) else {
-        return Ok(reject(&unauthenticated(&*cfg.identity)));
+        let p = unauthenticated(&*cfg.identity);
+        return refuse(
+            &cfg,
+            inner,
+            p.into(),
+            Request::from_parts(parts, body),
+            None,
+        )
+        .await;
     };
+    let user = user.as_str();
     let client_key = match client_key(&parts.headers) {
         Ok(Some(k)) => k.to_owned(),
         Ok(None) if cfg.required => {
-            return Ok(reject(&Problem::new(Code::MissingIdempotencyKey).detail(
+            let p = Problem::new(Code::MissingIdempotencyKey).detail(
                 "This operation needs an Idempotency-Key header; send a new random key (a UUID) per operation, and the same one on every retry of it.",
-            )));
+            );
+            let req = Request::from_parts(parts, body);
+            return refuse(&cfg, inner, p.into(), req, Some(user)).await;
         }
         Ok(None) => return Ok(pass(inner.call(Request::from_parts(parts, body)).await?)),
-        Err(p) => return Ok(reject(&p)),
+        Err(p) => {
+            let req = Request::from_parts(parts, body);
+            return refuse(&cfg, inner, p.into(), req, Some(user)).await;
+        }
     };
+    if cfg.shadow && declares_over(&parts.headers, cfg.max_request_body) {
+        // Refused before a byte is read: the body is still whole.
+        let max = cfg.max_request_body;
+        let p = Problem::from(request_body::BodyError::TooLarge { max });
+        let req = Request::from_parts(parts, body);
+        return refuse(&cfg, inner, p.into(), req, Some(user)).await;
+    }
     let bytes = match request_body::read(body, cfg.max_request_body, &parts.headers).await {
         Ok(b) => b,
+        // Nothing left to hand on, even in shadow mode.
         Err(e) => return Ok(reject(&Problem::from(e))),
     };
     // The scope and the fingerprint take the concrete path: `/orders/1/pay`
@@ -413,25 +573,35 @@ where
     // A body declared JSON that does not parse is the client's error: 400
     // before any claim, as the fingerprint guard answers (one rule for both
     // layers; the key stays free for the corrected request).
-    let fingerprint = match fingerprint_of(&cfg, &user, &path, &parts, &bytes) {
+    let fingerprint = match fingerprint_of(&cfg, user, &path, &parts, &bytes) {
         Ok(fp) => fp,
-        Err(e) => return Ok(reject(&Problem::from(e))),
+        Err(e) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return refuse(&cfg, inner, Problem::from(e).into(), req, Some(user)).await;
+        }
     };
 
     // The bound on detached handlers, before the claim: a request refused
-    // here leaves the key free, and its retry runs normally.
+    // here leaves the key free, and its retry runs normally. (In shadow
+    // mode it runs here, in the caller's future, unguarded.)
     let Ok(slot) = Arc::clone(&cfg.slots).try_acquire_owned() else {
         metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "max_detached").increment(1);
-        return Ok(reject(
-            &Problem::new(Code::GuardUnavailable)
-                .detail("Too many requests are being processed; retry shortly with the same key.")
-                .retry_after_secs(1),
-        ));
+        let p = Problem::new(Code::GuardUnavailable)
+            .detail("Too many requests are being processed; retry shortly with the same key.")
+            .retry_after_secs(1);
+        let req = Request::from_parts(parts, ReqBody::from(bytes));
+        return refuse(&cfg, inner, p.into(), req, Some(user)).await;
     };
     let (claim, owner) = match cfg.guard.claim(&key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
-        Claimed::Done(done) => return Ok(replay(done)),
-        Claimed::Refused(e) => return Ok(reject(&Problem::from(e))),
+        Claimed::Done(done) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return refuse(&cfg, inner, Refusal::Replay(done), req, Some(user)).await;
+        }
+        Claimed::Refused(e) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return refuse(&cfg, inner, Problem::from(e).into(), req, Some(user)).await;
+        }
         Claimed::Unguarded => {
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return Ok(pass(inner.call(req).await?));

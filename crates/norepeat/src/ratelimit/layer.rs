@@ -5,11 +5,13 @@
 use super::key::{ExtractKey, MissingKey};
 use super::limiter::{RateLimitError, RateLimiter, check_all};
 use super::verdict::{Verdict, whole_secs};
-use crate::middleware::{Handle, Middleware, ResponseBody, reject};
+use crate::middleware::{Handle, Middleware, ResponseBody, reject, shadowed, would};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::Either;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{Layer, Service};
@@ -62,10 +64,17 @@ impl<G: Clone> Clone for Rule<G> {
 ///     ),
 /// );
 /// ```
+///
+/// # Shadow mode
+/// With [`shadow(true)`](Self::shadow) every quota is asked and spent as
+/// above, and every request reaches the handler: see
+/// [`shadow`](Self::shadow).
 #[must_use]
 pub struct RateLimitLayer<G> {
     rules: Vec<Rule<G>>,
     headers_on_allowed: bool,
+    route: Option<Cow<'static, str>>,
+    shadow: bool,
 }
 
 impl<G: Clone> Clone for RateLimitLayer<G> {
@@ -73,6 +82,8 @@ impl<G: Clone> Clone for RateLimitLayer<G> {
         Self {
             rules: self.rules.clone(),
             headers_on_allowed: self.headers_on_allowed,
+            route: self.route.clone(),
+            shadow: self.shadow,
         }
     }
 }
@@ -82,6 +93,8 @@ impl<G> std::fmt::Debug for RateLimitLayer<G> {
         f.debug_struct("RateLimitLayer")
             .field("quotas", &self.rules.len())
             .field("headers_on_allowed", &self.headers_on_allowed)
+            .field("route", &self.route)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +109,8 @@ impl<G> RateLimitLayer<G> {
                 key: Arc::new(key),
             }],
             headers_on_allowed: false,
+            route: None,
+            shadow: false,
         }
     }
 
@@ -113,6 +128,66 @@ impl<G> RateLimitLayer<G> {
     /// (default: only on 429s).
     pub fn headers_on_allowed(mut self, yes: bool) -> Self {
         self.headers_on_allowed = yes;
+        self
+    }
+
+    /// The route template (`/flash-sale/{sku}`), a label for shadow mode's
+    /// log lines only (default: the path the client sent).
+    pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
+        self.route = Some(template.into());
+        self
+    }
+
+    /// Shadow mode (default off): decide, count and log, never refuse
+    /// (Envoy's rate limit `shadow_mode`).
+    ///
+    /// Every request is checked against every quota as it would be, and
+    /// spends what it would spend (a refused request stops at the quota
+    /// that refused it, as in [`check_all`](super::check_all)), so the
+    /// counters are the ones an enforcing layer would keep. But a request
+    /// the layer would refuse reaches the handler anyway, and is counted in
+    /// `norepeat_shadow_total{guard="rate_limit", would}` and logged at
+    /// `info` (guard, would, route, and as `user` the hash of the refusing
+    /// quota's key, the caller for [`ByUser`](super::ByUser)):
+    ///
+    /// | would refuse with | `would` |
+    /// |---|---|
+    /// | 429 `rate_limited` | `rate_limited` |
+    /// | 401 `unauthenticated` (no caller for a [`ByUser`](super::ByUser) quota; counted nowhere) | `unauthenticated` |
+    /// | 400 `invalid_request` (another extractor found no key) | `invalid_request` |
+    /// | 503 `guard_unavailable` (a fail-closed quota's store failed) | `unavailable` |
+    ///
+    /// A passed request carries its [`Verdict`] in its extensions, refused
+    /// or not, and the `RateLimit` headers only with
+    /// [`headers_on_allowed`](Self::headers_on_allowed). Turning shadow off
+    /// refuses the requests shadow mode counted.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
+    /// use norepeat::store::MemoryStore;
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let per_user = RateLimiter::new(MemoryStore::default(), Quota::parse("1/m").unwrap());
+    /// let app: Router = Router::new().route(
+    ///     "/flash-sale/{sku}",
+    ///     post(|| async { StatusCode::CREATED }).layer(
+    ///         RateLimitLayer::new(per_user, ByUser::default())
+    ///             .route("/flash-sale/{sku}")
+    ///             .shadow(true),
+    ///     ),
+    /// );
+    /// let buy = || {
+    ///     Request::post("/flash-sale/sku-1").header("x-user-id", "u1").body(Body::empty()).unwrap()
+    /// };
+    /// assert_eq!(app.clone().oneshot(buy()).await.unwrap().status(), StatusCode::CREATED);
+    /// // Over the quota: counted (would="rate_limited") and logged, but it passes.
+    /// assert_eq!(app.oneshot(buy()).await.unwrap().status(), StatusCode::CREATED);
+    /// # }
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
         self
     }
 }
@@ -141,13 +216,42 @@ where
         mut inner: S,
         req: Request<ReqBody>,
     ) -> Result<Response<Self::Body>, S::Error> {
-        // Every key first: a request without one is counted nowhere.
         let (parts, body) = req.into_parts();
+        let (verdict, refused) = self.decide(&parts).await;
+        if let Some((p, key)) = refused {
+            if !self.shadow {
+                return Ok(reject(&p));
+            }
+            let route = (self.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
+            shadowed("rate_limit", would(p.code), route, key.as_deref());
+        }
+        let mut res = inner
+            .call(Request::from_parts(parts, body))
+            .await?
+            .map(Either::Left);
+        if let Some(verdict) = verdict {
+            if self.headers_on_allowed {
+                for (k, v) in verdict.headers() {
+                    res.headers_mut().append(k, v);
+                }
+            }
+            res.extensions_mut().insert(verdict);
+        }
+        Ok(res)
+    }
+}
+
+impl<G: Store + Clone> RateLimitLayer<G> {
+    /// Every quota's verdict on a request (`None` when it was not asked),
+    /// and what the layer would refuse it with, with the refusing quota's
+    /// key. The same steps and store operations in shadow mode or not.
+    async fn decide(&self, parts: &Parts) -> (Option<Verdict>, Option<(Problem, Option<String>)>) {
+        // Every key first: a request without one is counted nowhere.
         let mut keys = Vec::with_capacity(self.rules.len());
         for rule in &self.rules {
-            match rule.key.extract_key(&parts) {
+            match rule.key.extract_key(parts) {
                 Some(k) => keys.push(k),
-                None => return Ok(reject(&Problem::from(rule.key.missing()))),
+                None => return (None, Some((Problem::from(rule.key.missing()), None))),
             }
         }
         let checks: Vec<(&RateLimiter<G>, &str)> = self
@@ -158,23 +262,15 @@ where
             .collect();
         let verdict = match check_all(&checks).await {
             Ok(v) => v,
-            Err(e) => return Ok(reject(&Problem::from(e))),
+            Err(e) => return (None, Some((Problem::from(e), None))),
         };
-        if let Some(p) = verdict.to_problem() {
-            tracing::debug!(path = crate::request::client_path(&parts), "rate limited");
-            return Ok(reject(&p));
-        }
-        let mut res = inner
-            .call(Request::from_parts(parts, body))
-            .await?
-            .map(Either::Left);
-        if self.headers_on_allowed {
-            for (k, v) in verdict.headers() {
-                res.headers_mut().append(k, v);
-            }
-        }
-        res.extensions_mut().insert(verdict);
-        Ok(res)
+        let Some(p) = verdict.to_problem() else {
+            return (Some(verdict), None);
+        };
+        tracing::debug!(path = crate::request::client_path(parts), "rate limited");
+        // `check_all` stops at the quota that refused: the last one asked.
+        let key = keys.get(verdict.checked.len().saturating_sub(1)).cloned();
+        (Some(verdict), Some((p, key)))
     }
 }
 

@@ -4,10 +4,11 @@
 use super::{TokenGuard, TokenGuardError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, unauthenticated,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::Either;
 use std::borrow::Cow;
@@ -40,18 +41,27 @@ const MISSING_TOKEN: &str =
 /// let app: Router = Router::new()
 ///     .route("/orders", post(|| async { "ok" }).layer(TokenLayer::new(tokens)));
 /// ```
+///
+/// # Shadow mode
+/// With [`shadow(true)`](Self::shadow) every token is checked and consumed
+/// as above, and every request reaches the handler: see
+/// [`shadow`](Self::shadow).
 #[derive(Clone)]
 #[must_use]
 pub struct TokenLayer<G> {
     guard: TokenGuard<G>,
     identity: Arc<dyn Identify>,
     missing_token: Cow<'static, str>,
+    route: Option<Cow<'static, str>>,
+    shadow: bool,
 }
 
 impl<G> std::fmt::Debug for TokenLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenLayer")
             .field("missing_token", &self.missing_token)
+            .field("route", &self.route)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -63,7 +73,69 @@ impl<G> TokenLayer<G> {
             guard,
             identity: Arc::new(UserHeader::default()),
             missing_token: Cow::Borrowed(MISSING_TOKEN),
+            route: None,
+            shadow: false,
         }
+    }
+
+    /// The route template (`/orders/{id}`), a label for shadow mode's log
+    /// lines only (default: the path the client sent).
+    pub fn route(mut self, template: impl Into<Cow<'static, str>>) -> Self {
+        self.route = Some(template.into());
+        self
+    }
+
+    /// Shadow mode (default off): decide, count and log, never refuse.
+    ///
+    /// Every token is verified and consumed as it would be (its one use
+    /// recorded in the store), so a token spent in shadow mode is spent for
+    /// good. But a request the layer would refuse reaches the handler
+    /// anyway, and is counted in `norepeat_shadow_total{guard="token",
+    /// would}` and logged at `info` (guard, would, route, the caller's
+    /// hash):
+    ///
+    /// | would refuse with | `would` |
+    /// |---|---|
+    /// | 409 `duplicate_submission` (a used, expired, unknown or foreign token) | `duplicate` |
+    /// | 400 `missing_token` | `missing_token` |
+    /// | 401 `unauthenticated` (no caller; the token is not looked at) | `unauthenticated` |
+    /// | 503 `guard_unavailable` (the store failed, fail-closed) | `unavailable` |
+    ///
+    /// `missing_token` is the count to watch before switching it on: the
+    /// clients that do not send tokens yet. A fail-open guard whose store
+    /// fails lets the request through in either mode and counts nothing
+    /// here. The store holds what it would hold without shadow mode, so
+    /// turning shadow off refuses the requests shadow mode counted.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use norepeat::store::MemoryStore;
+    /// use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let tokens = TokenGuard::new(MemoryStore::default(), TokenSigner::random());
+    /// let token = tokens.issue("u1").token;
+    /// let app: Router = Router::new().route(
+    ///     "/orders",
+    ///     post(|| async { StatusCode::CREATED })
+    ///         .layer(TokenLayer::new(tokens).route("/orders").shadow(true)),
+    /// );
+    /// let order = |token: &str| {
+    ///     Request::post("/orders")
+    ///         .header("x-user-id", "u1")
+    ///         .header("repeat-token", token)
+    ///         .body(Body::empty())
+    ///         .unwrap()
+    /// };
+    /// assert_eq!(app.clone().oneshot(order(&token)).await.unwrap().status(), StatusCode::CREATED);
+    /// // The token is spent: counted (would="duplicate") and logged, but it passes.
+    /// assert_eq!(app.oneshot(order(&token)).await.unwrap().status(), StatusCode::CREATED);
+    /// # }
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
     }
 
     /// Where the caller's id comes from.
@@ -106,14 +178,29 @@ where
         req: Request<ReqBody>,
     ) -> Result<Response<Self::Body>, S::Error> {
         let (parts, body) = req.into_parts();
-        let Some(user) = self.identity.identify(&parts) else {
-            return Ok(reject(&unauthenticated(&*self.identity)));
-        };
+        let (user, refused) = self.decide(&parts).await;
+        if let Some(p) = refused {
+            if !self.shadow {
+                return Ok(reject(&p));
+            }
+            let route = (self.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
+            shadowed("token", would(p.code), route, user.as_deref());
+        }
         let req = Request::from_parts(parts, body);
-        let Some(token) = token_of(&req) else {
-            return Ok(reject(
-                &Problem::new(Code::MissingToken).detail(self.missing_token.clone()),
-            ));
+        Ok(inner.call(req).await?.map(Either::Left))
+    }
+}
+
+impl<G: Store + Clone> TokenLayer<G> {
+    /// The caller, and what the layer would refuse the request with (`None`: it
+    /// passes). The same steps and store operations in shadow mode or not.
+    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>) {
+        let Some(user) = self.identity.identify(parts) else {
+            return (None, Some(unauthenticated(&*self.identity)));
+        };
+        let Some(token) = token_of(parts) else {
+            let p = Problem::new(Code::MissingToken).detail(self.missing_token.clone());
+            return (Some(user), Some(p));
         };
         let decision = self
             .guard
@@ -123,21 +210,19 @@ where
                 mode = "token",
                 user
             ));
-        if let Err(e) = decision.await {
-            return Ok(reject(&Problem::from(e)));
-        }
-        Ok(inner.call(req).await?.map(Either::Left))
+        let refused = decision.await.err().map(Problem::from);
+        (Some(user), refused)
     }
 }
 
 /// The token from `Repeat-Token`, else from `repeatToken` in the query.
 /// A header that is not visible ASCII is kept as an (invalid) token so the
 /// answer is 409, not "missing".
-fn token_of<B>(req: &Request<B>) -> Option<String> {
-    if let Some(v) = req.headers().get("repeat-token") {
+fn token_of(parts: &Parts) -> Option<String> {
+    if let Some(v) = parts.headers.get("repeat-token") {
         return Some(String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
-    req.uri().query()?.split('&').find_map(|pair| {
+    parts.uri.query()?.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
         (k == "repeatToken").then(|| v.to_owned())
     })
