@@ -107,7 +107,11 @@ impl ShopProcess {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(&extra_args)
             .env_clear()
-            .envs(KEPT_ENV.iter().filter_map(|k| Some((*k, std::env::var_os(k)?))))
+            .envs(
+                KEPT_ENV
+                    .iter()
+                    .filter_map(|k| Some((*k, std::env::var_os(k)?))),
+            )
             .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
