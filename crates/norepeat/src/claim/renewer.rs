@@ -1,4 +1,4 @@
-// Over 400 lines on purpose: 242 lines are the tests of one renewal task, whose timing they pin down.
+// Over 400 lines on purpose: 260 lines are the tests of one renewal task, whose timing they pin down.
 //! One task that renews every running claim of a guard when it is due.
 //!
 //! A claim whose work runs longer than a third of its TTL is extended
@@ -460,12 +460,18 @@ mod tests {
     }
 
     /// A task woken after the last moment a renewal may start (the
-    /// runtime was busy) stops renewing that claim; it does not spin on an
-    /// entry that stays due.
+    /// runtime was busy) stops renewing that claim: it sends no renewal
+    /// (one started then would hold the key past its total hold), and it
+    /// does not spin on an entry that stays due.
+    ///
+    /// Without the branch of `renew_due` that stops such an entry, the late
+    /// wake sends one renewal (`renewals` is 1); with the branch but not
+    /// its `stopped = true`, the entry stays due and the task wakes again
+    /// at once, forever (`wakes` in the thousands).
     #[tokio::test(flavor = "current_thread")]
     async fn a_late_wake_past_the_total_hold_does_not_spin() {
-        let store = MemoryStore::default();
-        assert!(free_for(&store, b"me").await);
+        let store = Counted::default();
+        assert!(free_for(&store.inner, b"me").await);
         let renewer = Renewer::new(store.clone());
         // Due after 20 ms, last renewal may start at 40 ms.
         let _reg = renewer
@@ -477,9 +483,21 @@ mod tests {
                 TTL + Duration::from_millis(40),
             )
             .expect("a runtime is here");
-        // The only thread is busy past both.
+        // The only thread is busy past both (a busier machine only makes
+        // the wake later), so the task first runs too late to renew.
         std::thread::sleep(Duration::from_millis(60));
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        // Let the task run: it wakes at once (the renewal is overdue); a
+        // task that spins has a whole second to show it.
+        until("the task woke", || async {
+            renewer.shared.wakes.load(Ordering::Relaxed) > 0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            store.renewals(),
+            0,
+            "a renewal started past the last moment"
+        );
         let wakes = renewer.shared.wakes.load(Ordering::Relaxed);
         assert!(wakes < 10, "the task woke {wakes} times");
     }
