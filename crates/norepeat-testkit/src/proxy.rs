@@ -130,11 +130,11 @@ impl TcpProxy {
     }
 
     /// How many chunks the proxy has read from its clients and forwarded
-    /// to the upstream so far, over every connection: a count of the
-    /// clients' writes as the proxy saw them. One write of up to 16 KiB
-    /// arrives on loopback as one chunk; writes that arrive before the
-    /// proxy reads are read as one, so the count is at most the number of
-    /// writes (data swallowed or refused is not counted).
+    /// to the upstream so far, over every connection: the clients' writes
+    /// as the proxy saw them. On loopback a write of up to 16 KiB (the
+    /// proxy's read buffer) is usually read as one chunk, a larger one in
+    /// several, and writes that arrive before the proxy reads are read as
+    /// one. Data swallowed or refused is not counted.
     ///
     /// ```no_run
     /// use norepeat_testkit::{RedisServer, TcpProxy};
