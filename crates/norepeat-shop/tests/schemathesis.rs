@@ -189,8 +189,5 @@ fn the_test_command_refuses_the_old_skip_variable() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("NOREPEAT_SKIP_SCHEMATHESIS is set"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("NOREPEAT_SKIP_SCHEMATHESIS is set"), "{stderr}");
 }

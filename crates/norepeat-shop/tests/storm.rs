@@ -167,10 +167,7 @@ async fn storm_against_a_naive_shop_exits_non_zero() {
         rows.iter().any(|r| r["duplicates"].as_u64().unwrap() > 0),
         "the naive shop lets duplicates through: {json}"
     );
-    assert!(
-        !ok,
-        "the exit status must say the storm found duplicates: {json}"
-    );
+    assert!(!ok, "the exit status must say the storm found duplicates: {json}");
     drop(shop);
     for s in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{s}", db.display()));

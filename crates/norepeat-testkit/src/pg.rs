@@ -277,10 +277,7 @@ mod tests {
         );
         let db = database("postgres://postgres@127.0.0.1:5433/postgres");
         assert_eq!(db.server(), "127.0.0.1:5433".parse().unwrap());
-        assert_eq!(
-            db.url_through(proxy),
-            "postgres://postgres@127.0.0.1:6000/x"
-        );
+        assert_eq!(db.url_through(proxy), "postgres://postgres@127.0.0.1:6000/x");
         assert_eq!(
             database("postgres://127.0.0.1:5432/postgres").url_through(proxy),
             "postgres://127.0.0.1:6000/x"

@@ -345,10 +345,7 @@ async fn a_started_binary_gets_a_cleared_environment() {
     // A variable the test process certainly has: cargo and nextest both set
     // CARGO_MANIFEST_DIR for the tests they run.
     let leaked = "CARGO_MANIFEST_DIR";
-    assert!(
-        std::env::var_os(leaked).is_some(),
-        "the test runner sets {leaked}"
-    );
+    assert!(std::env::var_os(leaked).is_some(), "the test runner sets {leaked}");
     let dir = std::env::temp_dir().join(format!("norepeat-kit-env-{}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let dump = dir.join("env.txt");
