@@ -57,6 +57,7 @@ pub struct TcpProxy {
     mode: watch::Sender<ProxyMode>,
     shutdown: watch::Sender<bool>,
     accepted: Arc<AtomicUsize>,
+    to_upstream: Arc<AtomicUsize>,
     accept_task: JoinHandle<()>,
 }
 
@@ -76,12 +77,14 @@ impl TcpProxy {
         let (mode, _) = watch::channel(ProxyMode::Pass);
         let (shutdown, _) = watch::channel(false);
         let accepted = Arc::new(AtomicUsize::new(0));
+        let to_upstream = Arc::new(AtomicUsize::new(0));
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream,
             mode.subscribe(),
             shutdown.subscribe(),
             Arc::clone(&accepted),
+            Arc::clone(&to_upstream),
         ));
         tracing::debug!(%addr, %upstream, "tcp proxy started");
         TcpProxy {
@@ -90,6 +93,7 @@ impl TcpProxy {
             mode,
             shutdown,
             accepted,
+            to_upstream,
             accept_task,
         }
     }
@@ -124,6 +128,31 @@ impl TcpProxy {
     pub fn accepted_connections(&self) -> usize {
         self.accepted.load(Ordering::Relaxed)
     }
+
+    /// How many chunks the proxy has read from its clients and forwarded
+    /// to the upstream so far, over every connection: the clients' writes
+    /// as the proxy saw them. On loopback a write of up to 16 KiB (the
+    /// proxy's read buffer) is usually read as one chunk, a larger one in
+    /// several, and writes that arrive before the proxy reads are read as
+    /// one. Data swallowed or refused is not counted.
+    ///
+    /// ```no_run
+    /// use norepeat_testkit::{RedisServer, TcpProxy};
+    /// use redis::AsyncCommands;
+    ///
+    /// # async fn demo() {
+    /// let redis = RedisServer::start().await;
+    /// let proxy = TcpProxy::start(redis.addr()).await;
+    /// let client = redis::Client::open(proxy.url_for_redis()).expect("valid url");
+    /// let mut con = client.get_multiplexed_async_connection().await.expect("connects");
+    /// let before = proxy.forwarded_writes();
+    /// let _: () = con.set("k", "v").await.expect("set");
+    /// assert!(proxy.forwarded_writes() > before, "the SET was one write");
+    /// # }
+    /// ```
+    pub fn forwarded_writes(&self) -> usize {
+        self.to_upstream.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for TcpProxy {
@@ -155,6 +184,7 @@ async fn accept_loop(
     mode: watch::Receiver<ProxyMode>,
     mut shutdown: watch::Receiver<bool>,
     accepted: Arc<AtomicUsize>,
+    to_upstream: Arc<AtomicUsize>,
 ) {
     loop {
         let (client, peer) = tokio::select! {
@@ -174,7 +204,13 @@ async fn accept_loop(
             drop(client);
             continue;
         }
-        tokio::spawn(connection(client, upstream, mode.clone(), shutdown.clone()));
+        tokio::spawn(connection(
+            client,
+            upstream,
+            mode.clone(),
+            shutdown.clone(),
+            Arc::clone(&to_upstream),
+        ));
     }
 }
 
@@ -192,6 +228,7 @@ async fn connection(
     upstream: SocketAddr,
     mut mode: watch::Receiver<ProxyMode>,
     mut shutdown: watch::Receiver<bool>,
+    to_upstream: Arc<AtomicUsize>,
 ) {
     let upstream = tokio::select! {
         () = wait_shutdown(&mut shutdown) => return,
@@ -219,8 +256,14 @@ async fn connection(
     let _ = upstream.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (upstream_read, upstream_write) = upstream.into_split();
-    let to_upstream = pump(client_read, upstream_write, mode.clone(), shutdown.clone());
-    let to_client = pump(upstream_read, client_write, mode, shutdown);
+    let to_upstream = pump(
+        client_read,
+        upstream_write,
+        mode.clone(),
+        shutdown.clone(),
+        Some(to_upstream),
+    );
+    let to_client = pump(upstream_read, client_write, mode, shutdown, None);
     tokio::pin!(to_upstream, to_client);
     let (mut up_done, mut down_done) = (false, false);
     while !(up_done && down_done) {
@@ -237,12 +280,14 @@ async fn connection(
     }
 }
 
-/// Copies chunks from `reader` to `writer`, applying the current mode.
+/// Copies chunks from `reader` to `writer`, applying the current mode;
+/// counts each chunk forwarded in `forwarded`, if given.
 async fn pump(
     mut reader: tokio::net::tcp::OwnedReadHalf,
     mut writer: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<ProxyMode>,
     mut shutdown: watch::Receiver<bool>,
+    forwarded: Option<Arc<AtomicUsize>>,
 ) -> PumpEnd {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -279,6 +324,9 @@ async fn pump(
         }
         if is_shutdown(&shutdown) {
             return PumpEnd::Abort;
+        }
+        if let Some(count) = &forwarded {
+            count.fetch_add(1, Ordering::Relaxed);
         }
         if writer.write_all(&buf[..n]).await.is_err() {
             return PumpEnd::Abort;

@@ -60,16 +60,26 @@ const LISTENING_MARKER: &str = "listening on http://";
 /// is SIGKILLed on drop. It starts from a cleared environment: only
 /// [`KEPT_ENV`] and the variables the test gives.
 ///
-/// ```ignore
+/// ```no_run
 /// use norepeat_testkit::{RedisServer, ShopProcess};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 ///
+/// # async fn demo(bin: &str) {
+/// // `bin` is the shop's binary: `env!("CARGO_BIN_EXE_norepeat")` in the
+/// // shop's own tests (this crate's doc tests have no binary to start).
 /// let redis = RedisServer::start().await;
-/// let shop = ShopProcess::start(
-///     env!("CARGO_BIN_EXE_norepeat"),
-///     vec![("NOREPEAT_REDIS_URL".to_owned(), redis.url())],
-/// )
-/// .await;
-/// let health = format!("{}/health", shop.base_url());
+/// let shop = ShopProcess::start(bin, vec![("REDIS_URL".to_owned(), redis.url())]).await;
+///
+/// let addr = shop.base_url().trim_start_matches("http://").to_owned();
+/// let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+/// conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n")
+///     .await
+///     .unwrap();
+/// let mut answer = String::new();
+/// conn.read_to_string(&mut answer).await.unwrap();
+/// assert!(answer.starts_with("HTTP/1.1 200"));
+/// assert!(answer.contains(r#""store":"redis""#));
+/// # }
 /// ```
 #[derive(Debug)]
 pub struct ShopProcess {

@@ -4,13 +4,14 @@
 //! A key is `prefix:` + `namespace` + `tag`:
 //! - `prefix` names the application (default `nr`), so several can share a
 //!   Redis;
-//! - `namespace` is one letter: `t` token, `f` fingerprint, `i` idempotency,
-//!   `r` rate limit;
+//! - `namespace` is one letter: `t` token, `f` a window (the fingerprint
+//!   guard's, the attribute's window mode's, the webhook layer's remembered
+//!   signatures), `i` idempotency, `r` rate limit;
 //! - `tag` is the first bits of BLAKE3 over the key's *scope* (tenant or
 //!   user, method, concrete request path) and its *content* (fingerprint,
 //!   client key), in base64url: 16 characters (96 bits) for tokens,
 //!   idempotency records and rate limits, 10 characters (60 bits) for a
-//!   fingerprint's window ([`Namespace::tag_chars`]).
+//!   window's key ([`Namespace::tag_chars`]).
 //!
 //! With the default prefix a fingerprint key is 14 bytes (`nr:fAbCdEfGhIj`)
 //! and every other key 20 (`nr:iAbCdEfGhIjKlMnOp`).
@@ -19,10 +20,12 @@
 //! name lives in an allocation of 1 + length + 1 bytes: up to 14 bytes
 //! that is 16, from 15 to 30 bytes 32. A key with a TTL then costs about
 //! 118 bytes in all at 14 bytes, 134 at 15 to 30 (BENCHMARKS.md has the
-//! measurement). Fingerprint keys are the guard's bulk: one per request in
-//! the window. They live for seconds, and a collision of two of them only
-//! makes a different request look like a repeat for the rest of a window
-//! (a 409, nothing stored or replayed). With `n` live fingerprint keys, a
+//! measurement). Window keys are the guard's bulk: one per request in the
+//! window. They live for a window (a fingerprint's 3 s by default; a
+//! remembered webhook signature twice the tolerance and a second, 601 s by
+//! default), and a collision of two of them only makes a different request
+//! look like a repeat for the rest of a window (a 409 or a `Duplicate`,
+//! nothing stored or replayed). With `n` live fingerprint keys, a
 //! new request meets an unrelated one with probability `n / 2^60`: below
 //! one in a million million at a million live keys. Records that are kept
 //! for a day (idempotency) or that carry a use (tokens) keep 96 bits.
@@ -81,7 +84,8 @@ const TAG_BYTES: usize = 12;
 pub enum Namespace {
     /// A used one-time token.
     Token,
-    /// A request fingerprint's window.
+    /// A window: a request fingerprint's, the attribute's window mode's,
+    /// a remembered webhook signature's.
     Fingerprint,
     /// An `Idempotency-Key` record.
     Idempotency,

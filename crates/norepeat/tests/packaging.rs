@@ -1,5 +1,6 @@
 //! What a team reads before depending on the crate holds: the minimum Rust
-//! version is true of every dependency, each feature pulls only its own
+//! version is true of every dependency (and is what sqlx needs, 1.88
+//! without it), the docs list every feature, each feature pulls only its own
 //! backend, and the published packages carry their licence texts and
 //! README. Read from `cargo metadata`, `cargo tree` and `cargo package
 //! --list`, so a new dependency or a feature change is checked as it lands.
@@ -113,6 +114,138 @@ fn no_dependency_needs_a_newer_rust_than_we_declare() {
         newer.is_empty(),
         "rust-version = \"{ours}\" is not true; raise it to the highest of:\n{}",
         newer.join("\n")
+    );
+
+    // And no lower: the crate docs and the README say 1.94 is what sqlx 0.9
+    // needs, and that without the SQL features the dependencies need 1.88.
+    let highest = |deps: &[String]| {
+        let mut needs: Vec<(String, &String)> = deps
+            .iter()
+            .filter(|d| !PUBLISHED.contains(&d.split(' ').next().unwrap()))
+            .filter_map(|d| Some((rust_version.get(d).cloned().flatten()?, d)))
+            .collect();
+        needs.sort_by_key(|(v, _)| version(v));
+        let top = needs
+            .last()
+            .expect("some dependency declares a rust-version")
+            .0
+            .clone();
+        let by: Vec<String> = needs
+            .iter()
+            .filter(|(v, _)| version(v) == version(&top))
+            .map(|(_, d)| (*d).clone())
+            .collect();
+        (top, by)
+    };
+    let (top, by) = highest(&deps);
+    assert_eq!(
+        version(&top),
+        version(ours),
+        "with every feature the dependencies need Rust {top} ({by:?}), not {ours}"
+    );
+    assert!(
+        by.iter().any(|d| d.starts_with("sqlx")),
+        "Rust {top} is needed by {by:?}, not by sqlx as the docs say"
+    );
+    let (top, by) = highest(&dependencies(&[]));
+    assert_eq!(
+        version(&top),
+        version("1.88"),
+        "without the SQL features the dependencies need Rust {top} ({by:?}), not 1.88 as the docs say"
+    );
+}
+
+/// The feature names of the table under `# Features` in the crate docs
+/// (the first cell of each row, between backticks), and the ones whose
+/// default column says **on**.
+fn documented_features() -> (Vec<String>, Vec<String>) {
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
+    let section = lib
+        .split_once("//! # Features")
+        .expect("the crate docs have a Features section")
+        .1;
+    let (mut all, mut on) = (Vec::new(), Vec::new());
+    for row in section
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("//!"))
+        .filter_map(|l| l.strip_prefix("//! | `"))
+    {
+        let (name, rest) = row.split_once('`').unwrap();
+        all.push(name.to_owned());
+        if rest.split('|').nth(1).is_some_and(|c| c.trim() == "**on**") {
+            on.push(name.to_owned());
+        }
+    }
+    (all, on)
+}
+
+/// The crate docs' table says it "lists every feature of this version", and
+/// the crate's README names them on its `[dependencies]` line: both are
+/// `Cargo.toml`'s `[features]`, with the same default.
+#[test]
+fn the_crate_docs_list_every_feature() {
+    let meta: serde_json::Value =
+        serde_json::from_str(&cargo(&["metadata", "--format-version", "1", "--no-deps"])).unwrap();
+    let package = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "norepeat")
+        .unwrap();
+    let features = package["features"].as_object().unwrap();
+    let mut declared: Vec<String> = features
+        .keys()
+        .filter(|k| *k != "default")
+        .cloned()
+        .collect();
+    declared.sort();
+    let mut default: Vec<String> = features["default"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect();
+    default.sort();
+
+    let (mut all, mut on) = documented_features();
+    all.sort();
+    on.sort();
+    assert_eq!(
+        all, declared,
+        "the crate docs' Features table against Cargo.toml"
+    );
+    assert_eq!(
+        on, default,
+        "the features the table marks **on** against Cargo.toml's default"
+    );
+
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find_map(|l| l.split_once("# features: ").map(|(_, f)| f.to_owned()))
+        .expect("the README's dependency line names the features");
+    let mut named: Vec<String> = Vec::new();
+    let mut named_default: Vec<String> = Vec::new();
+    for f in line.split(", ") {
+        match f.strip_suffix(" (default)") {
+            Some(name) => {
+                named.push(name.to_owned());
+                named_default.push(name.to_owned());
+            }
+            None => named.push(f.to_owned()),
+        }
+    }
+    named.sort();
+    named_default.sort();
+    assert_eq!(
+        named, declared,
+        "crates/norepeat/README.md's features line against Cargo.toml"
+    );
+    assert_eq!(
+        named_default, default,
+        "the README's (default) against Cargo.toml's default"
     );
 }
 

@@ -1,4 +1,4 @@
-// Over 400 lines on purpose: 195 lines are the tests of one renewal task, whose timing they pin down.
+// Over 400 lines on purpose: 260 lines are the tests of one renewal task, whose timing they pin down.
 //! One task that renews every running claim of a guard when it is due.
 //!
 //! A claim whose work runs longer than a third of its TTL is extended
@@ -299,14 +299,54 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
 mod tests {
     use super::*;
     use crate::claim::{Claim, Claimed, Renewal};
-    use crate::store::MemoryStore;
+    use crate::store::{KeyOp, KeyReply, MemoryStore, StoreError};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    const TTL: Duration = Duration::from_millis(60);
+    // No test here rests on a fixed margin a busy machine can break: what
+    // must happen is polled for up to `DEADLINE`, and what must not happen
+    // (a held key expiring) has most of a TTL of slack: renewals come every
+    // 100 ms, a key renewed lives 2 s, so a renewal task starved for less
+    // than 1.9 s still keeps it. (Tokio's paused clock would not do: the
+    // memory store times its keys with `std::time::Instant`.)
 
-    /// Registers `k` held by `me`, renewed every third of [`TTL`] up to `max`.
-    fn register(renewer: &Renewer<MemoryStore>, max: Duration) -> Registration<MemoryStore> {
+    /// A claim's time to live.
+    const TTL: Duration = Duration::from_secs(2);
+    /// How often the tests' claims are renewed: a twentieth of [`TTL`].
+    const EVERY: Duration = Duration::from_millis(100);
+    /// How long a test waits for what must happen.
+    const DEADLINE: Duration = Duration::from_secs(20);
+
+    /// A memory store that counts the renewals (`expire_if_equals`) it is
+    /// sent.
+    #[derive(Clone, Default)]
+    struct Counted {
+        inner: MemoryStore,
+        renewals: Arc<AtomicU64>,
+    }
+
+    impl Counted {
+        fn renewals(&self) -> u64 {
+            self.renewals.load(Ordering::Relaxed)
+        }
+    }
+
+    impl KeyValueStore for Counted {
+        async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+            if matches!(op, KeyOp::ExpireIfEquals { .. }) {
+                self.renewals.fetch_add(1, Ordering::Relaxed);
+            }
+            self.inner.execute(op).await
+        }
+        fn kind(&self) -> &'static str {
+            "counted"
+        }
+    }
+
+    /// Registers `k` held by `me`, renewed to a full [`TTL`] every
+    /// [`EVERY`] up to a total hold of `max`.
+    fn register<S: KeyValueStore + Clone>(renewer: &Renewer<S>, max: Duration) -> Registration<S> {
         renewer
-            .register(Arc::from("k"), Bytes::from_static(b"me"), TTL, TTL / 3, max)
+            .register(Arc::from("k"), Bytes::from_static(b"me"), TTL, EVERY, max)
             .expect("a runtime is here")
     }
 
@@ -319,6 +359,21 @@ mod tests {
             .is_none()
     }
 
+    /// Who holds `k` (leaving it as it is).
+    async fn holder(store: &MemoryStore) -> Option<Bytes> {
+        store.put_if_absent("k", b"other", TTL).await.unwrap()
+    }
+
+    /// Polls `done` every 10 ms until it is true; panics, saying `what`,
+    /// after [`DEADLINE`].
+    async fn until<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+        let deadline = Instant::now() + DEADLINE;
+        while !done().await {
+            assert!(Instant::now() < deadline, "not within {DEADLINE:?}: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A claim registered past its TTL keeps its key while registered, and
     /// loses it once the registration is dropped.
     #[tokio::test]
@@ -327,57 +382,57 @@ mod tests {
         assert!(free_for(&store, b"me").await);
         let renewer = Renewer::new(store.clone());
         let reg = register(&renewer, Duration::MAX);
-        tokio::time::sleep(TTL * 4).await;
+        tokio::time::sleep(TTL + TTL / 4).await;
         assert_eq!(
-            store
-                .put_if_absent("k", b"other", TTL)
-                .await
-                .unwrap()
-                .as_deref(),
+            holder(&store).await.as_deref(),
             Some(&b"me"[..]),
             "renewed past its first TTL"
         );
         drop(reg);
-        tokio::time::sleep(TTL * 2).await;
-        assert!(free(&store).await, "expired once no longer registered");
+        until("expired once no longer registered", || free(&store)).await;
     }
 
     /// A claim taken over by someone else is not renewed for them.
     #[tokio::test]
     async fn a_lost_claim_is_not_renewed() {
-        let store = MemoryStore::default();
-        assert!(free_for(&store, b"other").await);
+        let store = Counted::default();
+        assert!(free_for(&store.inner, b"other").await);
         let renewer = Renewer::new(store.clone());
         let _reg = register(&renewer, Duration::MAX);
-        tokio::time::sleep(TTL * 2).await;
-        assert!(
-            free(&store).await,
-            "the other owner's key expired on its own"
-        );
+        until("a renewal was tried", || async { store.renewals() > 0 }).await;
+        until("the other owner's key expired on its own", || {
+            free(&store.inner)
+        })
+        .await;
     }
 
     /// A store that forgets (FLUSHALL, a restart without persistence):
     /// renewal is owner-checked, so it never writes the key back.
     #[tokio::test]
     async fn a_forgotten_key_is_not_written_back() {
-        let store = MemoryStore::default();
-        assert!(free_for(&store, b"me").await);
+        let store = Counted::default();
+        assert!(free_for(&store.inner, b"me").await);
         let renewer = Renewer::new(store.clone());
         let _reg = register(&renewer, Duration::MAX);
-        assert!(store.delete_if_equals("k", b"me").await.unwrap());
-        tokio::time::sleep(TTL * 2).await;
-        assert!(free(&store).await, "renewal did not recreate the key");
+        assert!(store.inner.delete_if_equals("k", b"me").await.unwrap());
+        let before = store.renewals();
+        until(
+            "a renewal was tried after the key was forgotten",
+            || async { store.renewals() > before },
+        )
+        .await;
+        assert!(free(&store.inner).await, "renewal did not recreate the key");
     }
 
-    /// Renewal stops at the total hold.
+    /// Renewal stops at the total hold: the key, renewed for a while, is
+    /// then let go.
     #[tokio::test]
     async fn stops_at_the_total_hold() {
         let store = MemoryStore::default();
         assert!(free_for(&store, b"me").await);
         let renewer = Renewer::new(store.clone());
-        let _reg = register(&renewer, TTL * 2);
-        tokio::time::sleep(TTL * 4).await;
-        assert!(free(&store).await, "held for about two TTLs, then let go");
+        let _reg = register(&renewer, TTL + EVERY * 3);
+        until("let go after its total hold", || free(&store)).await;
     }
 
     /// A caller that gives up half-way through `Claim::run_renewed_by`: its
@@ -391,34 +446,59 @@ mod tests {
             panic!("first claim");
         };
         let renewer = Renewer::new(store.clone());
-        let work =
-            claim.run_renewed_by(&renewer, std::future::pending::<()>(), Renewal::thirds(TTL));
-        // Runs (and is renewed) for two TTLs, then the caller gives up.
-        let gave_up = tokio::time::timeout(TTL * 2, work).await;
+        let renewal = Renewal {
+            every: EVERY,
+            max: Duration::MAX,
+        };
+        let work = claim.run_renewed_by(&renewer, std::future::pending::<()>(), renewal);
+        // Runs (and is renewed) past its first TTL, then the caller gives up.
+        let gave_up = tokio::time::timeout(TTL + TTL / 4, work).await;
         assert!(gave_up.is_err());
         assert!(!free(&store).await, "renewed while the work ran");
-        tokio::time::sleep(TTL * 2).await;
-        assert!(free(&store).await, "not renewed after the caller gave up");
+        until("not renewed after the caller gave up", || free(&store)).await;
         claim.keep();
     }
 
     /// A task woken after the last moment a renewal may start (the
-    /// runtime was busy) stops renewing that claim; it does not spin on an
-    /// entry that stays due.
+    /// runtime was busy) stops renewing that claim: it sends no renewal
+    /// (one started then would hold the key past its total hold), and it
+    /// does not spin on an entry that stays due.
+    ///
+    /// Without the branch of `renew_due` that stops such an entry, the late
+    /// wake sends one renewal (`renewals` is 1); with the branch but not
+    /// its `stopped = true`, the entry stays due and the task wakes again
+    /// at once, forever (`wakes` in the thousands).
     #[tokio::test(flavor = "current_thread")]
     async fn a_late_wake_past_the_total_hold_does_not_spin() {
-        let store = MemoryStore::default();
-        assert!(free_for(&store, b"me").await);
+        let store = Counted::default();
+        assert!(free_for(&store.inner, b"me").await);
         let renewer = Renewer::new(store.clone());
         // Due after 20 ms, last renewal may start at 40 ms.
-        let _reg = register(&renewer, TTL + TTL * 2 / 3);
-        // The only thread is busy past both.
-        std::thread::sleep(TTL);
-        tokio::time::sleep(TTL * 2).await;
-        let wakes = renewer
-            .shared
-            .wakes
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let _reg = renewer
+            .register(
+                Arc::from("k"),
+                Bytes::from_static(b"me"),
+                TTL,
+                Duration::from_millis(20),
+                TTL + Duration::from_millis(40),
+            )
+            .expect("a runtime is here");
+        // The only thread is busy past both (a busier machine only makes
+        // the wake later), so the task first runs too late to renew.
+        std::thread::sleep(Duration::from_millis(60));
+        // Let the task run: it wakes at once (the renewal is overdue); a
+        // task that spins has a whole second to show it.
+        until("the task woke", || async {
+            renewer.shared.wakes.load(Ordering::Relaxed) > 0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            store.renewals(),
+            0,
+            "a renewal started past the last moment"
+        );
+        let wakes = renewer.shared.wakes.load(Ordering::Relaxed);
         assert!(wakes < 10, "the task woke {wakes} times");
     }
 
@@ -428,10 +508,7 @@ mod tests {
     struct OneKeyHangs(MemoryStore);
 
     impl KeyValueStore for OneKeyHangs {
-        async fn execute(
-            &self,
-            op: crate::store::KeyOp<'_>,
-        ) -> Result<crate::store::KeyReply, crate::store::StoreError> {
+        async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
             if op.key() == "slow" {
                 std::future::pending::<()>().await;
             }
@@ -456,27 +533,14 @@ mod tests {
                 Arc::from("slow"),
                 Bytes::from_static(b"me"),
                 TTL,
-                TTL / 3,
+                EVERY,
                 Duration::MAX,
             )
             .expect("a runtime is here");
-        let _reg = renewer
-            .register(
-                Arc::from("k"),
-                Bytes::from_static(b"me"),
-                TTL,
-                TTL / 3,
-                Duration::MAX,
-            )
-            .expect("a runtime is here");
-        tokio::time::sleep(TTL * 4).await;
+        let _reg = register(&renewer, Duration::MAX);
+        tokio::time::sleep(TTL + TTL / 4).await;
         assert_eq!(
-            store
-                .0
-                .put_if_absent("k", b"other", TTL)
-                .await
-                .unwrap()
-                .as_deref(),
+            holder(&store.0).await.as_deref(),
             Some(&b"me"[..]),
             "k was renewed past its first TTL"
         );

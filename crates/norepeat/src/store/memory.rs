@@ -85,10 +85,11 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 /// ```
 ///
 /// # When it is full
-/// Its capacity is in bytes: each entry weighs its key, its value (a stored
-/// response counts whole) and about 128 bytes of bookkeeping, so a
-/// fingerprint or a token costs under 200 bytes and the default 64 MiB
-/// holds some 350,000 of them.
+/// Its capacity is in bytes: each entry is counted as its key, its value
+/// (a stored response counts whole) and 128 bytes of bookkeeping (an
+/// estimate of moka's, rounded up, not a measurement), so a fingerprint or
+/// a token counts under 200 bytes and the default 64 MiB holds over
+/// 330,000 of them (64 MiB / 200 B).
 ///
 /// A new key is always taken. To make room, the entries used least
 /// recently are evicted (LRU). A frequency-based policy would keep a

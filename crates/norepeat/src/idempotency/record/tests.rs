@@ -130,6 +130,43 @@ fn headers_that_do_not_fit_are_left_out() {
     assert_eq!(c.headers, vec![ok]);
 }
 
+/// The other two limits of the module docs: a header name over 255 bytes
+/// is left out (255 is kept), and of 300 headers the first 255 are kept,
+/// in order.
+#[test]
+fn long_names_and_headers_past_the_255th_are_left_out() {
+    let v = HeaderValue::from_static("v");
+    let kept = HeaderName::from_bytes(&[b'k'; 255]).unwrap();
+    let left = HeaderName::from_bytes(&[b'l'; 256]).unwrap();
+    let b = completed(
+        &[0; 16],
+        &[0; 16],
+        StatusCode::OK,
+        [(&left, &v), (&kept, &v)],
+        b"",
+    );
+    let c = decode(&Bytes::from(b)).unwrap().completed.unwrap();
+    assert_eq!(c.headers, vec![(kept, v.clone())]);
+
+    let many: Vec<(HeaderName, HeaderValue)> = (0..300)
+        .map(|i| {
+            (
+                HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(),
+                v.clone(),
+            )
+        })
+        .collect();
+    let b = completed(
+        &[0; 16],
+        &[0; 16],
+        StatusCode::OK,
+        many.iter().map(|(n, v)| (n, v)),
+        b"",
+    );
+    let c = decode(&Bytes::from(b)).unwrap().completed.unwrap();
+    assert_eq!(c.headers, many[..255].to_vec());
+}
+
 #[test]
 fn well_known_and_other_header_names_round_trip() {
     let headers = [

@@ -99,7 +99,8 @@ async fn token_issue(store: &AnyStore, load: &Load) -> Result<Sample, BenchError
 
 /// Plain redis-rs: `SET key 1 NX PX 3000` of a fresh key, over as many
 /// `ConnectionManager`s as the store holds ([`norepeat::store::DEFAULT_CONNECTIONS`]),
-/// used in turn, as the store uses its own. The store does not lend its
+/// used in turn (the store picks a key's connection by a hash of the key;
+/// over fresh keys either spreads them evenly). The store does not lend its
 /// connections out, so these are new ones of the same kind, to the same
 /// server, in the same process.
 async fn redis_raw(url: &str, load: &Load, run: u64) -> Result<Sample, BenchError> {
