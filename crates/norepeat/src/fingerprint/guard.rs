@@ -80,7 +80,8 @@ pub struct FingerprintGuard<S> {
 
 impl<S: Store + Clone> FingerprintGuard<S> {
     /// A guard with a 3 s window, [`ReleasePolicy::HoldOnSuccess`],
-    /// fail-open, renewal up to 10 windows, the default ignored fields.
+    /// fail-open, renewal while the handler runs up to a total hold of 30 s
+    /// ([`renew_up_to`](Self::renew_up_to)), the default ignored fields.
     #[must_use]
     pub fn new(store: S) -> Self {
         let renewer = Renewer::new(store.clone());

@@ -625,7 +625,7 @@ where
     .await
 }
 
-/// 128 bits of the request's fingerprint: caller, method, route, query and
+/// 128 bits of the request's fingerprint: caller, method, concrete path, query and
 /// canonical body. The fingerprint guard's rule: a body whose content type
 /// says JSON must parse (else the error, answered 400); one that only looks
 /// like JSON and does not parse is hashed as bytes.
