@@ -174,8 +174,9 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         match w.sequence(n, "routes") {
             None => routes = None,
             Some(items) => {
+                let mut seen: Vec<(usize, RouteMatch)> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
-                    let r = route(w, item, &format!("routes[{i}]"), upstream.as_ref());
+                    let r = route(w, item, i, upstream.as_ref(), &mut seen);
                     match (r, routes.as_mut()) {
                         (Some(r), Some(list)) => list.push(r),
                         _ => routes = None,
@@ -194,12 +195,16 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
     })
 }
 
+/// Route `index`; `seen` holds the matches of the routes before it, so
+/// a route that none could reach (the first match wins) is named.
 fn route(
     w: &mut Walker,
     node: &Node,
-    path: &str,
+    index: usize,
     upstream_default: Option<&Upstream>,
+    seen: &mut Vec<(usize, RouteMatch)>,
 ) -> Option<Route> {
+    let path = &format!("routes[{index}]");
     let f = w.mapping(node, path, ROUTE)?;
     let p = |name: &str| format!("{path}.{name}");
     let matcher = match f.get("match") {
@@ -213,6 +218,18 @@ fn route(
         }
         Some(n) => w.parse(n, &p("match"), RouteMatch::parse),
     };
+    if let (Some(m), Some(n)) = (&matcher, f.get("match")) {
+        if let Some((i, earlier)) = seen.iter().find(|(_, e)| e.covers(m)) {
+            w.at(
+                n,
+                &p("match"),
+                &format!(
+                    "never reached: routes[{i}] ({earlier}) takes every request it matches (the first match wins)"
+                ),
+            );
+        }
+        seen.push((index, m.clone()));
+    }
     let guard_name = match f.get("guard") {
         None => Some(None),
         Some(n) => w

@@ -113,6 +113,34 @@ impl RouteMatch {
         parts.next().is_none()
     }
 
+    /// Whether every request `other` matches is matched by `self` too: a
+    /// route after `self` with such a match could never be reached.
+    ///
+    /// ```
+    /// use norepeat_gateway::config::RouteMatch;
+    ///
+    /// let any: RouteMatch = "POST /orders/{id}".parse()?;
+    /// assert!(any.covers(&"POST /orders/quick".parse()?));
+    /// assert!(!any.covers(&"PUT /orders/quick".parse()?));
+    /// assert!(!"POST /orders/quick".parse::<RouteMatch>()?.covers(&any));
+    /// # Ok::<(), String>(())
+    /// ```
+    #[must_use]
+    pub fn covers(&self, other: &RouteMatch) -> bool {
+        self.method == other.method
+            && self.segments.len() == other.segments.len()
+            && self
+                .segments
+                .iter()
+                .zip(&other.segments)
+                .all(|pair| match pair {
+                    (Segment::Param(_), Segment::Literal(l)) => !l.is_empty(),
+                    (Segment::Param(_), Segment::Param(_)) => true,
+                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
+                    (Segment::Literal(_), Segment::Param(_)) => false,
+                })
+    }
+
     /// The method, upper case.
     #[must_use]
     pub fn method(&self) -> &str {
@@ -250,6 +278,17 @@ mod tests {
             let err = RouteMatch::parse(text).expect_err(text);
             assert!(err.contains(want), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn covers_is_matching_every_request_of_the_other() {
+        assert!(m("POST /a").covers(&m("POST /a")));
+        assert!(m("POST /{x}/b").covers(&m("POST /a/b")));
+        assert!(m("POST /{x}").covers(&m("POST /{y}")));
+        assert!(!m("POST /{x}").covers(&m("POST /a/b")));
+        assert!(!m("POST /a/{x}").covers(&m("POST /a/")));
+        assert!(!m("POST /a").covers(&m("POST /b")));
+        assert!(!m("POST /a").covers(&m("GET /a")));
     }
 
     #[test]

@@ -526,6 +526,18 @@ fn route_problems() {
 }
 
 #[test]
+fn a_route_that_an_earlier_one_hides_is_a_problem() {
+    let text = format!(
+        "{UP}routes:\n  - match: POST /orders/{{id}}\n    guard: token\n  - match: GET /orders/quick\n    guard: token\n  - match: POST /orders/quick\n    guard: fingerprint\n"
+    );
+    assert_one(
+        &text,
+        "7:12 routes[2].match:",
+        "never reached: routes[0] (POST /orders/{id}) takes every request it matches",
+    );
+}
+
+#[test]
 fn every_problem_is_reported_in_file_order() {
     let text = format!(
         "{UP}store: nope\nroutes:\n  - match: POST /a\n    guard: token\n    window: 1s\n  - match: GET /b\n    guard: fingerprint\n    window: 0s\nextra: 1\n"
