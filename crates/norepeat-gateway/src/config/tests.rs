@@ -642,3 +642,16 @@ fn durations_are_the_library_grammar() {
         assert_eq!(r.timeout, Duration::from_millis(want), "{s}");
     }
 }
+
+#[test]
+fn the_first_matching_route_takes_the_request() {
+    let c = ok(&format!(
+        "{UP}routes:\n  - match: POST /a/b\n    guard: token\n  - match: POST /a/{{x}}\n    guard: fingerprint\n  - match: GET /a/{{x}}\n    rate_limit: {{ rate: 1/s }}\n"
+    ));
+    let at = |m: &str, p: &str| c.route_for(m, p).map(|(i, _)| i);
+    assert_eq!(at("POST", "/a/b"), Some(0));
+    assert_eq!(at("POST", "/a/c"), Some(1));
+    assert_eq!(at("GET", "/a/b"), Some(2));
+    assert_eq!(at("PUT", "/a/b"), None);
+    assert_eq!(at("POST", "/a"), None);
+}
