@@ -70,7 +70,10 @@
 //! | `rate_limit.burst` (gcra only) | the rate's count |
 //! | `rate_limit.by` | `identity` |
 //!
-//! `upstream`, `routes[].match` and `rate_limit.rate` have none. Durations
+//! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
+//! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
+//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]`.
+//! A misspelt field gets the nearest known name (`did you mean window?`). Durations
 //! are the library's grammar ([`norepeat::attribute::parse_duration`]:
 //! `250ms`, `3s`, `5m`, `24h`, `7d`), rates its [`Quota::parse`] (`5/s`,
 //! `120/m`, `1000/h`), sizes a whole number of bytes or one with `B`,

@@ -742,11 +742,11 @@ impl Walker {
             match node_str(k) {
                 Some(name) if known.contains(&name) => entries.push((name, v)),
                 Some(name) => {
-                    self.at(
-                        k,
-                        &field(name),
-                        &format!("unknown field; expected one of {}", known.join(", ")),
-                    );
+                    let message = match known.iter().find(|k| edits(name, k) <= 2) {
+                        Some(near) => format!("unknown field; did you mean {near}?"),
+                        None => format!("unknown field; expected one of {}", known.join(", ")),
+                    };
+                    self.at(k, &field(name), &message);
                 }
                 None => {
                     self.at(
@@ -889,4 +889,22 @@ fn untag<'a, 'n>(node: &'a Node<'n>) -> &'a Node<'n> {
         YamlData::Tagged(_, inner) => untag(inner),
         _ => node,
     }
+}
+
+/// The Levenshtein distance of two short names, for "did you mean".
+pub(super) fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }

@@ -294,7 +294,7 @@ fn identity_problems() {
     assert_one(
         &id("  cookie: sid\n"),
         "3:3 identity.cookie:",
-        "unknown field",
+        "unknown field; expected one of header, ip,",
     );
     assert_one(
         &format!("{UP}identity: user\n"),
@@ -501,7 +501,7 @@ fn route_problems() {
     assert_one(
         &r("    guard: token\n    gaurd: token\n"),
         "5:5 routes[0].gaurd:",
-        "unknown field",
+        "unknown field; did you mean guard?",
     );
     assert_one(
         &format!("{UP}routes:\n  - guard: token\n"),
@@ -654,4 +654,26 @@ fn the_first_matching_route_takes_the_request() {
     assert_eq!(at("GET", "/a/b"), Some(2));
     assert_eq!(at("PUT", "/a/b"), None);
     assert_eq!(at("POST", "/a"), None);
+}
+
+#[test]
+fn a_misspelt_field_gets_the_nearest_name() {
+    let r = |f: &str| one_route(&format!("    guard: fingerprint\n{f}"));
+    assert_one(
+        &r("    windwo: 3s\n"),
+        "5:5 routes[0].windwo:",
+        "did you mean window?",
+    );
+    assert_one(
+        &r("    ignore_field: [a]\n"),
+        "5:5 routes[0].ignore_field:",
+        "did you mean ignore_fields?",
+    );
+    assert_one(
+        &format!("{UP}stroe: memory\n"),
+        "2:1 stroe:",
+        "did you mean store?",
+    );
+    assert_eq!(super::parse::edits("", "ab"), 2);
+    assert_eq!(super::parse::edits("kitten", "sitting"), 3);
 }
