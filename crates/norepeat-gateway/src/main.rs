@@ -9,7 +9,7 @@ use norepeat_gateway::config::Config;
 /// norepeat's guards in front of any HTTP backend, from one YAML file.
 ///
 /// This build validates the file (`check`); serving it
-/// (`--config FILE [--listen ADDR]`) comes in the next release.
+/// (`--config FILE [--listen ADDR]`) is not built yet: it comes next.
 #[derive(Parser)]
 #[command(name = "norepeat-gateway", version)]
 struct Cli {
