@@ -1,0 +1,461 @@
+//! The gateway's file (`GATEWAY.md`, "The file") as typed Rust.
+//!
+//! [`Config::parse`] reads the YAML text into a tree whose every node
+//! knows its line and column, then walks it field by field, collecting
+//! every problem (an unknown field is one: nothing is ignored) before it
+//! answers, so `check` names them all at once instead of the first.
+//!
+//! ```
+//! use norepeat_gateway::config::{Config, Guard, OnStoreFailure};
+//! use std::time::Duration;
+//!
+//! let config = Config::parse("gateway.yaml", br#"
+//! upstream: http://127.0.0.1:9000
+//! routes:
+//!   - match: POST /payments
+//!     guard: idempotency
+//!     retention: 1h
+//! "#)?;
+//! let route = &config.routes[0];
+//! assert!(route.matcher.matches("POST", "/payments"));
+//! assert_eq!(route.on_store_failure, OnStoreFailure::Closed);
+//! assert!(matches!(route.guard, Some(Guard::Idempotency { retention, .. })
+//!     if retention == Duration::from_secs(3600)));
+//! assert_eq!(route.timeout, Duration::from_secs(30));
+//! # Ok::<(), norepeat_gateway::config::Problems>(())
+//! ```
+//!
+//! A bad file gets one line per problem, each naming the file, the line
+//! and column, and the field (`routes[0]` is the first route):
+//!
+//! ```
+//! use norepeat_gateway::config::Config;
+//!
+//! let problems = Config::parse("gateway.yaml", b"
+//! upstream: http://127.0.0.1:9000
+//! routes:
+//!   - match: POST /orders
+//!     guard: token
+//!     window: 3s
+//!   - match: POST /b
+//!     rate_limit: { rate: 5/d }
+//! ").unwrap_err();
+//! assert_eq!(problems.to_string(), "\
+//! gateway.yaml:6:13: routes[0].window: only a fingerprint route has a window (this route's guard is token)
+//! gateway.yaml:8:25: routes[1].rate_limit.rate: the unit of a rate must be s, m or h, not \"d\"
+//! ");
+//! ```
+//!
+//! # Defaults
+//!
+//! | field | default |
+//! |---|---|
+//! | `listen` | `127.0.0.1:8090` |
+//! | `store` | `memory` |
+//! | `identity` | the peer address (`ip`), no trusted proxies, not required |
+//! | `token_secret` | `NOREPEAT_GATEWAY_TOKEN_SECRET`, else a random one kept in the store |
+//! | `routes` | none (every request passes through) |
+//! | `routes[].upstream` | the file's `upstream` |
+//! | `routes[].on_store_failure` | `closed` for idempotency, `open` otherwise |
+//! | `routes[].shadow` | `false` |
+//! | `routes[].window` (fingerprint) | `3s`, the library's |
+//! | `routes[].ignore_fields` (fingerprint) | none |
+//! | `routes[].required` (idempotency) | `true` |
+//! | `routes[].retention` (idempotency) | `24h` |
+//! | `routes[].ambiguous` (idempotency) | `keep` |
+//! | `routes[].max_request_body` | `64KiB` |
+//! | `routes[].max_stored_response` | `1MiB` |
+//! | `routes[].timeout` | `30s` |
+//! | `rate_limit.algorithm` | `gcra` |
+//! | `rate_limit.burst` (gcra only) | the rate's count |
+//! | `rate_limit.by` | `identity` |
+//!
+//! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
+//! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
+//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]`.
+//! A misspelt field gets the nearest known name (`did you mean window?`). Durations
+//! are the library's grammar ([`norepeat::attribute::parse_duration`]:
+//! `250ms`, `3s`, `5m`, `24h`, `7d`), rates its [`Quota::parse`] (`5/s`,
+//! `120/m`, `1000/h`), sizes a whole number of bytes or one with `B`,
+//! `KiB`, `MiB` or `GiB` (`64KiB`).
+
+mod parse;
+mod route_match;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+pub use ipnet::IpNet;
+pub use norepeat::ratelimit::{Algorithm, Quota};
+pub use route_match::{METHODS, RouteMatch};
+
+/// The environment variable that gives the token secret when the file
+/// does not.
+pub const TOKEN_SECRET_ENV: &str = "NOREPEAT_GATEWAY_TOKEN_SECRET";
+
+/// The shortest token secret accepted, in bytes.
+pub const MIN_TOKEN_SECRET: usize = 32;
+
+/// A whole configuration file, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Where the gateway listens (`listen`).
+    pub listen: SocketAddr,
+    /// Where every request goes unless its route says otherwise.
+    pub upstream: Upstream,
+    /// Where the guards keep their keys.
+    pub store: StoreUrl,
+    /// Who the caller is.
+    pub identity: Identity,
+    /// What signs the tokens; `None` when neither the file nor
+    /// [`TOKEN_SECRET_ENV`] gives one (the store then keeps a random one).
+    pub token_secret: Option<TokenSecret>,
+    /// The routes, in order: the first that matches a request takes it.
+    pub routes: Vec<Route>,
+}
+
+/// One entry of `routes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Route {
+    /// `match`: the requests this route takes.
+    pub matcher: RouteMatch,
+    /// `guard`, with its own fields.
+    pub guard: Option<Guard>,
+    /// `rate_limit`.
+    pub rate_limit: Option<RateLimit>,
+    /// `shadow`: decide and count, never refuse.
+    pub shadow: bool,
+    /// The route's `upstream`, or the file's.
+    pub upstream: Upstream,
+    /// What a store that does not answer does to the request.
+    pub on_store_failure: OnStoreFailure,
+    /// The largest request body the route reads, in bytes.
+    pub max_request_body: u64,
+    /// The largest answer kept for a replay, in bytes.
+    pub max_stored_response: u64,
+    /// How long the upstream has to answer.
+    pub timeout: Duration,
+}
+
+/// `guard:` and the fields that belong to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Guard {
+    /// `guard: token`: `GET /.norepeat/token` issues, `Repeat-Token`
+    /// consumes.
+    Token,
+    /// `guard: fingerprint`: the same body twice within `window` is a
+    /// duplicate.
+    Fingerprint {
+        /// How long a fingerprint is held.
+        window: Duration,
+        /// JSON fields left out of the fingerprint.
+        ignore_fields: Vec<String>,
+    },
+    /// `guard: idempotency`: the `Idempotency-Key` header.
+    Idempotency {
+        /// A request without the header gets 400.
+        required: bool,
+        /// How long an answer is kept for replay.
+        retention: Duration,
+        /// What an unknown outcome does to the key.
+        ambiguous: Ambiguous,
+    },
+}
+
+impl Guard {
+    /// The name the file gives the guard.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Guard::Token => "token",
+            Guard::Fingerprint { .. } => "fingerprint",
+            Guard::Idempotency { .. } => "idempotency",
+        }
+    }
+}
+
+/// `ambiguous:` of an idempotency route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ambiguous {
+    /// The unknown outcome is recorded: every retry gets 409
+    /// `idempotency_outcome_unknown` until the retention ends.
+    #[default]
+    Keep,
+    /// The key is freed, so a retry runs again.
+    Release,
+}
+
+/// `on_store_failure:` of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreFailure {
+    /// The request goes on unguarded.
+    Open,
+    /// The request gets 503 `guard_unavailable`.
+    Closed,
+}
+
+/// `rate_limit:` of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    /// `algorithm`: `fixed`, `sliding` or `gcra`.
+    pub algorithm: Algorithm,
+    /// `rate` with `burst` applied.
+    pub quota: Quota,
+    /// `by`: whose requests are counted together.
+    pub by: LimitBy,
+}
+
+/// `rate_limit.by`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitBy {
+    /// The caller as `identity` names it.
+    Identity,
+    /// The client's address (`address` or `ip`), whatever the identity.
+    Address,
+}
+
+/// `identity:`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Identity {
+    /// Where the caller's name is read.
+    pub source: IdentitySource,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// A guarded request without an identity gets 401.
+    pub required: bool,
+}
+
+/// `identity.header` or `identity.ip`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum IdentitySource {
+    /// The peer address (from `X-Forwarded-For` when the peer is a
+    /// trusted proxy).
+    #[default]
+    PeerAddress,
+    /// A header's value, hashed (the header name, lower case).
+    Header(String),
+}
+
+/// `store:`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StoreUrl {
+    /// `memory`: one process's own store.
+    #[default]
+    Memory,
+    /// `redis://...` or `rediss://...`, as written.
+    Redis(String),
+    /// `redis+cluster://h:p,h:p`, as written.
+    Cluster(String),
+}
+
+impl StoreUrl {
+    /// The URL to hand to `norepeat::store::AnyStore::from_url` (`None`
+    /// for memory).
+    #[must_use]
+    pub fn as_url(&self) -> Option<&str> {
+        match self {
+            StoreUrl::Memory => None,
+            StoreUrl::Redis(u) | StoreUrl::Cluster(u) => Some(u),
+        }
+    }
+}
+
+/// An `http://host:port[/base]` upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream(String);
+
+impl Upstream {
+    /// The URL as written, without a trailing `/`.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The key that signs tokens; its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenSecret(Vec<u8>);
+
+impl TokenSecret {
+    /// The secret's bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TokenSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TokenSecret({} bytes)", self.0.len())
+    }
+}
+
+impl Config {
+    /// Parses a file's bytes; `file` names it in the problems. The token
+    /// secret comes from the file alone (see [`Config::parse_with_env`]).
+    ///
+    /// # Errors
+    /// Every problem found, in the order of the file.
+    pub fn parse(file: &str, bytes: &[u8]) -> Result<Self, Problems> {
+        Self::parse_with_env(file, bytes, None)
+    }
+
+    /// As [`Config::parse`], with the value of [`TOKEN_SECRET_ENV`]
+    /// (`env_secret`), used when the file has no `token_secret`: the
+    /// file's wins.
+    ///
+    /// ```
+    /// use norepeat_gateway::config::Config;
+    ///
+    /// let file = b"upstream: http://127.0.0.1:9000\n";
+    /// let config = Config::parse_with_env("g.yaml", file, Some(&[b'k'; 32]))?;
+    /// assert_eq!(config.token_secret.map(|s| s.as_bytes().len()), Some(32));
+    /// let short = Config::parse_with_env("g.yaml", file, Some(b"short")).unwrap_err();
+    /// assert!(short.to_string().starts_with("NOREPEAT_GATEWAY_TOKEN_SECRET: "));
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Every problem found, in the order of the file, then the
+    /// variable's.
+    pub fn parse_with_env(
+        file: &str,
+        bytes: &[u8],
+        env_secret: Option<&[u8]>,
+    ) -> Result<Self, Problems> {
+        parse::parse(file, bytes, env_secret)
+    }
+
+    /// The route that takes a request: the first whose `match` matches,
+    /// with its index; `None` passes the request through unguarded.
+    ///
+    /// ```
+    /// use norepeat_gateway::config::Config;
+    ///
+    /// let config = Config::parse("g.yaml", b"
+    /// upstream: http://127.0.0.1:9000
+    /// routes:
+    ///   - match: POST /orders/quick
+    ///     guard: fingerprint
+    ///   - match: POST /orders/{id}
+    ///     guard: token
+    /// ")?;
+    /// assert_eq!(config.route_for("POST", "/orders/quick").map(|(i, _)| i), Some(0));
+    /// assert_eq!(config.route_for("POST", "/orders/7").map(|(i, _)| i), Some(1));
+    /// assert!(config.route_for("GET", "/orders/7").is_none());
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
+    #[must_use]
+    pub fn route_for(&self, method: &str, path: &str) -> Option<(usize, &Route)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.matcher.matches(method, path))
+    }
+
+    /// Reads and parses the file at `path`, with [`TOKEN_SECRET_ENV`]
+    /// from the environment.
+    ///
+    /// # Errors
+    /// The file cannot be read, or [`Config::parse_with_env`]'s.
+    pub fn load(path: &Path) -> Result<Self, Problems> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Problems {
+            file: file.clone(),
+            list: vec![Problem {
+                line: None,
+                column: None,
+                field: String::new(),
+                message: format!("cannot read the file: {e}"),
+            }],
+        })?;
+        let env = std::env::var_os(TOKEN_SECRET_ENV);
+        Self::parse_with_env(&file, &bytes, env.as_ref().map(|v| v.as_encoded_bytes()))
+    }
+}
+
+/// One thing wrong with a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Problem {
+    /// The line (from 1), when the problem has one.
+    pub line: Option<usize>,
+    /// The column (from 1), when known.
+    pub column: Option<usize>,
+    /// The field's path (`routes[2].window`; empty for the file itself).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Every problem of one file; `Display` writes one line each,
+/// `FILE:LINE:COLUMN: FIELD: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problems {
+    file: String,
+    list: Vec<Problem>,
+}
+
+impl Problems {
+    /// The problems, in the order of the file.
+    #[must_use]
+    pub fn list(&self) -> &[Problem] {
+        &self.list
+    }
+
+    /// The file's name as given.
+    #[must_use]
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+}
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.list {
+            // The environment variable is not in the file.
+            if p.field != TOKEN_SECRET_ENV {
+                f.write_str(&self.file)?;
+                if let Some(line) = p.line {
+                    write!(f, ":{line}")?;
+                    if let Some(col) = p.column {
+                        write!(f, ":{col}")?;
+                    }
+                }
+                f.write_str(": ")?;
+            }
+            if !p.field.is_empty() {
+                write!(f, "{}: ", p.field)?;
+            }
+            writeln!(f, "{}", p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Problems {}
+
+/// The library's default fingerprint window.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(3);
+/// The library's default idempotency retention.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+const DEFAULT_MAX_REQUEST_BODY: u64 = 64 * 1024;
+const DEFAULT_MAX_STORED_RESPONSE: u64 = 1024 * 1024;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_LISTEN: &str = "127.0.0.1:8090";
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,910 @@
+//! From bytes to [`Config`]: a YAML tree with positions (saphyr's
+//! `MarkedYaml`), then a walk over it that records every problem and
+//! goes on, so one run of `check` names them all.
+//!
+//! Each mapping is read through [`Walker::mapping`] with the list of the
+//! fields it knows: any other is a problem (serde's
+//! `deny_unknown_fields`, without stopping at the first).
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
+
+use super::{
+    Ambiguous, Config, DEFAULT_LISTEN, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE,
+    DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet,
+    LimitBy, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
+    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream,
+};
+use norepeat::ratelimit::Algorithm;
+
+type Node<'a> = MarkedYaml<'a>;
+
+const TOP: &[&str] = &[
+    "listen",
+    "upstream",
+    "store",
+    "identity",
+    "token_secret",
+    "routes",
+];
+const ROUTE: &[&str] = &[
+    "match",
+    "guard",
+    "rate_limit",
+    "shadow",
+    "upstream",
+    "on_store_failure",
+    "max_request_body",
+    "max_stored_response",
+    "timeout",
+    "window",
+    "ignore_fields",
+    "required",
+    "retention",
+    "ambiguous",
+];
+const IDENTITY: &[&str] = &["header", "ip", "trusted_proxies", "required"];
+const RATE_LIMIT: &[&str] = &["algorithm", "rate", "burst", "by"];
+
+pub(super) fn parse(
+    file: &str,
+    bytes: &[u8],
+    env_secret: Option<&[u8]>,
+) -> Result<Config, Problems> {
+    let mut w = Walker::default();
+    let config = read(&mut w, bytes, env_secret);
+    // In the order of the file; the environment's (no line) last.
+    w.problems
+        .sort_by_key(|p| (p.line.unwrap_or(usize::MAX), p.column.unwrap_or(0)));
+    match config {
+        Some(c) if w.problems.is_empty() => Ok(c),
+        _ => Err(Problems {
+            file: file.to_owned(),
+            list: w.problems,
+        }),
+    }
+}
+
+fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Config> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let good = &bytes[..e.valid_up_to()];
+            let line = 1 + good.iter().filter(|&&b| b == b'\n').count();
+            let start = good.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            // The prefix is valid UTF-8, so the column counts characters.
+            let column = 1 + String::from_utf8_lossy(&good[start..]).chars().count();
+            w.problems.push(Problem {
+                line: Some(line),
+                column: Some(column),
+                field: String::new(),
+                message: format!(
+                    "the file is not UTF-8 (byte 0x{:02x} at offset {})",
+                    bytes[e.valid_up_to()],
+                    e.valid_up_to()
+                ),
+            });
+            return None;
+        }
+    };
+    let docs = match MarkedYaml::load_from_str(text) {
+        Ok(d) => d,
+        Err(e) => {
+            let m = e.marker();
+            w.problems.push(Problem {
+                line: Some(m.line()),
+                column: Some(m.col() + 1),
+                field: String::new(),
+                message: format!("YAML syntax: {}", e.info()),
+            });
+            return None;
+        }
+    };
+    if let Some(second) = docs.get(1) {
+        w.at(
+            second,
+            "",
+            "a second YAML document (---): the file is one document",
+        );
+    }
+    let Some(root) = docs
+        .first()
+        .filter(|r| !matches!(r.data, YamlData::Value(Scalar::Null)))
+    else {
+        w.problems.push(Problem {
+            line: Some(1),
+            column: None,
+            field: "upstream".into(),
+            message: "missing (the file is empty); it is required".into(),
+        });
+        return None;
+    };
+    let top = w.mapping(root, "", TOP)?;
+
+    let listen = match top.get("listen") {
+        None => Some(DEFAULT_LISTEN.parse::<SocketAddr>().ok()?),
+        Some(n) => w.parse(n, "listen", |s| {
+            s.parse::<SocketAddr>().map_err(|_| {
+                format!("expected an address and port such as 127.0.0.1:8090, not {s:?}")
+            })
+        }),
+    };
+    let upstream = match top.get("upstream") {
+        None => {
+            w.at(
+                root,
+                "upstream",
+                "missing; it is required (http://host:port)",
+            );
+            None
+        }
+        Some(n) => w.parse(n, "upstream", upstream),
+    };
+    let store = match top.get("store") {
+        None => Some(StoreUrl::Memory),
+        Some(n) => w.parse(n, "store", store),
+    };
+    let identity = match top.get("identity") {
+        None => Some(Identity::default()),
+        Some(n) => identity(w, n),
+    };
+    let token_secret = match (top.get("token_secret"), env_secret) {
+        (Some(n), _) => w
+            .parse(n, "token_secret", |s| secret(s.as_bytes()))
+            .map(Some),
+        (None, Some(env)) => match secret(env) {
+            Ok(s) => Some(Some(s)),
+            Err(e) => {
+                w.problems.push(Problem {
+                    line: None,
+                    column: None,
+                    field: TOKEN_SECRET_ENV.into(),
+                    message: e,
+                });
+                None
+            }
+        },
+        (None, None) => Some(None),
+    };
+    let mut routes = Some(Vec::new());
+    if let Some(n) = top.get("routes") {
+        match w.sequence(n, "routes") {
+            None => routes = None,
+            Some(items) => {
+                let mut seen: Vec<(usize, RouteMatch)> = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let r = route(w, item, i, upstream.as_ref(), &mut seen);
+                    match (r, routes.as_mut()) {
+                        (Some(r), Some(list)) => list.push(r),
+                        _ => routes = None,
+                    }
+                }
+            }
+        }
+    }
+    Some(Config {
+        listen: listen?,
+        upstream: upstream?,
+        store: store?,
+        identity: identity?,
+        token_secret: token_secret?,
+        routes: routes?,
+    })
+}
+
+/// Route `index`; `seen` holds the matches of the routes before it, so
+/// a route that none could reach (the first match wins) is named.
+fn route(
+    w: &mut Walker,
+    node: &Node,
+    index: usize,
+    upstream_default: Option<&Upstream>,
+    seen: &mut Vec<(usize, RouteMatch)>,
+) -> Option<Route> {
+    let path = &format!("routes[{index}]");
+    let f = w.mapping(node, path, ROUTE)?;
+    let p = |name: &str| format!("{path}.{name}");
+    let matcher = match f.get("match") {
+        None => {
+            w.at(
+                node,
+                &p("match"),
+                "missing; every route needs one (METHOD PATH)",
+            );
+            None
+        }
+        Some(n) => w.parse(n, &p("match"), RouteMatch::parse),
+    };
+    if let (Some(m), Some(n)) = (&matcher, f.get("match")) {
+        if let Some((i, earlier)) = seen.iter().find(|(_, e)| e.covers(m)) {
+            w.at(
+                n,
+                &p("match"),
+                &format!(
+                    "never reached: routes[{i}] ({earlier}) takes every request it matches (the first match wins)"
+                ),
+            );
+        }
+        seen.push((index, m.clone()));
+    }
+    let guard_name = match f.get("guard") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, &p("guard"), |s| match s {
+                "token" | "fingerprint" | "idempotency" => Ok(s.to_owned()),
+                _ => Err(format!(
+                    "expected token, fingerprint or idempotency, not {s:?}"
+                )),
+            })
+            .map(Some),
+    };
+    let rate_limit = match f.get("rate_limit") {
+        None => Some(None),
+        Some(n) => rate_limit(w, n, &p("rate_limit")).map(Some),
+    };
+    if f.get("guard").is_none() && f.get("rate_limit").is_none() {
+        w.at(
+            node,
+            path,
+            "a route needs a guard or a rate_limit (an unguarded request passes through without a route)",
+        );
+    }
+    // The fields of one guard, refused on the others.
+    let named = guard_name.clone().flatten();
+    let only = |w: &mut Walker, field: &str, guard: &str| -> bool {
+        let Some(n) = f.get(field) else { return false };
+        if named.as_deref() == Some(guard) {
+            return true;
+        }
+        let this = named
+            .as_deref()
+            .map_or("this route has no guard".to_owned(), |g| {
+                format!("this route's guard is {g}")
+            });
+        let what = match field {
+            "window" => "a window",
+            "ignore_fields" => "ignore_fields",
+            "required" => "required",
+            "retention" => "a retention",
+            _ => "ambiguous",
+        };
+        w.at(
+            n,
+            &p(field),
+            &format!("only {} route has {what} ({this})", article(guard)),
+        );
+        false
+    };
+    let window = only(w, "window", "fingerprint");
+    let ignore = only(w, "ignore_fields", "fingerprint");
+    let required = only(w, "required", "idempotency");
+    let retention = only(w, "retention", "idempotency");
+    let ambiguous = only(w, "ambiguous", "idempotency");
+
+    let guard = match guard_name.clone() {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(g)) => match g.as_str() {
+            "token" => Some(Some(Guard::Token)),
+            "fingerprint" => {
+                let window = if window {
+                    f.get("window").and_then(|n| w.duration(n, &p("window")))
+                } else {
+                    Some(DEFAULT_WINDOW)
+                };
+                let ignore_fields = if ignore {
+                    f.get("ignore_fields")
+                        .and_then(|n| w.strings(n, &p("ignore_fields")))
+                } else {
+                    Some(Vec::new())
+                };
+                Some(Some(Guard::Fingerprint {
+                    window: window?,
+                    ignore_fields: ignore_fields?,
+                }))
+            }
+            _ => {
+                let req = if required {
+                    f.get("required").and_then(|n| w.bool(n, &p("required")))
+                } else {
+                    Some(true)
+                };
+                let retention = if retention {
+                    f.get("retention")
+                        .and_then(|n| w.duration(n, &p("retention")))
+                } else {
+                    Some(DEFAULT_RETENTION)
+                };
+                let amb = if ambiguous {
+                    f.get("ambiguous").and_then(|n| {
+                        w.parse(n, &p("ambiguous"), |s| match s {
+                            "keep" => Ok(Ambiguous::Keep),
+                            "release" => Ok(Ambiguous::Release),
+                            _ => Err(format!("expected keep or release, not {s:?}")),
+                        })
+                    })
+                } else {
+                    Some(Ambiguous::Keep)
+                };
+                Some(Some(Guard::Idempotency {
+                    required: req?,
+                    retention: retention?,
+                    ambiguous: amb?,
+                }))
+            }
+        },
+    };
+    let default_failure = if named.as_deref() == Some("idempotency") {
+        OnStoreFailure::Closed
+    } else {
+        OnStoreFailure::Open
+    };
+    let on_store_failure = match f.get("on_store_failure") {
+        None => Some(default_failure),
+        Some(n) => w.parse(n, &p("on_store_failure"), |s| match s {
+            "open" => Ok(OnStoreFailure::Open),
+            "closed" => Ok(OnStoreFailure::Closed),
+            _ => Err(format!("expected open or closed, not {s:?}")),
+        }),
+    };
+    let shadow = match f.get("shadow") {
+        None => Some(false),
+        Some(n) => w.bool(n, &p("shadow")),
+    };
+    let upstream = match f.get("upstream") {
+        None => upstream_default.cloned(),
+        Some(n) => w.parse(n, &p("upstream"), upstream),
+    };
+    let size = |w: &mut Walker, field: &str, default: u64| match f.get(field) {
+        None => Some(default),
+        Some(n) => w.size(n, &p(field)),
+    };
+    let max_request_body = size(w, "max_request_body", DEFAULT_MAX_REQUEST_BODY);
+    let max_stored_response = size(w, "max_stored_response", DEFAULT_MAX_STORED_RESPONSE);
+    let timeout = match f.get("timeout") {
+        None => Some(DEFAULT_TIMEOUT),
+        Some(n) => w.duration(n, &p("timeout")),
+    };
+    let (guard, rate_limit) = (guard?, rate_limit?);
+    if guard.is_none() && rate_limit.is_none() {
+        return None;
+    }
+    Some(Route {
+        matcher: matcher?,
+        guard,
+        rate_limit,
+        shadow: shadow?,
+        upstream: upstream?,
+        on_store_failure: on_store_failure?,
+        max_request_body: max_request_body?,
+        max_stored_response: max_stored_response?,
+        timeout: timeout?,
+    })
+}
+
+fn article(guard: &str) -> String {
+    match guard {
+        "idempotency" => "an idempotency".into(),
+        g => format!("a {g}"),
+    }
+}
+
+fn rate_limit(w: &mut Walker, node: &Node, path: &str) -> Option<RateLimit> {
+    let f = w.mapping(node, path, RATE_LIMIT)?;
+    let p = |name: &str| format!("{path}.{name}");
+    let algorithm = match f.get("algorithm") {
+        None => Some(Algorithm::Gcra),
+        Some(n) => w.parse(n, &p("algorithm"), |s| match s {
+            "gcra" => Ok(Algorithm::Gcra),
+            "fixed" | "fixed_window" => Ok(Algorithm::FixedWindow),
+            "sliding" | "sliding_window" => Ok(Algorithm::SlidingWindow),
+            _ => Err(format!("expected gcra, fixed or sliding, not {s:?}")),
+        }),
+    };
+    let rate = match f.get("rate") {
+        None => {
+            w.at(
+                node,
+                &p("rate"),
+                "missing; a rate limit needs a rate such as 5/s",
+            );
+            None
+        }
+        Some(n) => w.parse(n, &p("rate"), |s| {
+            Quota::parse(s).map_err(|e| e.to_string())
+        }),
+    };
+    let burst = match f.get("burst") {
+        None => Some(None),
+        Some(n) => {
+            if algorithm.is_some_and(|a| a != Algorithm::Gcra) {
+                w.at(
+                    n,
+                    &p("burst"),
+                    "only gcra has a burst (a window admits the rate's count per period)",
+                );
+                None
+            } else {
+                w.count(n, &p("burst")).map(Some)
+            }
+        }
+    };
+    let by = match f.get("by") {
+        None => Some(LimitBy::Identity),
+        Some(n) => w.parse(n, &p("by"), |s| match s {
+            "identity" => Ok(LimitBy::Identity),
+            "address" | "ip" => Ok(LimitBy::Address),
+            _ => Err(format!("expected identity or address, not {s:?}")),
+        }),
+    };
+    let rate = rate?;
+    Some(RateLimit {
+        algorithm: algorithm?,
+        quota: match burst? {
+            Some(b) => rate.allow_burst(b),
+            None => rate,
+        },
+        by: by?,
+    })
+}
+
+fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {
+    // `identity: ip` and `identity: { header: X-User-Id }` both read.
+    if let Some(s) = node_str(node) {
+        return if s == "ip" {
+            Some(Identity::default())
+        } else {
+            w.at(
+                node,
+                "identity",
+                &format!("expected ip or a mapping such as {{ header: X-User-Id }}, not {s:?}"),
+            );
+            None
+        };
+    }
+    let f = w.mapping(node, "identity", IDENTITY)?;
+    let mut source = Some(IdentitySource::PeerAddress);
+    if let Some(n) = f.get("header") {
+        source = w.parse(n, "identity.header", |s| {
+            let ok = !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if ok {
+                Ok(IdentitySource::Header(s.to_ascii_lowercase()))
+            } else {
+                Err(format!("{s:?} is not a header name"))
+            }
+        });
+    }
+    if let Some(n) = f.get("ip") {
+        match w.bool(n, "identity.ip") {
+            Some(true) if f.get("header").is_some() => {
+                w.at(
+                    n,
+                    "identity.ip",
+                    "header and ip name the caller twice: keep one",
+                );
+                source = None;
+            }
+            Some(true) => {}
+            Some(false) => {
+                w.at(
+                    n,
+                    "identity.ip",
+                    "ip: false names no caller; give a header, or leave identity out",
+                );
+                source = None;
+            }
+            None => source = None,
+        }
+    }
+    let trusted_proxies = match f.get("trusted_proxies") {
+        None => Some(Vec::new()),
+        Some(n) => w.sequence(n, "identity.trusted_proxies").and_then(|items| {
+            let mut all = Some(Vec::new());
+            for (i, item) in items.iter().enumerate() {
+                let net = w.parse(item, &format!("identity.trusted_proxies[{i}]"), cidr);
+                match (net, all.as_mut()) {
+                    (Some(n), Some(v)) => v.push(n),
+                    _ => all = None,
+                }
+            }
+            all
+        }),
+    };
+    let required = match f.get("required") {
+        None => Some(false),
+        Some(n) => {
+            let r = w.bool(n, "identity.required");
+            if r == Some(true) && f.get("header").is_none() {
+                w.at(
+                    n,
+                    "identity.required",
+                    "the peer address is always known: required needs a header",
+                );
+                None
+            } else {
+                r
+            }
+        }
+    };
+    Some(Identity {
+        source: source?,
+        trusted_proxies: trusted_proxies?,
+        required: required?,
+    })
+}
+
+fn cidr(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("expected an address or a CIDR such as 10.0.0.0/8, not {s:?}"))
+}
+
+fn secret(bytes: &[u8]) -> Result<TokenSecret, String> {
+    if bytes.len() < MIN_TOKEN_SECRET {
+        Err(format!(
+            "a token secret needs at least {MIN_TOKEN_SECRET} bytes, this one has {}",
+            bytes.len()
+        ))
+    } else {
+        Ok(TokenSecret(bytes.to_vec()))
+    }
+}
+
+/// `http://host[:port][/base]`: the scheme, a host, a port if any, no
+/// credentials, query or fragment.
+pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
+    let bad = |why: &str| format!("{why} (expected http://host:port, not {s:?})");
+    let Some(rest) = s.strip_prefix("http://") else {
+        return Err(bad("the upstream must be an http:// URL"));
+    };
+    if rest.contains(['?', '#']) {
+        return Err(bad("an upstream has no query or fragment"));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(bad("an upstream has no credentials"));
+    }
+    host_port(authority, true).map_err(|e| bad(&e))?;
+    Ok(Upstream(s.trim_end_matches('/').to_owned()))
+}
+
+/// `host[:port]`, a bracketed IPv6 address allowed.
+fn host_port(s: &str, port_optional: bool) -> Result<(), String> {
+    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err("an IPv6 address needs its closing ]".into());
+        };
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{addr:?} is not an IPv6 address"));
+        }
+        (addr, after.strip_prefix(':'))
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._:".contains(c));
+    if !host_ok {
+        return Err(format!("{host:?} is not a host"));
+    }
+    match port {
+        Some(p) if p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(()),
+        Some(p) => Err(format!("{p:?} is not a port")),
+        None if port_optional => Ok(()),
+        None => Err(format!("{s:?} has no port")),
+    }
+}
+
+/// `memory`, `redis://...`, `rediss://...` or `redis+cluster://h:p,h:p`.
+/// Credentials are never repeated in a message.
+fn store(s: &str) -> Result<StoreUrl, String> {
+    let expected = "expected memory, redis://host:port[/db] or redis+cluster://host:port,host:port";
+    let hosts = |rest: &str| rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_owned();
+    if s == "memory" {
+        return Ok(StoreUrl::Memory);
+    }
+    if let Some(rest) = s.strip_prefix("redis+cluster://") {
+        let nodes = hosts(rest.trim_end_matches('/'));
+        if nodes.contains(['/', '?', '#']) {
+            return Err("a cluster URL has no path, query or database".into());
+        }
+        for node in nodes.split(',') {
+            host_port(node, false).map_err(|e| format!("cluster node {e}; {expected}"))?;
+        }
+        return Ok(StoreUrl::Cluster(s.to_owned()));
+    }
+    if let Some(rest) = s
+        .strip_prefix("redis://")
+        .or_else(|| s.strip_prefix("rediss://"))
+    {
+        let rest = hosts(rest);
+        let (authority, db) = rest.split_once('/').unwrap_or((&rest, ""));
+        host_port(authority, true).map_err(|e| format!("{e}; {expected}"))?;
+        if !db.is_empty() && db.parse::<u32>().is_err() {
+            return Err(format!("the database must be a number, not {db:?}"));
+        }
+        return Ok(StoreUrl::Redis(s.to_owned()));
+    }
+    let scheme = s.split_once("://").map_or(s, |(scheme, _)| scheme);
+    Err(format!("unknown store {scheme:?}; {expected}"))
+}
+
+/// A size: a whole number of bytes, or one with `B`, `KiB`, `MiB`, `GiB`.
+pub(super) fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let factor = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => 0,
+    };
+    n.parse::<u64>()
+        .ok()
+        .filter(|_| factor != 0)
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            format!("expected a size above zero such as 65536, 64KiB or 1MiB, not {s:?}")
+        })
+}
+
+/// A scalar's text, when it is a string (also an unresolved one).
+fn node_str<'a>(node: &'a Node) -> Option<&'a str> {
+    match &node.data {
+        YamlData::Value(Scalar::String(s)) => Some(s),
+        YamlData::Representation(s, _, _) => Some(s),
+        YamlData::Tagged(_, inner) => node_str(inner),
+        _ => None,
+    }
+}
+
+/// What a node is, for "expected X, found Y".
+fn kind(node: &Node) -> &'static str {
+    match &node.data {
+        YamlData::Value(Scalar::Null) => "nothing",
+        YamlData::Value(Scalar::Boolean(_)) => "a boolean",
+        YamlData::Value(Scalar::Integer(_) | Scalar::FloatingPoint(_)) => "a number",
+        YamlData::Value(Scalar::String(_)) | YamlData::Representation(..) => "a string",
+        YamlData::Sequence(_) => "a list",
+        YamlData::Mapping(_) => "a mapping",
+        YamlData::Tagged(_, inner) => kind(inner),
+        YamlData::Alias(_) => "an alias (aliases are not supported)",
+        YamlData::BadValue => "a bad value",
+    }
+}
+
+/// The fields of one mapping, by name.
+struct Fields<'a, 'n> {
+    entries: Vec<(&'a str, &'a Node<'n>)>,
+}
+
+impl<'a, 'n> Fields<'a, 'n> {
+    fn get(&self, name: &str) -> Option<&'a Node<'n>> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+    }
+}
+
+#[derive(Default)]
+struct Walker {
+    problems: Vec<Problem>,
+}
+
+impl Walker {
+    /// Records a problem at `node`.
+    fn at(&mut self, node: &Node, field: &str, message: &str) {
+        self.problems.push(Problem {
+            line: Some(node.span.start.line()),
+            column: Some(node.span.start.col() + 1),
+            field: field.to_owned(),
+            message: message.to_owned(),
+        });
+    }
+
+    /// A mapping whose keys are all in `known`.
+    fn mapping<'a, 'n>(
+        &mut self,
+        node: &'a Node<'n>,
+        path: &str,
+        known: &[&str],
+    ) -> Option<Fields<'a, 'n>> {
+        let node = untag(node);
+        let YamlData::Mapping(map) = &node.data else {
+            let message = format!("expected a mapping of fields, found {}", kind(node));
+            self.at(node, path, &message);
+            return None;
+        };
+        // Unknown fields are recorded, and the known ones still read, so
+        // their problems are found in the same run.
+        let mut entries = Vec::new();
+        for (k, v) in map {
+            let field = |name: &str| {
+                if path.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{path}.{name}")
+                }
+            };
+            match node_str(k) {
+                Some(name) if known.contains(&name) => entries.push((name, v)),
+                Some(name) => {
+                    let message = match known.iter().find(|k| edits(name, k) <= 2) {
+                        Some(near) => format!("unknown field; did you mean {near}?"),
+                        None => format!("unknown field; expected one of {}", known.join(", ")),
+                    };
+                    self.at(k, &field(name), &message);
+                }
+                None => {
+                    self.at(
+                        k,
+                        path,
+                        &format!("a field's name must be a string, found {}", kind(k)),
+                    );
+                }
+            }
+        }
+        Some(Fields { entries })
+    }
+
+    fn sequence<'a, 'n>(&mut self, node: &'a Node<'n>, path: &str) -> Option<&'a [Node<'n>]> {
+        let node = untag(node);
+        match &node.data {
+            YamlData::Sequence(items) => Some(items),
+            _ => {
+                self.at(
+                    node,
+                    path,
+                    &format!("expected a list, found {}", kind(node)),
+                );
+                None
+            }
+        }
+    }
+
+    /// A string scalar run through `f`, its error recorded.
+    fn parse<T>(
+        &mut self,
+        node: &Node,
+        path: &str,
+        f: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let Some(s) = node_str(node) else {
+            self.at(
+                node,
+                path,
+                &format!("expected a string, found {}", kind(node)),
+            );
+            return None;
+        };
+        match f(s) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.at(node, path, &e);
+                None
+            }
+        }
+    }
+
+    fn bool(&mut self, node: &Node, path: &str) -> Option<bool> {
+        match &untag(node).data {
+            YamlData::Value(Scalar::Boolean(b)) => Some(*b),
+            _ => {
+                self.at(
+                    node,
+                    path,
+                    &format!("expected true or false, found {}", kind(node)),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, node: &Node, path: &str) -> Option<Duration> {
+        if let YamlData::Value(Scalar::Integer(n)) = &untag(node).data {
+            self.at(
+                node,
+                path,
+                &format!("{n} has no unit; write a duration such as 250ms, 3s, 5m or 24h"),
+            );
+            return None;
+        }
+        self.parse(node, path, |s| {
+            norepeat::attribute::parse_duration(s).ok_or_else(|| {
+                format!("expected a duration above zero such as 250ms, 3s, 5m or 24h, not {s:?}")
+            })
+        })
+    }
+
+    fn size(&mut self, node: &Node, path: &str) -> Option<u64> {
+        match &untag(node).data {
+            YamlData::Value(Scalar::Integer(n)) => match u64::try_from(*n) {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    self.at(node, path, &format!("a size is above zero, not {n}"));
+                    None
+                }
+            },
+            _ => self.parse(node, path, parse_size),
+        }
+    }
+
+    fn count(&mut self, node: &Node, path: &str) -> Option<NonZeroU32> {
+        let n = match &untag(node).data {
+            YamlData::Value(Scalar::Integer(n)) => Some(*n),
+            _ => None,
+        };
+        match n
+            .and_then(|n| u32::try_from(n).ok())
+            .and_then(NonZeroU32::new)
+        {
+            Some(n) => Some(n),
+            None => {
+                let found = n.map_or_else(|| kind(node).to_owned(), |n| n.to_string());
+                self.at(
+                    node,
+                    path,
+                    &format!("expected a whole number from 1 to 4294967295, found {found}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn strings(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
+        let items = self.sequence(node, path)?;
+        let mut all = Some(Vec::new());
+        for (i, item) in items.iter().enumerate() {
+            let s = self.parse(item, &format!("{path}[{i}]"), |s| {
+                if s.is_empty() {
+                    Err("an empty name".to_owned())
+                } else {
+                    Ok(s.to_owned())
+                }
+            });
+            match (s, all.as_mut()) {
+                (Some(s), Some(v)) => v.push(s),
+                _ => all = None,
+            }
+        }
+        all
+    }
+}
+
+fn untag<'a, 'n>(node: &'a Node<'n>) -> &'a Node<'n> {
+    match &node.data {
+        YamlData::Tagged(_, inner) => untag(inner),
+        _ => node,
+    }
+}
+
+/// The Levenshtein distance of two short names, for "did you mean".
+pub(super) fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}

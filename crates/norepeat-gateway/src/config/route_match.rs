@@ -1,0 +1,300 @@
+//! `match: METHOD PATH`: which requests a route takes.
+
+use std::fmt;
+
+/// The methods a route may name. `CONNECT` and `TRACE` are left out: a
+/// guard has nothing to do with either.
+pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+/// A route's `match`: one method and a path template whose `{name}`
+/// segments match any one non-empty segment.
+///
+/// ```
+/// use norepeat_gateway::config::RouteMatch;
+///
+/// let m: RouteMatch = "POST /flash-sale/{sku}".parse()?;
+/// assert!(m.matches("POST", "/flash-sale/42"));
+/// assert!(!m.matches("GET", "/flash-sale/42"));
+/// assert!(!m.matches("POST", "/flash-sale/42/more"));
+/// assert!(!m.matches("POST", "/flash-sale/"));
+/// assert_eq!(m.params(), vec!["sku"]);
+/// assert_eq!(m.to_string(), "POST /flash-sale/{sku}");
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteMatch {
+    method: String,
+    template: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param(String),
+}
+
+impl RouteMatch {
+    /// Reads `METHOD PATH`, as a route's `match` writes it.
+    ///
+    /// # Errors
+    /// A message naming what is wrong: not two words, a method not in
+    /// [`METHODS`] (they are upper case, as HTTP writes them), a path not
+    /// starting with `/`, an empty segment inside the path, a query, a
+    /// brace outside a whole `{name}` segment, a name that is not an
+    /// identifier, or a name used twice.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut words = text.split_whitespace();
+        let (Some(method), Some(template), None) = (words.next(), words.next(), words.next())
+        else {
+            return Err(format!(
+                "expected METHOD PATH, such as \"POST /orders\", not {text:?}"
+            ));
+        };
+        if !METHODS.contains(&method) {
+            return Err(format!(
+                "unknown method {method:?}; expected one of {}",
+                METHODS.join(", ")
+            ));
+        }
+        let Some(rest) = template.strip_prefix('/') else {
+            return Err(format!("the path must start with '/', not {template:?}"));
+        };
+        if template.contains(['?', '#']) {
+            return Err(format!(
+                "the path {template:?} has a query or fragment; a route matches the path only"
+            ));
+        }
+        let mut segments = Vec::new();
+        if !rest.is_empty() {
+            let parts: Vec<&str> = rest.split('/').collect();
+            let last = parts.len() - 1;
+            for (i, part) in parts.into_iter().enumerate() {
+                segments.push(segment(part, i == last, template)?);
+            }
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for s in &segments {
+            if let Segment::Param(name) = s {
+                if names.contains(&name.as_str()) {
+                    return Err(format!("{{{name}}} is used twice in {template:?}"));
+                }
+                names.push(name);
+            }
+        }
+        Ok(Self {
+            method: method.to_owned(),
+            template: template.to_owned(),
+            segments,
+        })
+    }
+
+    /// Whether a request with this method and path (without its query)
+    /// is this route's.
+    #[must_use]
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        if method != self.method {
+            return false;
+        }
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        if rest.is_empty() {
+            return self.segments.is_empty();
+        }
+        let mut parts = rest.split('/');
+        for s in &self.segments {
+            match (s, parts.next()) {
+                (Segment::Literal(l), Some(p)) if l == p => {}
+                (Segment::Param(_), Some(p)) if !p.is_empty() => {}
+                _ => return false,
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// Whether every request `other` matches is matched by `self` too: a
+    /// route after `self` with such a match could never be reached.
+    ///
+    /// ```
+    /// use norepeat_gateway::config::RouteMatch;
+    ///
+    /// let any: RouteMatch = "POST /orders/{id}".parse()?;
+    /// assert!(any.covers(&"POST /orders/quick".parse()?));
+    /// assert!(!any.covers(&"PUT /orders/quick".parse()?));
+    /// assert!(!"POST /orders/quick".parse::<RouteMatch>()?.covers(&any));
+    /// # Ok::<(), String>(())
+    /// ```
+    #[must_use]
+    pub fn covers(&self, other: &RouteMatch) -> bool {
+        self.method == other.method
+            && self.segments.len() == other.segments.len()
+            && self
+                .segments
+                .iter()
+                .zip(&other.segments)
+                .all(|pair| match pair {
+                    (Segment::Param(_), Segment::Literal(l)) => !l.is_empty(),
+                    (Segment::Param(_), Segment::Param(_)) => true,
+                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
+                    (Segment::Literal(_), Segment::Param(_)) => false,
+                })
+    }
+
+    /// The method, upper case.
+    #[must_use]
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// The path template as written (`/orders/{id}`).
+    #[must_use]
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+
+    /// The names of the `{name}` segments, in order.
+    #[must_use]
+    pub fn params(&self) -> Vec<&str> {
+        self.segments
+            .iter()
+            .filter_map(|s| match s {
+                Segment::Param(n) => Some(n.as_str()),
+                Segment::Literal(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// One segment of a template; only the last may be empty (a trailing
+/// slash, which then must be in the request too).
+fn segment(part: &str, last: bool, template: &str) -> Result<Segment, String> {
+    if part.is_empty() && !last {
+        return Err(format!("the path {template:?} has an empty segment (//)"));
+    }
+    if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+        let mut chars = name.chars();
+        let ident = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident {
+            return Err(format!(
+                "{{{name}}} in {template:?}: a segment's name is letters, digits and '_', not starting with a digit"
+            ));
+        }
+        return Ok(Segment::Param(name.to_owned()));
+    }
+    if part.contains(['{', '}']) {
+        return Err(format!(
+            "{part:?} in {template:?}: a {{name}} must be a whole segment"
+        ));
+    }
+    Ok(Segment::Literal(part.to_owned()))
+}
+
+impl std::str::FromStr for RouteMatch {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for RouteMatch {
+    /// `METHOD PATH`, the label metrics use for the route.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.template)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> RouteMatch {
+        RouteMatch::parse(s).expect(s)
+    }
+
+    #[test]
+    fn literals_match_exactly() {
+        let r = m("POST /orders");
+        assert!(r.matches("POST", "/orders"));
+        assert!(!r.matches("POST", "/orders/"));
+        assert!(!r.matches("POST", "/order"));
+        assert!(!r.matches("POST", "/orders/quick"));
+        assert!(!r.matches("post", "/orders"));
+        assert!(!r.matches("PUT", "/orders"));
+        assert!(!r.matches("POST", "orders"));
+    }
+
+    #[test]
+    fn params_match_one_non_empty_segment() {
+        let r = m("POST /coupons/{id}/redeem");
+        assert!(r.matches("POST", "/coupons/abc/redeem"));
+        assert!(r.matches("POST", "/coupons/%20/redeem"));
+        assert!(!r.matches("POST", "/coupons//redeem"));
+        assert!(!r.matches("POST", "/coupons/a/b/redeem"));
+        assert!(!r.matches("POST", "/coupons/abc"));
+        assert_eq!(r.params(), vec!["id"]);
+    }
+
+    #[test]
+    fn the_root_and_a_trailing_slash() {
+        let root = m("GET /");
+        assert!(root.matches("GET", "/"));
+        assert!(!root.matches("GET", "/a"));
+        let slash = m("PUT /a/");
+        assert!(slash.matches("PUT", "/a/"));
+        assert!(!slash.matches("PUT", "/a"));
+    }
+
+    #[test]
+    fn spaces_around_and_between_are_one_separator() {
+        assert_eq!(m("  POST \t /orders "), m("POST /orders"));
+        assert_eq!(m("DELETE /a/{b}").to_string(), "DELETE /a/{b}");
+    }
+
+    #[test]
+    fn bad_matches_say_why() {
+        for (text, want) in [
+            ("POST", "expected METHOD PATH"),
+            ("", "expected METHOD PATH"),
+            ("POST /a /b", "expected METHOD PATH"),
+            ("post /a", "unknown method \"post\""),
+            ("FETCH /a", "unknown method"),
+            ("TRACE /a", "unknown method"),
+            ("POST orders", "must start with '/'"),
+            ("POST /a//b", "empty segment"),
+            ("POST /a?b=1", "query"),
+            ("POST /a/{", "whole segment"),
+            ("POST /a/x{id}", "whole segment"),
+            ("POST /a/{id}x", "whole segment"),
+            ("POST /a/{}", "a segment's name"),
+            ("POST /a/{1x}", "a segment's name"),
+            ("POST /a/{b-c}", "a segment's name"),
+            ("POST /{id}/{id}", "used twice"),
+        ] {
+            let err = RouteMatch::parse(text).expect_err(text);
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn covers_is_matching_every_request_of_the_other() {
+        assert!(m("POST /a").covers(&m("POST /a")));
+        assert!(m("POST /{x}/b").covers(&m("POST /a/b")));
+        assert!(m("POST /{x}").covers(&m("POST /{y}")));
+        assert!(!m("POST /{x}").covers(&m("POST /a/b")));
+        assert!(!m("POST /a/{x}").covers(&m("POST /a/")));
+        assert!(!m("POST /a").covers(&m("POST /b")));
+        assert!(!m("POST /a").covers(&m("GET /a")));
+    }
+
+    #[test]
+    fn every_listed_method_is_accepted() {
+        for method in METHODS {
+            assert_eq!(m(&format!("{method} /x")).method(), method);
+        }
+    }
+}

@@ -1,0 +1,679 @@
+//! Every field of the file, its default, and its problems.
+
+use super::parse::parse_size;
+use super::*;
+
+const UP: &str = "upstream: http://127.0.0.1:9000\n";
+
+fn ok(text: &str) -> Config {
+    Config::parse("t.yaml", text.as_bytes()).unwrap_or_else(|p| panic!("{p}"))
+}
+
+/// The one problem of `text`, as `LINE:COLUMN FIELD: MESSAGE`.
+fn bad(text: &str) -> Vec<String> {
+    let problems = Config::parse("t.yaml", text.as_bytes()).expect_err(text);
+    problems
+        .list()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}:{} {}: {}",
+                p.line.unwrap_or(0),
+                p.column.unwrap_or(0),
+                p.field,
+                p.message
+            )
+        })
+        .collect()
+}
+
+fn one_route(fields: &str) -> String {
+    format!("{UP}routes:\n  - match: POST /r\n{fields}")
+}
+
+fn route(fields: &str) -> Route {
+    ok(&one_route(fields)).routes.remove(0)
+}
+
+fn assert_one(text: &str, prefix: &str, contains: &str) {
+    let got = bad(text);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert!(
+        got[0].starts_with(prefix) && got[0].contains(contains),
+        "{:?} does not start with {prefix:?} and contain {contains:?}",
+        got[0]
+    );
+}
+
+#[test]
+fn the_smallest_file_takes_every_default() {
+    let c = ok(UP);
+    assert_eq!(c.listen, "127.0.0.1:8090".parse().unwrap());
+    assert_eq!(c.upstream.as_str(), "http://127.0.0.1:9000");
+    assert_eq!(c.store, StoreUrl::Memory);
+    assert_eq!(c.store.as_url(), None);
+    assert_eq!(c.identity.source, IdentitySource::PeerAddress);
+    assert!(c.identity.trusted_proxies.is_empty());
+    assert!(!c.identity.required);
+    assert_eq!(c.token_secret, None);
+    assert!(c.routes.is_empty());
+}
+
+#[test]
+fn a_route_takes_every_default() {
+    let r = route("    guard: token\n");
+    assert_eq!(r.matcher.to_string(), "POST /r");
+    assert_eq!(r.guard, Some(Guard::Token));
+    assert_eq!(r.rate_limit, None);
+    assert!(!r.shadow);
+    assert_eq!(r.upstream.as_str(), "http://127.0.0.1:9000");
+    assert_eq!(r.on_store_failure, OnStoreFailure::Open);
+    assert_eq!(r.max_request_body, 64 * 1024);
+    assert_eq!(r.max_stored_response, 1024 * 1024);
+    assert_eq!(r.timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn fingerprint_defaults_and_fields() {
+    let r = route("    guard: fingerprint\n");
+    assert_eq!(
+        r.guard,
+        Some(Guard::Fingerprint {
+            window: Duration::from_secs(3),
+            ignore_fields: vec![]
+        })
+    );
+    assert_eq!(r.on_store_failure, OnStoreFailure::Open);
+    let r = route("    guard: fingerprint\n    window: 250ms\n    ignore_fields: [traceId, ts]\n");
+    assert_eq!(
+        r.guard,
+        Some(Guard::Fingerprint {
+            window: Duration::from_millis(250),
+            ignore_fields: vec!["traceId".into(), "ts".into()]
+        })
+    );
+}
+
+#[test]
+fn idempotency_defaults_and_fields() {
+    let r = route("    guard: idempotency\n");
+    assert_eq!(
+        r.guard,
+        Some(Guard::Idempotency {
+            required: true,
+            retention: Duration::from_secs(24 * 3600),
+            ambiguous: Ambiguous::Keep
+        })
+    );
+    assert_eq!(r.on_store_failure, OnStoreFailure::Closed);
+    let r = route(
+        "    guard: idempotency\n    required: false\n    retention: 5m\n    ambiguous: release\n    on_store_failure: open\n",
+    );
+    assert_eq!(
+        r.guard,
+        Some(Guard::Idempotency {
+            required: false,
+            retention: Duration::from_secs(300),
+            ambiguous: Ambiguous::Release
+        })
+    );
+    assert_eq!(r.on_store_failure, OnStoreFailure::Open);
+}
+
+#[test]
+fn route_overrides() {
+    let r = route(
+        "    guard: token\n    shadow: true\n    upstream: http://10.0.0.2:8000/base/\n    on_store_failure: closed\n    max_request_body: 1MiB\n    max_stored_response: 4096\n    timeout: 2s\n",
+    );
+    assert!(r.shadow);
+    assert_eq!(r.upstream.as_str(), "http://10.0.0.2:8000/base");
+    assert_eq!(r.on_store_failure, OnStoreFailure::Closed);
+    assert_eq!(r.max_request_body, 1 << 20);
+    assert_eq!(r.max_stored_response, 4096);
+    assert_eq!(r.timeout, Duration::from_secs(2));
+}
+
+#[test]
+fn rate_limits() {
+    let r = route("    rate_limit: { rate: 5/s }\n");
+    let rl = r.rate_limit.expect("a rate limit");
+    assert_eq!(rl.algorithm, Algorithm::Gcra);
+    assert_eq!(rl.quota, Quota::parse("5/s").unwrap());
+    assert_eq!(rl.quota.burst().get(), 5);
+    assert_eq!(rl.by, LimitBy::Identity);
+    assert_eq!(r.guard, None);
+    assert_eq!(r.on_store_failure, OnStoreFailure::Open);
+
+    let rl = route("    rate_limit: { algorithm: gcra, rate: 10/m, burst: 2, by: address }\n")
+        .rate_limit
+        .expect("a rate limit");
+    assert_eq!(rl.quota.burst().get(), 2);
+    assert_eq!(rl.quota.period(), Duration::from_secs(60));
+    assert_eq!(rl.by, LimitBy::Address);
+    for (name, want) in [
+        ("fixed", Algorithm::FixedWindow),
+        ("fixed_window", Algorithm::FixedWindow),
+        ("sliding", Algorithm::SlidingWindow),
+        ("sliding_window", Algorithm::SlidingWindow),
+    ] {
+        let rl = route(&format!(
+            "    rate_limit: {{ algorithm: {name}, rate: 1/h, by: ip }}\n"
+        ))
+        .rate_limit
+        .expect("a rate limit");
+        assert_eq!((rl.algorithm, rl.by), (want, LimitBy::Address), "{name}");
+    }
+    // A guard and a rate limit on one route.
+    let r = route("    guard: token\n    rate_limit:\n      rate: 1/s\n");
+    assert!(r.guard.is_some() && r.rate_limit.is_some());
+}
+
+#[test]
+fn rate_limit_problems() {
+    let r = |f: &str| one_route(&format!("    rate_limit: {f}\n"));
+    assert_one(
+        &r("{ rate: 5/d }"),
+        "4:25 routes[0].rate_limit.rate:",
+        "unit",
+    );
+    assert_one(
+        &r("{ rate: 5 }"),
+        "4:25 routes[0].rate_limit.rate:",
+        "expected a string",
+    );
+    assert_one(
+        &r("{ rate: 0/s }"),
+        "4:25 routes[0].rate_limit.rate:",
+        "whole number",
+    );
+    assert_one(
+        &r("{ burst: 2 }"),
+        "4:17 routes[0].rate_limit.rate:",
+        "missing",
+    );
+    assert_one(
+        &r("{ rate: 1/s, burst: 0 }"),
+        "4:37 routes[0].rate_limit.burst:",
+        "found 0",
+    );
+    assert_one(
+        &r("{ rate: 1/s, burst: x }"),
+        "4:37 routes[0].rate_limit.burst:",
+        "found a string",
+    );
+    assert_one(
+        &r("{ algorithm: fixed, rate: 1/s, burst: 2 }"),
+        "4:55 routes[0].rate_limit.burst:",
+        "only gcra",
+    );
+    assert_one(
+        &r("{ algorithm: leaky, rate: 1/s }"),
+        "4:30 routes[0].rate_limit.algorithm:",
+        "leaky",
+    );
+    assert_one(
+        &r("{ rate: 1/s, by: user }"),
+        "4:34 routes[0].rate_limit.by:",
+        "user",
+    );
+    assert_one(
+        &r("{ rate: 1/s, per: 1s }"),
+        "4:30 routes[0].rate_limit.per:",
+        "unknown field",
+    );
+    assert_one(
+        &r("5/s"),
+        "4:17 routes[0].rate_limit:",
+        "expected a mapping",
+    );
+}
+
+#[test]
+fn identity_forms() {
+    let c = ok(&format!(
+        "{UP}identity:\n  header: X-User-Id\n  trusted_proxies: [10.0.0.0/8, 192.168.1.1, \"::1/128\"]\n  required: true\n"
+    ));
+    assert_eq!(
+        c.identity.source,
+        IdentitySource::Header("x-user-id".into())
+    );
+    assert_eq!(
+        c.identity.trusted_proxies,
+        vec![
+            "10.0.0.0/8".parse::<IpNet>().unwrap(),
+            "192.168.1.1/32".parse().unwrap(),
+            "::1/128".parse().unwrap()
+        ]
+    );
+    assert!(c.identity.required);
+    assert_eq!(
+        ok(&format!("{UP}identity: ip\n")).identity,
+        Identity::default()
+    );
+    let c = ok(&format!(
+        "{UP}identity:\n  ip: true\n  trusted_proxies: [10.0.0.0/8]\n"
+    ));
+    assert_eq!(c.identity.source, IdentitySource::PeerAddress);
+    assert_eq!(c.identity.trusted_proxies.len(), 1);
+}
+
+#[test]
+fn identity_problems() {
+    let id = |f: &str| format!("{UP}identity:\n{f}");
+    assert_one(
+        &id("  header: X User\n"),
+        "3:11 identity.header:",
+        "not a header name",
+    );
+    assert_one(
+        &id("  header: 5\n"),
+        "3:11 identity.header:",
+        "expected a string",
+    );
+    assert_one(
+        &id("  trusted_proxies: [10.0.0.0/33]\n"),
+        "3:21 identity.trusted_proxies[0]:",
+        "10.0.0.0/33",
+    );
+    assert_one(
+        &id("  trusted_proxies: 10.0.0.0/8\n"),
+        "3:20 identity.trusted_proxies:",
+        "expected a list",
+    );
+    assert_one(
+        &id("  required: true\n"),
+        "3:13 identity.required:",
+        "needs a header",
+    );
+    assert_one(
+        &id("  header: A\n  ip: true\n"),
+        "4:7 identity.ip:",
+        "twice",
+    );
+    assert_one(&id("  ip: false\n"), "3:7 identity.ip:", "names no caller");
+    assert_one(
+        &id("  cookie: sid\n"),
+        "3:3 identity.cookie:",
+        "unknown field; expected one of header, ip,",
+    );
+    assert_one(
+        &format!("{UP}identity: user\n"),
+        "2:11 identity:",
+        "expected ip",
+    );
+}
+
+#[test]
+fn listen_upstream_and_store() {
+    let c = ok(&format!(
+        "listen: 127.0.0.1:0\n{UP}store: redis+cluster://a:7000,b:7001\n"
+    ));
+    assert_eq!(c.listen.port(), 0);
+    assert_eq!(
+        c.store,
+        StoreUrl::Cluster("redis+cluster://a:7000,b:7001".into())
+    );
+    for url in [
+        "redis://127.0.0.1:6379",
+        "redis://localhost",
+        "redis://:pw@h:1/2",
+        "rediss://h:6380",
+        "redis://[::1]:6379",
+    ] {
+        assert_eq!(ok(&format!("{UP}store: {url}\n")).store.as_url(), Some(url));
+    }
+    assert_eq!(ok(&format!("{UP}store: memory\n")).store, StoreUrl::Memory);
+    assert_eq!(
+        ok("upstream: http://[::1]:9000/\n").upstream.as_str(),
+        "http://[::1]:9000"
+    );
+    assert_eq!(
+        ok("upstream: http://backend\n").upstream.as_str(),
+        "http://backend"
+    );
+    assert_eq!(
+        ok("listen: \"[::1]:8090\"\nupstream: http://b\n")
+            .listen
+            .port(),
+        8090
+    );
+}
+
+#[test]
+fn listen_upstream_and_store_problems() {
+    assert_one(&format!("listen: here\n{UP}"), "1:9 listen:", "\"here\"");
+    assert_one(
+        &format!("listen: 8090\n{UP}"),
+        "1:9 listen:",
+        "expected a string",
+    );
+    assert_one("upstream: https://a:1\n", "1:11 upstream:", "http://");
+    assert_one("upstream: http://a:x\n", "1:11 upstream:", "not a port");
+    assert_one("upstream: http://a:0\n", "1:11 upstream:", "not a port");
+    assert_one("upstream: http://\n", "1:11 upstream:", "not a host");
+    assert_one(
+        "upstream: http://u:p@a:1\n",
+        "1:11 upstream:",
+        "credentials",
+    );
+    assert_one("upstream: http://a:1/?q\n", "1:11 upstream:", "query");
+    assert_one("listen: 127.0.0.1:1\n", "1:1 upstream:", "missing");
+    let store = |s: &str| format!("{UP}store: {s}\n");
+    assert_one(
+        &store("postgres://a"),
+        "2:8 store:",
+        "unknown store \"postgres\"",
+    );
+    assert_one(&store("redis://h:port"), "2:8 store:", "not a port");
+    assert_one(
+        &store("redis://h:1/db"),
+        "2:8 store:",
+        "database must be a number",
+    );
+    assert_one(&store("redis+cluster://a:1,b"), "2:8 store:", "no port");
+    assert_one(&store("redis+cluster://a:1/0"), "2:8 store:", "no path");
+    // A password is never repeated.
+    let got = bad(&store("redis://:hunter2@h:x"));
+    assert!(!got[0].contains("hunter2"), "{got:?}");
+}
+
+#[test]
+fn token_secrets() {
+    let long = "k".repeat(32);
+    let c = ok(&format!("{UP}token_secret: {long}\n"));
+    assert_eq!(
+        c.token_secret.as_ref().map(TokenSecret::as_bytes),
+        Some(long.as_bytes())
+    );
+    assert_eq!(
+        format!("{:?}", c.token_secret),
+        "Some(TokenSecret(32 bytes))"
+    );
+    assert_one(
+        &format!("{UP}token_secret: short\n"),
+        "2:15 token_secret:",
+        "has 5",
+    );
+    // The environment's is used when the file has none; the file's wins.
+    let env = [b'e'; 40];
+    let c = Config::parse_with_env("t", UP.as_bytes(), Some(&env)).unwrap();
+    assert_eq!(
+        c.token_secret.map(|s| s.as_bytes().to_vec()),
+        Some(env.to_vec())
+    );
+    let file = format!("{UP}token_secret: {long}\n");
+    let c = Config::parse_with_env("t", file.as_bytes(), Some(b"x")).unwrap();
+    assert_eq!(c.token_secret.map(|s| s.as_bytes().len()), Some(32));
+    let p = Config::parse_with_env("t", UP.as_bytes(), Some(b"x")).unwrap_err();
+    assert_eq!(
+        p.to_string(),
+        "NOREPEAT_GATEWAY_TOKEN_SECRET: a token secret needs at least 32 bytes, this one has 1\n"
+    );
+}
+
+#[test]
+fn fields_that_belong_to_another_guard() {
+    let r = |f: &str| one_route(f);
+    assert_one(
+        &r("    guard: token\n    window: 3s\n"),
+        "5:13 routes[0].window:",
+        "only a fingerprint route has a window (this route's guard is token)",
+    );
+    assert_one(
+        &r("    guard: idempotency\n    ignore_fields: [a]\n"),
+        "5:20 routes[0].ignore_fields:",
+        "only a fingerprint route",
+    );
+    for field in ["required: true", "retention: 1h", "ambiguous: keep"] {
+        let name = field.split(':').next().unwrap();
+        assert_one(
+            &r(&format!("    guard: fingerprint\n    {field}\n")),
+            &format!("5:{} routes[0].{name}:", 7 + name.len()),
+            "only an idempotency route",
+        );
+    }
+    assert_one(
+        &r("    rate_limit: {rate: 1/s}\n    retention: 1h\n"),
+        "5:16 routes[0].retention:",
+        "this route has no guard",
+    );
+}
+
+#[test]
+fn route_problems() {
+    let r = |f: &str| one_route(f);
+    assert_one(&r(""), "3:5 routes[0]:", "a guard or a rate_limit");
+    assert_one(
+        &r("    shadow: true\n"),
+        "3:5 routes[0]:",
+        "a guard or a rate_limit",
+    );
+    assert_one(
+        &r("    guard: captcha\n"),
+        "4:12 routes[0].guard:",
+        "\"captcha\"",
+    );
+    assert_one(
+        &r("    guard: token\n    shadow: yes\n"),
+        "5:13 routes[0].shadow:",
+        "true or false",
+    );
+    assert_one(
+        &r("    guard: token\n    timeout: 30\n"),
+        "5:14 routes[0].timeout:",
+        "no unit",
+    );
+    assert_one(
+        &r("    guard: token\n    timeout: 3 parsecs\n"),
+        "5:14 routes[0].timeout:",
+        "duration",
+    );
+    assert_one(
+        &r("    guard: token\n    max_request_body: 0\n"),
+        "5:23 routes[0].max_request_body:",
+        "above zero",
+    );
+    assert_one(
+        &r("    guard: token\n    max_stored_response: 1MB\n"),
+        "5:26 routes[0].max_stored_response:",
+        "1MiB",
+    );
+    assert_one(
+        &r("    guard: token\n    on_store_failure: maybe\n"),
+        "5:23 routes[0].on_store_failure:",
+        "open or closed",
+    );
+    assert_one(
+        &r("    guard: token\n    upstream: ftp://x\n"),
+        "5:15 routes[0].upstream:",
+        "http://",
+    );
+    assert_one(
+        &r("    guard: fingerprint\n    ignore_fields: [a, \"\"]\n"),
+        "5:24 routes[0].ignore_fields[1]:",
+        "empty",
+    );
+    assert_one(
+        &r("    guard: fingerprint\n    ignore_fields: a\n"),
+        "5:20 routes[0].ignore_fields:",
+        "expected a list",
+    );
+    assert_one(
+        &r("    guard: token\n    gaurd: token\n"),
+        "5:5 routes[0].gaurd:",
+        "unknown field; did you mean guard?",
+    );
+    assert_one(
+        &format!("{UP}routes:\n  - guard: token\n"),
+        "3:5 routes[0].match:",
+        "missing",
+    );
+    assert_one(
+        &format!("{UP}routes:\n  - match: POST\n    guard: token\n"),
+        "3:12 routes[0].match:",
+        "METHOD PATH",
+    );
+    assert_one(
+        &format!("{UP}routes: {{}}\n"),
+        "2:9 routes:",
+        "expected a list",
+    );
+    assert_one(
+        &format!("{UP}routes:\n  - POST /x\n"),
+        "3:5 routes[0]:",
+        "expected a mapping",
+    );
+}
+
+#[test]
+fn a_route_that_an_earlier_one_hides_is_a_problem() {
+    let text = format!(
+        "{UP}routes:\n  - match: POST /orders/{{id}}\n    guard: token\n  - match: GET /orders/quick\n    guard: token\n  - match: POST /orders/quick\n    guard: fingerprint\n"
+    );
+    assert_one(
+        &text,
+        "7:12 routes[2].match:",
+        "never reached: routes[0] (POST /orders/{id}) takes every request it matches",
+    );
+}
+
+#[test]
+fn every_problem_is_reported_in_file_order() {
+    let text = format!(
+        "{UP}store: nope\nroutes:\n  - match: POST /a\n    guard: token\n    window: 1s\n  - match: GET /b\n    guard: fingerprint\n    window: 0s\nextra: 1\n"
+    );
+    let got = bad(&text);
+    let fields: Vec<&str> = got
+        .iter()
+        .map(|l| l.split(':').nth(1).unwrap_or_default())
+        .collect();
+    assert_eq!(got.len(), 4, "{got:#?}");
+    assert!(got[0].starts_with("2:8 store:"), "{got:#?}");
+    assert!(got[1].starts_with("6:13 routes[0].window:"), "{got:#?}");
+    assert!(got[2].starts_with("9:13 routes[1].window:"), "{got:#?}");
+    assert!(got[3].starts_with("10:1 extra:"), "{got:#?}");
+    assert_eq!(fields.len(), 4);
+}
+
+#[test]
+fn file_level_problems() {
+    assert_eq!(
+        bad(""),
+        vec!["1:0 upstream: missing (the file is empty); it is required"]
+    );
+    assert_eq!(bad("# only a comment\n"), bad(""));
+    assert_one("[1, 2]\n", "1:1 :", "expected a mapping");
+    assert_one("a: [1,\n", "2:1 :", "YAML syntax");
+    assert_one("a: 1\na: 2\n", "2:1 :", "duplicated key");
+    assert_one(&format!("{UP}---\n{UP}"), "3:1 :", "second YAML document");
+    let got = Config::parse("t", b"upstream: x\n  \xc3\xa9\xff").unwrap_err();
+    assert_eq!(
+        got.to_string(),
+        "t:2:4: the file is not UTF-8 (byte 0xff at offset 16)\n"
+    );
+    assert_one(
+        &format!("{UP}? [a]\n: 1\n"),
+        "2:3 :",
+        "a field's name must be a string",
+    );
+    // Anchors and aliases are YAML's own: the parser resolves them.
+    let c = ok(
+        "upstream: &u http://a:1\nroutes:\n  - match: GET /\n    guard: token\n    upstream: *u\n",
+    );
+    assert_eq!(c.routes[0].upstream, c.upstream);
+}
+
+#[test]
+fn problems_display_as_one_line_each() {
+    let p = Config::parse("g.yaml", b"store: x\n").unwrap_err();
+    assert_eq!(p.file(), "g.yaml");
+    assert_eq!(
+        p.to_string(),
+        "g.yaml:1:1: upstream: missing; it is required (http://host:port)\n\
+         g.yaml:1:8: store: unknown store \"x\"; expected memory, redis://host:port[/db] or redis+cluster://host:port,host:port\n"
+    );
+    let unreadable = Config::load(Path::new("/nonexistent/gateway.yaml")).unwrap_err();
+    assert!(
+        unreadable
+            .to_string()
+            .starts_with("/nonexistent/gateway.yaml: cannot read the file: "),
+        "{unreadable}"
+    );
+}
+
+#[test]
+fn sizes() {
+    for (s, want) in [
+        ("1", 1),
+        ("65536", 65536),
+        ("512B", 512),
+        ("64KiB", 65536),
+        ("64 KiB", 65536),
+        ("1MiB", 1 << 20),
+        ("2GiB", 2 << 30),
+    ] {
+        assert_eq!(parse_size(s), Ok(want), "{s}");
+    }
+    for s in [
+        "0",
+        "0KiB",
+        "",
+        "KiB",
+        "1KB",
+        "1mb",
+        "-1",
+        "1.5MiB",
+        "99999999999999999999GiB",
+    ] {
+        assert!(parse_size(s).is_err(), "{s}");
+    }
+}
+
+#[test]
+fn durations_are_the_library_grammar() {
+    for (s, want) in [
+        ("250ms", 250),
+        ("3s", 3000),
+        ("5m", 300_000),
+        ("24h", 86_400_000),
+        ("2min", 120_000),
+    ] {
+        let r = route(&format!("    guard: token\n    timeout: {s}\n"));
+        assert_eq!(r.timeout, Duration::from_millis(want), "{s}");
+    }
+}
+
+#[test]
+fn the_first_matching_route_takes_the_request() {
+    let c = ok(&format!(
+        "{UP}routes:\n  - match: POST /a/b\n    guard: token\n  - match: POST /a/{{x}}\n    guard: fingerprint\n  - match: GET /a/{{x}}\n    rate_limit: {{ rate: 1/s }}\n"
+    ));
+    let at = |m: &str, p: &str| c.route_for(m, p).map(|(i, _)| i);
+    assert_eq!(at("POST", "/a/b"), Some(0));
+    assert_eq!(at("POST", "/a/c"), Some(1));
+    assert_eq!(at("GET", "/a/b"), Some(2));
+    assert_eq!(at("PUT", "/a/b"), None);
+    assert_eq!(at("POST", "/a"), None);
+}
+
+#[test]
+fn a_misspelt_field_gets_the_nearest_name() {
+    let r = |f: &str| one_route(&format!("    guard: fingerprint\n{f}"));
+    assert_one(
+        &r("    windwo: 3s\n"),
+        "5:5 routes[0].windwo:",
+        "did you mean window?",
+    );
+    assert_one(
+        &r("    ignore_field: [a]\n"),
+        "5:5 routes[0].ignore_field:",
+        "did you mean ignore_fields?",
+    );
+    assert_one(
+        &format!("{UP}stroe: memory\n"),
+        "2:1 stroe:",
+        "did you mean store?",
+    );
+    assert_eq!(super::parse::edits("", "ab"), 2);
+    assert_eq!(super::parse::edits("kitten", "sitting"), 3);
+}

@@ -1,0 +1,35 @@
+//! `norepeat-gateway`: norepeat's guards in front of any HTTP backend,
+//! described in one YAML file (the contract is `GATEWAY.md`).
+//!
+//! This first part is the file: [`config`] reads it into typed Rust and
+//! names every problem (file, line, column, field), and the binary's
+//! `check FILE` runs it. Serving (`--config FILE [--listen ADDR]`) comes
+//! next; the binary does not offer it yet.
+//!
+//! ```
+//! use norepeat_gateway::config::Config;
+//!
+//! let config = Config::parse("gateway.yaml", b"
+//! upstream: http://127.0.0.1:9000
+//! routes:
+//!   - match: POST /orders
+//!     guard: token
+//! ")?;
+//! assert_eq!(config.routes.len(), 1);
+//! assert_eq!(config.upstream.as_str(), "http://127.0.0.1:9000");
+//! # Ok::<(), norepeat_gateway::config::Problems>(())
+//! ```
+//!
+//! # The YAML crate
+//!
+//! The file is read with [`saphyr`] (0.3, the YAML 1.2 parser that
+//! continues yaml-rust and yaml-rust2, released on crates.io and
+//! maintained by the saphyr-rs organisation): its `MarkedYaml` tree puts a
+//! line and column on every node, so a problem found after parsing still
+//! names its line. `serde_yaml` is deprecated; `yaml_serde` (its fork) and
+//! `serde-saphyr` deserialize through serde, which stops at the first
+//! error, and `check` must name every problem at once. So the walk over
+//! the tree is ours ([`config`]), and it refuses every unknown field, as
+//! serde's `deny_unknown_fields` would.
+
+pub mod config;
