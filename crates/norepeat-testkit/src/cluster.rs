@@ -1,3 +1,4 @@
+// Over 400 lines: one cluster and its failover helpers (start, wait for a failover, masters, kill a node), which share its ports and temp dir.
 //! A local 6-node Redis Cluster (3 masters, 3 replicas).
 
 use std::path::Path;
