@@ -33,3 +33,4 @@
 //! serde's `deny_unknown_fields` would.
 
 pub mod config;
+pub mod serve;

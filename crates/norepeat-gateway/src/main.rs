@@ -1,20 +1,32 @@
-//! The `norepeat-gateway` binary: `check FILE` for now.
+//! The `norepeat-gateway` binary: `--config FILE [--listen ADDR]` serves,
+//! `check FILE` validates.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use norepeat_gateway::config::Config;
+use norepeat_gateway::serve::{Gateway, serve};
 
 /// norepeat's guards in front of any HTTP backend, from one YAML file.
-///
-/// This build validates the file (`check`); serving it
-/// (`--config FILE [--listen ADDR]`) is not built yet: it comes next.
 #[derive(Parser)]
-#[command(name = "norepeat-gateway", version)]
+#[command(
+    name = "norepeat-gateway",
+    version,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    /// The gateway's YAML file: serve it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen here instead of the file's `listen` (`127.0.0.1:0` picks a
+    /// free port).
+    #[arg(long, value_name = "ADDR", requires = "config")]
+    listen: Option<SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -29,8 +41,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Check { file } => match Config::load(&file) {
+    match (cli.command, cli.config) {
+        (Some(Command::Check { file }), _) => match Config::load(&file) {
             Ok(config) => {
                 println!("ok: {} routes", config.routes.len());
                 ExitCode::SUCCESS
@@ -40,5 +52,59 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        (None, Some(file)) => match Config::load(&file) {
+            Ok(config) => run(&config, cli.listen),
+            Err(problems) => {
+                eprint!("{problems}");
+                ExitCode::from(2)
+            }
+        },
+        (None, None) => {
+            eprintln!("norepeat-gateway: give --config FILE to serve, or check FILE (see --help)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(config: &Config, listen: Option<SocketAddr>) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("norepeat-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let metrics = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("norepeat_gateway_upstream_seconds".into()),
+                &[
+                    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ],
+            )
+            .and_then(PrometheusBuilder::install_recorder)
+            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        let gateway = Gateway::build(config, Some(metrics))
+            .await
+            .map_err(|e| format!("store: {e}"))?;
+        let addr = listen.unwrap_or(config.listen);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on http://{local}");
+            let _ = out.flush();
+        }
+        serve(gateway, listener).await.map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("norepeat-gateway: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -209,17 +209,26 @@ fn the_secret_may_come_from_the_environment() {
 }
 
 #[test]
-fn the_cli_offers_check_only_and_says_serving_comes_next() {
+fn the_cli_offers_serving_and_check_and_a_bad_file_never_serves() {
     let help = Command::new(GATEWAY).arg("--help").output().expect("runs");
     assert_eq!(help.status.code(), Some(0));
     let help = text(&help.stdout);
-    assert!(help.contains("check"), "{help}");
-    assert!(help.contains("is not built yet: it comes next"), "{help}");
-    // No pretend server: `--config` is refused as an unknown argument.
+    for offered in ["check", "--config <FILE>", "--listen <ADDR>"] {
+        assert!(help.contains(offered), "{offered}: {help}");
+    }
+    // A file that cannot be read is refused before anything listens.
     let serve = Command::new(GATEWAY)
-        .args(["--config", "gateway.yaml"])
+        .args(["--config", "no-such-gateway.yaml"])
         .output()
         .expect("runs");
     assert_eq!(serve.status.code(), Some(2));
-    assert!(text(&serve.stderr).contains("unexpected argument '--config'"));
+    assert!(text(&serve.stdout).is_empty());
+    assert!(
+        text(&serve.stderr).starts_with("no-such-gateway.yaml: cannot read the file: "),
+        "{}",
+        text(&serve.stderr)
+    );
+    // Neither a command nor --config: told what to give.
+    let none = Command::new(GATEWAY).output().expect("runs");
+    assert_eq!(none.status.code(), Some(2));
 }

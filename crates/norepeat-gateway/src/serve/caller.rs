@@ -1,0 +1,114 @@
+//! Who the caller is: `identity.header` (hashed) or the peer address
+//! (`X-Forwarded-For` believed only from `trusted_proxies`).
+
+use crate::config::{Identity, IdentitySource, IpNet};
+use axum::extract::ConnectInfo;
+use http::HeaderName;
+use http::request::Parts;
+use norepeat::identity::Identify;
+use norepeat::ratelimit::ExtractKey;
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// The caller as the file's `identity` names it, for every guard. A
+/// header's value is hashed (BLAKE3) before any layer sees it, so a bearer
+/// token is never stored or logged as it is.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    header: Option<HeaderName>,
+    trusted: Arc<[IpNet]>,
+    required: bool,
+}
+
+impl Caller {
+    /// The caller of `identity`.
+    #[must_use]
+    pub fn new(identity: &Identity) -> Self {
+        let header = match &identity.source {
+            IdentitySource::PeerAddress => None,
+            IdentitySource::Header(h) => HeaderName::from_bytes(h.as_bytes()).ok(),
+        };
+        Self {
+            header,
+            trusted: identity.trusted_proxies.clone().into(),
+            required: identity.required,
+        }
+    }
+
+    /// The client's address (see [`client_ip`]).
+    #[must_use]
+    pub fn address(&self) -> ByAddress {
+        ByAddress(Arc::clone(&self.trusted))
+    }
+}
+
+impl Identify for Caller {
+    fn identify(&self, parts: &Parts) -> Option<String> {
+        if let Some(name) = &self.header {
+            let mut values = parts.headers.get_all(name).iter();
+            match (values.next(), values.next()) {
+                (Some(v), None) if !v.is_empty() && v.len() <= 8192 => {
+                    let hash = blake3::keyed_hash(KEY, v.as_bytes());
+                    return Some(format!("h:{}", &hash.to_hex()[..32]));
+                }
+                _ if self.required => return None,
+                _ => {}
+            }
+        }
+        client_ip(parts, &self.trusted).map(|ip| format!("ip:{ip}"))
+    }
+
+    fn missing(&self) -> Cow<'static, str> {
+        match &self.header {
+            Some(h) => Cow::Owned(format!("Exactly one {h} header is required.")),
+            None => Cow::Borrowed("The peer address is unknown."),
+        }
+    }
+}
+
+/// The domain of the identity hash (a fixed key: the hash names a caller,
+/// it is not a secret).
+const KEY: &[u8; 32] = b"norepeat-gateway identity v1 ...";
+
+/// The client's address, for `rate_limit.by: address`.
+#[derive(Debug, Clone)]
+pub struct ByAddress(Arc<[IpNet]>);
+
+impl ExtractKey for ByAddress {
+    fn extract_key(&self, parts: &Parts) -> Option<String> {
+        client_ip(parts, &self.0).map(|ip| ip.to_string())
+    }
+}
+
+/// The peer address, or, when the peer is a trusted proxy, the rightmost
+/// address of `X-Forwarded-For` that is not one.
+#[must_use]
+pub fn client_ip(parts: &Parts, trusted: &[IpNet]) -> Option<IpAddr> {
+    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return Some(peer);
+    }
+    let mut ip = peer;
+    let values: Vec<_> = parts.headers.get_all("x-forwarded-for").iter().collect();
+    for v in values.into_iter().rev() {
+        let Ok(s) = v.to_str() else { return Some(ip) };
+        for part in s.rsplit(',') {
+            let Ok(a) = part.trim().parse::<IpAddr>() else {
+                return Some(ip);
+            };
+            ip = a;
+            if !is_trusted(&a) {
+                return Some(a);
+            }
+        }
+    }
+    Some(ip)
+}
+
+impl ExtractKey for Caller {
+    fn extract_key(&self, parts: &Parts) -> Option<String> {
+        self.identify(parts)
+    }
+}

@@ -1,0 +1,162 @@
+//! Forwarding written by us: one pooled hyper-util client, streamed bodies
+//! both ways, hop-by-hop headers dropped both ways (RFC 9110 §7.6.1), the
+//! `X-Forwarded-*` and `Forwarded` headers added, `Host` kept.
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// The pooled HTTP/1.1 client every route shares.
+pub type HttpClient = Client<HttpConnector, Body>;
+
+/// A client with a pool of idle connections per upstream.
+#[must_use]
+pub fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Why no answer came from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The connection could not be made: nothing reached the backend.
+    Unavailable,
+    /// No answer within the timeout, or the connection broke after the
+    /// request was sent: the outcome is unknown.
+    Timeout,
+}
+
+/// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
+/// long-standing `Keep-Alive` and `Proxy-Connection`).
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Drops the hop-by-hop headers: the fixed ones, and every header that
+/// `Connection` names.
+///
+/// ```
+/// use http::HeaderMap;
+/// let mut h = HeaderMap::new();
+/// h.insert("connection", "close, x-secret".parse().unwrap());
+/// h.insert("x-secret", "1".parse().unwrap());
+/// h.insert("keep-alive", "timeout=5".parse().unwrap());
+/// h.insert("x-kept", "1".parse().unwrap());
+/// norepeat_gateway::serve::strip_hop_by_hop(&mut h);
+/// assert_eq!(h.len(), 1);
+/// assert!(h.contains_key("x-kept"));
+/// ```
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
+
+/// Adds `X-Forwarded-For` (appended to the client's), `X-Forwarded-Proto`,
+/// `X-Forwarded-Host` and `Forwarded` (appended), for a request from `peer`.
+fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, host: Option<HeaderValue>) {
+    let Some(peer) = peer else { return };
+    let ip = peer.to_string();
+    let earlier: Vec<String> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_owned))
+        .collect();
+    let xff = if earlier.is_empty() {
+        ip.clone()
+    } else {
+        format!("{}, {ip}", earlier.join(", "))
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let node = match peer {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(_) => format!("\"[{ip}]\""),
+    };
+    let mut forwarded = format!("for={node};proto=http");
+    if let Some(host) = host {
+        if let Ok(h) = host.to_str()
+            && !h.contains('"')
+        {
+            forwarded.push_str(&format!(";host=\"{h}\""));
+        }
+        headers.insert("x-forwarded-host", host);
+    }
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        headers.append(header::FORWARDED, v);
+    }
+}
+
+/// Sends `req` to `upstream` (`http://host:port[/base]`): the head must
+/// come within `timeout`, the bodies stream both ways.
+///
+/// # Errors
+/// [`Failure::Unavailable`] when nothing reached the backend,
+/// [`Failure::Timeout`] when the outcome is unknown.
+pub async fn forward(
+    client: &HttpClient,
+    upstream: &str,
+    timeout: Duration,
+    mut req: Request<Body>,
+) -> Result<Response<Body>, Failure> {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let uri: Uri = format!("{upstream}{pq}")
+        .parse()
+        .map_err(|_| Failure::Unavailable)?;
+    // HTTP/2 carries the host in the URI: keep it as the client sent it.
+    let host = match req.headers().get(header::HOST) {
+        Some(h) => Some(h.clone()),
+        None => req
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+    };
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    add_forwarded(headers, peer, host.clone());
+    if let Some(h) = host {
+        headers.insert(header::HOST, h);
+    }
+    let res = match tokio::time::timeout(timeout, client.request(req)).await {
+        Err(_) => return Err(Failure::Timeout),
+        Ok(Err(e)) if e.is_connect() => return Err(Failure::Unavailable),
+        Ok(Err(_)) => return Err(Failure::Timeout),
+        Ok(Ok(res)) => res,
+    };
+    let (mut parts, body) = res.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}

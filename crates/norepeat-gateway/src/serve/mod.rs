@@ -1,0 +1,466 @@
+//! Serving the file: the routes as tower stacks of the library's layers
+//! over our own forwarding, the gateway's own routes, graceful shutdown.
+//!
+//! Every request is matched against the routes in order (first match
+//! wins); a matched one goes through its route's rate limit, then its
+//! guard, then to the upstream; an unmatched one streams through
+//! unguarded. The answers are the layers' own, plus 502
+//! `upstream_unavailable` and 504 `upstream_timeout` (RFC 9457).
+//!
+//! # An unknown outcome on an idempotency route (`ambiguous: keep`)
+//! The library's layer frees a key when the handler answers a 5xx, so a
+//! timed-out request is not answered 504 to the layer: the upstream
+//! stage answers it `200` with no body and the header
+//! [`OUTCOME_HEADER`]`: unknown`, which the layer stores as the key's
+//! record (one atomic write of the layer's own, kept for `retention`, and
+//! written before the key could be freed). The gateway answers the client
+//! 504 `upstream_timeout`, and every retry with that key meets the
+//! stored record and is answered 409 `idempotency_outcome_unknown`,
+//! never reaching the backend. `ambiguous: release` answers the layer
+//! 504, which frees the key; a 502 (nothing reached the backend) always
+//! does.
+
+mod caller;
+mod forward;
+mod own;
+
+pub use caller::{ByAddress, Caller, client_ip};
+pub use forward::{Failure, HttpClient, client, forward, strip_hop_by_hop};
+
+use crate::config::{Ambiguous, Config, Guard, LimitBy, OnStoreFailure, Route};
+use axum::body::Body;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+use norepeat::degrade::FailurePolicy;
+use norepeat::fingerprint::{
+    DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
+};
+use norepeat::idempotency::{DEFAULT_REPLAYED_HEADERS, IDEMPOTENT_REPLAYED, IdempotencyLayer};
+use norepeat::problem::{Code, Problem};
+use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
+use norepeat::store::{AnyStore, KeyValueStoreExt, Resilient, StoreError};
+use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+
+/// The store every route shares: the file's store behind the library's
+/// time budget and circuit breaker.
+pub type SharedStore = Resilient<AnyStore>;
+
+/// A route's whole stack.
+type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
+
+/// The header by which the upstream stage tells an idempotency layer's
+/// record that the outcome is unknown (see the module docs). Never sent
+/// to a client.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("norepeat-gateway-outcome");
+
+/// How long an unmatched request's upstream has to answer.
+const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the random token secret is kept when the file gives none.
+const SECRET_KEY: &str = "norepeat:gateway:token-secret";
+
+/// The gateway's state: compiled routes, the client, the store.
+pub struct Gateway {
+    routes: Vec<Compiled>,
+    client: HttpClient,
+    upstream: Arc<str>,
+    store: SharedStore,
+    caller: Caller,
+    tokens: Option<TokenGuard<SharedStore>>,
+    metrics: Option<PrometheusHandle>,
+    all_fail_open: bool,
+}
+
+struct Compiled {
+    matcher: crate::config::RouteMatch,
+    label: Arc<str>,
+    service: RouteService,
+}
+
+/// What one request came to, for `norepeat_gateway_requests_total`.
+#[derive(Debug, Clone, Copy)]
+struct Outcome(&'static str);
+
+impl Gateway {
+    /// Connects to the file's store and builds every route.
+    ///
+    /// # Errors
+    /// The store cannot be reached, or the token secret cannot be read
+    /// from it.
+    pub async fn build(
+        config: &Config,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self, StoreError> {
+        let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
+        let caller = Caller::new(&config.identity);
+        let client = client();
+        let tokens = if config
+            .routes
+            .iter()
+            .any(|r| matches!(r.guard, Some(Guard::Token)))
+        {
+            let secret = token_secret(config, &store).await?;
+            Some(TokenGuard::new(store.clone(), TokenSigner::new(secret)))
+        } else {
+            None
+        };
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| Compiled {
+                matcher: r.matcher.clone(),
+                label: r.matcher.to_string().into(),
+                service: stack(r, &store, &caller, &client, tokens.as_ref()),
+            })
+            .collect();
+        Ok(Self {
+            routes,
+            client,
+            upstream: config.upstream.as_str().into(),
+            store,
+            caller,
+            tokens,
+            metrics,
+            all_fail_open: config
+                .routes
+                .iter()
+                .all(|r| r.on_store_failure == OnStoreFailure::Open),
+        })
+    }
+
+    /// The axum app: the own routes, everything else through [`dispatch`].
+    pub fn into_router(self) -> axum::Router {
+        own::router(Arc::new(self))
+    }
+}
+
+/// The token secret: the file's (or the environment's), else the one kept
+/// in the store, created by the first instance with one `SET NX`.
+async fn token_secret(config: &Config, store: &SharedStore) -> Result<[u8; 32], StoreError> {
+    if let Some(s) = &config.token_secret {
+        return Ok(blake3::derive_key(
+            "norepeat-gateway token secret v1",
+            s.as_bytes(),
+        ));
+    }
+    let mut fresh = [0u8; 32];
+    getrandom::fill(&mut fresh).map_err(|e| StoreError::Protocol(format!("no randomness: {e}")))?;
+    let hexed = hex::encode(fresh);
+    // Keys always expire; ten years is "for as long as the store lives".
+    let ttl = Duration::from_secs(10 * 365 * 24 * 3600);
+    match store
+        .put_if_absent(SECRET_KEY, hexed.as_bytes(), ttl)
+        .await?
+    {
+        None => Ok(fresh),
+        Some(held) => hex::decode(&held)
+            .ok()
+            .and_then(|v| <[u8; 32]>::try_from(v).ok())
+            .ok_or_else(|| {
+                StoreError::Protocol(format!("{SECRET_KEY} holds no 32-byte hex secret"))
+            }),
+    }
+}
+
+fn policy(p: OnStoreFailure) -> FailurePolicy {
+    match p {
+        OnStoreFailure::Open => FailurePolicy::FailOpen,
+        OnStoreFailure::Closed => FailurePolicy::FailClosed,
+    }
+}
+
+fn boxed<S, B>(service: S) -> RouteService
+where
+    S: tower::Service<Request<Body>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    BoxCloneSyncService::new(service.map_response(|r: Response<B>| r.map(Body::new)))
+}
+
+/// A route's stack: rate limit, guard, upstream.
+fn stack(
+    route: &Route,
+    store: &SharedStore,
+    caller: &Caller,
+    client: &HttpClient,
+    tokens: Option<&TokenGuard<SharedStore>>,
+) -> RouteService {
+    let label: Arc<str> = route.matcher.to_string().into();
+    let keep = matches!(
+        route.guard,
+        Some(Guard::Idempotency {
+            ambiguous: Ambiguous::Keep,
+            ..
+        })
+    );
+    let upstream = UpstreamStage {
+        client: client.clone(),
+        upstream: route.upstream.as_str().into(),
+        timeout: route.timeout,
+        label: Arc::clone(&label),
+        keep,
+    };
+    let base = tower::service_fn(move |req: Request<Body>| {
+        let u = upstream.clone();
+        async move { Ok::<_, Infallible>(u.call(req).await) }
+    });
+    let on_failure = policy(route.on_store_failure);
+    let name = label.to_string();
+    let max_body = usize::try_from(route.max_request_body).unwrap_or(usize::MAX);
+    let guarded = match &route.guard {
+        None => boxed(base),
+        Some(Guard::Token) => {
+            let guard = tokens
+                .expect("a token route has a token guard")
+                .clone()
+                .on_store_failure(on_failure);
+            boxed(
+                TokenLayer::new(guard)
+                    .route(name.clone())
+                    .identity(caller.clone())
+                    .shadow(route.shadow)
+                    .layer(base),
+            )
+        }
+        Some(Guard::Fingerprint {
+            window,
+            ignore_fields,
+        }) => {
+            let fields = DEFAULT_IGNORED_FIELDS
+                .iter()
+                .map(|f| (*f).to_owned())
+                .chain(ignore_fields.iter().cloned());
+            let guard = FingerprintGuard::new(store.clone())
+                .window(*window)
+                .on_store_failure(on_failure)
+                .fingerprinter(Fingerprinter::ignoring(fields));
+            boxed(
+                FingerprintLayer::new(guard)
+                    .route(name.clone())
+                    .identity(caller.clone())
+                    .max_body(max_body)
+                    .shadow(route.shadow)
+                    .layer(base),
+            )
+        }
+        Some(Guard::Idempotency {
+            required,
+            retention,
+            ..
+        }) => {
+            let headers = DEFAULT_REPLAYED_HEADERS
+                .iter()
+                .cloned()
+                .chain(std::iter::once(OUTCOME_HEADER));
+            boxed(
+                IdempotencyLayer::new(store.clone())
+                    .required(*required)
+                    .retention(*retention)
+                    .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+                    .max_request_body(max_body)
+                    .on_store_failure(on_failure)
+                    .identity(caller.clone())
+                    .route(name.clone())
+                    .header_allow_list(headers)
+                    .shadow(route.shadow)
+                    .layer(base),
+            )
+        }
+    };
+    let Some(rl) = route.rate_limit else {
+        return guarded;
+    };
+    let limiter = RateLimiter::new(store.clone(), rl.quota)
+        .algorithm(rl.algorithm)
+        .on_store_failure(on_failure)
+        .name(name.clone());
+    let layer = match rl.by {
+        LimitBy::Identity => RateLimitLayer::new(limiter, caller.clone()),
+        LimitBy::Address => RateLimitLayer::new(limiter, caller.address()),
+    };
+    boxed(layer.route(name).shadow(route.shadow).layer(guarded))
+}
+
+/// The innermost stage of a route: the upstream, its timeout, its metric.
+#[derive(Clone)]
+struct UpstreamStage {
+    client: HttpClient,
+    upstream: Arc<str>,
+    timeout: Duration,
+    label: Arc<str>,
+    keep: bool,
+}
+
+impl UpstreamStage {
+    async fn call(self, req: Request<Body>) -> Response<Body> {
+        let start = Instant::now();
+        let result = forward(&self.client, &self.upstream, self.timeout, req).await;
+        metrics::histogram!("norepeat_gateway_upstream_seconds", "route" => self.label.to_string())
+            .record(start.elapsed().as_secs_f64());
+        match result {
+            Ok(res) => res,
+            Err(Failure::Unavailable) => upstream_unavailable(),
+            Err(Failure::Timeout) if self.keep => {
+                // Stored by the idempotency layer as the key's record.
+                let mut res = Response::new(Body::empty());
+                res.headers_mut()
+                    .insert(OUTCOME_HEADER, HeaderValue::from_static("unknown"));
+                res
+            }
+            Err(Failure::Timeout) => upstream_timeout(),
+        }
+    }
+}
+
+fn problem_response(p: &Problem, outcome: &'static str) -> Response<Body> {
+    let mut res = p.to_response().map(Body::new);
+    res.extensions_mut().insert(Outcome(outcome));
+    res
+}
+
+fn upstream_unavailable() -> Response<Body> {
+    let p = Problem::custom(
+        StatusCode::BAD_GATEWAY,
+        "upstream_unavailable",
+        "Upstream unavailable",
+    )
+    .detail("The upstream refused the connection or could not be reached; nothing reached it.");
+    problem_response(&p, "upstream_unavailable")
+}
+
+fn upstream_timeout() -> Response<Body> {
+    let p = Problem::custom(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", "Upstream timeout")
+        .detail("The upstream did not answer in time, or the connection broke after the request was sent: the outcome is unknown.");
+    problem_response(&p, "upstream_timeout")
+}
+
+fn outcome_unknown() -> Response<Body> {
+    let p = Problem::custom(StatusCode::CONFLICT, "idempotency_outcome_unknown", "Idempotency outcome unknown")
+        .detail("An earlier request with this Idempotency-Key timed out upstream; its outcome is unknown, so it is not run again.");
+    problem_response(&p, "outcome_unknown")
+}
+
+/// The `outcome` label of a layer's problem.
+fn outcome_of(code: Code) -> &'static str {
+    match code.as_str() {
+        "duplicate_submission" | "missing_token" | "invalid_token" => "duplicate",
+        "idempotency_key_in_use" => "in_progress",
+        "idempotency_key_mismatch" => "mismatch",
+        "rate_limited" => "rate_limited",
+        "unauthenticated" => "unauthenticated",
+        "guard_unavailable" => "unavailable",
+        _ => "refused",
+    }
+}
+
+/// Any request not for the gateway's own routes.
+async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<Body> {
+    let found = gw
+        .routes
+        .iter()
+        .find(|r| r.matcher.matches(req.method().as_str(), req.uri().path()));
+    let Some(route) = found else {
+        return match forward(&gw.client, &gw.upstream, PASSTHROUGH_TIMEOUT, req).await {
+            Ok(res) => res,
+            Err(Failure::Unavailable) => upstream_unavailable(),
+            Err(Failure::Timeout) => upstream_timeout(),
+        };
+    };
+    let res = match route.service.clone().oneshot(req).await {
+        Ok(res) => res,
+        Err(never) => match never {},
+    };
+    let (res, outcome) = finish(res);
+    metrics::counter!("norepeat_gateway_requests_total", "route" => route.label.to_string(), "outcome" => outcome)
+        .increment(1);
+    res
+}
+
+/// Turns the upstream stage's "unknown" record into the client's answer,
+/// and names the outcome.
+fn finish(mut res: Response<Body>) -> (Response<Body>, &'static str) {
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    if res.headers_mut().remove(OUTCOME_HEADER).is_some() {
+        let res = if replayed {
+            outcome_unknown()
+        } else {
+            upstream_timeout()
+        };
+        let outcome = if replayed {
+            "outcome_unknown"
+        } else {
+            "upstream_timeout"
+        };
+        return (res, outcome);
+    }
+    if let Some(&Outcome(o)) = res.extensions().get::<Outcome>() {
+        return (res, o);
+    }
+    if let Some(p) = res.extensions().get::<Problem>() {
+        let o = outcome_of(p.code);
+        return (res, o);
+    }
+    let o = if replayed { "replayed" } else { "passed" };
+    (res, o)
+}
+
+/// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C), then lets
+/// requests in flight finish for at most 10 s.
+///
+/// # Errors
+/// The listener fails.
+pub async fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    let app = gateway.into_router();
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        stop_signal().await;
+        let _ = tx.send(true);
+    });
+    let grace = async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    };
+    tokio::select! {
+        r = server.into_future() => r,
+        () = grace => Ok(()),
+    }
+}
+
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = ctrl_c => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,95 @@
+//! The gateway's own routes under `/.norepeat/`.
+
+use super::{Gateway, dispatch};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::routing::get;
+use http::{Response, StatusCode, header};
+use norepeat::identity::Identify;
+use norepeat::problem::{Code, Problem};
+use norepeat::store::{KeyValueStore, KeyValueStoreExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(super) fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/.norepeat/token", get(token))
+        .route("/.norepeat/healthz", get(healthz))
+        .route("/.norepeat/readyz", get(readyz))
+        .route("/.norepeat/metrics", get(metrics))
+        .fallback(|State(gw): State<Arc<Gateway>>, req: Request| dispatch(gw, req))
+        .with_state(gw)
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    let mut res = Response::new(Body::from(v.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
+    let Some(tokens) = &gw.tokens else {
+        let p = Problem::custom(StatusCode::NOT_FOUND, "not_found", "Not found")
+            .detail("No route of this gateway is guarded by tokens.");
+        return p.to_response().map(Body::new);
+    };
+    let (parts, _) = req.into_parts();
+    let Some(user) = gw.caller.identify(&parts) else {
+        let p = Problem::new(Code::Unauthenticated).detail(gw.caller.missing());
+        return p.to_response().map(Body::new);
+    };
+    let issued = tokens.issue(&user);
+    let mut res = json(
+        StatusCode::OK,
+        &serde_json::json!({"repeatToken": issued.token, "expiresIn": issued.expires_in.as_secs()}),
+    );
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    res
+}
+
+async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    let breaker = format!("{:?}", gw.store.circuit().state());
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "status": "ok",
+            "routes": gw.routes.len(),
+            "store": gw.store.inner().kind(),
+            "breaker": breaker,
+        }),
+    )
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    let answers = gw
+        .store
+        .put_if_absent("norepeat:gateway:ready", b"1", Duration::from_secs(1))
+        .await
+        .is_ok();
+    let (status, text) = if answers {
+        (StatusCode::OK, "ready")
+    } else if gw.all_fail_open {
+        (StatusCode::OK, "ready (store down; every route fails open)")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "the store does not answer")
+    };
+    json(status, &serde_json::json!({"status": text}))
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    let text = gw.metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+    let mut res = Response::new(Body::from(text));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    res
+}

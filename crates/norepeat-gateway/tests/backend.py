@@ -1,0 +1,77 @@
+"""A small order service in Python's standard library: the backend that is
+not ours, for tests/serve.rs.
+
+Every POST counts one effect for its path (before any delay), then waits
+X-Delay seconds if sent, then answers 201 with a JSON body naming the
+count. GET /effects answers the counters, GET /echo the request's headers
+(and two hop-by-hop headers of its own), GET /big 2 MiB. It prints its
+port on the first line once it listens (argv[1]: the port, 0 for any).
+"""
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+EFFECTS = {}
+LOCK = threading.Lock()
+BIG = b"x" * (2 * 1024 * 1024)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):
+        pass
+
+    def answer(self, status, body, extra=()):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        path = self.path.split("?")[0]
+        with LOCK:
+            EFFECTS[path] = EFFECTS.get(path, 0) + 1
+            n = EFFECTS[path]
+        delay = float(self.headers.get("X-Delay") or 0)
+        if delay:
+            time.sleep(delay)
+        body = json.dumps({"path": path, "effect": n, "at": time.time()}).encode()
+        self.answer(201, body, [("X-Order", str(n))])
+
+    def do_GET(self):
+        if self.path == "/effects":
+            with LOCK:
+                body = json.dumps(EFFECTS).encode()
+            self.answer(200, body)
+        elif self.path == "/echo":
+            body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+            self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
+        elif self.path == "/big":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(BIG)))
+            self.end_headers()
+            self.wfile.write(BIG)
+        else:
+            self.answer(404, b'{"error":"not found"}')
+
+
+def main():
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+//! The gateway served, against a backend that is not ours: the order
+//! service of `tests/backend.py` (Python's standard library), which counts
+//! one effect per request it runs. Each case starts its own backend and
+//! gateway process(es) on free ports.
+
+// The helpers below are test code too: a failure is a panic with its place.
+#![allow(clippy::unwrap_used)]
+
+use norepeat_testkit::{RedisServer, free_port};
+use reqwest::{Client, Response, StatusCode};
+use serde_json::Value;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A process killed when dropped, and where it listens.
+struct Process {
+    _child: Child,
+    port: u16,
+}
+
+/// Starts `cmd` and reads its first stdout line with `line_to_port`.
+async fn start(mut cmd: Command, line_to_port: impl Fn(&str) -> u16) -> Process {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the process prints its address within 20 s")
+        .expect("read stdout")
+        .expect("a first line");
+    let port = line_to_port(&line);
+    // Keep reading so the pipe never fills.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Process {
+        _child: child,
+        port,
+    }
+}
+
+async fn backend(port: u16) -> Process {
+    let mut cmd = Command::new("python3");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend.py"))
+        .arg(port.to_string());
+    start(cmd, |l| {
+        l.trim().parse().expect("the backend prints its port")
+    })
+    .await
+}
+
+/// Starts the gateway on `yaml` (a file written for it), listening on a
+/// free port.
+async fn gateway(yaml: &str) -> Process {
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.yaml", free_port()));
+    std::fs::write(&file, yaml).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"));
+    cmd.arg("--config")
+        .arg(&file)
+        .arg("--listen")
+        .arg("127.0.0.1:0");
+    start(cmd, |l| {
+        let addr = l
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {l:?}"));
+        addr.rsplit(':').next().unwrap().parse().unwrap()
+    })
+    .await
+}
+
+fn url(p: &Process, path: &str) -> String {
+    format!("http://127.0.0.1:{}{path}", p.port)
+}
+
+async fn effects(backend: &Process) -> Value {
+    reqwest::get(url(backend, "/effects"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn code(res: Response) -> (StatusCode, String) {
+    let status = res.status();
+    let body: Value = res.json().await.expect("a JSON body");
+    (status, body["code"].as_str().unwrap_or_default().to_owned())
+}
+
+fn file(backend: &Process, store: &str, routes: &str) -> String {
+    format!(
+        "upstream: http://127.0.0.1:{}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n{routes}",
+        backend.port
+    )
+}
+
+const ROUTES: &str = "
+  - match: POST /orders
+    guard: token
+  - match: POST /orders/quick
+    guard: fingerprint
+    window: 5s
+    ignore_fields: [traceId]
+  - match: POST /payments
+    guard: idempotency
+    retention: 1m
+    timeout: 500ms
+  - match: POST /refunds
+    guard: idempotency
+    ambiguous: release
+    timeout: 500ms
+  - match: POST /coupons/{id}/redeem
+    guard: fingerprint
+    shadow: true
+";
+
+#[tokio::test]
+async fn double_submit_on_a_fingerprint_route_runs_once() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let send = |trace: &'static str| {
+        c.post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"a1","qty":1,"traceId":"{trace}"}}"#))
+            .send()
+    };
+    assert_eq!(send("t1").await.unwrap().status(), 201);
+    assert_eq!(
+        code(send("t2").await.unwrap()).await,
+        (StatusCode::CONFLICT, "duplicate_submission".into())
+    );
+    assert_eq!(effects(&b).await["/orders/quick"], 1);
+}
+
+#[tokio::test]
+async fn an_idempotency_replay_is_the_first_answer_byte_for_byte() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = || {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-1")
+            .header("content-type", "application/json")
+            .body(r#"{"amount":1999}"#)
+            .send()
+    };
+    let first = pay().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_body = first.bytes().await.unwrap();
+    let again = pay().await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), first_body);
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_catch_a_repeat_across_them() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(&b, &redis.url(), ROUTES);
+    let (g1, g2) = (gateway(&yaml).await, gateway(&yaml).await);
+    let c = Client::new();
+    let send = |g: &Process| {
+        c.post(url(g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"b2"}"#)
+            .send()
+    };
+    assert_eq!(send(&g1).await.unwrap().status(), 201);
+    assert_eq!(
+        code(send(&g2).await.unwrap()).await,
+        (StatusCode::CONFLICT, "duplicate_submission".into())
+    );
+    // A token issued by one instance is consumed on the other (the random
+    // secret is shared through the store), once.
+    let token: Value = c
+        .get(url(&g1, "/.norepeat/token"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let order = |g: &Process| {
+        c.post(url(g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", token["repeatToken"].as_str().unwrap())
+            .send()
+    };
+    assert_eq!(order(&g2).await.unwrap().status(), 201);
+    assert_eq!(order(&g1).await.unwrap().status(), 409);
+    let e = effects(&b).await;
+    assert_eq!(
+        (e["/orders/quick"].clone(), e["/orders"].clone()),
+        (1.into(), 1.into())
+    );
+}
+
+#[tokio::test]
+async fn backend_down_is_502_and_the_retry_runs_once_it_is_up() {
+    let port = free_port();
+    let down = Process {
+        _child: Command::new("true").spawn().unwrap(),
+        port,
+    };
+    let g = gateway(&file(&down, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = || {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-down")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(
+        code(pay().await.unwrap()).await,
+        (StatusCode::BAD_GATEWAY, "upstream_unavailable".into())
+    );
+    let b = backend(port).await;
+    assert_eq!(pay().await.unwrap().status(), 201, "the key was released");
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+#[tokio::test]
+async fn a_backend_past_its_timeout_is_504_and_the_retry_never_runs_it_again() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = |path: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-slow")
+            .header("x-delay", "1.5")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(
+        code(pay("/payments").await.unwrap()).await,
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout".into())
+    );
+    assert_eq!(
+        code(pay("/payments").await.unwrap()).await,
+        (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+    );
+    // `ambiguous: release`: the retry runs again.
+    assert_eq!(
+        code(pay("/refunds").await.unwrap()).await.0,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert_eq!(
+        code(pay("/refunds").await.unwrap()).await.0,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        code(pay("/payments").await.unwrap()).await.1,
+        "idempotency_outcome_unknown",
+        "still refused once the first has ended"
+    );
+    let e = effects(&b).await;
+    assert_eq!(e["/payments"], 1, "never twice: {e}");
+    assert_eq!(e["/refunds"], 2, "release lets the retry run: {e}");
+}
+
+#[tokio::test]
+async fn an_unmatched_request_streams_through_without_hop_by_hop_headers() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let res = c
+        .get(url(&g, "/echo"))
+        .header("connection", "x-secret")
+        .header("x-secret", "1")
+        .header("te", "trailers")
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("x-kept", "yes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers().get("keep-alive").is_none(),
+        "{:?}",
+        res.headers()
+    );
+    assert!(res.headers().get("proxy-connection").is_none());
+    let seen: Value = res.json().await.unwrap();
+    assert!(seen.get("x-secret").is_none(), "{seen}");
+    assert!(seen.get("te").is_none(), "{seen}");
+    assert_eq!(seen["x-kept"], "yes");
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(
+        seen["host"],
+        format!("127.0.0.1:{}", g.port),
+        "Host as the client sent it"
+    );
+    assert_eq!(seen["x-forwarded-host"], format!("127.0.0.1:{}", g.port));
+    assert!(
+        seen["forwarded"]
+            .as_str()
+            .unwrap()
+            .starts_with("for=127.0.0.1;proto=http")
+    );
+    let big = c
+        .get(url(&g, "/big"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(big.len(), 2 * 1024 * 1024);
+}
+
+#[tokio::test]
+async fn a_token_route_wants_a_token_and_takes_it_once() {
+    let b = backend(0).await;
+    let yaml = file(&b, "memory", ROUTES).replace("X-User-Id\n", "X-User-Id\n  required: true\n");
+    let g = gateway(&yaml).await;
+    let c = Client::new();
+    let bare = c
+        .post(url(&g, "/orders"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(bare).await.1, "missing_token");
+    let issued: Value = c
+        .get(url(&g, "/.norepeat/token"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(issued["expiresIn"].as_u64().unwrap() > 0);
+    let order = || {
+        c.post(url(&g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", issued["repeatToken"].as_str().unwrap())
+            .send()
+    };
+    assert_eq!(order().await.unwrap().status(), 201);
+    assert_eq!(code(order().await.unwrap()).await.0, StatusCode::CONFLICT);
+    assert_eq!(effects(&b).await["/orders"], 1);
+    // `required: true`: no X-User-Id is no caller, on the route and for a token.
+    let anonymous = c.post(url(&g, "/orders")).send().await.unwrap();
+    assert_eq!(
+        code(anonymous).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
+    let no_token = c.get(url(&g, "/.norepeat/token")).send().await.unwrap();
+    assert_eq!(
+        code(no_token).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
+}
+
+#[tokio::test]
+async fn a_shadow_route_lets_every_request_through_and_counts() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    for _ in 0..3 {
+        let res = c
+            .post(url(&g, "/coupons/c7/redeem"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(r#"{"coupon":"c7"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    assert_eq!(effects(&b).await["/coupons/c7/redeem"], 3);
+    let text = c
+        .get(url(&g, "/.norepeat/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"norepeat_gateway_requests_total{route="POST /coupons/{id}/redeem",outcome="passed"} 3"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("/coupons/c7"),
+        "the route is labelled by its match, never the path"
+    );
+    let shadow = text
+        .lines()
+        .find(|l| l.starts_with("norepeat_shadow_total") && l.contains("duplicate"))
+        .unwrap_or_else(|| panic!("no shadow count: {text}"));
+    assert!(shadow.ends_with(" 2"), "{shadow}");
+    assert!(
+        text.contains("norepeat_gateway_upstream_seconds_bucket"),
+        "{text}"
+    );
+    let health: Value = c
+        .get(url(&g, "/.norepeat/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        health,
+        serde_json::json!({"status":"ok","routes":5,"store":"memory","breaker":"Closed"})
+    );
+    assert_eq!(
+        c.get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
