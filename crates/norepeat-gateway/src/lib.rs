@@ -1,10 +1,11 @@
 //! `norepeat-gateway`: norepeat's guards in front of any HTTP backend,
 //! described in one YAML file (the contract is `GATEWAY.md`).
 //!
-//! This first part is the file: [`config`] reads it into typed Rust and
-//! names every problem (file, line, column, field), and the binary's
-//! `check FILE` runs it. Serving (`--config FILE [--listen ADDR]`) comes
-//! next; the binary does not offer it yet.
+//! [`config`] reads the file into typed Rust and names every problem
+//! (file, line, column, field); the binary's `check FILE` runs it.
+//! [`serve`] builds the routes from it (the library's layers over our own
+//! forwarding) and serves them: `norepeat-gateway --config FILE
+//! [--listen ADDR]` prints `listening on http://HOST:PORT` once ready.
 //!
 //! ```
 //! use norepeat_gateway::config::Config;

@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 
 /// A process killed when dropped, and where it listens.
 struct Process {
-    _child: Child,
+    child: Child,
     port: u16,
 }
 
@@ -36,10 +36,7 @@ async fn start(mut cmd: Command, line_to_port: impl Fn(&str) -> u16) -> Process 
     let port = line_to_port(&line);
     // Keep reading so the pipe never fills.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Process {
-        _child: child,
-        port,
-    }
+    Process { child, port }
 }
 
 async fn backend(port: u16) -> Process {
@@ -117,6 +114,8 @@ const ROUTES: &str = "
   - match: POST /coupons/{id}/redeem
     guard: fingerprint
     shadow: true
+  - match: POST /flash-sale/{sku}
+    rate_limit: { algorithm: gcra, rate: 2/m, burst: 2, by: identity }
 ";
 
 #[tokio::test]
@@ -212,7 +211,7 @@ async fn two_instances_on_one_redis_catch_a_repeat_across_them() {
 async fn backend_down_is_502_and_the_retry_runs_once_it_is_up() {
     let port = free_port();
     let down = Process {
-        _child: Command::new("true").spawn().unwrap(),
+        child: Command::new("true").spawn().unwrap(),
         port,
     };
     let g = gateway(&file(&down, "memory", ROUTES)).await;
@@ -422,7 +421,7 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
         .unwrap();
     assert_eq!(
         health,
-        serde_json::json!({"status":"ok","routes":5,"store":"memory","breaker":"Closed"})
+        serde_json::json!({"status":"ok","routes":6,"store":"memory","breaker":"Closed"})
     );
     assert_eq!(
         c.get(url(&g, "/.norepeat/readyz"))
@@ -431,5 +430,81 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limited_route_counts_per_caller() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let buy = |user: &'static str, sku: &'static str| {
+        c.post(url(&g, &format!("/flash-sale/{sku}")))
+            .header("x-user-id", user)
+            .send()
+    };
+    // The route is the template: two SKUs share one budget.
+    assert_eq!(buy("u1", "a").await.unwrap().status(), 201);
+    assert_eq!(buy("u1", "b").await.unwrap().status(), 201);
+    assert_eq!(
+        code(buy("u1", "c").await.unwrap()).await,
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into())
+    );
+    assert_eq!(
+        buy("u2", "c").await.unwrap().status(),
+        201,
+        "another caller has its own budget"
+    );
+    let e = effects(&b).await;
+    assert_eq!(
+        (e["/flash-sale/a"].clone(), e["/flash-sale/c"].clone()),
+        (1.into(), 1.into())
+    );
+    let text = c
+        .get(url(&g, "/.norepeat/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"norepeat_gateway_requests_total{route="POST /flash-sale/{sku}",outcome="rate_limited"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_finishes_the_request_in_flight_then_exits_0() {
+    let b = backend(0).await;
+    let mut g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let slow = tokio::spawn(
+        c.post(url(&g, "/slow"))
+            .header("x-delay", "1")
+            .body("{}")
+            .send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = g.child.id().unwrap().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(killed.success());
+    let res = slow
+        .await
+        .unwrap()
+        .expect("the request in flight is answered");
+    assert_eq!(res.status(), 201);
+    let status = tokio::time::timeout(Duration::from_secs(10), g.child.wait())
+        .await
+        .expect("exits within 10 s")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        c.get(url(&g, "/echo")).send().await.is_err(),
+        "no longer accepting"
     );
 }

@@ -6,7 +6,7 @@ use axum::extract::ConnectInfo;
 use http::HeaderName;
 use http::request::Parts;
 use norepeat::identity::Identify;
-use norepeat::ratelimit::ExtractKey;
+use norepeat::ratelimit::{ExtractKey, MissingKey};
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -110,5 +110,11 @@ pub fn client_ip(parts: &Parts, trusted: &[IpNet]) -> Option<IpAddr> {
 impl ExtractKey for Caller {
     fn extract_key(&self, parts: &Parts) -> Option<String> {
         self.identify(parts)
+    }
+
+    /// No caller on a rate-limited route is 401 `unauthenticated`, as on a
+    /// guarded one.
+    fn missing(&self) -> MissingKey {
+        MissingKey::Caller(Identify::missing(self))
     }
 }
