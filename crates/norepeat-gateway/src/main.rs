@@ -66,6 +66,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs on stderr (`RUST_LOG`, default `info`), and the library's shadow
+/// lines counted by route.
+fn logs() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
+        )
+        .with(norepeat_gateway::serve::ShadowCounter)
+        .init();
+}
+
 fn run(config: &Config, listen: Option<SocketAddr>) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -74,6 +90,7 @@ fn run(config: &Config, listen: Option<SocketAddr>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    logs();
     let result = runtime.block_on(async {
         let metrics = PrometheusBuilder::new()
             .set_buckets_for_metric(

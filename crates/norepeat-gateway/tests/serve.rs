@@ -408,6 +408,10 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
         .unwrap_or_else(|| panic!("no shadow count: {text}"));
     assert!(shadow.ends_with(" 2"), "{shadow}");
     assert!(
+        text.contains(r#"norepeat_gateway_shadow_total{route="POST /coupons/{id}/redeem",would="duplicate"} 2"#),
+        "{text}"
+    );
+    assert!(
         text.contains("norepeat_gateway_upstream_seconds_bucket"),
         "{text}"
     );

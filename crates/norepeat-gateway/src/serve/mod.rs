@@ -23,9 +23,11 @@
 mod caller;
 mod forward;
 mod own;
+mod shadow;
 
 pub use caller::{ByAddress, Caller, client_ip};
 pub use forward::{Failure, HttpClient, client, forward, strip_hop_by_hop};
+pub use shadow::ShadowCounter;
 
 use crate::config::{Ambiguous, Config, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
