@@ -3,7 +3,7 @@ not ours, for tests/serve.rs.
 
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
-count. GET /effects answers the counters, GET /echo the request's headers
+count (2 MiB of `x` instead with X-Big). GET /effects answers the counters, GET /echo the request's headers
 (and two hop-by-hop headers of its own), GET /big 2 MiB. It prints its
 port on the first line once it listens (argv[1]: the port, 0 for any).
 """
@@ -44,6 +44,9 @@ class Handler(BaseHTTPRequestHandler):
         delay = float(self.headers.get("X-Delay") or 0)
         if delay:
             time.sleep(delay)
+        if self.headers.get("X-Big"):
+            self.answer(201, BIG, [("X-Order", str(n))])
+            return
         body = json.dumps({"path": path, "effect": n, "at": time.time()}).encode()
         self.answer(201, body, [("X-Order", str(n))])
 

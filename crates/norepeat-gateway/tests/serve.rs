@@ -322,6 +322,15 @@ async fn an_unmatched_request_streams_through_without_hop_by_hop_headers() {
         .await
         .unwrap();
     assert_eq!(big.len(), 2 * 1024 * 1024);
+    // A request body far over any guard's cap streams through an unmatched route.
+    let upload = c
+        .post(url(&g, "/upload"))
+        .body(vec![b'u'; 3 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status(), 201);
+    assert_eq!(effects(&b).await["/upload"], 1);
 }
 
 #[tokio::test]
@@ -511,4 +520,28 @@ async fn sigterm_finishes_the_request_in_flight_then_exits_0() {
         c.get(url(&g, "/echo")).send().await.is_err(),
         "no longer accepting"
     );
+}
+
+#[tokio::test]
+async fn an_answer_too_large_to_store_is_streamed_whole_and_replayed_without_its_body() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = || {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-big")
+            .header("x-big", "1")
+            .body("{}")
+            .send()
+    };
+    let first = pay().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.bytes().await.unwrap().len(), 2 * 1024 * 1024);
+    let again = pay().await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["idempotent-body"], "omitted");
+    assert!(again.bytes().await.unwrap().is_empty());
+    assert_eq!(effects(&b).await["/payments"], 1);
 }
