@@ -14,6 +14,24 @@ use std::sync::Arc;
 /// The caller as the file's `identity` names it, for every guard. A
 /// header's value is hashed (BLAKE3) before any layer sees it, so a bearer
 /// token is never stored or logged as it is.
+///
+/// ```
+/// use norepeat::identity::Identify;
+/// use norepeat_gateway::config::Config;
+/// use norepeat_gateway::serve::Caller;
+///
+/// let config = Config::parse("g.yaml", b"
+/// upstream: http://127.0.0.1:9000
+/// identity: { header: Authorization, required: true }
+/// ")?;
+/// let caller = Caller::new(&config.identity);
+/// let req = http::Request::get("/").header("authorization", "Bearer s3cret").body(()).unwrap();
+/// let id = caller.identify(&req.into_parts().0).unwrap();
+/// assert!(id.starts_with("h:") && !id.contains("s3cret"));
+/// let anonymous = http::Request::get("/").body(()).unwrap();
+/// assert_eq!(caller.identify(&anonymous.into_parts().0), None);
+/// # Ok::<(), norepeat_gateway::config::Problems>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Caller {
     header: Option<HeaderName>,
@@ -38,7 +56,7 @@ impl Caller {
 
     /// The client's address (see [`client_ip`]).
     #[must_use]
-    pub fn address(&self) -> ByAddress {
+    pub(crate) fn address(&self) -> ByAddress {
         ByAddress(Arc::clone(&self.trusted))
     }
 }
@@ -73,7 +91,7 @@ const KEY: &[u8; 32] = b"norepeat-gateway identity v1 ...";
 
 /// The client's address, for `rate_limit.by: address`.
 #[derive(Debug, Clone)]
-pub struct ByAddress(Arc<[IpNet]>);
+pub(crate) struct ByAddress(Arc<[IpNet]>);
 
 impl ExtractKey for ByAddress {
     fn extract_key(&self, parts: &Parts) -> Option<String> {
@@ -84,7 +102,7 @@ impl ExtractKey for ByAddress {
 /// The peer address, or, when the peer is a trusted proxy, the rightmost
 /// address of `X-Forwarded-For` that is not one.
 #[must_use]
-pub fn client_ip(parts: &Parts, trusted: &[IpNet]) -> Option<IpAddr> {
+pub(crate) fn client_ip(parts: &Parts, trusted: &[IpNet]) -> Option<IpAddr> {
     let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {

@@ -12,11 +12,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// The pooled HTTP/1.1 client every route shares.
-pub type HttpClient = Client<HttpConnector, Body>;
+pub(crate) type HttpClient = Client<HttpConnector, Body>;
 
 /// A client with a pool of idle connections per upstream.
 #[must_use]
-pub fn client() -> HttpClient {
+pub(crate) fn client() -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -27,7 +27,7 @@ pub fn client() -> HttpClient {
 
 /// Why no answer came from the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The connection could not be made: nothing reached the backend.
     Unavailable,
     /// No answer within the timeout, or the connection broke after the
@@ -120,7 +120,7 @@ fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, host: Option<Hea
 /// # Errors
 /// [`Failure::Unavailable`] when nothing reached the backend,
 /// [`Failure::Timeout`] when the outcome is unknown.
-pub async fn forward(
+pub(crate) async fn forward(
     client: &HttpClient,
     upstream: &str,
     timeout: Duration,

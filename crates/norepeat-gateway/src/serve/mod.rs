@@ -25,8 +25,9 @@ mod forward;
 mod own;
 mod shadow;
 
-pub use caller::{ByAddress, Caller, client_ip};
-pub use forward::{Failure, HttpClient, client, forward, strip_hop_by_hop};
+pub use caller::Caller;
+pub use forward::strip_hop_by_hop;
+use forward::{Failure, HttpClient, client, forward};
 pub use shadow::ShadowCounter;
 
 use crate::config::{Ambiguous, Config, Guard, LimitBy, OnStoreFailure, Route};
@@ -68,6 +69,24 @@ const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 
 /// The gateway's state: compiled routes, the client, the store.
+///
+/// ```
+/// use norepeat_gateway::config::Config;
+/// use norepeat_gateway::serve::Gateway;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::parse("g.yaml", b"
+/// upstream: http://127.0.0.1:9
+/// routes:
+///   - match: POST /orders/quick
+///     guard: fingerprint
+/// ")?;
+/// let app = Gateway::build(&config, None).await?.into_router();
+/// let req = http::Request::get("/.norepeat/healthz").body(axum::body::Body::empty())?;
+/// let res = app.oneshot(req).await?;
+/// assert_eq!(res.status(), 200);
+/// # Ok(()) }
+/// ```
 pub struct Gateway {
     routes: Vec<Compiled>,
     client: HttpClient,
@@ -136,7 +155,8 @@ impl Gateway {
         })
     }
 
-    /// The axum app: the own routes, everything else through [`dispatch`].
+    /// The axum app: the own routes under `/.norepeat/`, every other
+    /// request through the first route that matches, or straight through.
     pub fn into_router(self) -> axum::Router {
         own::router(Arc::new(self))
     }
