@@ -114,6 +114,9 @@ const ROUTES: &str = "
   - match: POST /coupons/{id}/redeem
     guard: fingerprint
     shadow: true
+  - match: GET /spoof
+    guard: idempotency
+    required: false
   - match: POST /flash-sale/{sku}
     rate_limit: { algorithm: gcra, rate: 2/m, burst: 2, by: identity }
 ";
@@ -434,7 +437,7 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
         .unwrap();
     assert_eq!(
         health,
-        serde_json::json!({"status":"ok","routes":6,"store":"memory","breaker":"Closed"})
+        serde_json::json!({"status":"ok","routes":7,"store":"memory","breaker":"Closed"})
     );
     assert_eq!(
         c.get(url(&g, "/.norepeat/readyz"))
@@ -544,4 +547,83 @@ async fn an_answer_too_large_to_store_is_streamed_whole_and_replayed_without_its
     assert_eq!(again.headers()["idempotent-body"], "omitted");
     assert!(again.bytes().await.unwrap().is_empty());
     assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+#[tokio::test]
+async fn a_backend_cannot_forge_the_gateways_unknown_outcome() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let res = Client::new().get(url(&g, "/spoof")).send().await.unwrap();
+    assert_eq!(res.status(), 200, "the backend's 200, not a 504");
+    assert!(res.headers().get("norepeat-gateway-outcome").is_none());
+}
+
+#[tokio::test]
+async fn redis_killed_fails_each_route_its_way_and_restarted_serves_again() {
+    let mut redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let g = gateway(&file(&b, &redis.url(), ROUTES)).await;
+    let c = Client::new();
+    let quick = || {
+        c.post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"n":{}}}"#, rand_n()))
+            .send()
+    };
+    let pay = |key: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(
+        c.get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    redis.kill();
+    assert_eq!(
+        quick().await.unwrap().status(),
+        201,
+        "fingerprint fails open"
+    );
+    assert_eq!(
+        code(pay("k-r1").await.unwrap()).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "guard_unavailable".into())
+    );
+    assert_eq!(
+        c.get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    redis.restart().await;
+    let mut last = StatusCode::OK;
+    for _ in 0..50 {
+        last = pay("k-r2").await.unwrap().status();
+        if last == StatusCode::CREATED {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last, StatusCode::CREATED, "serves again once Redis is back");
+    assert_eq!(
+        effects(&b).await["/payments"],
+        1,
+        "the refused payment never ran"
+    );
+}
+
+fn rand_n() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }

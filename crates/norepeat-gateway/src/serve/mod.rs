@@ -332,7 +332,11 @@ impl UpstreamStage {
         metrics::histogram!("norepeat_gateway_upstream_seconds", "route" => self.label.to_string())
             .record(start.elapsed().as_secs_f64());
         match result {
-            Ok(res) => res,
+            Ok(mut res) => {
+                // The backend cannot speak for the gateway.
+                res.headers_mut().remove(OUTCOME_HEADER);
+                res
+            }
             Err(Failure::Unavailable) => upstream_unavailable(),
             Err(Failure::Timeout) if self.keep => {
                 // Stored by the idempotency layer as the key's record.
