@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             }
         },
         (None, Some(file)) => match Config::load(&file) {
-            Ok(config) => run(&config, cli.listen),
+            Ok(config) => run(&config, cli.listen, file),
             Err(problems) => {
                 eprint!("{problems}");
                 ExitCode::from(2)
@@ -82,7 +82,7 @@ fn logs() {
         .init();
 }
 
-fn run(config: &Config, listen: Option<SocketAddr>) -> ExitCode {
+fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -115,7 +115,9 @@ fn run(config: &Config, listen: Option<SocketAddr>) -> ExitCode {
             let _ = writeln!(out, "listening on http://{local}");
             let _ = out.flush();
         }
-        serve(gateway, listener).await.map_err(|e| e.to_string())
+        serve(gateway, listener, Some(file))
+            .await
+            .map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,6 +18,8 @@ use tokio::process::{Child, Command};
 struct Process {
     child: Child,
     port: u16,
+    /// A gateway's file.
+    file: Option<std::path::PathBuf>,
 }
 
 /// Starts `cmd` and reads its first stdout line with `line_to_port`.
@@ -36,7 +38,11 @@ async fn start(mut cmd: Command, line_to_port: impl Fn(&str) -> u16) -> Process 
     let port = line_to_port(&line);
     // Keep reading so the pipe never fills.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Process { child, port }
+    Process {
+        child,
+        port,
+        file: None,
+    }
 }
 
 async fn backend(port: u16) -> Process {
@@ -61,13 +67,15 @@ async fn gateway(yaml: &str) -> Process {
         .arg(&file)
         .arg("--listen")
         .arg("127.0.0.1:0");
-    start(cmd, |l| {
+    let mut p = start(cmd, |l| {
         let addr = l
             .strip_prefix("listening on http://")
             .unwrap_or_else(|| panic!("unexpected first line {l:?}"));
         addr.rsplit(':').next().unwrap().parse().unwrap()
     })
-    .await
+    .await;
+    p.file = Some(file);
+    p
 }
 
 fn url(p: &Process, path: &str) -> String {
@@ -216,6 +224,7 @@ async fn backend_down_is_502_and_the_retry_runs_once_it_is_up() {
     let down = Process {
         child: Command::new("true").spawn().unwrap(),
         port,
+        file: None,
     };
     let g = gateway(&file(&down, "memory", ROUTES)).await;
     let c = Client::new();
@@ -626,4 +635,72 @@ fn rand_n() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
+}
+
+#[tokio::test]
+async fn a_changed_file_replaces_the_routes_and_a_bad_one_is_ignored() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let path = g.file.clone().unwrap();
+    let c = Client::new();
+    let send = || {
+        c.post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"r1"}"#)
+            .send()
+    };
+    let routes = || async {
+        let h: Value = c
+            .get(url(&g, "/.norepeat/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        h["routes"].as_u64().unwrap()
+    };
+    assert_eq!(send().await.unwrap().status(), 201);
+    assert_eq!(send().await.unwrap().status(), 409);
+    // An invalid file: logged, the old routes stay.
+    std::fs::write(
+        &path,
+        "upstream: http://127.0.0.1:1\nroutes:\n  - match: NOPE /x\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(routes().await, 7);
+    assert_eq!(send().await.unwrap().status(), 409, "still guarded");
+    // A valid one without the fingerprint route, announced by SIGHUP.
+    let fewer = file(
+        &b,
+        "memory",
+        "  - match: POST /payments\n    guard: idempotency\n",
+    );
+    std::fs::write(&path, fewer).unwrap();
+    let pid = g.child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .await
+            .unwrap()
+            .success()
+    );
+    let mut n = 0;
+    for _ in 0..30 {
+        n = routes().await;
+        if n == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(n, 1);
+    assert_eq!(
+        send().await.unwrap().status(),
+        201,
+        "the route is gone: it passes through"
+    );
+    assert_eq!(effects(&b).await["/orders/quick"], 2);
 }

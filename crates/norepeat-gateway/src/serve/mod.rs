@@ -30,7 +30,8 @@ pub use forward::strip_hop_by_hop;
 use forward::{Failure, HttpClient, client, forward};
 pub use shadow::ShadowCounter;
 
-use crate::config::{Ambiguous, Config, Guard, LimitBy, OnStoreFailure, Route};
+use crate::config::{Ambiguous, Config, Guard, LimitBy, OnStoreFailure, Route, StoreUrl};
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -45,6 +46,7 @@ use norepeat::store::{AnyStore, KeyValueStoreExt, Resilient, StoreError};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::util::BoxCloneSyncService;
@@ -88,13 +90,20 @@ const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 /// # Ok(()) }
 /// ```
 pub struct Gateway {
-    routes: Vec<Compiled>,
+    /// What the file describes; swapped whole on a reload.
+    live: ArcSwap<Routes>,
     client: HttpClient,
-    upstream: Arc<str>,
     store: SharedStore,
+    store_url: StoreUrl,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// The part of the gateway a reload replaces.
+struct Routes {
+    list: Vec<Compiled>,
+    upstream: Arc<str>,
     caller: Caller,
     tokens: Option<TokenGuard<SharedStore>>,
-    metrics: Option<PrometheusHandle>,
     all_fail_open: bool,
 }
 
@@ -119,46 +128,84 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, StoreError> {
         let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
-        let caller = Caller::new(&config.identity);
         let client = client();
-        let tokens = if config
-            .routes
-            .iter()
-            .any(|r| matches!(r.guard, Some(Guard::Token)))
-        {
-            let secret = token_secret(config, &store).await?;
-            Some(TokenGuard::new(store.clone(), TokenSigner::new(secret)))
-        } else {
-            None
-        };
-        let routes = config
-            .routes
-            .iter()
-            .map(|r| Compiled {
-                matcher: r.matcher.clone(),
-                label: r.matcher.to_string().into(),
-                service: stack(r, &store, &caller, &client, tokens.as_ref()),
-            })
-            .collect();
+        let routes = Routes::build(config, &store, &client, None).await?;
         Ok(Self {
-            routes,
+            live: ArcSwap::from_pointee(routes),
             client,
-            upstream: config.upstream.as_str().into(),
             store,
-            caller,
-            tokens,
+            store_url: config.store.clone(),
             metrics,
-            all_fail_open: config
-                .routes
-                .iter()
-                .all(|r| r.on_store_failure == OnStoreFailure::Open),
         })
+    }
+
+    /// Replaces the routes, the upstream and the identity with `config`'s,
+    /// atomically: a request in flight finishes on the routes it started
+    /// on. The store and the listening address stay (they need a restart).
+    /// Answers how many routes are served.
+    ///
+    /// # Errors
+    /// The file names another store, or the token secret cannot be read;
+    /// the old routes stay.
+    pub async fn reload(&self, config: &Config) -> Result<usize, String> {
+        if config.store != self.store_url {
+            return Err("`store` changed: a new store needs a restart".to_owned());
+        }
+        let old = self.live.load();
+        let routes = Routes::build(config, &self.store, &self.client, old.tokens.clone())
+            .await
+            .map_err(|e| format!("store: {e}"))?;
+        let n = routes.list.len();
+        self.live.store(Arc::new(routes));
+        Ok(n)
     }
 
     /// The axum app: the own routes under `/.norepeat/`, every other
     /// request through the first route that matches, or straight through.
     pub fn into_router(self) -> axum::Router {
         own::router(Arc::new(self))
+    }
+}
+
+impl Routes {
+    async fn build(
+        config: &Config,
+        store: &SharedStore,
+        client: &HttpClient,
+        tokens: Option<TokenGuard<SharedStore>>,
+    ) -> Result<Self, StoreError> {
+        let caller = Caller::new(&config.identity);
+        let wants_tokens = config
+            .routes
+            .iter()
+            .any(|r| matches!(r.guard, Some(Guard::Token)));
+        let tokens = match tokens {
+            Some(t) if config.token_secret.is_none() => Some(t),
+            _ if wants_tokens => {
+                let secret = token_secret(config, store).await?;
+                Some(TokenGuard::new(store.clone(), TokenSigner::new(secret)))
+            }
+            _ => None,
+        };
+        let list = config
+            .routes
+            .iter()
+            .map(|r| Compiled {
+                matcher: r.matcher.clone(),
+                label: r.matcher.to_string().into(),
+                service: stack(r, store, &caller, client, tokens.as_ref()),
+            })
+            .collect();
+        Ok(Self {
+            list,
+            upstream: config.upstream.as_str().into(),
+            caller,
+            tokens,
+            all_fail_open: config
+                .routes
+                .iter()
+                .all(|r| r.on_store_failure == OnStoreFailure::Open),
+        })
     }
 }
 
@@ -393,12 +440,13 @@ fn outcome_of(code: Code) -> &'static str {
 
 /// Any request not for the gateway's own routes.
 async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<Body> {
-    let found = gw
-        .routes
+    let live = gw.live.load_full();
+    let found = live
+        .list
         .iter()
         .find(|r| r.matcher.matches(req.method().as_str(), req.uri().path()));
     let Some(route) = found else {
-        return match forward(&gw.client, &gw.upstream, PASSTHROUGH_TIMEOUT, req).await {
+        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, req).await {
             Ok(res) => res,
             Err(Failure::Unavailable) => upstream_unavailable(),
             Err(Failure::Timeout) => upstream_timeout(),
@@ -443,12 +491,23 @@ fn finish(mut res: Response<Body>) -> (Response<Body>, &'static str) {
 }
 
 /// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C), then lets
-/// requests in flight finish for at most 10 s.
+/// requests in flight finish for at most 10 s. With `file`, the file is
+/// read again when it changes (polled every 500 ms) and on `SIGHUP`: a
+/// valid one replaces the routes ([`Gateway::reload`]), an invalid one is
+/// logged and the old routes stay.
 ///
 /// # Errors
 /// The listener fails.
-pub async fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    let app = gateway.into_router();
+pub async fn serve(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    file: Option<PathBuf>,
+) -> std::io::Result<()> {
+    let gateway = Arc::new(gateway);
+    let app = own::router(Arc::clone(&gateway));
+    if let Some(path) = file {
+        tokio::spawn(watch(gateway, path));
+    }
     let (tx, mut rx) = tokio::sync::watch::channel(false);
     let server = axum::serve(
         listener,
@@ -465,6 +524,47 @@ pub async fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> std::
     tokio::select! {
         r = server.into_future() => r,
         () = grace => Ok(()),
+    }
+}
+
+/// Reloads `path` when its modification time changes or on `SIGHUP`.
+async fn watch(gw: Arc<Gateway>, path: PathBuf) {
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = mtime(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<()>();
+        let by_signal = tokio::select! {
+            () = hangup => true,
+            () = tokio::time::sleep(Duration::from_millis(500)) => false,
+        };
+        let now = mtime(&path);
+        if !by_signal && now == seen {
+            continue;
+        }
+        seen = now;
+        match Config::load(&path) {
+            Ok(config) => match gw.reload(&config).await {
+                Ok(n) => tracing::info!(file = %path.display(), routes = n, "reloaded"),
+                Err(e) => {
+                    tracing::error!(file = %path.display(), "not reloaded, the old routes stay: {e}");
+                }
+            },
+            Err(problems) => {
+                tracing::error!(file = %path.display(), "not reloaded, the old routes stay:\n{problems}");
+            }
+        }
     }
 }
 

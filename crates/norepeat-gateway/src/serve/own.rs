@@ -33,14 +33,15 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 }
 
 async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
-    let Some(tokens) = &gw.tokens else {
+    let live = gw.live.load();
+    let Some(tokens) = &live.tokens else {
         let p = Problem::custom(StatusCode::NOT_FOUND, "not_found", "Not found")
             .detail("No route of this gateway is guarded by tokens.");
         return p.to_response().map(Body::new);
     };
     let (parts, _) = req.into_parts();
-    let Some(user) = gw.caller.identify(&parts) else {
-        let p = Problem::new(Code::Unauthenticated).detail(gw.caller.missing());
+    let Some(user) = live.caller.identify(&parts) else {
+        let p = Problem::new(Code::Unauthenticated).detail(live.caller.missing());
         return p.to_response().map(Body::new);
     };
     let issued = tokens.issue(&user);
@@ -61,7 +62,7 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
         StatusCode::OK,
         &serde_json::json!({
             "status": "ok",
-            "routes": gw.routes.len(),
+            "routes": gw.live.load().list.len(),
             "store": gw.store.inner().kind(),
             "breaker": breaker,
         }),
@@ -76,7 +77,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
         .is_ok();
     let (status, text) = if answers {
         (StatusCode::OK, "ready")
-    } else if gw.all_fail_open {
+    } else if gw.live.load().all_fail_open {
         (StatusCode::OK, "ready (store down; every route fails open)")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "the store does not answer")
