@@ -66,18 +66,30 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs on stderr (`RUST_LOG`, default `info`), and the library's shadow
-/// lines counted by route.
+/// Logs on stderr (`RUST_LOG`, default `info`; one JSON object a line
+/// with `NOREPEAT_LOG_FORMAT=json`), and the library's shadow lines
+/// counted by route.
 fn logs() {
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let json = std::env::var("NOREPEAT_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let text = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+    });
+    let json = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+    });
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(filter),
-        )
+        .with(text)
+        .with(json)
         .with(norepeat_gateway::serve::ShadowCounter)
         .init();
 }

@@ -704,3 +704,54 @@ async fn a_changed_file_replaces_the_routes_and_a_bad_one_is_ignored() {
     );
     assert_eq!(effects(&b).await["/orders/quick"], 2);
 }
+
+#[tokio::test]
+async fn json_logs_carry_the_shadow_line_with_its_route_and_no_caller_id() {
+    let b = backend(0).await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("json-{}.yaml", free_port()));
+    std::fs::write(&path, file(&b, "memory", ROUTES)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .env("NOREPEAT_LOG_FORMAT", "json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = out.next_line().await.unwrap().unwrap();
+    let port: u16 = first.rsplit(':').next().unwrap().parse().unwrap();
+    let c = Client::new();
+    for _ in 0..2 {
+        let res = c
+            .post(format!("http://127.0.0.1:{port}/coupons/c1/redeem"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    child.kill().await.unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut shadow = None;
+    while let Some(line) = err.next_line().await.unwrap() {
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if v["fields"]["message"] == "shadow mode: would refuse; let through" {
+            shadow = Some(v);
+        }
+    }
+    let shadow = shadow.expect("a shadow line");
+    assert_eq!(shadow["fields"]["route"], "POST /coupons/{id}/redeem");
+    assert_eq!(shadow["fields"]["would"], "duplicate");
+    assert!(
+        !shadow.to_string().contains("u1"),
+        "the caller is hashed: {shadow}"
+    );
+}
