@@ -136,3 +136,88 @@ impl ExtractKey for Caller {
         MissingKey::Caller(Identify::missing(self))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(peer: &str, xff: &[&str], user: Option<&str>) -> Parts {
+        let mut req = http::Request::get("/");
+        for v in xff {
+            req = req.header("x-forwarded-for", *v);
+        }
+        if let Some(u) = user {
+            req = req.header("x-user-id", u);
+        }
+        let mut req = req.body(()).unwrap();
+        let peer: SocketAddr = format!("{peer}:4000").parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req.into_parts().0
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn x_forwarded_for_is_believed_only_from_a_trusted_proxy() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let ip = |p: &Parts| client_ip(p, &trusted).map(|a| a.to_string());
+        // An untrusted peer: its own address, whatever it claims.
+        assert_eq!(
+            ip(&parts("203.0.113.5", &["1.2.3.4"], None)).as_deref(),
+            Some("203.0.113.5")
+        );
+        // A trusted proxy: the rightmost address that is not a proxy.
+        assert_eq!(
+            ip(&parts("10.0.0.1", &["6.6.6.6, 1.2.3.4, 10.0.0.2"], None)).as_deref(),
+            Some("1.2.3.4")
+        );
+        // Two header lines read as one list, last line last.
+        assert_eq!(
+            ip(&parts("10.0.0.1", &["1.2.3.4", "10.0.0.9"], None)).as_deref(),
+            Some("1.2.3.4")
+        );
+        // A trusted proxy that forwards nothing: the proxy itself.
+        assert_eq!(
+            ip(&parts("10.0.0.1", &[], None)).as_deref(),
+            Some("10.0.0.1")
+        );
+        // Garbage stops the walk at the last address believed.
+        assert_eq!(
+            ip(&parts("10.0.0.1", &["1.2.3.4, junk"], None)).as_deref(),
+            Some("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn a_header_identity_is_hashed_and_falls_back_to_the_address_unless_required() {
+        let mut identity = Identity {
+            source: IdentitySource::Header("x-user-id".into()),
+            ..Identity::default()
+        };
+        let caller = Caller::new(&identity);
+        let u1 = caller
+            .identify(&parts("192.0.2.1", &[], Some("u1")))
+            .unwrap();
+        assert!(u1.starts_with("h:") && !u1.contains("u1"));
+        assert_eq!(
+            caller
+                .identify(&parts("192.0.2.7", &[], Some("u1")))
+                .unwrap(),
+            u1,
+            "the same caller from anywhere"
+        );
+        assert_eq!(
+            caller.identify(&parts("192.0.2.1", &[], None)).as_deref(),
+            Some("ip:192.0.2.1")
+        );
+        identity.required = true;
+        let required = Caller::new(&identity);
+        assert_eq!(required.identify(&parts("192.0.2.1", &[], None)), None);
+        assert!(matches!(
+            ExtractKey::missing(&required),
+            MissingKey::Caller(_)
+        ));
+    }
+}
