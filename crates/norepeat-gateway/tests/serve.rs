@@ -22,6 +22,14 @@ struct Process {
     file: Option<std::path::PathBuf>,
 }
 
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(f) = &self.file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
 /// Starts `cmd` and reads its first stdout line with `line_to_port`.
 async fn start(mut cmd: Command, line_to_port: impl Fn(&str) -> u16) -> Process {
     cmd.stdout(Stdio::piped())
@@ -739,6 +747,7 @@ async fn json_logs_carry_the_shadow_line_with_its_route_and_no_caller_id() {
         assert_eq!(res.status(), 201);
     }
     child.kill().await.unwrap();
+    let _ = std::fs::remove_file(&path);
     let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut shadow = None;
     while let Some(line) = err.next_line().await.unwrap() {
