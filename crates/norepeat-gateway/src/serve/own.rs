@@ -1,6 +1,6 @@
 //! The gateway's own routes under `/.norepeat/`.
 
-use super::{Gateway, dispatch};
+use super::gateway::{Gateway, dispatch};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};

@@ -1,0 +1,263 @@
+//! The gateway's state, built from the file and swapped on a reload,
+//! and the dispatch of each request to its route.
+
+use super::Caller;
+use super::forward::{Failure, HttpClient, client, forward};
+use super::own;
+use super::stack::{outcome_of, outcome_unknown, stack, upstream_timeout, upstream_unavailable};
+use crate::config::{Config, Guard, OnStoreFailure, StoreUrl};
+use arc_swap::ArcSwap;
+use axum::body::Body;
+use http::{HeaderName, Request, Response};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use norepeat::idempotency::IDEMPOTENT_REPLAYED;
+use norepeat::problem::Problem;
+use norepeat::store::{AnyStore, KeyValueStoreExt, Resilient, StoreError};
+use norepeat::token::{TokenGuard, TokenSigner};
+use std::convert::Infallible;
+
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+use tower::util::BoxCloneSyncService;
+
+/// The store every route shares: the file's store behind the library's
+/// time budget and circuit breaker.
+pub type SharedStore = Resilient<AnyStore>;
+
+/// A route's whole stack.
+pub(super) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
+
+/// The header by which the upstream stage tells an idempotency layer's
+/// record that the outcome is unknown (see the module docs). Never sent
+/// to a client.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("norepeat-gateway-outcome");
+
+/// How long an unmatched request's upstream has to answer.
+pub(super) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the random token secret is kept when the file gives none.
+pub(super) const SECRET_KEY: &str = "norepeat:gateway:token-secret";
+
+/// The gateway's state: compiled routes, the client, the store.
+///
+/// ```
+/// use norepeat_gateway::config::Config;
+/// use norepeat_gateway::serve::Gateway;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::parse("g.yaml", b"
+/// upstream: http://127.0.0.1:9
+/// routes:
+///   - match: POST /orders/quick
+///     guard: fingerprint
+/// ")?;
+/// let app = Gateway::build(&config, None).await?.into_router();
+/// let req = http::Request::get("/.norepeat/healthz").body(axum::body::Body::empty())?;
+/// let res = app.oneshot(req).await?;
+/// assert_eq!(res.status(), 200);
+/// # Ok(()) }
+/// ```
+pub struct Gateway {
+    /// What the file describes; swapped whole on a reload.
+    pub(super) live: ArcSwap<Routes>,
+    pub(super) client: HttpClient,
+    pub(super) store: SharedStore,
+    pub(super) store_url: StoreUrl,
+    pub(super) metrics: Option<PrometheusHandle>,
+}
+
+/// The part of the gateway a reload replaces.
+pub(super) struct Routes {
+    pub(super) list: Vec<Compiled>,
+    pub(super) upstream: Arc<str>,
+    pub(super) caller: Caller,
+    pub(super) tokens: Option<TokenGuard<SharedStore>>,
+    pub(super) all_fail_open: bool,
+}
+
+pub(super) struct Compiled {
+    pub(super) matcher: crate::config::RouteMatch,
+    pub(super) label: Arc<str>,
+    pub(super) service: RouteService,
+}
+
+/// What one request came to, for `norepeat_gateway_requests_total`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Outcome(pub(super) &'static str);
+
+impl Gateway {
+    /// Connects to the file's store and builds every route.
+    ///
+    /// # Errors
+    /// The store cannot be reached, or the token secret cannot be read
+    /// from it.
+    pub async fn build(
+        config: &Config,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self, StoreError> {
+        let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
+        let client = client();
+        let routes = Routes::build(config, &store, &client, None).await?;
+        Ok(Self {
+            live: ArcSwap::from_pointee(routes),
+            client,
+            store,
+            store_url: config.store.clone(),
+            metrics,
+        })
+    }
+
+    /// Replaces the routes, the upstream and the identity with `config`'s,
+    /// atomically: a request in flight finishes on the routes it started
+    /// on. The store and the listening address stay (they need a restart).
+    /// Answers how many routes are served.
+    ///
+    /// # Errors
+    /// The file names another store, or the token secret cannot be read;
+    /// the old routes stay.
+    pub async fn reload(&self, config: &Config) -> Result<usize, String> {
+        if config.store != self.store_url {
+            return Err("`store` changed: a new store needs a restart".to_owned());
+        }
+        let old = self.live.load();
+        let routes = Routes::build(config, &self.store, &self.client, old.tokens.clone())
+            .await
+            .map_err(|e| format!("store: {e}"))?;
+        let n = routes.list.len();
+        self.live.store(Arc::new(routes));
+        Ok(n)
+    }
+
+    /// The axum app: the own routes under `/.norepeat/`, every other
+    /// request through the first route that matches, or straight through.
+    pub fn into_router(self) -> axum::Router {
+        own::router(Arc::new(self))
+    }
+}
+
+impl Routes {
+    async fn build(
+        config: &Config,
+        store: &SharedStore,
+        client: &HttpClient,
+        tokens: Option<TokenGuard<SharedStore>>,
+    ) -> Result<Self, StoreError> {
+        let caller = Caller::new(&config.identity);
+        let wants_tokens = config
+            .routes
+            .iter()
+            .any(|r| matches!(r.guard, Some(Guard::Token)));
+        let tokens = match tokens {
+            Some(t) if config.token_secret.is_none() => Some(t),
+            _ if wants_tokens => {
+                let secret = token_secret(config, store).await?;
+                Some(TokenGuard::new(store.clone(), TokenSigner::new(secret)))
+            }
+            _ => None,
+        };
+        let list = config
+            .routes
+            .iter()
+            .map(|r| Compiled {
+                matcher: r.matcher.clone(),
+                label: r.matcher.to_string().into(),
+                service: stack(r, store, &caller, client, tokens.as_ref()),
+            })
+            .collect();
+        Ok(Self {
+            list,
+            upstream: config.upstream.as_str().into(),
+            caller,
+            tokens,
+            all_fail_open: config
+                .routes
+                .iter()
+                .all(|r| r.on_store_failure == OnStoreFailure::Open),
+        })
+    }
+}
+
+/// The token secret: the file's (or the environment's), else the one kept
+/// in the store, created by the first instance with one `SET NX`.
+pub(super) async fn token_secret(
+    config: &Config,
+    store: &SharedStore,
+) -> Result<[u8; 32], StoreError> {
+    if let Some(s) = &config.token_secret {
+        return Ok(blake3::derive_key(
+            "norepeat-gateway token secret v1",
+            s.as_bytes(),
+        ));
+    }
+    let mut fresh = [0u8; 32];
+    getrandom::fill(&mut fresh).map_err(|e| StoreError::Protocol(format!("no randomness: {e}")))?;
+    let hexed = hex::encode(fresh);
+    // Keys always expire; ten years is "for as long as the store lives".
+    let ttl = Duration::from_secs(10 * 365 * 24 * 3600);
+    match store
+        .put_if_absent(SECRET_KEY, hexed.as_bytes(), ttl)
+        .await?
+    {
+        None => Ok(fresh),
+        Some(held) => hex::decode(&held)
+            .ok()
+            .and_then(|v| <[u8; 32]>::try_from(v).ok())
+            .ok_or_else(|| {
+                StoreError::Protocol(format!("{SECRET_KEY} holds no 32-byte hex secret"))
+            }),
+    }
+}
+
+/// Any request not for the gateway's own routes.
+pub(super) async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<Body> {
+    let live = gw.live.load_full();
+    let found = live
+        .list
+        .iter()
+        .find(|r| r.matcher.matches(req.method().as_str(), req.uri().path()));
+    let Some(route) = found else {
+        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, req).await {
+            Ok(res) => res,
+            Err(Failure::Unavailable) => upstream_unavailable(),
+            Err(Failure::Timeout) => upstream_timeout(),
+        };
+    };
+    let res = match route.service.clone().oneshot(req).await {
+        Ok(res) => res,
+        Err(never) => match never {},
+    };
+    let (res, outcome) = finish(res);
+    metrics::counter!("norepeat_gateway_requests_total", "route" => route.label.to_string(), "outcome" => outcome)
+        .increment(1);
+    res
+}
+
+/// Turns the upstream stage's "unknown" record into the client's answer,
+/// and names the outcome.
+pub(super) fn finish(mut res: Response<Body>) -> (Response<Body>, &'static str) {
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    if res.headers_mut().remove(OUTCOME_HEADER).is_some() {
+        let res = if replayed {
+            outcome_unknown()
+        } else {
+            upstream_timeout()
+        };
+        let outcome = if replayed {
+            "outcome_unknown"
+        } else {
+            "upstream_timeout"
+        };
+        return (res, outcome);
+    }
+    if let Some(&Outcome(o)) = res.extensions().get::<Outcome>() {
+        return (res, o);
+    }
+    if let Some(p) = res.extensions().get::<Problem>() {
+        let o = outcome_of(p.code);
+        return (res, o);
+    }
+    let o = if replayed { "replayed" } else { "passed" };
+    (res, o)
+}

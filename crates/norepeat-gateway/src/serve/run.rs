@@ -1,0 +1,112 @@
+//! Serving on a listener: graceful shutdown, reload on change and SIGHUP.
+
+use super::gateway::Gateway;
+use super::own;
+
+use crate::config::Config;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C), then lets
+/// requests in flight finish for at most 10 s. With `file`, the file is
+/// read again when it changes (polled every 500 ms) and on `SIGHUP`: a
+/// valid one replaces the routes ([`Gateway::reload`]), an invalid one is
+/// logged and the old routes stay.
+///
+/// # Errors
+/// The listener fails.
+pub async fn serve(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    file: Option<PathBuf>,
+) -> std::io::Result<()> {
+    let gateway = Arc::new(gateway);
+    let app = own::router(Arc::clone(&gateway));
+    if let Some(path) = file {
+        tokio::spawn(watch(gateway, path));
+    }
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        stop_signal().await;
+        let _ = tx.send(true);
+    });
+    let grace = async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    };
+    tokio::select! {
+        r = server.into_future() => r,
+        () = grace => Ok(()),
+    }
+}
+
+/// Reloads `path` when its modification time changes or on `SIGHUP`.
+pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = mtime(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<()>();
+        let by_signal = tokio::select! {
+            () = hangup => true,
+            () = tokio::time::sleep(Duration::from_millis(500)) => false,
+        };
+        let now = mtime(&path);
+        if !by_signal && now == seen {
+            continue;
+        }
+        seen = now;
+        match Config::load(&path) {
+            Ok(config) => match gw.reload(&config).await {
+                Ok(n) => tracing::info!(file = %path.display(), routes = n, "reloaded"),
+                Err(e) => {
+                    tracing::error!(file = %path.display(), "not reloaded, the old routes stay: {e}");
+                }
+            },
+            Err(problems) => {
+                tracing::error!(file = %path.display(), "not reloaded, the old routes stay:\n{problems}");
+            }
+        }
+    }
+}
+
+pub(super) async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = ctrl_c => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
