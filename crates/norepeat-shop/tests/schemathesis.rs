@@ -181,9 +181,12 @@ async fn schemathesis_finds_nothing_on_postgres() {
 #[test]
 fn the_test_command_refuses_the_old_skip_variable() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test.sh");
-    let out = std::process::Command::new("bash")
+    // No PATH: were the refusal gone, the script would stop at its first
+    // command (exit 127) instead of installing and running the whole suite.
+    let out = std::process::Command::new("/bin/bash")
         .arg(&script)
         .env("NOREPEAT_SKIP_SCHEMATHESIS", "1")
+        .env("PATH", "/nonexistent")
         .stdin(Stdio::null())
         .output()
         .unwrap();
