@@ -159,6 +159,8 @@ mod middleware;
 pub mod problem;
 pub mod ratelimit;
 pub mod request;
+/// Shadow mode's typed record of a would-refuse, in the response's extensions.
+pub mod shadow;
 pub mod store;
 pub mod token;
 pub mod webhook;

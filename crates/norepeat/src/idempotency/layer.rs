@@ -17,8 +17,8 @@ use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
 use crate::keys::{KeyBuilder, Namespace};
 use crate::middleware::{
-    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, reject, shadowed, unauthenticated,
-    would,
+    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, mark, reject, shadowed,
+    unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::KeyValueStore;
@@ -496,8 +496,11 @@ where
     };
     let (parts, body) = req.into_parts();
     let route = (cfg.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
-    shadowed("idempotency", would, route, user);
-    Ok(pass(inner.call(Request::from_parts(parts, body)).await?))
+    let s = shadowed("idempotency", would, route, user);
+    Ok(mark(
+        pass(inner.call(Request::from_parts(parts, body)).await?),
+        s,
+    ))
 }
 
 async fn handle<S, G, ReqBody, ResBody>(
