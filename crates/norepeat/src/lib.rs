@@ -159,7 +159,6 @@ mod middleware;
 pub mod problem;
 pub mod ratelimit;
 pub mod request;
-/// Shadow mode's typed record of a would-refuse, in the response's extensions.
 pub mod shadow;
 pub mod store;
 pub mod token;

@@ -113,6 +113,10 @@ impl<G> FingerprintLayer<G> {
     /// (Envoy's rate limit `shadow_mode`: the limits are evaluated and
     /// their counters kept; only the answer is not enforced).
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};

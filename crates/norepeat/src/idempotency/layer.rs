@@ -215,6 +215,10 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// here. Turning shadow off refuses and replays the requests shadow
     /// mode counted.
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};

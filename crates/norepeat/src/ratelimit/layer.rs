@@ -162,6 +162,10 @@ impl<G> RateLimitLayer<G> {
     /// [`headers_on_allowed`](Self::headers_on_allowed). Turning shadow off
     /// refuses the requests shadow mode counted.
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};

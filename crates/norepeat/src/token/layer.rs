@@ -108,6 +108,10 @@ impl<G> TokenLayer<G> {
     /// here. The store holds what it would hold without shadow mode, so
     /// turning shadow off refuses the requests shadow mode counted.
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};
