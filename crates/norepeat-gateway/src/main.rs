@@ -67,8 +67,7 @@ fn main() -> ExitCode {
 }
 
 /// Logs on stderr (`RUST_LOG`, default `info`; one JSON object a line
-/// with `NOREPEAT_LOG_FORMAT=json`), and the library's shadow lines
-/// counted by route.
+/// with `NOREPEAT_LOG_FORMAT=json`).
 fn logs() {
     use tracing_subscriber::prelude::*;
     let filter = || {
@@ -87,11 +86,7 @@ fn logs() {
             .with_writer(std::io::stderr)
             .with_filter(filter())
     });
-    tracing_subscriber::registry()
-        .with(text)
-        .with(json)
-        .with(norepeat_gateway::serve::ShadowCounter)
-        .init();
+    tracing_subscriber::registry().with(text).with(json).init();
 }
 
 fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {

@@ -159,6 +159,7 @@ mod middleware;
 pub mod problem;
 pub mod ratelimit;
 pub mod request;
+pub mod shadow;
 pub mod store;
 pub mod token;
 pub mod webhook;

@@ -20,6 +20,7 @@ use crate::body::BodyError;
 use crate::identity::Identify;
 use crate::json::InvalidJson;
 use crate::problem::{Code, Problem};
+use crate::shadow::{Shadowed, ShadowedBy};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
@@ -55,8 +56,15 @@ pub(crate) const GUARD_UNAVAILABLE: &str =
 /// `norepeat_shadow_total{guard, would}` and logged at `info` with the
 /// guard, what it would have done, the route and the caller, hashed
 /// ([`user_hash`]). Each layer calls this, then hands the request on
-/// unguarded, so the metric and the line are the same for all four.
-pub(crate) fn shadowed(guard: &'static str, would: &'static str, route: &str, user: Option<&str>) {
+/// unguarded, so the metric and the line are the same for all four. The
+/// [`Shadowed`] it returns goes into the response's [`ShadowedBy`]
+/// ([`mark`]).
+pub(crate) fn shadowed(
+    guard: &'static str,
+    would: &'static str,
+    route: &str,
+    user: Option<&str>,
+) -> Shadowed {
     metrics::counter!("norepeat_shadow_total", "guard" => guard, "would" => would).increment(1);
     let user = user.map(user_hash);
     tracing::info!(
@@ -66,6 +74,13 @@ pub(crate) fn shadowed(guard: &'static str, would: &'static str, route: &str, us
         user = user.as_deref(),
         "shadow mode: would refuse; let through"
     );
+    Shadowed { guard, would }
+}
+
+/// Adds `s` to the [`ShadowedBy`] in `res`'s extensions.
+pub(crate) fn mark<B>(mut res: Response<B>, s: Shadowed) -> Response<B> {
+    ShadowedBy::add(res.extensions_mut(), s);
+    res
 }
 
 /// The `would` label of a refusal answered `code`: the decisions by their

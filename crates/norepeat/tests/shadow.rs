@@ -29,6 +29,7 @@ use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::keys::KeyBuilder;
 use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
+use norepeat::shadow::{Shadowed, ShadowedBy};
 use norepeat::store::{KeyValueStore, Store};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
 use norepeat_testkit::{Answer, send};
@@ -37,6 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 
 mod recorder {
     //! A recorder that keeps every counter's value by name and labels.
@@ -131,7 +133,9 @@ async fn send_shadowed(
     guard: &str,
 ) -> (Answer, Option<String>) {
     let before = counts.shadow(guard);
-    let answer = send(app, req).await;
+    let res = app.clone().oneshot(req).await.unwrap();
+    let by = res.extensions().get::<ShadowedBy>().cloned();
+    let answer = Answer::read(res).await;
     let after = counts.shadow(guard);
     let mut counted = Vec::new();
     for (would, n) in &after {
@@ -142,6 +146,15 @@ async fn send_shadowed(
         ));
     }
     assert!(counted.len() <= 1, "one request counted {counted:?}");
+    // The typed record says what the counter counted: the same guard and
+    // would, and nothing on a request that was not counted.
+    let typed = by.map(|ShadowedBy(list)| {
+        list.iter()
+            .map(|s| (s.guard.to_owned(), s.would.to_owned()))
+            .collect::<Vec<_>>()
+    });
+    let want = counted.last().map(|w| vec![(guard.to_owned(), w.clone())]);
+    assert_eq!(typed, want, "the response's ShadowedBy");
     (answer, counted.pop())
 }
 
@@ -662,6 +675,38 @@ async fn a_fail_closed_store_that_fails_passes_and_is_counted() {
         assert_eq!(enforced(&answer).as_deref(), Some("unavailable"), "{guard}");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 4, "enforced, none ran");
+}
+
+// -------------------------------------------------------- stacked layers --
+
+/// Two shadowed layers that both would refuse: the response carries both
+/// decisions, the inner layer's first; the outer one adds, never replaces.
+#[tokio::test]
+async fn stacked_shadowed_layers_keep_every_decision() {
+    let store = norepeat::store::MemoryStore::default();
+    let tokens = TokenGuard::new(store.clone(), TokenSigner::random());
+    let limiter = RateLimiter::new(store, Quota::parse("1/m").unwrap());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = counting_route(TokenLayer::new(tokens).shadow(true), Arc::clone(&runs))
+        .layer(RateLimitLayer::new(limiter, ByUser::default()).shadow(true));
+    let by = |res: &http::Response<Body>| res.extensions().get::<ShadowedBy>().cloned();
+    // The first: within the quota, no token.
+    let res = app.clone().oneshot(order(Some("u1"), "{}")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let token = Shadowed {
+        guard: "token",
+        would: "missing_token",
+    };
+    assert_eq!(by(&res), Some(ShadowedBy(vec![token])));
+    // The second: over the quota too.
+    let res = app.clone().oneshot(order(Some("u1"), "{}")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let limit = Shadowed {
+        guard: "rate_limit",
+        would: "rate_limited",
+    };
+    assert_eq!(by(&res), Some(ShadowedBy(vec![token, limit])));
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "both reached the handler");
 }
 
 each_store!(

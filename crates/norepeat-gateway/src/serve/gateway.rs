@@ -228,6 +228,8 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<B
         Ok(res) => res,
         Err(never) => match never {},
     };
+    // Before `finish`, which may answer with a response of its own.
+    super::shadow::count(&route.label, &res);
     let (res, outcome) = finish(res);
     metrics::counter!("norepeat_gateway_requests_total", "route" => route.label.to_string(), "outcome" => outcome)
         .increment(1);

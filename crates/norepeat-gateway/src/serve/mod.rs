@@ -44,4 +44,3 @@ pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
 pub use gateway::{Gateway, OUTCOME_HEADER, SharedStore};
 pub use run::serve;
-pub use shadow::ShadowCounter;

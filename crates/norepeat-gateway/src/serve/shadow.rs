@@ -1,68 +1,28 @@
-//! `norepeat_gateway_shadow_total{route,would}`, from the library's own
-//! shadow line.
+//! `norepeat_gateway_shadow_total{route,would}`, from the library's typed
+//! shadow record.
 //!
 //! A layer in shadow mode counts `norepeat_shadow_total{guard,would}`
-//! (no route) and logs one `info` event with the route it was given,
-//! which the gateway sets to the route's `match`. This tracing layer
-//! reads that event and counts it by route, so the gateway's metric is
-//! labelled by template as the contract asks, with no change to the
-//! library.
+//! (no route) and adds what it would have refused to the response's
+//! [`ShadowedBy`]. The gateway reads that list where the route's response
+//! comes back, and counts each entry by the route's `match`, so its metric
+//! is labelled by template as the contract asks, whatever the log filter.
 
-use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
-use tracing_subscriber::layer::{Context, Layer};
+use http::Response;
+use norepeat::shadow::ShadowedBy;
 
-/// The message of the library's shadow event.
-const SHADOW_MESSAGE: &str = "shadow mode: would refuse; let through";
-
-/// Counts each shadow decision in `norepeat_gateway_shadow_total`.
-///
-/// ```
-/// use tracing_subscriber::prelude::*;
-/// let _guard = tracing_subscriber::registry()
-///     .with(norepeat_gateway::serve::ShadowCounter)
-///     .set_default();
-/// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ShadowCounter;
-
-#[derive(Default)]
-struct Fields {
-    shadow: bool,
-    route: String,
-    would: String,
-}
-
-impl Visit for Fields {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "route" => value.clone_into(&mut self.route),
-            "would" => value.clone_into(&mut self.would),
-            _ => {}
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.shadow = format!("{value:?}") == SHADOW_MESSAGE;
-        }
-    }
-}
-
-impl<S: Subscriber> Layer<S> for ShadowCounter {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("norepeat") {
-            return;
-        }
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        if fields.shadow {
-            metrics::counter!(
-                "norepeat_gateway_shadow_total",
-                "route" => fields.route,
-                "would" => fields.would,
-            )
-            .increment(1);
-        }
+/// Counts each shadowed decision on `res` in
+/// `norepeat_gateway_shadow_total{route = label, would}`: one per layer
+/// that would have refused it (a rate limit and a guard both: two).
+pub(super) fn count<B>(label: &str, res: &Response<B>) {
+    let Some(ShadowedBy(list)) = res.extensions().get::<ShadowedBy>() else {
+        return;
+    };
+    for s in list {
+        metrics::counter!(
+            "norepeat_gateway_shadow_total",
+            "route" => label.to_owned(),
+            "would" => s.would,
+        )
+        .increment(1);
     }
 }

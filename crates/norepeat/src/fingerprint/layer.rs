@@ -5,7 +5,7 @@ use super::{Claim, FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, declares_over, reject, shadowed,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, declares_over, mark, reject, shadowed,
     unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
@@ -112,6 +112,10 @@ impl<G> FingerprintLayer<G> {
     /// turning shadow off refuses the requests shadow mode counted, no more
     /// (Envoy's rate limit `shadow_mode`: the limits are evaluated and
     /// their counters kept; only the answer is not enforced).
+    ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
     ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
@@ -229,9 +233,9 @@ where
         Decided::Refused(p, req, user) if s.shadow => {
             let (parts, body) = req.into_parts();
             let route = (s.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
-            shadowed("fingerprint", would(p.code), route, user.as_deref());
+            let s = shadowed("fingerprint", would(p.code), route, user.as_deref());
             let req = Request::from_parts(parts, body);
-            return Ok(inner.call(req).await?.map(Either::Left));
+            return Ok(mark(inner.call(req).await?.map(Either::Left), s));
         }
         Decided::Refused(p, _, _) | Decided::Broken(p) => return Ok(reject(&p)),
     };

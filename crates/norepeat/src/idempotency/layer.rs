@@ -17,8 +17,8 @@ use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
 use crate::keys::{KeyBuilder, Namespace};
 use crate::middleware::{
-    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, reject, shadowed, unauthenticated,
-    would,
+    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, mark, reject, shadowed,
+    unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::KeyValueStore;
@@ -214,6 +214,10 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// fails lets the request through in either mode and counts nothing
     /// here. Turning shadow off refuses and replays the requests shadow
     /// mode counted.
+    ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
     ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
@@ -496,8 +500,11 @@ where
     };
     let (parts, body) = req.into_parts();
     let route = (cfg.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
-    shadowed("idempotency", would, route, user);
-    Ok(pass(inner.call(Request::from_parts(parts, body)).await?))
+    let s = shadowed("idempotency", would, route, user);
+    Ok(mark(
+        pass(inner.call(Request::from_parts(parts, body)).await?),
+        s,
+    ))
 }
 
 async fn handle<S, G, ReqBody, ResBody>(

@@ -5,7 +5,7 @@
 use super::key::{ExtractKey, MissingKey};
 use super::limiter::{RateLimitError, RateLimiter, check_all};
 use super::verdict::{Verdict, whole_secs};
-use crate::middleware::{Handle, Middleware, ResponseBody, reject, shadowed, would};
+use crate::middleware::{Handle, Middleware, ResponseBody, mark, reject, shadowed, would};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
 use http::request::Parts;
@@ -162,6 +162,10 @@ impl<G> RateLimitLayer<G> {
     /// [`headers_on_allowed`](Self::headers_on_allowed). Turning shadow off
     /// refuses the requests shadow mode counted.
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};
@@ -218,12 +222,13 @@ where
     ) -> Result<Response<Self::Body>, S::Error> {
         let (parts, body) = req.into_parts();
         let (verdict, refused) = self.decide(&parts).await;
+        let mut shadow = None;
         if let Some((p, key)) = refused {
             if !self.shadow {
                 return Ok(reject(&p));
             }
             let route = (self.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
-            shadowed("rate_limit", would(p.code), route, key.as_deref());
+            shadow = Some(shadowed("rate_limit", would(p.code), route, key.as_deref()));
         }
         let mut res = inner
             .call(Request::from_parts(parts, body))
@@ -237,7 +242,10 @@ where
             }
             res.extensions_mut().insert(verdict);
         }
-        Ok(res)
+        Ok(match shadow {
+            Some(s) => mark(res, s),
+            None => res,
+        })
     }
 }
 

@@ -4,7 +4,8 @@
 use super::{TokenGuard, TokenGuardError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, reject, shadowed, unauthenticated, would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, mark, reject, shadowed, unauthenticated,
+    would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -107,6 +108,10 @@ impl<G> TokenLayer<G> {
     /// here. The store holds what it would hold without shadow mode, so
     /// turning shadow off refuses the requests shadow mode counted.
     ///
+    /// The decision also goes into the response's extensions, as an entry
+    /// of its [`ShadowedBy`](crate::shadow::ShadowedBy), for code outside
+    /// the layer to read (a gateway counting by route).
+    ///
     /// ```
     /// use axum::{Router, body::Body, routing::post};
     /// use http::{Request, StatusCode};
@@ -179,15 +184,20 @@ where
     ) -> Result<Response<Self::Body>, S::Error> {
         let (parts, body) = req.into_parts();
         let (user, refused) = self.decide(&parts).await;
+        let mut shadow = None;
         if let Some(p) = refused {
             if !self.shadow {
                 return Ok(reject(&p));
             }
             let route = (self.route.as_deref()).unwrap_or(crate::request::client_path(&parts));
-            shadowed("token", would(p.code), route, user.as_deref());
+            shadow = Some(shadowed("token", would(p.code), route, user.as_deref()));
         }
         let req = Request::from_parts(parts, body);
-        Ok(inner.call(req).await?.map(Either::Left))
+        let res = inner.call(req).await?.map(Either::Left);
+        Ok(match shadow {
+            Some(s) => mark(res, s),
+            None => res,
+        })
     }
 }
 
