@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the typed file and its docs (each field with its default, as GATEWAY.md gives it).
 //! The gateway's file (`GATEWAY.md`, "The file") as typed Rust.
 //!
 //! [`Config::parse`] reads the YAML text into a tree whose every node

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one walk over the file, a function per block of GATEWAY.md, sharing the problem list and its positions.
 //! From bytes to [`Config`]: a YAML tree with positions (saphyr's
 //! `MarkedYaml`), then a walk over it that records every problem and
 //! goes on, so one run of `check` names them all.

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one table of fields, defaults and problems, sharing the helpers at its top.
 //! Every field of the file, its default, and its problems.
 
 use super::parse::parse_size;
