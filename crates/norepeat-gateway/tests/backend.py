@@ -4,8 +4,9 @@ not ours, for tests/serve.rs.
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
 count (2 MiB of `x` instead with X-Big). GET /effects answers the counters, GET /echo the request's headers
-(and two hop-by-hop headers of its own), GET /big 2 MiB. It prints its
-port on the first line once it listens (argv[1]: the port, 0 for any).
+(and two hop-by-hop headers of its own), GET /big 2 MiB. It prints
+`listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
+0 for any), as the test kit's ShopProcess expects.
 """
 
 import json
@@ -74,7 +75,7 @@ def main():
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
-    print(server.server_address[1], flush=True)
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 

@@ -6,17 +6,18 @@
 // The helpers below are test code too: a failure is a panic with its place.
 #![allow(clippy::unwrap_used)]
 
-use norepeat_testkit::{RedisServer, free_port};
+use norepeat_testkit::{RedisServer, ShopProcess, free_port};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::Value;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-/// A process killed when dropped, and where it listens.
+/// A server process of the test kit (killed when dropped, started from a
+/// cleared environment), where it listens, and the gateway's file.
 struct Process {
-    child: Child,
+    process: ShopProcess,
     port: u16,
     /// A gateway's file.
     file: Option<std::path::PathBuf>,
@@ -30,57 +31,59 @@ impl Drop for Process {
     }
 }
 
-/// Starts `cmd` and reads its first stdout line with `line_to_port`.
-async fn start(mut cmd: Command, line_to_port: impl Fn(&str) -> u16) -> Process {
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().expect("spawn");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .expect("the process prints its address within 20 s")
-        .expect("read stdout")
-        .expect("a first line");
-    let port = line_to_port(&line);
-    // Keep reading so the pipe never fills.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Process {
-        child,
-        port,
-        file: None,
+impl Process {
+    /// Starts `bin args` and waits for its `listening on` line.
+    async fn start(bin: &str, args: Vec<String>) -> Process {
+        let process = ShopProcess::spawn(bin, args, Vec::new()).await;
+        let port = process
+            .base_url()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the announced address");
+        Process {
+            process,
+            port,
+            file: None,
+        }
+    }
+
+    /// Sends `signal` (`-TERM`, `-HUP`) to the process.
+    async fn signal(&self, signal: &str) {
+        let pid = self.process.pid().expect("running").to_string();
+        let sent = Command::new("kill").args([signal, &pid]).status().await;
+        assert!(sent.unwrap().success(), "kill {signal} {pid}");
     }
 }
 
 async fn backend(port: u16) -> Process {
-    let mut cmd = Command::new("python3");
-    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend.py"))
-        .arg(port.to_string());
-    start(cmd, |l| {
-        l.trim().parse().expect("the backend prints its port")
-    })
-    .await
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend.py");
+    Process::start("python3", vec![script.to_owned(), port.to_string()]).await
+}
+
+/// Writes `yaml` to a file of its own; its path.
+fn config_file(yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.yaml", free_port()));
+    std::fs::write(&file, yaml).unwrap();
+    file
 }
 
 /// Starts the gateway on `yaml` (a file written for it), listening on a
 /// free port.
 async fn gateway(yaml: &str) -> Process {
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{}.yaml", free_port()));
-    std::fs::write(&file, yaml).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"));
-    cmd.arg("--config")
-        .arg(&file)
-        .arg("--listen")
-        .arg("127.0.0.1:0");
-    let mut p = start(cmd, |l| {
-        let addr = l
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {l:?}"));
-        addr.rsplit(':').next().unwrap().parse().unwrap()
-    })
+    let file = config_file(yaml);
+    let args = [
+        "--config",
+        &file.to_string_lossy(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let mut p = Process::start(
+        env!("CARGO_BIN_EXE_norepeat-gateway"),
+        args.map(String::from).into(),
+    )
     .await;
     p.file = Some(file);
     p
@@ -106,9 +109,13 @@ async fn code(res: Response) -> (StatusCode, String) {
 }
 
 fn file(backend: &Process, store: &str, routes: &str) -> String {
+    file_for(backend.port, store, routes)
+}
+
+/// The file of a gateway in front of a backend on `port`.
+fn file_for(port: u16, store: &str, routes: &str) -> String {
     format!(
-        "upstream: http://127.0.0.1:{}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n{routes}",
-        backend.port
+        "upstream: http://127.0.0.1:{port}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n{routes}"
     )
 }
 
@@ -229,12 +236,8 @@ async fn two_instances_on_one_redis_catch_a_repeat_across_them() {
 #[tokio::test]
 async fn backend_down_is_502_and_the_retry_runs_once_it_is_up() {
     let port = free_port();
-    let down = Process {
-        child: Command::new("true").spawn().unwrap(),
-        port,
-        file: None,
-    };
-    let g = gateway(&file(&down, "memory", ROUTES)).await;
+    // Nothing listens on `port` yet.
+    let g = gateway(&file_for(port, "memory", ROUTES)).await;
     let c = Client::new();
     let pay = || {
         c.post(url(&g, "/payments"))
@@ -514,27 +517,31 @@ async fn sigterm_finishes_the_request_in_flight_then_exits_0() {
     let c = Client::new();
     let slow = tokio::spawn(
         c.post(url(&g, "/slow"))
-            .header("x-delay", "1")
+            .header("x-delay", "2")
             .body("{}")
             .send(),
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid = g.child.id().unwrap().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(killed.success());
+    // In flight once the backend has counted it (it counts before its
+    // delay), not after a fixed sleep a busy machine can overrun.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while effects(&b).await["/slow"] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/slow never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g.signal("-TERM").await;
     let res = slow
         .await
         .unwrap()
         .expect("the request in flight is answered");
     assert_eq!(res.status(), 201);
-    let status = tokio::time::timeout(Duration::from_secs(10), g.child.wait())
+    let status = g
+        .process
+        .wait_exit(Duration::from_secs(10))
         .await
-        .expect("exits within 10 s")
-        .unwrap();
+        .expect("exits within 10 s");
     assert_eq!(status.code(), Some(0));
     assert!(
         c.get(url(&g, "/echo")).send().await.is_err(),
@@ -687,15 +694,7 @@ async fn a_changed_file_replaces_the_routes_and_a_bad_one_is_ignored() {
         "  - match: POST /payments\n    guard: idempotency\n",
     );
     std::fs::write(&path, fewer).unwrap();
-    let pid = g.child.id().unwrap().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .await
-            .unwrap()
-            .success()
-    );
+    g.signal("-HUP").await;
     let mut n = 0;
     for _ in 0..30 {
         n = routes().await;
@@ -716,15 +715,20 @@ async fn a_changed_file_replaces_the_routes_and_a_bad_one_is_ignored() {
 #[tokio::test]
 async fn json_logs_carry_the_shadow_line_with_its_route_and_no_caller_id() {
     let b = backend(0).await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("json-{}.yaml", free_port()));
-    std::fs::write(&path, file(&b, "memory", ROUTES)).unwrap();
+    let path = config_file(&file(&b, "memory", ROUTES));
     let mut child = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"))
         .arg("--config")
         .arg(&path)
         .arg("--listen")
         .arg("127.0.0.1:0")
+        // Its stderr is read here, so it is not the kit's ShopProcess (which
+        // forwards it); the same cleared environment all the same.
+        .env_clear()
+        .envs(
+            norepeat_testkit::KEPT_ENV
+                .iter()
+                .filter_map(|k| Some((*k, std::env::var_os(k)?))),
+        )
         .env("NOREPEAT_LOG_FORMAT", "json")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -112,10 +112,29 @@ impl ShopProcess {
         extra_args: Vec<String>,
         env: Vec<(String, String)>,
     ) -> ShopProcess {
+        let mut args: Vec<String> = ["serve", "--listen", "127.0.0.1:0"]
+            .map(String::from)
+            .into();
+        args.extend(extra_args);
+        Self::spawn(bin, args, env).await
+    }
+
+    /// Starts `bin` with exactly `args` (any server that prints
+    /// `listening on http://HOST:PORT` once ready: the gateway, a test's own
+    /// backend), from the same cleared environment as [`start`](Self::start),
+    /// and waits (up to 60 s) for that line.
+    ///
+    /// # Panics
+    ///
+    /// Same as [`start`](Self::start).
+    pub async fn spawn(
+        bin: impl AsRef<Path>,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> ShopProcess {
         let bin = bin.as_ref().to_path_buf();
         let mut child = Command::new(&bin)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(&extra_args)
+            .args(&args)
             .env_clear()
             .envs(
                 KEPT_ENV
