@@ -101,29 +101,36 @@ async fn storm_on_redis_and_postgres() {
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn storm_against_running_shops() {
-    let db = std::env::temp_dir().join(format!("nr-storm-target-{}.db", rand::random::<u64>()));
-    let env = vec![
-        (
-            "DATABASE_URL".to_owned(),
-            format!("sqlite://{}?mode=rwc", db.display()),
-        ),
+/// Runs `storm --target` against one shop process on a SQLite file of its
+/// own, started with `shop_env` besides its admin token: the exit status
+/// and the JSON report. One process: the targets share its memory store
+/// (two processes would each have their own, which is what REDIS_URL is for).
+async fn storm_against_a_shop(shop_env: &[(&str, &str)]) -> (bool, Value) {
+    let db = norepeat_testkit::SqliteFile::new();
+    let mut env = vec![
+        ("DATABASE_URL".to_owned(), db.url()),
         ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
-        ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
     ];
-    // One shop process: the targets share its memory store (two processes
-    // would each have their own, which is what REDIS_URL is for).
+    env.extend(
+        shop_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let shop = norepeat_testkit::ShopProcess::start(BIN, env).await;
     let base = shop.base_url();
-    let (ok, json) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         storm(
             &["--target", &base],
             &[("NOREPEAT_ADMIN_TOKEN", "adm".to_owned())],
         )
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_against_running_shops() {
+    let (ok, json) = storm_against_a_shop(&[("NOREPEAT_STORE_TIMEOUT_MS", "2000")]).await;
     let rows = json["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "one row a scenario: {json}");
     for r in rows {
@@ -133,35 +140,13 @@ async fn storm_against_running_shops() {
         assert_eq!(r["created"], r["expected"], "{r}");
     }
     assert!(ok);
-    drop(shop);
-    for s in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{s}", db.display()));
-    }
 }
 
 /// A shop that lets duplicates through fails the storm: the exit status is
 /// not 0, so a script (or CI) running `norepeat storm` sees the incident.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storm_against_a_naive_shop_exits_non_zero() {
-    let db = std::env::temp_dir().join(format!("nr-storm-naive-{}.db", rand::random::<u64>()));
-    let env = vec![
-        (
-            "DATABASE_URL".to_owned(),
-            format!("sqlite://{}?mode=rwc", db.display()),
-        ),
-        ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
-        ("NOREPEAT_DEFENCE".to_owned(), "naive".to_owned()),
-    ];
-    let shop = norepeat_testkit::ShopProcess::start(BIN, env).await;
-    let base = shop.base_url();
-    let (ok, json) = tokio::task::spawn_blocking(move || {
-        storm(
-            &["--target", &base],
-            &[("NOREPEAT_ADMIN_TOKEN", "adm".to_owned())],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, json) = storm_against_a_shop(&[("NOREPEAT_DEFENCE", "naive")]).await;
     let rows = json["rows"].as_array().unwrap();
     assert!(
         rows.iter().any(|r| r["duplicates"].as_u64().unwrap() > 0),
@@ -171,8 +156,4 @@ async fn storm_against_a_naive_shop_exits_non_zero() {
         !ok,
         "the exit status must say the storm found duplicates: {json}"
     );
-    drop(shop);
-    for s in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{s}", db.display()));
-    }
 }
