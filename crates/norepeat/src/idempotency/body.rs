@@ -98,6 +98,14 @@ impl<B: Body> Body for Passthrough<B> {
             .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
             .sum();
         let Some(rest) = &self.rest else {
+            if self.error.is_some() {
+                // The body breaks after what was read: not an exact length
+                // (a server would frame it as complete; hyper asserts that
+                // the length agrees with a `Content-Length` header).
+                let mut hint = SizeHint::new();
+                hint.set_lower(read);
+                return hint;
+            }
             return SizeHint::with_exact(read);
         };
         let r = rest.size_hint();
@@ -183,6 +191,24 @@ mod tests {
             .map(|c| Ok(Frame::data(Bytes::from_static(c))))
             .collect();
         StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    /// A body that broke after some frames does not claim to be exactly
+    /// those frames: a server would send it as complete (and hyper, with a
+    /// `Content-Length` header, panics in debug builds on the mismatch).
+    #[tokio::test]
+    async fn a_broken_body_is_not_of_exact_length() {
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"ab"))),
+            Err(std::io::Error::other("broke")),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(frames));
+        let Collected::Partial(p) = collect_capped(body, 1024).await else {
+            panic!("a broken body is not storable");
+        };
+        let hint = p.size_hint();
+        assert_eq!(hint.lower(), 2);
+        assert_eq!(hint.exact(), None, "{hint:?}");
     }
 
     #[tokio::test]
