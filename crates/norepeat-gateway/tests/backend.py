@@ -3,7 +3,8 @@ not ours, for tests/serve.rs.
 
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
-count (2 MiB of `x` instead with X-Big). GET /effects answers the counters, GET /echo the request's headers
+count (2 MiB of `x` instead with X-Big; with X-Stall, the head and 11 of
+the 100 bytes it announces, then nothing for 30 s). GET /effects answers the counters, GET /echo the request's headers
 (and two hop-by-hop headers of its own), GET /big 2 MiB. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
@@ -45,6 +46,17 @@ class Handler(BaseHTTPRequestHandler):
         delay = float(self.headers.get("X-Delay") or 0)
         if delay:
             time.sleep(delay)
+        if self.headers.get("X-Stall"):
+            # The head and a first piece of the body, then nothing: a
+            # backend that stalls half-way through its answer.
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"stalled":')
+            self.wfile.flush()
+            time.sleep(30)
+            return
         if self.headers.get("X-Big"):
             self.answer(201, BIG, [("X-Order", str(n))])
             return

@@ -577,9 +577,165 @@ async fn an_answer_too_large_to_store_is_streamed_whole_and_replayed_without_its
 async fn a_backend_cannot_forge_the_gateways_unknown_outcome() {
     let b = backend(0).await;
     let g = gateway(&file(&b, "memory", ROUTES)).await;
-    let res = Client::new().get(url(&g, "/spoof")).send().await.unwrap();
+    let c = Client::new();
+    let res = c.get(url(&g, "/spoof")).send().await.unwrap();
     assert_eq!(res.status(), 200, "the backend's 200, not a 504");
     assert!(res.headers().get("norepeat-gateway-outcome").is_none());
+    // With a key, through the record: the backend's header is not what the
+    // record keeps, so the repeat is the first answer replayed, not 409
+    // `idempotency_outcome_unknown`.
+    let spoof = || {
+        c.get(url(&g, "/spoof"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-spoof")
+            .send()
+    };
+    assert_eq!(spoof().await.unwrap().status(), 200);
+    let again = spoof().await.unwrap();
+    assert_eq!(again.status(), 200, "replayed, not refused");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+}
+
+/// A client that gives up half-way through a payment whose backend then
+/// times out: the upstream call goes on without it, its unknown outcome is
+/// recorded, and the retry is refused with 409 `idempotency_outcome_unknown`
+/// (never run again), on this instance and on another one sharing Redis.
+#[tokio::test]
+async fn a_client_that_leaves_before_an_unknown_outcome_cannot_run_it_again() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(&b, &redis.url(), ROUTES);
+    let (g1, g2) = (gateway(&yaml).await, gateway(&yaml).await);
+    let impatient = Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let first = impatient
+        .post(url(&g1, "/payments"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-left")
+        .header("x-delay", "1.5")
+        .body("{}")
+        .send()
+        .await;
+    assert!(first.is_err(), "the client gave up: {first:?}");
+    let c = Client::new();
+    let retry = |g: &Process| {
+        c.post(url(g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-left")
+            .body("{}")
+            .send()
+    };
+    // 409 in use while the call runs, then the recorded unknown outcome.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last = code(retry(&g2).await.unwrap()).await;
+    while last.1 == "idempotency_key_in_use" {
+        assert!(tokio::time::Instant::now() < deadline, "still in use");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = code(retry(&g2).await.unwrap()).await;
+    }
+    assert_eq!(
+        last,
+        (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+    );
+    assert_eq!(
+        code(retry(&g1).await.unwrap()).await,
+        (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+    );
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+/// A backend that sends its head and then stalls does not hold the key for
+/// ever: past the route's timeout without a frame, the body fails, the
+/// status is recorded without it, and a retry gets that (one effect)
+/// instead of 409 `idempotency_key_in_use` for as long as the backend
+/// stalls.
+#[tokio::test]
+async fn a_backend_that_stalls_its_body_does_not_hold_the_key() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = |stall: bool| {
+        let mut req = c
+            .post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-stall")
+            .body("{}");
+        if stall {
+            req = req.header("x-stall", "1");
+        }
+        req.send()
+    };
+    // The first client sees the answer break off (the layer reads the body
+    // before it answers, so the break may come before or after the head).
+    match pay(true).await {
+        Err(e) => assert!(e.is_request() || e.is_body(), "{e}"),
+        Ok(res) => {
+            assert_eq!(res.status(), 201);
+            assert!(res.bytes().await.is_err(), "the body broke off");
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let res = pay(false).await.unwrap();
+        if res.status() != StatusCode::CONFLICT {
+            break res;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key is still held by the stalled answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["idempotent-body"], "omitted");
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+/// SIGTERM waits for the upstream call of a client that already left, so
+/// its answer is recorded: after the restart, the retry (on a new instance
+/// sharing Redis) gets the replay, not a claim left open for its lease.
+#[tokio::test]
+async fn sigterm_lets_a_left_clients_upstream_call_complete_its_record() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(&b, &redis.url(), ROUTES);
+    let mut g1 = gateway(&yaml).await;
+    let impatient = Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let first = impatient
+        .post(url(&g1, "/payments"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-term")
+        .header("x-delay", "0.4")
+        .body("{}")
+        .send()
+        .await;
+    assert!(first.is_err(), "the client gave up: {first:?}");
+    assert_eq!(effects(&b).await["/payments"], 1, "the call is running");
+    g1.signal("-TERM").await;
+    let exit = g1
+        .process
+        .wait_exit(Duration::from_secs(15))
+        .await
+        .expect("exits within its grace");
+    assert_eq!(exit.code(), Some(0));
+    let g2 = gateway(&yaml).await;
+    let res = Client::new()
+        .post(url(&g2, "/payments"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-term")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201, "the recorded answer");
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects(&b).await["/payments"], 1);
 }
 
 #[tokio::test]

@@ -14,12 +14,26 @@ use std::time::Duration;
 /// The pooled HTTP/1.1 client every route shares.
 pub(crate) type HttpClient = Client<HttpConnector, Body>;
 
-/// A client with a pool of idle connections per upstream.
+/// The longest a connection attempt may take.
+const MAX_CONNECT: Duration = Duration::from_secs(5);
+
+/// How long a route whose answer must come within `timeout` lets a
+/// connection attempt take: half of it (at most 5 s), so a backend that
+/// silently drops connection attempts is a connect error (502: nothing
+/// reached it, the key is released) before the route's timeout makes it
+/// an unknown outcome (504).
 #[must_use]
-pub(crate) fn client() -> HttpClient {
+pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
+    (timeout / 2).min(MAX_CONNECT)
+}
+
+/// A client with a pool of idle connections per upstream, giving up on a
+/// connection attempt after `connect`.
+#[must_use]
+pub(crate) fn client(connect: Duration) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    connector.set_connect_timeout(Some(connect));
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector)
@@ -115,7 +129,10 @@ fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, host: Option<Hea
 }
 
 /// Sends `req` to `upstream` (`http://host:port[/base]`): the head must
-/// come within `timeout`, the bodies stream both ways.
+/// come within `timeout`, the bodies stream both ways. With `idle`, the
+/// answer's body fails once no frame has come for that long: a guarded
+/// route's layer then records what it has (the status, without the body)
+/// instead of waiting, and holding its key, for a backend that stalls.
 ///
 /// # Errors
 /// [`Failure::Unavailable`] when nothing reached the backend,
@@ -124,6 +141,7 @@ pub(crate) async fn forward(
     client: &HttpClient,
     upstream: &str,
     timeout: Duration,
+    idle: Option<Duration>,
     mut req: Request<Body>,
 ) -> Result<Response<Body>, Failure> {
     let peer = req
@@ -158,5 +176,32 @@ pub(crate) async fn forward(
     };
     let (mut parts, body) = res.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    let body = match idle {
+        Some(idle) => Body::new(tower_http::timeout::TimeoutBody::new(idle, body)),
+        None => Body::new(body),
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_timeout;
+    use std::time::Duration;
+
+    /// A connection attempt gives up before the route's timeout, so a
+    /// backend that never accepts is a 502 (nothing reached it), never a
+    /// 504 whose unknown outcome would lock the key for its retention.
+    #[test]
+    fn a_connection_attempt_ends_before_the_routes_timeout() {
+        for ms in [1, 500, 2_000, 9_999, 30_000, 3_600_000] {
+            let timeout = Duration::from_millis(ms);
+            let connect = connect_timeout(timeout);
+            assert!(connect < timeout, "{connect:?} for {timeout:?}");
+            assert!(connect <= Duration::from_secs(5));
+        }
+        assert_eq!(
+            connect_timeout(Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+    }
 }

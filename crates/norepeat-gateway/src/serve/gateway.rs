@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use axum::body::Body;
 use http::{HeaderName, Request, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
+use norepeat::idempotency::DetachedTasks;
 
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
@@ -64,6 +65,9 @@ pub struct Gateway {
     pub(super) live: ArcSwap<Routes>,
     pub(super) client: HttpClient,
     pub(super) store: SharedStore,
+    /// The upstream calls of idempotency routes whose client left: a
+    /// shutdown waits for them (they complete their keys' records).
+    pub(super) detached: DetachedTasks,
     pub(super) store_url: StoreUrl,
     pub(super) metrics: Option<PrometheusHandle>,
 }
@@ -98,12 +102,14 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, StoreError> {
         let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
-        let client = client();
-        let routes = Routes::build(config, &store, &client, None).await?;
+        let client = client(Duration::from_secs(5));
+        let detached = DetachedTasks::new();
+        let routes = Routes::build(config, &store, &detached, None).await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
             client,
             store,
+            detached,
             store_url: config.store.clone(),
             metrics,
         })
@@ -122,7 +128,7 @@ impl Gateway {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
         let old = self.live.load();
-        let routes = Routes::build(config, &self.store, &self.client, old.tokens.clone())
+        let routes = Routes::build(config, &self.store, &self.detached, old.tokens.clone())
             .await
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
@@ -141,7 +147,7 @@ impl Routes {
     async fn build(
         config: &Config,
         store: &SharedStore,
-        client: &HttpClient,
+        detached: &DetachedTasks,
         tokens: Option<TokenGuard<SharedStore>>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -163,7 +169,7 @@ impl Routes {
             .map(|r| Compiled {
                 matcher: r.matcher.clone(),
                 label: r.matcher.to_string().into(),
-                service: stack(r, store, &caller, client, tokens.as_ref()),
+                service: stack(r, store, &caller, detached, tokens.as_ref()),
             })
             .collect();
         Ok(Self {
@@ -218,7 +224,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<B
         .iter()
         .find(|r| r.matcher.matches(req.method().as_str(), req.uri().path()));
     let Some(route) = found else {
-        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, req).await {
+        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
             Ok(res) => res,
             Err(Failure::Unavailable) => upstream_unavailable(),
             Err(Failure::Timeout) => upstream_timeout(),

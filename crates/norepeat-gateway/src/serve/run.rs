@@ -25,27 +25,49 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let gateway = Arc::new(gateway);
     let app = own::router(Arc::clone(&gateway));
+    let detached = gateway.detached.clone();
     if let Some(path) = file {
         tokio::spawn(watch(gateway, path));
     }
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    // When the stop was asked: the grace counts from there.
+    let (tx, mut rx) = tokio::sync::watch::channel(None);
+    let asked = rx.clone();
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async move {
         stop_signal().await;
-        let _ = tx.send(true);
+        let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
     });
     let grace = async move {
-        let _ = rx.wait_for(|stopped| *stopped).await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        match rx.wait_for(Option::is_some).await.map(|at| *at) {
+            Ok(Some(at)) => tokio::time::sleep_until(at).await,
+            // No stop was asked: the server's own end decides.
+            _ => std::future::pending().await,
+        }
     };
-    tokio::select! {
+    let served = tokio::select! {
         r = server.into_future() => r,
         () = grace => Ok(()),
+    };
+    // The upstream calls of clients that left finish too, within the same
+    // grace: each completes its key's record (a replay, or the unknown
+    // outcome), so a retry after the restart is not run again.
+    detached.close();
+    let until = (*asked.borrow()).unwrap_or_else(|| tokio::time::Instant::now() + GRACE);
+    if tokio::time::timeout_at(until, detached.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("upstream calls still running after the grace period");
     }
+    served
 }
+
+/// How long a stop waits for requests in flight and for the upstream calls
+/// of clients that left.
+const GRACE: Duration = Duration::from_secs(10);
 
 /// Reloads `path` when its modification time changes or on `SIGHUP`.
 pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {

@@ -2,7 +2,7 @@
 //! gateway's own problems.
 
 use super::Caller;
-use super::forward::{Failure, HttpClient, forward};
+use super::forward::{Failure, HttpClient, client, connect_timeout, forward};
 use super::gateway::{OUTCOME_HEADER, Outcome, RouteService, SharedStore};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 
@@ -13,7 +13,7 @@ use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
 };
-use norepeat::idempotency::{DEFAULT_REPLAYED_HEADERS, IdempotencyLayer};
+use norepeat::idempotency::{DEFAULT_REPLAYED_HEADERS, DetachedTasks, IdempotencyLayer};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{TokenGuard, TokenLayer};
@@ -50,7 +50,7 @@ pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
     caller: &Caller,
-    client: &HttpClient,
+    detached: &DetachedTasks,
     tokens: Option<&TokenGuard<SharedStore>>,
 ) -> RouteService {
     let label: Arc<str> = route.matcher.to_string().into();
@@ -62,7 +62,7 @@ pub(super) fn stack(
         })
     );
     let upstream = UpstreamStage {
-        client: client.clone(),
+        client: client(connect_timeout(route.timeout)),
         upstream: route.upstream.as_str().into(),
         timeout: route.timeout,
         label: Arc::clone(&label),
@@ -130,6 +130,7 @@ pub(super) fn stack(
                     .identity(caller.clone())
                     .route(name.clone())
                     .header_allow_list(headers)
+                    .detached_tasks_in(detached)
                     .shadow(route.shadow)
                     .layer(base),
             )
@@ -162,7 +163,8 @@ struct UpstreamStage {
 impl UpstreamStage {
     async fn call(self, req: Request<Body>) -> Response<Body> {
         let start = Instant::now();
-        let result = forward(&self.client, &self.upstream, self.timeout, req).await;
+        let idle = Some(self.timeout);
+        let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
         metrics::histogram!("norepeat_gateway_upstream_seconds", "route" => self.label.to_string())
             .record(start.elapsed().as_secs_f64());
         match result {
