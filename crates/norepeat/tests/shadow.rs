@@ -480,6 +480,62 @@ async fn idempotency_a_repeat_of_a_running_request_runs<G: KeyValueStore + Clone
     assert_eq!(counts.shadow("idempotency")["replay"], 1);
 }
 
+/// A shadowed repeat runs in its caller's future, unclaimed: it takes no
+/// slot of `max_detached`, which bounds the handlers that own a key. With
+/// two slots, a running owner and its running shadowed repeat leave one
+/// for a new key, which is claimed (and its repeat replayed when
+/// enforced), not counted `unavailable` and run unguarded.
+async fn idempotency_a_shadowed_repeat_takes_no_slot<G: KeyValueStore + Clone>(store: G) {
+    #[derive(Clone)]
+    struct Gate {
+        runs: Arc<AtomicUsize>,
+        gate: Arc<Semaphore>,
+    }
+    async fn slow(State(g): State<Gate>) -> (StatusCode, String) {
+        let run = g.runs.fetch_add(1, Ordering::SeqCst);
+        let _permit = g.gate.acquire().await.expect("never closed");
+        (StatusCode::CREATED, format!("run {run}"))
+    }
+    let counts = Counts::default();
+    let _local = metrics::set_default_local_recorder(&counts);
+    let gate = Gate {
+        runs: Arc::new(AtomicUsize::new(0)),
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let layer = IdempotencyLayer::new(store.clone())
+        .keys(keys(true))
+        .max_detached(2)
+        .shadow(true);
+    let app = Router::new()
+        .route("/orders", post(slow).layer(layer))
+        .with_state(gate.clone());
+    let pay = |key: &'static str| payment(Some("u1"), Some(key), r#"{"amount":1}"#);
+    let spawn = |key: &'static str| {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, pay(key)).await })
+    };
+    let owner = spawn("k1");
+    until(|| gate.runs.load(Ordering::SeqCst) == 1).await;
+    let repeat = spawn("k1");
+    until(|| gate.runs.load(Ordering::SeqCst) == 2).await;
+    let other = spawn("k2");
+    until(|| gate.runs.load(Ordering::SeqCst) == 3).await;
+    gate.gate.add_permits(3);
+    for task in [owner, repeat, other] {
+        assert_eq!(task.await.unwrap().status, StatusCode::CREATED);
+    }
+    let shadow = counts.shadow("idempotency");
+    assert_eq!(shadow.get("in_progress"), Some(&1), "{shadow:?}");
+    assert_eq!(
+        shadow.get("unavailable"),
+        None,
+        "k2 found a slot: {shadow:?}"
+    );
+    // k2 was claimed and its answer stored: its repeat would be a replay.
+    let (_, would) = send_shadowed(&app, pay("k2"), &counts, "idempotency").await;
+    assert_eq!(would.as_deref(), Some("replay"));
+}
+
 /// Polls `done` for up to 10 s (a busy machine), every 5 ms.
 async fn until(done: impl Fn() -> bool) {
     let start = Instant::now();
@@ -715,6 +771,7 @@ each_store!(
     token_refusals_pass_and_are_counted,
     idempotency_repeats_run_and_are_counted,
     idempotency_a_repeat_of_a_running_request_runs,
+    idempotency_a_shadowed_repeat_takes_no_slot,
     rate_limit_refusals_pass_and_are_counted,
     switching_shadow_off_keeps_what_shadow_decided,
 );

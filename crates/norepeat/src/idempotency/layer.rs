@@ -599,17 +599,23 @@ where
         let req = Request::from_parts(parts, ReqBody::from(bytes));
         return refuse(&cfg, inner, p.into(), req, Some(user)).await;
     };
+    // The slot bounds the handlers that own a key: a request that owns none
+    // (answered at once, or run in its caller's future by shadow mode or a
+    // failing store) gives it back before it goes on.
     let (claim, owner) = match cfg.guard.claim(&key, &fingerprint).await {
         Claimed::Owned(c, owner) => (c, owner),
         Claimed::Done(done) => {
+            drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return refuse(&cfg, inner, Refusal::Replay(done), req, Some(user)).await;
         }
         Claimed::Refused(e) => {
+            drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return refuse(&cfg, inner, Problem::from(e).into(), req, Some(user)).await;
         }
         Claimed::Unguarded => {
+            drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return Ok(pass(inner.call(req).await?));
         }
