@@ -54,6 +54,19 @@ pub enum BodyError {
     Unreadable(String),
 }
 
+/// Whether the request's `Content-Length` says its body is over `max`:
+/// then [`read`] refuses it before reading a byte, and a shadowed layer can
+/// still hand the untouched body on. (A body that only turns out larger
+/// while it is read cannot be handed on: the layer read part of it and did
+/// not keep the rest; that one is refused with 413 even in shadow mode.)
+pub(crate) fn declares_over(headers: &HeaderMap, max: usize) -> bool {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > max as u64)
+}
+
 /// Reads the whole body, refusing it as soon as it passes `max` bytes (and
 /// before reading anything when `Content-Length` already says so).
 ///
@@ -65,11 +78,7 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
+    if declares_over(headers, max) {
         return Err(BodyError::TooLarge { max });
     }
     match Limited::new(body, max).collect().await {

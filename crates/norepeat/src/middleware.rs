@@ -108,20 +108,6 @@ pub(crate) fn user_hash(user: &str) -> String {
     hex::encode(&blake3::hash(user.as_bytes()).as_bytes()[..8])
 }
 
-/// Whether the request's `Content-Length` says its body is over `max`: then
-/// [`crate::body::read`] refuses it before reading a byte, and a shadowed
-/// layer can still hand the untouched body on. (A body that only turns out
-/// larger while it is read cannot be handed on: the layer read part of it
-/// and did not keep the rest; that one is refused with 413 even in shadow
-/// mode.)
-pub(crate) fn declares_over(headers: &http::HeaderMap, max: usize) -> bool {
-    headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > max as u64)
-}
-
 /// What a layer does with one request: the one part of a service that is
 /// its own. `self` is the layer (its settings), shared by every clone of
 /// the service; `inner` is the clone of the inner service that was polled

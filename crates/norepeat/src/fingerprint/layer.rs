@@ -5,8 +5,8 @@ use super::{Claim, FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, declares_over, mark, reject, shadowed,
-    unauthenticated, would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, mark, reject, shadowed, unauthenticated,
+    would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -268,7 +268,7 @@ where
         let p = unauthenticated(&*s.identity);
         return Decided::Refused(p, Request::from_parts(parts, body), None);
     };
-    if s.shadow && declares_over(&parts.headers, s.max_body) {
+    if s.shadow && crate::body::declares_over(&parts.headers, s.max_body) {
         // Refused before a byte is read: the body is still whole.
         let p = Problem::from(body::BodyError::TooLarge { max: s.max_body });
         return Decided::Refused(p, Request::from_parts(parts, body), Some(user));

@@ -17,8 +17,7 @@ use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
 use crate::keys::{KeyBuilder, Namespace};
 use crate::middleware::{
-    self, GUARD_UNAVAILABLE, Handle, Middleware, declares_over, mark, reject, shadowed,
-    unauthenticated, would,
+    self, GUARD_UNAVAILABLE, Handle, Middleware, mark, reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::KeyValueStore;
@@ -550,7 +549,7 @@ where
             return refuse(&cfg, inner, p.into(), req, Some(user)).await;
         }
     };
-    if cfg.shadow && declares_over(&parts.headers, cfg.max_request_body) {
+    if cfg.shadow && crate::body::declares_over(&parts.headers, cfg.max_request_body) {
         // Refused before a byte is read: the body is still whole.
         let max = cfg.max_request_body;
         let p = Problem::from(request_body::BodyError::TooLarge { max });

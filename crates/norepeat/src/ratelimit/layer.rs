@@ -157,8 +157,8 @@ impl<G> RateLimitLayer<G> {
     /// | 400 `invalid_request` (another extractor found no key) | `invalid_request` |
     /// | 503 `guard_unavailable` (a fail-closed quota's store failed) | `unavailable` |
     ///
-    /// A passed request carries its [`Verdict`] in its extensions, refused
-    /// or not, and the `RateLimit` headers only with
+    /// A passed request's response carries its [`Verdict`] in its
+    /// extensions, refused or not, and the `RateLimit` headers only with
     /// [`headers_on_allowed`](Self::headers_on_allowed). Turning shadow off
     /// refuses the requests shadow mode counted.
     ///
@@ -277,7 +277,11 @@ impl<G: Store + Clone> RateLimitLayer<G> {
         };
         tracing::debug!(path = crate::request::client_path(parts), "rate limited");
         // `check_all` stops at the quota that refused: the last one asked.
-        let key = keys.get(verdict.checked.len().saturating_sub(1)).cloned();
+        // Moved out of `keys` (dropped here anyway), never copied.
+        drop(checks);
+        let key = keys
+            .into_iter()
+            .nth(verdict.checked.len().saturating_sub(1));
         (Some(verdict), Some((p, key)))
     }
 }
