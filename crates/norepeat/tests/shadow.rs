@@ -467,6 +467,17 @@ async fn idempotency_a_repeat_of_a_running_request_runs<G: KeyValueStore + Clone
         let replay = send(&app, pay()).await;
         if shadow {
             assert_eq!(replay.text(), "run 2");
+            // The record the shadowed layer kept is the first one's: an
+            // enforcing layer on the same keys replays run 0, not a repeat.
+            let enforcing = Router::new()
+                .route(
+                    "/orders",
+                    post(slow).layer(IdempotencyLayer::new(store.clone()).keys(keys(true))),
+                )
+                .with_state(gate.clone());
+            let replay = send(&enforcing, pay()).await;
+            assert!(replay.replayed(), "{replay:?}");
+            assert_eq!(replay.text(), "run 0");
         } else {
             assert!(replay.replayed());
             assert_eq!(replay.text(), "run 0");
