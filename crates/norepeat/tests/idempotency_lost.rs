@@ -62,13 +62,37 @@ impl Recorder for Shared {
 
 const LOST: &str = "norepeat_idempotency_completion_lost_total";
 
-type Runs = Arc<AtomicUsize>;
+/// The handler's runs, and the gate its first run waits at until the test
+/// has cut the store off (so the completion cannot land, however slow the
+/// machine); later runs pass at once.
+#[derive(Clone)]
+struct Runs {
+    n: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
 
-/// Counts its runs, takes 300 ms (the claim is written well before it
-/// answers), answers 201 with the run's number.
+impl Default for Runs {
+    fn default() -> Self {
+        Runs {
+            n: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl Runs {
+    fn load(&self, order: Ordering) -> usize {
+        self.n.load(order)
+    }
+}
+
+/// Counts its runs; the first waits at the gate. Answers 201 with the
+/// run's number.
 async fn pay(State(runs): State<Runs>) -> (StatusCode, String) {
-    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n = runs.n.fetch_add(1, Ordering::SeqCst) + 1;
+    if n == 1 {
+        let _open = runs.gate.acquire().await.expect("never closed");
+    }
     (StatusCode::CREATED, format!(r#"{{"run":{n}}}"#))
 }
 
@@ -96,7 +120,7 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_runs_aga
             "/payments",
             post(pay).layer(IdempotencyLayer::new(store).lease(lease)),
         )
-        .with_state(Arc::clone(&runs));
+        .with_state(runs.clone());
 
     let first = {
         let app = app.clone();
@@ -109,6 +133,7 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_runs_aga
     })
     .await;
     proxy.set_mode(ProxyMode::Refuse);
+    runs.gate.add_permits(1);
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
     assert!(!first.replayed());
