@@ -6,6 +6,8 @@
 //! "Two instances" are simulated with two separate `Db` pools on one database.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use norepeat_shop::db::{CreateOutcome, Db, DbError, NoticeOutcome, PaymentOutcome, Transition};
@@ -946,7 +948,7 @@ async fn migration_over_duplicate_payments(fresh: &TestDb) {
     );
     db.close().await;
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_norepeat"))
+    let out = common::shop_command()
         .args(["reconcile", "--once", "--database", &fresh.url()])
         .output()
         .unwrap();

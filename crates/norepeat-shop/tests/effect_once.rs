@@ -208,7 +208,7 @@ async fn thirty_success_notices_apply_once_and_reconciliation_repairs_once() {
         assert_eq!(o2["status"], "PAID");
 
         // The command-line pass finds nothing left to do.
-        let out = std::process::Command::new(BIN)
+        let out = common::shop_command()
             .args(["reconcile", "--once", "--database", &db.url()])
             .output()
             .unwrap();

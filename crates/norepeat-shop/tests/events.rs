@@ -113,22 +113,10 @@ async fn points_arrive_once(http: &reqwest::Client, bases: &[String], user: &str
 
 /// `shop_events_consumed_total{outcome=...}` summed over the instances.
 async fn consumed(http: &reqwest::Client, bases: &[String], outcome: &str) -> f64 {
-    let needle = format!("shop_events_consumed_total{{outcome=\"{outcome}\"}}");
     let mut total = 0.0;
     for base in bases {
-        let text = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        total += text
-            .lines()
-            .filter(|l| l.starts_with(&needle))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        let labels = [("outcome", outcome)];
+        total += common::scrape(http, base, "shop_events_consumed_total", &labels).await;
     }
     total
 }

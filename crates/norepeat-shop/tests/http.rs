@@ -8,7 +8,7 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Answer, RouterShop as Shop};
+use common::{Answer, RouterShop as Shop, sample};
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat_shop::app::AppState;
 use norepeat_shop::config::ShopConfig;
@@ -429,22 +429,6 @@ async fn admin_routes_need_the_token() {
             .status,
         StatusCode::NOT_FOUND
     );
-}
-
-/// The value of the Prometheus sample `name` whose labels include every
-/// pair of `labels` (in any order), or 0 when there is none yet.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
-            let has_all = labels
-                .iter()
-                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            (n == name && has_all).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
 }
 
 impl Shop {

@@ -262,11 +262,10 @@ async fn a_process_killed_mid_payment_leaves_nothing_and_the_retry_pays_once() {
 
 #[test]
 fn an_unknown_store_is_a_start_up_error() {
-    let out = std::process::Command::new(BIN)
+    let out = common::shop_command()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env("NOREPEAT_IDEMPOTENCY_STORE", "dynamo")
         .env("DATABASE_URL", "sqlite::memory:")
-        .env_remove("REDIS_URL")
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -306,7 +306,7 @@ async fn a_blank_callback_secret_stops_the_start() {
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.join("shop.db").display());
     for blank in ["", "   ", "\t"] {
-        let mut child = tokio::process::Command::new(BIN)
+        let mut child = common::shop_command_async()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env("DATABASE_URL", &url)
             .env("NOREPEAT_CALLBACK_SECRET", blank)

@@ -28,23 +28,8 @@ async fn post(
 
 /// The number of payments the Idempotency-Key layer admitted, from `/metrics`.
 async fn admitted(http: &reqwest::Client, base: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| {
-            l.starts_with("norepeat_decisions_total")
-                && l.contains("mode=\"idempotency\"")
-                && l.contains("outcome=\"admitted\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|n| n as u64)
-        .sum()
+    let labels = [("mode", "idempotency"), ("outcome", "admitted")];
+    common::scrape(http, base, "norepeat_decisions_total", &labels).await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,11 +114,19 @@ async fn slow(key: &str, ms: u64, value: u32, fail: bool) -> Result<u32, Error> 
     if fail { Err(Error::Failed) } else { Ok(value) }
 }
 
-/// The same with a wait shorter than the body.
+/// Held `short_wait` bodies wait here until the test closes it.
+static SHORT_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+/// The same with a wait shorter than the body: a `held` body runs until
+/// the test closes [`SHORT_GATE`], so it still runs when the wait ends
+/// however slow the machine.
 #[norepeat::guard(key = "{key}", mode = once, wait = "50ms", scope = "short")]
-async fn short_wait(key: &str, ms: u64, value: u32) -> Result<u32, Error> {
+async fn short_wait(key: &str, held: bool, value: u32) -> Result<u32, Error> {
     start(key);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
+    if held {
+        // Closed by the test: the error is the go-ahead.
+        let _ = SHORT_GATE.acquire().await;
+    }
     Ok(value)
 }
 
@@ -137,19 +145,20 @@ async fn a_concurrent_call_waits_for_the_first_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_wait_a_concurrent_call_gets_in_progress() {
     init();
-    let first = tokio::spawn(short_wait("t-1", 600, 1));
+    let first = tokio::spawn(short_wait("t-1", true, 1));
     started("t-1").await;
     let started = std::time::Instant::now();
-    let second = short_wait("t-1", 0, 2).await;
+    let second = short_wait("t-1", false, 2).await;
     assert_eq!(second, Err(Error::Refused(Rejected::InProgress)));
     assert!(
         started.elapsed() >= Duration::from_millis(50),
         "it waited: {:?}",
         started.elapsed()
     );
+    SHORT_GATE.close();
     assert_eq!(first.await.unwrap(), Ok(1));
     // The result is stored now: a late call gets it.
-    assert_eq!(short_wait("t-1", 0, 3).await, Ok(1));
+    assert_eq!(short_wait("t-1", false, 3).await, Ok(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,7 @@ use norepeat_testkit::send;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 /// Before the effect: the handler's first await.
@@ -44,6 +45,46 @@ async fn effect(State(effects): State<Effects>) -> (StatusCode, String) {
     tokio::time::sleep(BEFORE).await;
     let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
     tokio::time::sleep(AFTER).await;
+    (StatusCode::CREATED, format!(r#"{{"effect":{n}}}"#))
+}
+
+/// An effect counter whose handler, once the effect is written, waits
+/// for the test to open the gate: "the first one still runs" is then a
+/// fact, not a race with a timer on a busy machine.
+struct Gated {
+    effects: AtomicU32,
+    gate: Semaphore,
+}
+
+impl Gated {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            effects: AtomicU32::new(0),
+            gate: Semaphore::new(0),
+        })
+    }
+
+    fn effects(&self) -> u32 {
+        self.effects.load(Ordering::SeqCst)
+    }
+
+    /// Awaits, writes the effect, waits for the gate; the effect's number.
+    async fn run(&self) -> u32 {
+        tokio::time::sleep(BEFORE).await;
+        let n = self.effects.fetch_add(1, Ordering::SeqCst) + 1;
+        // Closed by `open`: the error is the go-ahead.
+        let _ = self.gate.acquire().await;
+        n
+    }
+
+    /// Lets every run (and every later one) end.
+    fn open(&self) {
+        self.gate.close();
+    }
+}
+
+async fn gated_effect(State(run): State<Arc<Gated>>) -> (StatusCode, String) {
+    let n = run.run().await;
     (StatusCode::CREATED, format!(r#"{{"effect":{n}}}"#))
 }
 
@@ -70,17 +111,23 @@ async fn give_up(app: &Router, req: Request<Body>, effects: &Effects) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_a_dropped_request_runs_to_its_end_and_the_retry_gets_its_answer() {
     with_stores(|store| async move {
-        let effects = Effects::default();
+        let run = Gated::new();
         let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(600));
         let app = Router::new()
-            .route("/payments", post(effect).layer(layer))
-            .with_state(Arc::clone(&effects));
-        give_up(&app, post_to("/payments", Some("k1")), &effects).await;
+            .route("/payments", post(gated_effect).layer(layer))
+            .with_state(Arc::clone(&run));
+        let req = post_to("/payments", Some("k1"));
+        drop_when(app.clone().oneshot(req), "the effect is written", || {
+            run.effects() == 1
+        })
+        .await;
 
-        // The retry, at once: the first one still runs.
+        // The retry: the first one still runs (held at its gate, past its
+        // 600 ms lease, which is renewed).
         let retry = send(&app, post_to("/payments", Some("k1"))).await;
         assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
         assert_eq!(retry.json()["code"], "idempotency_key_in_use");
+        run.open();
         // Once it has ended, its stored answer.
         let replay = eventually("the first one has ended", || async {
             let a = send(&app, post_to("/payments", Some("k1"))).await;
@@ -90,7 +137,41 @@ async fn idempotency_a_dropped_request_runs_to_its_end_and_the_retry_gets_its_an
         assert_eq!(replay.status, StatusCode::CREATED, "{:?}", replay.body);
         assert!(replay.replayed(), "the retry ran the handler again");
         assert_eq!(replay.json()["effect"], 1);
-        assert_eq!(effects.load(Ordering::SeqCst), 1);
+        assert_eq!(run.effects(), 1);
+    })
+    .await;
+}
+
+/// Shadow mode takes the same claims: a shadowed request whose caller
+/// gave up runs to its end and its answer is stored, so the enforcing
+/// layer that replaces the shadowed one replays it, never runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_shadowed_a_dropped_request_runs_to_its_end_and_is_kept() {
+    with_stores(|store| async move {
+        let run = Gated::new();
+        let route = |layer: IdempotencyLayer<AnyStore>| {
+            Router::new()
+                .route("/payments", post(gated_effect).layer(layer))
+                .with_state(Arc::clone(&run))
+        };
+        let shadowed = route(IdempotencyLayer::new(store.clone()).shadow(true));
+        let req = post_to("/payments", Some("k1"));
+        drop_when(shadowed.oneshot(req), "the effect is written", || {
+            run.effects() == 1
+        })
+        .await;
+        run.open();
+
+        let enforcing = route(IdempotencyLayer::new(store));
+        let replay = eventually("the dropped run has ended", || async {
+            let a = send(&enforcing, post_to("/payments", Some("k1"))).await;
+            (a.status != StatusCode::CONFLICT).then_some(a)
+        })
+        .await;
+        assert_eq!(replay.status, StatusCode::CREATED, "{:?}", replay.body);
+        assert!(replay.replayed(), "the enforcing layer ran it again");
+        assert_eq!(replay.json()["effect"], 1);
+        assert_eq!(run.effects(), 1);
     })
     .await;
 }
@@ -165,30 +246,28 @@ async fn once_a_dropped_call_keeps_its_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_detached_a_dropped_call_runs_to_its_end_and_is_replayed() {
     with_stores(|store| async move {
-        let effects = Effects::default();
+        let run = Gated::new();
         let once = Guarded::once("tests::award").lease(Duration::from_millis(600));
         let call = || {
-            let effects = Arc::clone(&effects);
-            once.run_once_detached(&store, "o1", async move {
-                tokio::time::sleep(BEFORE).await;
-                let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::time::sleep(AFTER).await;
-                Ok::<u32, Error>(n)
-            })
+            let run = Arc::clone(&run);
+            once.run_once_detached(
+                &store,
+                "o1",
+                async move { Ok::<u32, Error>(run.run().await) },
+            )
         };
-        drop_when(call(), "the effect is written", || {
-            effects.load(Ordering::SeqCst) == 1
-        })
-        .await;
-        assert_eq!(effects.load(Ordering::SeqCst), 1);
+        drop_when(call(), "the effect is written", || run.effects() == 1).await;
+        assert_eq!(run.effects(), 1);
+        // Held at its gate: still running.
         assert_eq!(call().await, Err(Error::Refused(Rejected::InProgress)));
+        run.open();
         let stored = eventually("the detached run has ended", || async {
             let out = call().await;
             (out != Err(Error::Refused(Rejected::InProgress))).then_some(out)
         })
         .await;
         assert_eq!(stored, Ok(1), "the stored result");
-        assert_eq!(effects.load(Ordering::SeqCst), 1);
+        assert_eq!(run.effects(), 1);
     })
     .await;
 }

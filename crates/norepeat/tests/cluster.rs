@@ -292,6 +292,10 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    if headers.contains_key("x-hold") {
+        // Closed by the one test that sends `x-hold`: the go-ahead.
+        let _ = HOLD.acquire().await;
+    }
     let body = format!(r#"{{"paymentId":"p{n}","orderId":"o1","amount":1999,"status":"PENDING"}}"#);
     (
         StatusCode::CREATED,
@@ -312,6 +316,9 @@ fn payments<G: Store + Clone>(layer: IdempotencyLayer<G>, runs: &Runs) -> Router
 }
 
 const BODY: &str = r#"{"orderId":"o1","amount":1999}"#;
+
+/// Where a handler run sent with `x-hold` waits until the test closes it.
+static HOLD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 
 fn payment(key: &str, body: &str, sleep_ms: u64) -> Request<Body> {
     Request::post("/payments")
@@ -396,10 +403,13 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     );
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move { send(&app, payment("slow", BODY, 1200)).await })
+        let mut held = payment("slow", BODY, 0);
+        held.headers_mut()
+            .insert("x-hold", http::HeaderValue::from_static("1"));
+        tokio::spawn(async move { send(&app, held).await })
     };
     // Past two leases since the handler started (polled: it has claimed),
-    // still held: renewed.
+    // still held: renewed. (The handler runs until the test lets it go.)
     common::eventually("the slow handler runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
@@ -409,6 +419,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
         send(&b, payment("slow", BODY, 0)).await.status,
         StatusCode::CONFLICT
     );
+    HOLD.close();
     let first = slow.await.unwrap();
     let replay = send(&b, payment("slow", BODY, 0)).await;
     assert!(replay.replayed());

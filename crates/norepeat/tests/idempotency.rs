@@ -25,9 +25,11 @@ use norepeat::keys::{KeyBuilder, Namespace};
 use norepeat::store::Resilient;
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, MemoryStore, Store};
 use norepeat_testkit::{Answer, send, send_until_break};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 #[cfg(feature = "redis")]
@@ -38,8 +40,46 @@ use {
 
 type Runs = Arc<AtomicUsize>;
 
+/// The holds that handler runs sent with `x-hold: N` wait on.
+static HOLDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Arc<Semaphore>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Keeps the handler runs sent with [`Hold::header`] from answering until
+/// [`Hold::release`]: "the first one still runs" is then a fact, not a race
+/// with a timer on a busy machine. One per use, so tests running side by
+/// side in one process never let each other's runs go.
+struct Hold(u64, Arc<Semaphore>);
+
+impl Hold {
+    fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let gate = Arc::new(Semaphore::new(0));
+        HOLDS.lock().unwrap().insert(id, Arc::clone(&gate));
+        Self(id, gate)
+    }
+
+    fn header(&self) -> (&'static str, String) {
+        ("x-hold", self.0.to_string())
+    }
+
+    /// Lets every held run (and any later one) answer.
+    fn release(&self) {
+        self.1.close();
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+        if let Ok(mut holds) = HOLDS.lock() {
+            holds.remove(&self.0);
+        }
+    }
+}
+
 /// A payment handler that counts its runs. Request headers steer it:
-/// `x-sleep-ms`, `x-status`, `x-big` (a body of that many bytes, exact
+/// `x-sleep-ms`, `x-hold` (waits for its [`Hold`]), `x-status`, `x-big` (a body of that many bytes, exact
 /// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`,
 /// `x-break` (that many chunks, then an error), `x-trailers` (a body with
 /// trailers).
@@ -48,6 +88,13 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
     let num = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
     if let Some(ms) = num("x-sleep-ms") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(id) = num("x-hold") {
+        let gate = HOLDS.lock().unwrap().get(&id).cloned();
+        if let Some(gate) = gate {
+            // Closed on release: the error is the go-ahead.
+            let _ = gate.acquire().await;
+        }
     }
     let status = num("x-status")
         .and_then(|s| StatusCode::from_u16(u16::try_from(s).ok()?).ok())
@@ -257,9 +304,11 @@ async fn past_max_detached_is_503_before_the_claim<G: KeyValueStore + Clone>(sto
     let layer = IdempotencyLayer::new(store.clone()).max_detached(1);
     let detached = layer.detached_tasks();
     let app = app(layer, &runs);
+    let hold = Hold::new();
     let gone = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k1", ("x-sleep-ms", "600")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k1", (h.0, &h.1)).await })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
@@ -281,6 +330,7 @@ async fn past_max_detached_is_503_before_the_claim<G: KeyValueStore + Clone>(sto
     assert_eq!(probe.unwrap(), None, "k2 was claimed");
     assert!(store.delete_if_equals(&key, b"probe").await.unwrap());
 
+    hold.release();
     detached.close();
     tokio::time::timeout(Duration::from_secs(20), detached.wait())
         .await
@@ -406,9 +456,11 @@ async fn a_record_this_release_cannot_read_is_refused_not_run<G: Store + Clone>(
 async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store), &runs);
+    let hold = Hold::new();
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
     running(&runs).await;
     let busy = pay_with(&app, "u1", "k", BODY).await;
@@ -418,6 +470,7 @@ async fn running_key_is_409_with_retry_after<G: Store + Clone>(store: G) {
     // A different request under the running key is a mismatch, not a wait.
     let other = pay_with(&app, "u1", "k", r#"{"orderId":"o2","amount":1}"#).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    hold.release();
     assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
     assert!(pay_with(&app, "u1", "k", BODY).await.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -481,13 +534,23 @@ async fn keys_are_per_user<G: Store + Clone>(store: G) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-async fn concurrent(app: &Router, n: usize) -> Vec<Answer> {
+/// `n` copies of one request at once. The one that runs is held until
+/// `n - answered_first` of them have answered (all the others, when they
+/// do not wait; none when they do), so none comes after it has ended.
+async fn concurrent(app: &Router, n: usize, answered_first: usize) -> Vec<Answer> {
+    let hold = Hold::new();
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let app = app.clone();
-            tokio::spawn(async move { pay_steered(&app, "hot", ("x-sleep-ms", "800")).await })
+            let h = hold.header();
+            tokio::spawn(async move { pay_steered(&app, "hot", (h.0, &h.1)).await })
         })
         .collect();
+    common::eventually("the others have answered", || async {
+        (tasks.iter().filter(|t| t.is_finished()).count() >= answered_first).then_some(())
+    })
+    .await;
+    hold.release();
     let mut out = Vec::with_capacity(n);
     for t in tasks {
         out.push(t.await.unwrap());
@@ -498,7 +561,7 @@ async fn concurrent(app: &Router, n: usize) -> Vec<Answer> {
 async fn hundred_concurrent_run_once_others_409<G: Store + Clone>(store: G) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store), &runs);
-    let answers = concurrent(&app, 100).await;
+    let answers = concurrent(&app, 100, 99).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let created = answers
         .iter()
@@ -515,7 +578,9 @@ async fn hundred_concurrent_with_waiting_all_get_the_replay<G: Store + Clone>(st
     let runs = Runs::default();
     let layer = IdempotencyLayer::new(store).wait_for_result(Duration::from_secs(10));
     let app = app(layer, &runs);
-    let answers = concurrent(&app, 100).await;
+    // They wait: the one that runs is let go at once (a copy that comes
+    // after it has ended gets the replay all the same).
+    let answers = concurrent(&app, 100, 0).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(answers.iter().all(|a| a.status == StatusCode::CREATED));
     assert!(answers.iter().all(|a| a.body == answers[0].body));
@@ -528,15 +593,17 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
         .lease(Duration::from_millis(50))
         .lease_renewal(false);
     let app = app(layer, &runs);
+    let hold = Hold::new();
     let stale = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "800")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
     // Once the first runs (so it has claimed), three of its 50 ms leases:
     // its lease has run out, this one takes the key and completes.
     running(&runs).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    a_retry_takes_over_from(&app, &runs, stale).await;
+    a_retry_takes_over_from(&app, &runs, stale, &hold).await;
 }
 
 /// Waits until the handler has started (so its request holds its claim),
@@ -552,7 +619,12 @@ async fn running(runs: &Runs) {
 /// runs: the retry runs (`p2`) and completes; `first` still answers its own
 /// client but cannot overwrite the retry's record, which later retries
 /// replay. Two runs in all.
-async fn a_retry_takes_over_from(app: &Router, runs: &Runs, first: JoinHandle<Answer>) {
+async fn a_retry_takes_over_from(
+    app: &Router,
+    runs: &Runs,
+    first: JoinHandle<Answer>,
+    hold: &Hold,
+) {
     let second = pay_with(app, "u1", "k", BODY).await;
     assert_eq!(second.status, StatusCode::CREATED);
     assert!(!second.replayed());
@@ -561,6 +633,8 @@ async fn a_retry_takes_over_from(app: &Router, runs: &Runs, first: JoinHandle<An
             .unwrap()
             .contains("\"p2\"")
     );
+    // Only now does the first end (it was sent with `x-hold`).
+    hold.release();
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(std::str::from_utf8(&first.body).unwrap().contains("\"p1\""));
@@ -574,17 +648,21 @@ async fn renewal_keeps_a_slow_handlers_claim<G: Store + Clone>(store: G) {
     let runs = Runs::default();
     let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(300));
     let app = app(layer, &runs);
+    let hold = Hold::new();
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "1200")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
-    // Past two leases since the handler started, still held: renewed.
+    // Past two leases since the handler started, still held: renewed. (The
+    // handler waits for the test, so a slow machine cannot end it first.)
     running(&runs).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         pay_with(&app, "u1", "k", BODY).await.status,
         StatusCode::CONFLICT
     );
+    hold.release();
     let first = slow.await.unwrap();
     let replay = pay_with(&app, "u1", "k", BODY).await;
     assert!(replay.replayed());
@@ -838,9 +916,11 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         IdempotencyLayer::new(store).lease(Duration::from_millis(300)),
         &runs,
     );
+    let hold = Hold::new();
     let first = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "2000")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
     common::eventually("the first runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
@@ -858,7 +938,7 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
     .await;
     assert!(!first.is_finished(), "the renewal came before the end");
     assert_eq!(redis.dbsize().await, 0, "the renewal wrote the key back");
-    a_retry_takes_over_from(&app, &runs, first).await;
+    a_retry_takes_over_from(&app, &runs, first, &hold).await;
     assert!(redis.keys_without_ttl().await.is_empty());
 }
 
@@ -916,16 +996,19 @@ async fn a_completion_that_fails_is_tried_again_and_the_retry_replays() {
         IdempotencyLayer::new(store).lease(Duration::from_secs(3)),
         &runs,
     );
+    let hold = Hold::new();
     let first = {
         let app = app.clone();
-        tokio::spawn(async move { pay_steered(&app, "k", ("x-sleep-ms", "500")).await })
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
-    // The key is claimed long before the handler answers.
+    // The key is claimed; the handler answers only once the store is cut off.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while redis.dbsize().await == 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     proxy.set_mode(ProxyMode::Refuse);
+    hold.release();
     // The answer comes once the first try to store it has failed.
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);

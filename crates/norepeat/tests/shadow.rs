@@ -34,6 +34,7 @@ use norepeat::store::{KeyValueStore, Store};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
 use norepeat_testkit::{Answer, send};
 use recorder::Counts;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -80,6 +81,18 @@ mod recorder {
             }
             out.retain(|_, n| *n > 0);
             out
+        }
+
+        /// Every `norepeat_decisions_total` series counted at least once,
+        /// by its labels.
+        pub fn decisions(&self) -> BTreeMap<Vec<(String, String)>, u64> {
+            let counters = self.0.lock().expect("not poisoned");
+            counters
+                .iter()
+                .filter(|((name, _), _)| name == "norepeat_decisions_total")
+                .map(|((_, labels), value)| (labels.clone(), value.load(Ordering::SeqCst)))
+                .filter(|(_, n)| *n > 0)
+                .collect()
         }
     }
 
@@ -178,6 +191,7 @@ where
 
     let runs = Arc::new(AtomicUsize::new(0));
     let shadowed = app(true, Arc::clone(&runs));
+    let decided_before = counts.decisions();
     let mut counted = Vec::new();
     for (i, req) in traffic(true).into_iter().enumerate() {
         let (answer, would) = send_shadowed(&shadowed, req, &counts, guard).await;
@@ -202,9 +216,12 @@ where
         "every request ran"
     );
 
+    let shadow_decided = grown(&decided_before, &counts.decisions());
+
     let runs = Arc::new(AtomicUsize::new(0));
     let enforcing = app(false, Arc::clone(&runs));
     let before = counts.shadow(guard);
+    let decided_before = counts.decisions();
     let mut refused = Vec::new();
     for req in traffic(false) {
         refused.push(enforced(&send(&enforcing, req).await));
@@ -221,6 +238,25 @@ where
         before,
         "an enforcing layer counts no shadow"
     );
+    // `norepeat_decisions_total` counts the decisions as taken: a
+    // shadowed refusal is counted as the enforced one is.
+    assert_eq!(
+        shadow_decided,
+        grown(&decided_before, &counts.decisions()),
+        "norepeat_decisions_total in shadow mode and enforced"
+    );
+}
+
+/// What grew from `before` to `after`, by series.
+fn grown(
+    before: &BTreeMap<Vec<(String, String)>, u64>,
+    after: &BTreeMap<Vec<(String, String)>, u64>,
+) -> BTreeMap<Vec<(String, String)>, u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 fn keys(shadow: bool) -> KeyBuilder {

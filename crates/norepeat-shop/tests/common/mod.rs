@@ -24,6 +24,65 @@ use serde_json::Value;
 /// The `norepeat` binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
 
+/// The shop binary as a command started from a cleared environment: only
+/// [`KEPT_ENV`](norepeat_testkit::KEPT_ENV) of the test's, as
+/// [`ShopProcess`](norepeat_testkit::ShopProcess) does, so a `DATABASE_URL`,
+/// `REDIS_URL` or `NOREPEAT_*` of whoever runs the tests never changes what a
+/// test runs.
+pub fn shop_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.env_clear()
+        .envs(kept_env())
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// [`shop_command`] for tokio.
+pub fn shop_command_async() -> tokio::process::Command {
+    tokio::process::Command::from(shop_command())
+}
+
+fn kept_env() -> impl Iterator<Item = (&'static str, String)> {
+    norepeat_testkit::KEPT_ENV
+        .into_iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k, v)))
+}
+
+/// The value of the Prometheus sample `name` whose labels include every
+/// pair of `labels` (in any order), or 0 when there is none yet.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+            let has_all = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            (n == name && has_all).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// The sum of the series `name` with `labels` in the shop at `base`'s
+/// `/metrics` (0 when there is none).
+pub async fn scrape(
+    http: &reqwest::Client,
+    base: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sample(&text, name, labels)
+}
+
 /// `pairs` as a shop process's environment.
 pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs

@@ -487,6 +487,12 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body,
 {
+    if let Refusal::Replay(_) = refusal {
+        // The decision as taken, shadowed or not (refusals are counted
+        // where the guard decides them).
+        metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "replayed")
+            .increment(1);
+    }
     if !cfg.shadow {
         return Ok(match refusal {
             Refusal::Problem(p) => reject(&p),

@@ -166,8 +166,6 @@ fn storable_shape<B: Body>(res: &Response<B>, cap: usize) -> bool {
 }
 
 pub(super) fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
-    metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "replayed")
-        .increment(1);
     let mut res = Response::new(Either::Right(Full::new(done.body)));
     *res.status_mut() = done.status;
     let h = res.headers_mut();
