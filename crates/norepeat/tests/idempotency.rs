@@ -1002,11 +1002,9 @@ async fn a_completion_that_fails_is_tried_again_and_the_retry_replays() {
         let h = hold.header();
         tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
-    // The key is claimed; the handler answers only once the store is cut off.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while redis.dbsize().await == 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The handler runs (so the claim's answer has come back: the key on the
+    // server alone is not enough), and answers only once the store is cut off.
+    running(&runs).await;
     proxy.set_mode(ProxyMode::Refuse);
     hold.release();
     // The answer comes once the first try to store it has failed.
