@@ -153,15 +153,18 @@ pub enum Rejected {
 
 impl PartialEq for Rejected {
     fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Rejected::Duplicate { retry_after: a }, Rejected::Duplicate { retry_after: b }) => {
-                a == b
+        // One arm per variant of `self` (no catch-all): a new variant
+        // cannot compile without saying when it is equal.
+        match self {
+            Rejected::Duplicate { retry_after: a } => {
+                matches!(other, Rejected::Duplicate { retry_after: b } if a == b)
             }
-            (Rejected::InProgress, Rejected::InProgress)
-            | (Rejected::NoDefaultStore, Rejected::NoDefaultStore) => true,
-            (Rejected::Unavailable(a), Rejected::Unavailable(b)) => a.to_string() == b.to_string(),
-            (Rejected::Unreadable(a), Rejected::Unreadable(b)) => a == b,
-            _ => false,
+            Rejected::InProgress => matches!(other, Rejected::InProgress),
+            Rejected::NoDefaultStore => matches!(other, Rejected::NoDefaultStore),
+            Rejected::Unavailable(a) => {
+                matches!(other, Rejected::Unavailable(b) if a.to_string() == b.to_string())
+            }
+            Rejected::Unreadable(a) => matches!(other, Rejected::Unreadable(b) if a == b),
         }
     }
 }
@@ -374,5 +377,39 @@ mod parse_duration_tests {
                 "{s:?}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod rejected_tests {
+    use super::{Duration, Rejected, StoreError};
+    use std::sync::Arc;
+
+    #[test]
+    fn rejections_are_equal_exactly_when_they_say_the_same() {
+        let second = || Rejected::Duplicate {
+            retry_after: Duration::from_secs(1),
+        };
+        let down = |why: &str| Rejected::Unavailable(Arc::new(StoreError::Connection(why.into())));
+        let all = [
+            second(),
+            Rejected::Duplicate {
+                retry_after: Duration::from_secs(2),
+            },
+            Rejected::InProgress,
+            down("refused"),
+            down("reset"),
+            Rejected::Unreadable("a".into()),
+            Rejected::Unreadable("b".into()),
+            Rejected::NoDefaultStore,
+        ];
+        for (i, a) in all.iter().enumerate() {
+            for (j, b) in all.iter().enumerate() {
+                assert_eq!(a == b, i == j, "{a:?} == {b:?}");
+            }
+        }
+        // Equal by what they say, not by identity.
+        assert_eq!(second(), second());
+        assert_eq!(down("refused"), down("refused"));
     }
 }
