@@ -81,6 +81,7 @@
 //! `KiB`, `MiB` or `GiB` (`64KiB`).
 
 mod parse;
+mod path;
 mod route_match;
 
 use std::fmt;
@@ -90,6 +91,7 @@ use std::time::Duration;
 
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
+pub use path::normalize_path;
 pub use route_match::{METHODS, RouteMatch};
 
 /// The environment variable that gives the token secret when the file

@@ -33,6 +33,7 @@
 //! does.
 
 mod caller;
+mod count;
 mod forward;
 mod gateway;
 mod own;
