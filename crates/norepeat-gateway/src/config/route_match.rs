@@ -249,7 +249,10 @@ mod tests {
         let r = m("POST /orders");
         assert!(r.matches("POST", "/orders"));
         assert!(r.matches("POST", "/orders/"), "a trailing slash is ignored");
-        assert!(r.matches("POST", "/orders;jsessionid=1"), "so are ;parameters");
+        assert!(
+            r.matches("POST", "/orders;jsessionid=1"),
+            "so are ;parameters"
+        );
         assert!(!r.matches("POST", "/orders;x/y"));
         assert!(!r.matches("POST", "/order"));
         assert!(!r.matches("POST", "/orders/quick"));

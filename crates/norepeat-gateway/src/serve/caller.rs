@@ -162,7 +162,11 @@ mod tests {
     #[test]
     fn x_forwarded_for_is_believed_only_from_a_trusted_proxy() {
         let caller = trusting(&["10.0.0.0/8"]);
-        let ip = |p: &Parts| caller.identify(p).map(|a| a.trim_start_matches("ip:").to_owned());
+        let ip = |p: &Parts| {
+            caller
+                .identify(p)
+                .map(|a| a.trim_start_matches("ip:").to_owned())
+        };
         // An untrusted peer: its own address, whatever it claims.
         assert_eq!(
             ip(&parts("203.0.113.5", &["1.2.3.4"], None)).as_deref(),

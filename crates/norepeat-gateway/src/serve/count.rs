@@ -66,7 +66,13 @@ impl Outcome {
 
 /// The `would` of `norepeat_gateway_shadow_total`: the decisions a shadow
 /// route would have refused or replayed.
-pub(super) const WOULD: [&str; 5] = ["duplicate", "replay", "in_progress", "mismatch", "rate_limited"];
+pub(super) const WOULD: [&str; 5] = [
+    "duplicate",
+    "replay",
+    "in_progress",
+    "mismatch",
+    "rate_limited",
+];
 
 /// The `code` of `norepeat_gateway_invalid_total`: the refusals of a
 /// request malformed for its guard (4xx before any decision), which

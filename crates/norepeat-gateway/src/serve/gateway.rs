@@ -287,7 +287,10 @@ pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<B
         return if replayed {
             (outcome_unknown(), Counted::Request(Outcome::Unknown))
         } else {
-            (upstream_timeout(), Counted::Request(Outcome::UpstreamTimeout))
+            (
+                upstream_timeout(),
+                Counted::Request(Outcome::UpstreamTimeout),
+            )
         };
     }
     if let Some(p) = res.extensions().get::<Problem>() {

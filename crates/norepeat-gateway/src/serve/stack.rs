@@ -3,7 +3,7 @@
 
 use super::Caller;
 use super::count::RouteMetrics;
-use super::forward::{Failure, HttpClient, client, connect_timeout, forward};
+use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 
@@ -68,6 +68,12 @@ pub(super) fn stack(
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
+        read_ahead: match route.guard {
+            Some(Guard::Idempotency { .. }) => {
+                Some(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+            }
+            _ => None,
+        },
     };
     let base = tower::service_fn(move |req: Request<Body>| {
         let u = upstream.clone();
@@ -158,6 +164,10 @@ struct UpstreamStage {
     timeout: Duration,
     metrics: Arc<RouteMetrics>,
     keep: bool,
+    /// On an idempotency route, `max_stored_response`: the answer's body
+    /// is read that far before the layer gets it, so that one that breaks
+    /// is an unknown outcome (504), not a status recorded without its body.
+    read_ahead: Option<usize>,
 }
 
 impl UpstreamStage {
@@ -165,6 +175,16 @@ impl UpstreamStage {
         let start = Instant::now();
         let idle = Some(self.timeout);
         let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
+        let result = match (result, self.read_ahead) {
+            (Ok(res), Some(cap)) => {
+                let (head, body) = res.into_parts();
+                read_ahead(body, cap)
+                    .await
+                    .map(|body| Response::from_parts(head, body))
+                    .map_err(|Broken| Failure::Timeout)
+            }
+            (result, _) => result,
+        };
         self.metrics.upstream(start.elapsed().as_secs_f64());
         match result {
             Ok(mut res) => {

@@ -654,7 +654,10 @@ where
         Claimed::Unguarded => {
             drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
-            return Ok(middleware::failed_open(pass(inner.call(req).await?), "idempotency"));
+            return Ok(middleware::failed_open(
+                pass(inner.call(req).await?),
+                "idempotency",
+            ));
         }
     };
     tracing::debug!(user, route, "idempotency key claimed");

@@ -214,7 +214,10 @@ mod tests {
             "the default is unchanged"
         );
         // A listed hop-by-hop or cookie header is still never stored.
-        let forced = StoredHeaders::Only(Arc::from([header::SET_COOKIE, HeaderName::from_static("x-hop")]));
+        let forced = StoredHeaders::Only(Arc::from([
+            header::SET_COOKIE,
+            HeaderName::from_static("x-hop"),
+        ]));
         assert!(names(&forced, &h).is_empty());
     }
 }

@@ -16,8 +16,8 @@
 //! See [transactional completion](crate::store::sql#transactional-completion)
 //! for what a crash at each point leaves.
 
-use super::record::{self, Digest, Owner};
 use super::policy::StoredHeaders;
+use super::record::{self, Digest, Owner};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
