@@ -3,9 +3,12 @@ not ours, for tests/serve.rs.
 
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
-count (2 MiB of `x` instead with X-Big; with X-Stall, the head and 11 of
-the 100 bytes it announces, then nothing for 30 s). GET /effects answers the counters, GET /echo the request's headers
-(and two hop-by-hop headers of its own), GET /big 2 MiB. It prints
+count, with the headers `X-Order: <count>`, `X-Backend: py` and a
+`Set-Cookie` (2 MiB of `x` instead with X-Big; with X-Stall, the head and
+11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
+same head and 11 bytes, then the connection closed). GET /effects answers
+the counters, GET /echo the request's headers (and two hop-by-hop headers
+of its own), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -46,6 +49,9 @@ class Handler(BaseHTTPRequestHandler):
         delay = float(self.headers.get("X-Delay") or 0)
         if delay:
             time.sleep(delay)
+        if self.headers.get("X-Break"):
+            self.broken()
+            return
         if self.headers.get("X-Stall"):
             # The head and a first piece of the body, then nothing: a
             # backend that stalls half-way through its answer.
@@ -57,11 +63,27 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(30)
             return
+        extra = [
+            ("X-Order", str(n)),
+            ("X-Backend", "py"),
+            ("Set-Cookie", f"session=s{n}; HttpOnly"),
+        ]
         if self.headers.get("X-Big"):
-            self.answer(201, BIG, [("X-Order", str(n))])
+            self.answer(201, BIG, extra)
             return
         body = json.dumps({"path": path, "effect": n, "at": time.time()}).encode()
-        self.answer(201, body, [("X-Order", str(n))])
+        self.answer(201, body, extra)
+
+    def broken(self):
+        """The head and 11 of the 100 bytes it announces, then the
+        connection closed: a backend that dies half-way through its answer."""
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"broken":1')
+        self.wfile.flush()
+        self.close_connection = True
 
     def do_GET(self):
         if self.path == "/effects":
@@ -73,6 +95,8 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
         elif self.path == "/spoof":
             self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
+        elif self.path == "/break":
+            self.broken()
         elif self.path == "/big":
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")

@@ -647,10 +647,11 @@ async fn a_client_that_leaves_before_an_unknown_outcome_cannot_run_it_again() {
 }
 
 /// A backend that sends its head and then stalls does not hold the key for
-/// ever: past the route's timeout without a frame, the body fails, the
-/// status is recorded without it, and a retry gets that (one effect)
-/// instead of 409 `idempotency_key_in_use` for as long as the backend
-/// stalls.
+/// ever: past the route's timeout without a frame, the answer did not come
+/// within `timeout`, so the outcome is unknown: 504 `upstream_timeout` to
+/// the client, and a retry gets 409 `idempotency_outcome_unknown` (one
+/// effect) instead of 409 `idempotency_key_in_use` for as long as the
+/// backend stalls.
 #[tokio::test]
 async fn a_backend_that_stalls_its_body_does_not_hold_the_key() {
     let b = backend(0).await;
@@ -667,30 +668,16 @@ async fn a_backend_that_stalls_its_body_does_not_hold_the_key() {
         }
         req.send()
     };
-    // The first client sees the answer break off (the layer reads the body
-    // before it answers, so the break may come before or after the head).
-    match pay(true).await {
-        Err(e) => assert!(e.is_request() || e.is_body(), "{e}"),
-        Ok(res) => {
-            assert_eq!(res.status(), 201);
-            assert!(res.bytes().await.is_err(), "the body broke off");
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let again = loop {
-        let res = pay(false).await.unwrap();
-        if res.status() != StatusCode::CONFLICT {
-            break res;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the key is still held by the stalled answer"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(again.status(), 201);
-    assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(again.headers()["idempotent-body"], "omitted");
+    assert_eq!(
+        code(pay(true).await.unwrap()).await,
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout".into())
+    );
+    // The record is written before the client's answer: no waiting.
+    assert_eq!(
+        code(pay(false).await.unwrap()).await,
+        (StatusCode::CONFLICT, "idempotency_outcome_unknown".into()),
+        "not held as in use by the stalled answer"
+    );
     assert_eq!(effects(&b).await["/payments"], 1);
 }
 
@@ -923,4 +910,557 @@ async fn json_logs_carry_the_shadow_line_with_its_route_and_no_caller_id() {
         !shadow.to_string().contains("u1"),
         "the caller is hashed: {shadow}"
     );
+}
+
+/// Sends `head` (`METHOD PATH`) with `headers` and `body` over a plain TCP
+/// connection, the path exactly as written (an HTTP client would clean
+/// `/./` and `/../` before sending); the status and the whole answer.
+async fn raw(g: &Process, head: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    let mut req = format!(
+        "{head} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    (status, text)
+}
+
+/// Item 1 of issue 26: a replay carries the first answer's headers (the
+/// backend's own `X-Order`, `X-Backend`), but never its `Set-Cookie`.
+#[tokio::test]
+async fn a_replay_carries_the_first_answers_headers_but_never_set_cookie() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = || {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-headers")
+            .body("{}")
+            .send()
+    };
+    let first = pay().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.headers()["x-order"], "1");
+    assert!(
+        first.headers().get("set-cookie").is_some(),
+        "the first answer is passed on as it is"
+    );
+    let again = pay().await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["x-order"], "1", "{:?}", again.headers());
+    assert_eq!(again.headers()["x-backend"], "py");
+    assert_eq!(again.headers()["content-type"], "application/json");
+    assert!(
+        again.headers().get("set-cookie").is_none(),
+        "a replay hands out no session: {:?}",
+        again.headers()
+    );
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+/// `name{labels} value` lines of the gateway's metrics.
+async fn scrape(g: &Process) -> String {
+    Client::new()
+        .get(url(g, "/.norepeat/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the counter `name{labels}` (0 when it is not there).
+fn value(text: &str, name: &str, labels: &str) -> u64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Every label value of `label` on the series of `name`.
+fn label_values(text: &str, name: &str, label: &str) -> Vec<String> {
+    let key = format!("{label}=\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| {
+            let at = l.find(&key)? + key.len();
+            Some(l[at..].split('"').next()?.to_owned())
+        })
+        .collect()
+}
+
+/// Item 2 of issue 26: `norepeat_gateway_requests_total` counts each kind
+/// of request by the contract's outcomes only, `fail_open` included (the
+/// store killed under a fail-open route); malformed requests go to
+/// `norepeat_gateway_invalid_total{code}`; shadow counts use only the
+/// contract's `would`.
+#[tokio::test]
+async fn every_request_is_counted_by_the_contracts_outcomes() {
+    let mut redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let routes = format!(
+        "{ROUTES}  - match: POST /dead
+    guard: fingerprint
+    upstream: http://127.0.0.1:{}
+  - match: POST /slow-pay
+    guard: idempotency
+    timeout: 20s
+",
+        free_port()
+    );
+    let yaml =
+        file(&b, &redis.url(), &routes).replace("X-User-Id\n", "X-User-Id\n  required: true\n");
+    let g = gateway(&yaml).await;
+    let c = Client::new();
+    let req = |path: &str| c.post(url(&g, path)).header("x-user-id", "u1");
+    let requests = |route: &str, outcome: &str| {
+        let labels = format!(r#"route="{route}",outcome="{outcome}""#);
+        let g = &g;
+        async move { value(&scrape(g).await, "norepeat_gateway_requests_total", &labels) }
+    };
+    let quick = r#"{"sku":"m1"}"#;
+    let fp = || {
+        req("/orders/quick")
+            .header("content-type", "application/json")
+            .body(quick)
+            .send()
+    };
+
+    assert_eq!(fp().await.unwrap().status(), 201);
+    assert_eq!(requests("POST /orders/quick", "passed").await, 1);
+    assert_eq!(fp().await.unwrap().status(), 409);
+    assert_eq!(requests("POST /orders/quick", "duplicate").await, 1);
+    let anonymous = c
+        .post(url(&g, "/orders/quick"))
+        .body(quick)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(requests("POST /orders/quick", "unauthenticated").await, 1);
+
+    let pay = |key: &'static str, body: &'static str| {
+        req("/payments")
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+    };
+    assert_eq!(pay("m-k1", "{}").await.unwrap().status(), 201);
+    assert_eq!(requests("POST /payments", "passed").await, 1);
+    assert_eq!(pay("m-k1", "{}").await.unwrap().status(), 201);
+    assert_eq!(requests("POST /payments", "replayed").await, 1);
+    assert_eq!(pay("m-k1", r#"{"a":1}"#).await.unwrap().status(), 422);
+    assert_eq!(requests("POST /payments", "mismatch").await, 1);
+
+    // In progress: a second request while the first (held at the backend)
+    // still runs.
+    let slow = tokio::spawn(
+        req("/slow-pay")
+            .header("idempotency-key", "m-slow")
+            .header("x-delay", "3")
+            .body("{}")
+            .send(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while effects(&b).await["/slow-pay"] != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let busy = req("/slow-pay")
+        .header("idempotency-key", "m-slow")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(busy).await.1, "idempotency_key_in_use");
+    assert_eq!(requests("POST /slow-pay", "in_progress").await, 1);
+    assert_eq!(slow.await.unwrap().unwrap().status(), 201);
+
+    // The upstream's failures and the unknown outcome.
+    let late = || {
+        req("/payments")
+            .header("idempotency-key", "m-late")
+            .header("x-delay", "1.5")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(late().await.unwrap().status(), 504);
+    assert_eq!(requests("POST /payments", "upstream_timeout").await, 1);
+    assert_eq!(late().await.unwrap().status(), 409);
+    assert_eq!(requests("POST /payments", "outcome_unknown").await, 1);
+    assert_eq!(req("/dead").body("{}").send().await.unwrap().status(), 502);
+    assert_eq!(requests("POST /dead", "upstream_unavailable").await, 1);
+
+    for _ in 0..3 {
+        req("/flash-sale/m").send().await.unwrap();
+    }
+    assert_eq!(requests("POST /flash-sale/{sku}", "rate_limited").await, 1);
+    assert_eq!(requests("POST /flash-sale/{sku}", "passed").await, 2);
+
+    // Malformed for the guard: counted apart, by code.
+    let bare = req("/payments").body("{}").send().await.unwrap();
+    assert_eq!(code(bare).await.1, "missing_idempotency_key");
+    let no_token = req("/orders").send().await.unwrap();
+    assert_eq!(code(no_token).await.1, "missing_token");
+    let text = scrape(&g).await;
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_invalid_total",
+            r#"route="POST /payments",code="missing_idempotency_key""#
+        ),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_invalid_total",
+            r#"route="POST /orders",code="missing_token""#
+        ),
+        1
+    );
+    assert_eq!(
+        requests("POST /orders", "duplicate").await,
+        0,
+        "a missing token is no duplicate"
+    );
+
+    // Shadow: every request passed, the would-refusals counted apart.
+    for _ in 0..2 {
+        let res = req("/coupons/c1/redeem").body("{}").send().await.unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    assert_eq!(requests("POST /coupons/{id}/redeem", "passed").await, 2);
+
+    // The store gone: the fail-open route lets requests through (and says
+    // so), the fail-closed one refuses.
+    redis.kill();
+    let open = req("/orders/quick")
+        .body(r#"{"sku":"m2"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 201);
+    assert_eq!(requests("POST /orders/quick", "fail_open").await, 1);
+    assert_eq!(
+        requests("POST /orders/quick", "passed").await,
+        1,
+        "not counted as passed"
+    );
+    assert_eq!(pay("m-k9", "{}").await.unwrap().status(), 503);
+    assert_eq!(requests("POST /payments", "unavailable").await, 1);
+
+    let text = scrape(&g).await;
+    let allowed = [
+        "passed",
+        "replayed",
+        "duplicate",
+        "in_progress",
+        "mismatch",
+        "rate_limited",
+        "unauthenticated",
+        "fail_open",
+        "unavailable",
+        "upstream_unavailable",
+        "upstream_timeout",
+        "outcome_unknown",
+    ];
+    let outcomes = label_values(&text, "norepeat_gateway_requests_total", "outcome");
+    assert!(outcomes.len() >= allowed.len(), "{text}");
+    for o in &outcomes {
+        assert!(
+            allowed.contains(&o.as_str()),
+            "outcome {o:?} is not the contract's: {text}"
+        );
+    }
+    let would = label_values(&text, "norepeat_gateway_shadow_total", "would");
+    assert_eq!(would, ["duplicate"], "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_shadow_total",
+            r#"route="POST /coupons/{id}/redeem",would="duplicate""#
+        ),
+        1
+    );
+}
+
+/// Item 1 and 2 in shadow mode: a shadowed idempotency route's would-be
+/// replay is `would="replay"`, and a request without a key (which it would
+/// refuse 400) is counted as invalid, never as a `would` of its own.
+#[tokio::test]
+async fn a_shadow_routes_counts_use_the_contracts_would_only() {
+    let b = backend(0).await;
+    let routes = "  - match: POST /payments
+    guard: idempotency
+    shadow: true
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    for key in [Some("s-1"), Some("s-1"), None] {
+        let mut r = c
+            .post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .body("{}");
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k);
+        }
+        assert_eq!(r.send().await.unwrap().status(), 201);
+    }
+    assert_eq!(effects(&b).await["/payments"], 3);
+    let text = scrape(&g).await;
+    assert_eq!(
+        label_values(&text, "norepeat_gateway_shadow_total", "would"),
+        ["replay"],
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_invalid_total",
+            r#"route="POST /payments",code="missing_idempotency_key""#
+        ),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_requests_total",
+            r#"route="POST /payments",outcome="passed""#
+        ),
+        3
+    );
+}
+
+/// Item 3 of issue 26: every spelling of a guarded path that a backend may
+/// serve as the same resource goes through the route's guard. Without a
+/// key each is refused 400 (nothing reaches the backend); with one, those
+/// that normalize to `/payments` replay the first answer.
+#[tokio::test]
+async fn every_spelling_of_a_guarded_path_is_guarded() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let user = [("x-user-id", "u1")];
+    let variants = [
+        "/payments",
+        "/payments/",
+        "//payments",
+        "/./payments",
+        "/pay%6Dents",
+        "/pay%6dents",
+        "/x/../payments",
+        "/%2E/payments",
+        "/payments;v=1",
+        "/payments?x=1",
+    ];
+    for path in variants {
+        let (status, text) = raw(&g, &format!("POST {path}"), &user, "{}").await;
+        assert_eq!(status, 400, "{path} went unguarded: {text}");
+        assert!(text.contains("missing_idempotency_key"), "{path}: {text}");
+    }
+    assert_eq!(
+        effects(&b).await,
+        serde_json::json!({}),
+        "nothing reached the backend"
+    );
+    let keyed = [("x-user-id", "u1"), ("idempotency-key", "k-path")];
+    let (status, first) = raw(&g, "POST /payments", &keyed, "{}").await;
+    assert_eq!(status, 201, "{first}");
+    for path in ["//payments", "/./payments", "/pay%6Dents", "/x/../payments"] {
+        let (status, text) = raw(&g, &format!("POST {path}"), &keyed, "{}").await;
+        assert_eq!(status, 201, "{path}: {text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("idempotent-replayed: true"),
+            "{path}: {text}"
+        );
+    }
+    // A fingerprint route too: the same order under another spelling.
+    let order = [("x-user-id", "u1"), ("content-type", "application/json")];
+    assert_eq!(
+        raw(&g, "POST /orders/quick", &order, r#"{"sku":"p"}"#)
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        raw(&g, "POST //orders/./quick", &order, r#"{"sku":"p"}"#)
+            .await
+            .0,
+        409
+    );
+    let e = effects(&b).await;
+    assert_eq!(
+        e,
+        serde_json::json!({"/payments": 1, "/orders/quick": 1}),
+        "the backend got the normalized path"
+    );
+    // An unmatched request is forwarded untouched.
+    assert_eq!(raw(&g, "POST /other//./x", &[], "{}").await.0, 201);
+    assert_eq!(effects(&b).await["/other//./x"], 1);
+}
+
+/// Item 5 of issue 26: the readiness probe asks the store without writing
+/// to it: no key is left behind (it used to `SET NX` one per probe).
+#[tokio::test]
+async fn readyz_writes_nothing_to_the_store() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let routes = "  - match: POST /payments\n    guard: idempotency\n";
+    let g = gateway(&file(&b, &redis.url(), routes)).await;
+    let c = Client::new();
+    for _ in 0..3 {
+        let res = c.get(url(&g, "/.norepeat/readyz")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "the probe wrote {keys:?}");
+}
+
+/// Item 6 of issue 26: on a Redis Cluster, two gateway instances share the
+/// idempotency records (a retry on the other replays) and the token
+/// secret (a token issued by one is consumed once, on the other).
+#[tokio::test]
+async fn two_instances_on_a_redis_cluster_share_records_and_tokens() {
+    let cluster = norepeat_testkit::RedisCluster::start().await;
+    let b = backend(0).await;
+    let yaml = file(&b, &cluster.url(), ROUTES);
+    let (g1, g2) = (gateway(&yaml).await, gateway(&yaml).await);
+    let c = Client::new();
+    let pay = |g: &Process| {
+        c.post(url(g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-cluster")
+            .body("{}")
+            .send()
+    };
+    let first = pay(&g1).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let first_body = first.bytes().await.unwrap();
+    let again = pay(&g2).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["x-order"], "1");
+    assert_eq!(again.bytes().await.unwrap(), first_body);
+    let token: Value = c
+        .get(url(&g1, "/.norepeat/token"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let order = |g: &Process| {
+        c.post(url(g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", token["repeatToken"].as_str().unwrap())
+            .send()
+    };
+    assert_eq!(order(&g2).await.unwrap().status(), 201);
+    assert_eq!(
+        code(order(&g1).await.unwrap()).await,
+        (StatusCode::CONFLICT, "duplicate_submission".into())
+    );
+    let health: Value = c
+        .get(url(&g2, "/.norepeat/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["store"], "cluster", "{health}");
+    let e = effects(&b).await;
+    assert_eq!(
+        (e["/payments"].clone(), e["/orders"].clone()),
+        (1.into(), 1.into()),
+        "{e}"
+    );
+}
+
+/// Item 7 of issue 26: a backend that dies half-way through its answer
+/// (head sent, part of the body, connection closed). On an idempotency
+/// route the outcome is unknown: 504 to the client, and with `ambiguous:
+/// keep` every retry is 409 `idempotency_outcome_unknown` (the backend ran
+/// once); with `release` the retry runs again. On an unguarded route the
+/// client sees the stream break, and the gateway goes on serving.
+#[tokio::test]
+async fn a_backend_that_breaks_its_answer_is_an_unknown_outcome() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = |path: &'static str, broken: bool| {
+        let mut r = c
+            .post(url(&g, path))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-break")
+            .body("{}");
+        if broken {
+            r = r.header("x-break", "1");
+        }
+        r.send()
+    };
+    assert_eq!(
+        code(pay("/payments", true).await.unwrap()).await,
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout".into())
+    );
+    for _ in 0..2 {
+        let retry = pay("/payments", false).await.unwrap();
+        assert_eq!(
+            code(retry).await,
+            (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+        );
+    }
+    assert_eq!(
+        code(pay("/refunds", true).await.unwrap()).await.0,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    assert_eq!(
+        pay("/refunds", false).await.unwrap().status(),
+        201,
+        "released: runs again"
+    );
+    let e = effects(&b).await;
+    assert_eq!(
+        (e["/payments"].clone(), e["/refunds"].clone()),
+        (1.into(), 2.into()),
+        "{e}"
+    );
+    // Unguarded: the truncated stream is the client's error, not a panic.
+    match c.get(url(&g, "/break")).send().await {
+        Err(e) => assert!(e.is_request() || e.is_body(), "{e}"),
+        Ok(res) => {
+            assert_eq!(res.status(), 201);
+            assert!(res.bytes().await.is_err(), "the body broke off");
+        }
+    }
+    let health = c.get(url(&g, "/.norepeat/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200, "still serving");
 }

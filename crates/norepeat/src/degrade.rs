@@ -50,6 +50,56 @@ pub enum FailurePolicy {
     FailClosed,
 }
 
+/// The guards that let a request through because their store failed and
+/// their policy is [`FailurePolicy::FailOpen`]: put in the response's
+/// extensions by the fingerprint, token, Idempotency-Key and rate-limit
+/// layers, so code outside the layer (a gateway counting `fail_open`, a
+/// test) can tell a request admitted unguarded from one admitted by a
+/// decision. A response no layer admitted that way has none. The names are
+/// the layers' `guard` labels (`fingerprint`, `token`, `idempotency`,
+/// `rate_limit`), innermost first; an outer layer adds to the list.
+///
+/// Plain data, free of HTTP: read it with
+/// `response.extensions().get::<FailedOpen>()`.
+///
+/// ```
+/// use axum::{Router, body::Body, routing::post};
+/// use norepeat::degrade::FailedOpen;
+/// use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+/// use norepeat::store::{MemoryStore, Resilient};
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A breaker opened by one failure: every store call fails at once.
+/// let store = Resilient::new(MemoryStore::default()).breaker(1, Duration::from_secs(60));
+/// store.circuit().record(false);
+/// let app = Router::new()
+///     .route("/orders", post(|| async { "ok" }))
+///     .layer(FingerprintLayer::new(FingerprintGuard::new(store)));
+/// let req = http::Request::post("/orders")
+///     .header("x-user-id", "u1")
+///     .body(Body::from("{}"))
+///     .unwrap();
+/// let res = app.oneshot(req).await.unwrap();
+/// assert_eq!(res.status(), 200);
+/// assert_eq!(res.extensions().get::<FailedOpen>(), Some(&FailedOpen(vec!["fingerprint"])));
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FailedOpen(pub Vec<&'static str>);
+
+impl FailedOpen {
+    /// Adds `guard` to the list in `extensions`, creating it if there is none.
+    pub(crate) fn add(extensions: &mut http::Extensions, guard: &'static str) {
+        match extensions.get_mut::<Self>() {
+            Some(by) => by.0.push(guard),
+            None => {
+                extensions.insert(Self(vec![guard]));
+            }
+        }
+    }
+}
+
 /// What a store failure means for one request under `policy`: the one place
 /// this is decided, for every guard, limiter and idempotency layer.
 ///

@@ -17,6 +17,7 @@
 //! one `Arc` clone of the layer and one boxed future.
 
 use crate::body::BodyError;
+use crate::degrade::FailedOpen;
 use crate::identity::Identify;
 use crate::json::InvalidJson;
 use crate::problem::{Code, Problem};
@@ -75,6 +76,15 @@ pub(crate) fn shadowed(
         "shadow mode: would refuse; let through"
     );
     Shadowed { guard, would }
+}
+
+/// Adds `guard` to the [`FailedOpen`] in `res`'s extensions: the layer let
+/// the request through undecided because its store failed and its policy
+/// fails open. Each layer calls this where it does, so a gateway or a test
+/// reads it as a value, as it reads [`ShadowedBy`].
+pub(crate) fn failed_open<B>(mut res: Response<B>, guard: &'static str) -> Response<B> {
+    FailedOpen::add(res.extensions_mut(), guard);
+    res
 }
 
 /// Adds `s` to the [`ShadowedBy`] in `res`'s extensions.

@@ -81,6 +81,7 @@
 //! `KiB`, `MiB` or `GiB` (`64KiB`).
 
 mod parse;
+mod path;
 mod route_match;
 
 use std::fmt;
@@ -90,6 +91,7 @@ use std::time::Duration;
 
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
+pub use path::normalize_path;
 pub use route_match::{METHODS, RouteMatch};
 
 /// The environment variable that gives the token secret when the file
@@ -340,8 +342,9 @@ impl Config {
         parse::parse(file, bytes, env_secret)
     }
 
-    /// The route that takes a request: the first whose `match` matches,
-    /// with its index; `None` passes the request through unguarded.
+    /// The route that takes a request: the first whose `match` matches
+    /// the path once normalized ([`normalize_path`]), with its index;
+    /// `None` passes the request through unguarded.
     ///
     /// ```
     /// use norepeat_gateway::config::Config;
@@ -356,15 +359,17 @@ impl Config {
     /// ")?;
     /// assert_eq!(config.route_for("POST", "/orders/quick").map(|(i, _)| i), Some(0));
     /// assert_eq!(config.route_for("POST", "/orders/7").map(|(i, _)| i), Some(1));
+    /// assert_eq!(config.route_for("POST", "//orders/./quick/").map(|(i, _)| i), Some(0));
     /// assert!(config.route_for("GET", "/orders/7").is_none());
     /// # Ok::<(), norepeat_gateway::config::Problems>(())
     /// ```
     #[must_use]
     pub fn route_for(&self, method: &str, path: &str) -> Option<(usize, &Route)> {
+        let path = normalize_path(path);
         self.routes
             .iter()
             .enumerate()
-            .find(|(_, r)| r.matcher.matches(method, path))
+            .find(|(_, r)| r.matcher.matches(method, &path))
     }
 
     /// Reads and parses the file at `path`, with [`TOKEN_SECRET_ENV`]

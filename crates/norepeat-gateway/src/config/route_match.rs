@@ -9,6 +9,15 @@ pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE",
 /// A route's `match`: one method and a path template whose `{name}`
 /// segments match any one non-empty segment.
 ///
+/// The gateway matches a request's path once it is normalized
+/// ([`normalize_path`](super::normalize_path)), and a match ignores a
+/// trailing slash (on both sides: `POST /orders` and `POST /orders/` are
+/// one route, taking `/orders` and `/orders/`) and the parameters a
+/// segment may carry after `;` (`/payments;jsessionid=1` is `/payments`),
+/// since the backends behind a gateway (Spring's `UrlPathHelper`, Tomcat,
+/// Express, Django with `APPEND_SLASH`) often take those for the same
+/// resource: a spelling a backend serves alike must not pass unguarded.
+///
 /// ```
 /// use norepeat_gateway::config::RouteMatch;
 ///
@@ -17,6 +26,8 @@ pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE",
 /// assert!(!m.matches("GET", "/flash-sale/42"));
 /// assert!(!m.matches("POST", "/flash-sale/42/more"));
 /// assert!(!m.matches("POST", "/flash-sale/"));
+/// assert!(m.matches("POST", "/flash-sale/42/"));
+/// assert!(m.matches("POST", "/flash-sale/42;v=1"));
 /// assert_eq!(m.params(), vec!["sku"]);
 /// assert_eq!(m.to_string(), "POST /flash-sale/{sku}");
 /// # Ok::<(), String>(())
@@ -66,6 +77,8 @@ impl RouteMatch {
             ));
         }
         let mut segments = Vec::new();
+        // A trailing slash is no segment: matches ignore it.
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
         if !rest.is_empty() {
             let parts: Vec<&str> = rest.split('/').collect();
             let last = parts.len() - 1;
@@ -89,8 +102,10 @@ impl RouteMatch {
         })
     }
 
-    /// Whether a request with this method and path (without its query)
-    /// is this route's.
+    /// Whether a request with this method and path (without its query,
+    /// normalized by [`normalize_path`](super::normalize_path)) is this
+    /// route's. A trailing slash and each segment's `;` parameters are
+    /// ignored (see above).
     #[must_use]
     pub fn matches(&self, method: &str, path: &str) -> bool {
         if method != self.method {
@@ -99,10 +114,13 @@ impl RouteMatch {
         let Some(rest) = path.strip_prefix('/') else {
             return false;
         };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.is_empty() {
             return self.segments.is_empty();
         }
-        let mut parts = rest.split('/');
+        let mut parts = rest
+            .split('/')
+            .map(|p| p.split_once(';').map_or(p, |(name, _)| name));
         for s in &self.segments {
             match (s, parts.next()) {
                 (Segment::Literal(l), Some(p)) if l == p => {}
@@ -166,10 +184,10 @@ impl RouteMatch {
     }
 }
 
-/// One segment of a template; only the last may be empty (a trailing
-/// slash, which then must be in the request too).
-fn segment(part: &str, last: bool, template: &str) -> Result<Segment, String> {
-    if part.is_empty() && !last {
+/// One segment of a template (never empty: a trailing slash was taken
+/// off before).
+fn segment(part: &str, _last: bool, template: &str) -> Result<Segment, String> {
+    if part.is_empty() {
         return Err(format!("the path {template:?} has an empty segment (//)"));
     }
     if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
@@ -184,6 +202,16 @@ fn segment(part: &str, last: bool, template: &str) -> Result<Segment, String> {
             ));
         }
         return Ok(Segment::Param(name.to_owned()));
+    }
+    if part == "." || part == ".." {
+        return Err(format!(
+            "{part:?} in {template:?}: a dot segment never matches (request paths are normalized)"
+        ));
+    }
+    if part.contains([';', '%']) {
+        return Err(format!(
+            "{part:?} in {template:?}: write the path decoded, without ';' parameters"
+        ));
     }
     if part.contains(['{', '}']) {
         return Err(format!(
@@ -220,7 +248,12 @@ mod tests {
     fn literals_match_exactly() {
         let r = m("POST /orders");
         assert!(r.matches("POST", "/orders"));
-        assert!(!r.matches("POST", "/orders/"));
+        assert!(r.matches("POST", "/orders/"), "a trailing slash is ignored");
+        assert!(
+            r.matches("POST", "/orders;jsessionid=1"),
+            "so are ;parameters"
+        );
+        assert!(!r.matches("POST", "/orders;x/y"));
         assert!(!r.matches("POST", "/order"));
         assert!(!r.matches("POST", "/orders/quick"));
         assert!(!r.matches("post", "/orders"));
@@ -244,9 +277,11 @@ mod tests {
         let root = m("GET /");
         assert!(root.matches("GET", "/"));
         assert!(!root.matches("GET", "/a"));
+        // A trailing slash is ignored on both sides.
         let slash = m("PUT /a/");
         assert!(slash.matches("PUT", "/a/"));
-        assert!(!slash.matches("PUT", "/a"));
+        assert!(slash.matches("PUT", "/a"));
+        assert!(m("PUT /a").covers(&slash));
     }
 
     #[test]
@@ -274,6 +309,10 @@ mod tests {
             ("POST /a/{1x}", "a segment's name"),
             ("POST /a/{b-c}", "a segment's name"),
             ("POST /{id}/{id}", "used twice"),
+            ("POST /a/../b", "dot segment"),
+            ("POST /./b", "dot segment"),
+            ("POST /a;v=1", "without ';'"),
+            ("POST /pay%6Dents", "decoded"),
         ] {
             let err = RouteMatch::parse(text).expect_err(text);
             assert!(err.contains(want), "{text:?}: {err}");

@@ -1,14 +1,15 @@
 //! Who the caller is: `identity.header` (hashed) or the peer address
-//! (`X-Forwarded-For` believed only from `trusted_proxies`).
+//! (`X-Forwarded-For` believed only from `trusted_proxies`), read by the
+//! library's [`ByClientIp`], the one implementation of that walk.
 
-use crate::config::{Identity, IdentitySource, IpNet};
+use crate::config::{Identity, IdentitySource};
 use axum::extract::ConnectInfo;
-use http::HeaderName;
 use http::request::Parts;
+use http::{Extensions, HeaderName};
 use norepeat::identity::Identify;
-use norepeat::ratelimit::{ExtractKey, MissingKey};
+use norepeat::ratelimit::{ByClientIp, ExtractKey, MissingKey, PeerAddr};
 use std::borrow::Cow;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The caller as the file's `identity` names it, for every guard. A
@@ -35,7 +36,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct Caller {
     header: Option<HeaderName>,
-    trusted: Arc<[IpNet]>,
+    ip: Arc<ByClientIp>,
     required: bool,
 }
 
@@ -47,17 +48,33 @@ impl Caller {
             IdentitySource::PeerAddress => None,
             IdentitySource::Header(h) => HeaderName::from_bytes(h.as_bytes()).ok(),
         };
+        let ip = identity
+            .trusted_proxies
+            .iter()
+            .fold(ByClientIp::new(), |ip, net| {
+                ip.trust_net(net.network(), net.prefix_len())
+            });
         Self {
             header,
-            trusted: identity.trusted_proxies.clone().into(),
+            ip: Arc::new(ip),
             required: identity.required,
         }
     }
 
-    /// The client's address (see [`client_ip`]).
+    /// The client's address, for `rate_limit.by: address`: the library's
+    /// [`ByClientIp`] key (an IPv6 client counted by its /64).
     #[must_use]
     pub(crate) fn address(&self) -> ByAddress {
-        ByAddress(Arc::clone(&self.trusted))
+        ByAddress(Arc::clone(&self.ip))
+    }
+}
+
+/// Puts the connection's peer in `extensions` as the library's
+/// [`PeerAddr`], which [`ByClientIp`] reads (axum's server puts it there as
+/// `ConnectInfo`).
+pub(crate) fn with_peer(extensions: &mut Extensions) {
+    if let Some(&ConnectInfo(addr)) = extensions.get::<ConnectInfo<SocketAddr>>() {
+        extensions.insert(PeerAddr(addr));
     }
 }
 
@@ -74,7 +91,7 @@ impl Identify for Caller {
                 _ => {}
             }
         }
-        client_ip(parts, &self.trusted).map(|ip| format!("ip:{ip}"))
+        self.ip.client_ip(parts).map(|ip| format!("ip:{ip}"))
     }
 
     fn missing(&self) -> Cow<'static, str> {
@@ -91,38 +108,12 @@ const KEY: &[u8; 32] = b"norepeat-gateway identity v1 ...";
 
 /// The client's address, for `rate_limit.by: address`.
 #[derive(Debug, Clone)]
-pub(crate) struct ByAddress(Arc<[IpNet]>);
+pub(crate) struct ByAddress(Arc<ByClientIp>);
 
 impl ExtractKey for ByAddress {
     fn extract_key(&self, parts: &Parts) -> Option<String> {
-        client_ip(parts, &self.0).map(|ip| ip.to_string())
+        self.0.extract_key(parts)
     }
-}
-
-/// The peer address, or, when the peer is a trusted proxy, the rightmost
-/// address of `X-Forwarded-For` that is not one.
-#[must_use]
-pub(crate) fn client_ip(parts: &Parts, trusted: &[IpNet]) -> Option<IpAddr> {
-    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
-    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
-    if !is_trusted(&peer) {
-        return Some(peer);
-    }
-    let mut ip = peer;
-    let values: Vec<_> = parts.headers.get_all("x-forwarded-for").iter().collect();
-    for v in values.into_iter().rev() {
-        let Ok(s) = v.to_str() else { return Some(ip) };
-        for part in s.rsplit(',') {
-            let Ok(a) = part.trim().parse::<IpAddr>() else {
-                return Some(ip);
-            };
-            ip = a;
-            if !is_trusted(&a) {
-                return Some(a);
-            }
-        }
-    }
-    Some(ip)
 }
 
 impl ExtractKey for Caller {
@@ -150,19 +141,32 @@ mod tests {
             req = req.header("x-user-id", u);
         }
         let mut req = req.body(()).unwrap();
-        let peer: SocketAddr = format!("{peer}:4000").parse().unwrap();
+        let peer: SocketAddr = match peer.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]:4000"),
+            _ => format!("{peer}:4000"),
+        }
+        .parse()
+        .unwrap();
         req.extensions_mut().insert(ConnectInfo(peer));
+        with_peer(req.extensions_mut());
         req.into_parts().0
     }
 
-    fn nets(list: &[&str]) -> Vec<IpNet> {
-        list.iter().map(|n| n.parse().unwrap()).collect()
+    fn trusting(list: &[&str]) -> Caller {
+        Caller::new(&Identity {
+            trusted_proxies: list.iter().map(|n| n.parse().unwrap()).collect(),
+            ..Identity::default()
+        })
     }
 
     #[test]
     fn x_forwarded_for_is_believed_only_from_a_trusted_proxy() {
-        let trusted = nets(&["10.0.0.0/8"]);
-        let ip = |p: &Parts| client_ip(p, &trusted).map(|a| a.to_string());
+        let caller = trusting(&["10.0.0.0/8"]);
+        let ip = |p: &Parts| {
+            caller
+                .identify(p)
+                .map(|a| a.trim_start_matches("ip:").to_owned())
+        };
         // An untrusted peer: its own address, whatever it claims.
         assert_eq!(
             ip(&parts("203.0.113.5", &["1.2.3.4"], None)).as_deref(),
@@ -188,6 +192,23 @@ mod tests {
             ip(&parts("10.0.0.1", &["1.2.3.4, junk"], None)).as_deref(),
             Some("10.0.0.1")
         );
+    }
+
+    /// A dual-stack listener sees an IPv4 proxy as `::ffff:10.0.0.1`: it is
+    /// still the trusted `10.0.0.0/8`, and the client behind it is read
+    /// from `X-Forwarded-For`, by the identity and by `by: address` alike.
+    #[test]
+    fn an_ipv4_mapped_proxy_is_trusted_as_its_ipv4_address() {
+        let caller = trusting(&["10.0.0.0/8"]);
+        let p = parts("::ffff:10.0.0.1", &["203.0.113.7"], None);
+        assert_eq!(caller.identify(&p).as_deref(), Some("ip:203.0.113.7"));
+        assert_eq!(
+            caller.address().extract_key(&p).as_deref(),
+            Some("203.0.113.7")
+        );
+        // An untrusted mapped peer is its IPv4 address, whatever it claims.
+        let p = parts("::ffff:192.0.2.9", &["203.0.113.7"], None);
+        assert_eq!(caller.identify(&p).as_deref(), Some("ip:192.0.2.9"));
     }
 
     #[test]

@@ -4,11 +4,16 @@
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version, header};
+use http_body::{Frame, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// The pooled HTTP/1.1 client every route shares.
@@ -183,9 +188,158 @@ pub(crate) async fn forward(
     Ok(Response::from_parts(parts, body))
 }
 
+/// The answer's body of an idempotency route, read ahead up to `cap` bytes
+/// before the answer goes on to the layer, so that a body that breaks (the
+/// backend closed the connection half-way, or sent nothing for the route's
+/// `timeout`) is told apart from a whole one while the outcome can still
+/// be recorded as unknown: `Err(Broken)`, answered 504. A body announced
+/// over `cap` is not read (it is streamed, and recorded without it); one
+/// that grows past `cap` goes on as what was read, then the rest, streamed.
+///
+/// # Errors
+/// [`Broken`] when the body failed before its end or before `cap` bytes.
+pub(crate) async fn read_ahead(mut body: Body, cap: usize) -> Result<Body, Broken> {
+    let cap = cap as u64;
+    if http_body::Body::size_hint(&body).lower() > cap {
+        return Ok(body);
+    }
+    let mut frames = VecDeque::new();
+    let mut buffered = 0u64;
+    loop {
+        let next =
+            std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx)).await;
+        match next {
+            None => {
+                return Ok(Body::new(ReadAhead {
+                    frames,
+                    buffered,
+                    rest: None,
+                }));
+            }
+            Some(Err(_)) => return Err(Broken),
+            Some(Ok(frame)) => {
+                buffered += frame.data_ref().map_or(0, |d| d.len() as u64);
+                frames.push_back(frame);
+                if buffered > cap {
+                    return Ok(Body::new(ReadAhead {
+                        frames,
+                        buffered,
+                        rest: Some(body),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// An answer's body broke before its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Broken;
+
+/// The frames [`read_ahead`] read, then the rest of the body, if any.
+struct ReadAhead {
+    frames: VecDeque<Frame<Bytes>>,
+    /// The data bytes still in `frames`.
+    buffered: u64,
+    rest: Option<Body>,
+}
+
+impl http_body::Body for ReadAhead {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(frame) = self.frames.pop_front() {
+            let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+            self.buffered -= n;
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => http_body::Body::poll_frame(Pin::new(rest), cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty()
+            && self
+                .rest
+                .as_ref()
+                .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.rest {
+            None => SizeHint::with_exact(self.buffered),
+            Some(rest) => {
+                let h = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(h.lower() + self.buffered);
+                if let Some(upper) = h.upper() {
+                    hint.set_upper(upper + self.buffered);
+                }
+                hint
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::connect_timeout;
+    use super::{Broken, connect_timeout, read_ahead};
+    use axum::body::Body;
+    use bytes::Bytes;
+
+    /// A body of these frames in turn (`Err`: the body fails there).
+    struct Frames(std::vec::IntoIter<Result<&'static str, &'static str>>);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(self.0.next().map(|r| {
+                r.map(|s| http_body::Frame::data(Bytes::from_static(s.as_bytes())))
+                    .map_err(std::io::Error::other)
+            }))
+        }
+    }
+
+    fn chunks(parts: Vec<Result<&'static str, &'static str>>) -> Body {
+        Body::new(Frames(parts.into_iter()))
+    }
+
+    async fn text(body: Body) -> Result<String, axum::Error> {
+        let bytes = axum::body::to_bytes(body, usize::MAX).await?;
+        Ok(String::from_utf8(bytes.to_vec()).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_is_read_ahead_and_a_broken_one_is_told() {
+        let whole = read_ahead(chunks(vec![Ok("ab"), Ok("cd")]), 10)
+            .await
+            .unwrap();
+        assert_eq!(http_body::Body::size_hint(&whole).exact(), Some(4));
+        assert_eq!(text(whole).await.unwrap(), "abcd");
+        let broken = read_ahead(chunks(vec![Ok("ab"), Err("reset")]), 10).await;
+        assert_eq!(broken.err(), Some(Broken));
+        // Past the cap: what was read, then the rest as it comes (a break
+        // there is the client's to see).
+        let long = read_ahead(chunks(vec![Ok("abc"), Ok("def"), Ok("g")]), 4)
+            .await
+            .unwrap();
+        assert_eq!(text(long).await.unwrap(), "abcdefg");
+        let late = read_ahead(chunks(vec![Ok("abcde"), Err("reset")]), 4)
+            .await
+            .unwrap();
+        assert!(text(late).await.is_err());
+    }
     use std::time::Duration;
 
     /// A connection attempt gives up before the route's timeout, so a

@@ -2,14 +2,19 @@
 //! and the dispatch of each request to its route.
 
 use super::Caller;
+use super::caller::with_peer;
+use super::count::{Counted, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
-use super::stack::{outcome_of, outcome_unknown, stack, upstream_timeout, upstream_unavailable};
-use crate::config::{Config, Guard, OnStoreFailure, StoreUrl};
+use super::stack::{outcome_unknown, stack, upstream_timeout, upstream_unavailable};
+use crate::config::{Config, Guard, OnStoreFailure, StoreUrl, normalize_path};
 use arc_swap::ArcSwap;
 use axum::body::Body;
-use http::{HeaderName, Request, Response};
+use axum::extract::OriginalUri;
+use http::uri::PathAndQuery;
+use http::{HeaderName, Request, Response, Uri};
 use metrics_exporter_prometheus::PrometheusHandle;
+use norepeat::degrade::FailedOpen;
 use norepeat::idempotency::DetachedTasks;
 
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
@@ -83,13 +88,9 @@ pub(super) struct Routes {
 
 pub(super) struct Compiled {
     pub(super) matcher: crate::config::RouteMatch,
-    pub(super) label: Arc<str>,
+    pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
-
-/// What one request came to, for `norepeat_gateway_requests_total`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Outcome(pub(super) &'static str);
 
 impl Gateway {
     /// Connects to the file's store and builds every route.
@@ -166,10 +167,13 @@ impl Routes {
         let list = config
             .routes
             .iter()
-            .map(|r| Compiled {
-                matcher: r.matcher.clone(),
-                label: r.matcher.to_string().into(),
-                service: stack(r, store, &caller, detached, tokens.as_ref()),
+            .map(|r| {
+                let metrics = Arc::new(RouteMetrics::new(r.matcher.to_string().into()));
+                Compiled {
+                    matcher: r.matcher.clone(),
+                    service: stack(r, store, &caller, detached, tokens.as_ref(), &metrics),
+                    metrics,
+                }
             })
             .collect();
         Ok(Self {
@@ -216,13 +220,25 @@ pub(super) async fn token_secret(
     }
 }
 
-/// Any request not for the gateway's own routes.
-pub(super) async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<Body> {
+/// Any request not for the gateway's own routes. Routes are matched on
+/// the normalized path ([`normalize_path`]); a matched request goes on
+/// with that path (its guard's key and the backend see it), an unmatched
+/// one is forwarded untouched.
+pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+    with_peer(req.extensions_mut());
     let live = gw.live.load_full();
+    let normalized = match normalize_path(req.uri().path()) {
+        std::borrow::Cow::Borrowed(_) => None,
+        std::borrow::Cow::Owned(p) => Some(p),
+    };
+    let path = normalized.as_deref().unwrap_or(req.uri().path());
     let found = live
         .list
         .iter()
-        .find(|r| r.matcher.matches(req.method().as_str(), req.uri().path()));
+        .find(|r| r.matcher.matches(req.method().as_str(), path));
+    if let (Some(_), Some(p)) = (found, &normalized) {
+        set_path(&mut req, p);
+    }
     let Some(route) = found else {
         return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
             Ok(res) => res,
@@ -235,37 +251,58 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, req: Request<Body>) -> Response<B
         Err(never) => match never {},
     };
     // Before `finish`, which may answer with a response of its own.
-    super::shadow::count(&route.label, &res);
-    let (res, outcome) = finish(res);
-    metrics::counter!("norepeat_gateway_requests_total", "route" => route.label.to_string(), "outcome" => outcome)
-        .increment(1);
+    let store_failed = super::shadow::count(&route.metrics, &res);
+    let (res, counted) = finish(res, store_failed);
+    route.metrics.count(counted);
     res
 }
 
+/// Puts the normalized `path` in `req`'s URI (the query kept) and in
+/// axum's `OriginalUri`, which the layers read the concrete path from.
+fn set_path(req: &mut Request<Body>, path: &str) {
+    let pq = match req.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let Ok(pq) = PathAndQuery::from_maybe_shared(pq) else {
+        return;
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(pq);
+    let Ok(uri) = Uri::from_parts(parts) else {
+        return;
+    };
+    if let Some(OriginalUri(original)) = req.extensions_mut().get_mut::<OriginalUri>() {
+        original.clone_from(&uri);
+    }
+    *req.uri_mut() = uri;
+}
+
 /// Turns the upstream stage's "unknown" record into the client's answer,
-/// and names the outcome.
-pub(super) fn finish(mut res: Response<Body>) -> (Response<Body>, &'static str) {
+/// and names the outcome. `store_failed`: a shadowed guard would have
+/// refused the request because its store failed (it went through).
+pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
     if res.headers_mut().remove(OUTCOME_HEADER).is_some() {
-        let res = if replayed {
-            outcome_unknown()
+        return if replayed {
+            (outcome_unknown(), Counted::Request(Outcome::Unknown))
         } else {
-            upstream_timeout()
+            (
+                upstream_timeout(),
+                Counted::Request(Outcome::UpstreamTimeout),
+            )
         };
-        let outcome = if replayed {
-            "outcome_unknown"
-        } else {
-            "upstream_timeout"
-        };
-        return (res, outcome);
-    }
-    if let Some(&Outcome(o)) = res.extensions().get::<Outcome>() {
-        return (res, o);
     }
     if let Some(p) = res.extensions().get::<Problem>() {
-        let o = outcome_of(p.code);
-        return (res, o);
+        let counted = of_code(p.code.as_str());
+        return (res, counted);
     }
-    let o = if replayed { "replayed" } else { "passed" };
-    (res, o)
+    let outcome = if res.extensions().get::<FailedOpen>().is_some() || store_failed {
+        Outcome::FailOpen
+    } else if replayed {
+        Outcome::Replayed
+    } else {
+        Outcome::Passed
+    };
+    (res, Counted::Request(outcome))
 }

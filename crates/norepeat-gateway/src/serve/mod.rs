@@ -21,7 +21,9 @@
 //!
 //! # An unknown outcome on an idempotency route (`ambiguous: keep`)
 //! The library's layer frees a key when the handler answers a 5xx, so a
-//! timed-out request is not answered 504 to the layer: the upstream
+//! timed-out request (or one whose answer broke off half-way: the upstream
+//! stage reads an idempotency route's answer body ahead, up to
+//! `max_stored_response`, to tell) is not answered 504 to the layer: the upstream
 //! stage answers it `200` with no body and the header
 //! [`OUTCOME_HEADER`]`: unknown`, which the layer stores as the key's
 //! record (one atomic write of the layer's own, kept for `retention`, and
@@ -33,6 +35,7 @@
 //! does.
 
 mod caller;
+mod count;
 mod forward;
 mod gateway;
 mod own;

@@ -10,7 +10,6 @@ use norepeat::identity::Identify;
 use norepeat::problem::{Code, Problem};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt};
 use std::sync::Arc;
-use std::time::Duration;
 
 pub(super) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
@@ -39,7 +38,8 @@ async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
             .detail("No route of this gateway is guarded by tokens.");
         return p.to_response().map(Body::new);
     };
-    let (parts, _) = req.into_parts();
+    let (mut parts, _) = req.into_parts();
+    super::caller::with_peer(&mut parts.extensions);
     let Some(user) = live.caller.identify(&parts) else {
         let p = Problem::new(Code::Unauthenticated).detail(live.caller.missing());
         return p.to_response().map(Body::new);
@@ -69,10 +69,17 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     )
 }
 
+/// The key the readiness probe asks about. Nothing writes it: the probe
+/// is a conditional delete whose condition cannot hold, so it changes
+/// nothing and creates no key (the store trait has no `PING`; this is its
+/// one round trip that writes nothing), through the same budget and
+/// breaker as every guard.
+const READY_KEY: &str = "norepeat:gateway:readyz";
+
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let answers = gw
         .store
-        .put_if_absent("norepeat:gateway:ready", b"1", Duration::from_secs(1))
+        .delete_if_equals(READY_KEY, b"\0never written")
         .await
         .is_ok();
     let (status, text) = if answers {

@@ -2,8 +2,9 @@
 //! gateway's own problems.
 
 use super::Caller;
-use super::forward::{Failure, HttpClient, client, connect_timeout, forward};
-use super::gateway::{OUTCOME_HEADER, Outcome, RouteService, SharedStore};
+use super::count::RouteMetrics;
+use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
+use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 
 use axum::body::Body;
@@ -13,8 +14,8 @@ use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
 };
-use norepeat::idempotency::{DEFAULT_REPLAYED_HEADERS, DetachedTasks, IdempotencyLayer};
-use norepeat::problem::{Code, Problem};
+use norepeat::idempotency::{DetachedTasks, IdempotencyLayer, StoredHeaders};
+use norepeat::problem::Problem;
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{TokenGuard, TokenLayer};
 use std::convert::Infallible;
@@ -52,8 +53,8 @@ pub(super) fn stack(
     caller: &Caller,
     detached: &DetachedTasks,
     tokens: Option<&TokenGuard<SharedStore>>,
+    metrics: &Arc<RouteMetrics>,
 ) -> RouteService {
-    let label: Arc<str> = route.matcher.to_string().into();
     let keep = matches!(
         route.guard,
         Some(Guard::Idempotency {
@@ -65,15 +66,21 @@ pub(super) fn stack(
         client: client(connect_timeout(route.timeout)),
         upstream: route.upstream.as_str().into(),
         timeout: route.timeout,
-        label: Arc::clone(&label),
+        metrics: Arc::clone(metrics),
         keep,
+        read_ahead: match route.guard {
+            Some(Guard::Idempotency { .. }) => {
+                Some(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+            }
+            _ => None,
+        },
     };
     let base = tower::service_fn(move |req: Request<Body>| {
         let u = upstream.clone();
         async move { Ok::<_, Infallible>(u.call(req).await) }
     });
     let on_failure = policy(route.on_store_failure);
-    let name = label.to_string();
+    let name = metrics.label().to_owned();
     let max_body = usize::try_from(route.max_request_body).unwrap_or(usize::MAX);
     let guarded = match &route.guard {
         None => boxed(base),
@@ -116,10 +123,6 @@ pub(super) fn stack(
             retention,
             ..
         }) => {
-            let headers = DEFAULT_REPLAYED_HEADERS
-                .iter()
-                .cloned()
-                .chain(std::iter::once(OUTCOME_HEADER));
             boxed(
                 IdempotencyLayer::new(store.clone())
                     .required(*required)
@@ -129,7 +132,10 @@ pub(super) fn stack(
                     .on_store_failure(on_failure)
                     .identity(caller.clone())
                     .route(name.clone())
-                    .header_allow_list(headers)
+                    // The first answer's headers, but hop-by-hop and
+                    // Set-Cookie (and with them the upstream stage's
+                    // OUTCOME_HEADER, which the backend cannot send).
+                    .stored_headers(StoredHeaders::AllButHopByHop)
                     .detached_tasks_in(detached)
                     .shadow(route.shadow)
                     .layer(base),
@@ -156,8 +162,12 @@ struct UpstreamStage {
     client: HttpClient,
     upstream: Arc<str>,
     timeout: Duration,
-    label: Arc<str>,
+    metrics: Arc<RouteMetrics>,
     keep: bool,
+    /// On an idempotency route, `max_stored_response`: the answer's body
+    /// is read that far before the layer gets it, so that one that breaks
+    /// is an unknown outcome (504), not a status recorded without its body.
+    read_ahead: Option<usize>,
 }
 
 impl UpstreamStage {
@@ -165,8 +175,17 @@ impl UpstreamStage {
         let start = Instant::now();
         let idle = Some(self.timeout);
         let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
-        metrics::histogram!("norepeat_gateway_upstream_seconds", "route" => self.label.to_string())
-            .record(start.elapsed().as_secs_f64());
+        let result = match (result, self.read_ahead) {
+            (Ok(res), Some(cap)) => {
+                let (head, body) = res.into_parts();
+                read_ahead(body, cap)
+                    .await
+                    .map(|body| Response::from_parts(head, body))
+                    .map_err(|Broken| Failure::Timeout)
+            }
+            (result, _) => result,
+        };
+        self.metrics.upstream(start.elapsed().as_secs_f64());
         match result {
             Ok(mut res) => {
                 // The backend cannot speak for the gateway.
@@ -186,10 +205,10 @@ impl UpstreamStage {
     }
 }
 
-fn problem_response(p: &Problem, outcome: &'static str) -> Response<Body> {
-    let mut res = p.to_response().map(Body::new);
-    res.extensions_mut().insert(Outcome(outcome));
-    res
+/// `p` as a response; its code (in the `Problem` the response carries)
+/// names the request's outcome.
+fn problem_response(p: &Problem) -> Response<Body> {
+    p.to_response().map(Body::new)
 }
 
 pub(super) fn upstream_unavailable() -> Response<Body> {
@@ -199,30 +218,17 @@ pub(super) fn upstream_unavailable() -> Response<Body> {
         "Upstream unavailable",
     )
     .detail("The upstream refused the connection or could not be reached; nothing reached it.");
-    problem_response(&p, "upstream_unavailable")
+    problem_response(&p)
 }
 
 pub(super) fn upstream_timeout() -> Response<Body> {
     let p = Problem::custom(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", "Upstream timeout")
         .detail("The upstream did not answer in time, or the connection broke after the request was sent: the outcome is unknown.");
-    problem_response(&p, "upstream_timeout")
+    problem_response(&p)
 }
 
 pub(super) fn outcome_unknown() -> Response<Body> {
     let p = Problem::custom(StatusCode::CONFLICT, "idempotency_outcome_unknown", "Idempotency outcome unknown")
         .detail("An earlier request with this Idempotency-Key timed out upstream; its outcome is unknown, so it is not run again.");
-    problem_response(&p, "outcome_unknown")
-}
-
-/// The `outcome` label of a layer's problem.
-pub(super) fn outcome_of(code: Code) -> &'static str {
-    match code.as_str() {
-        "duplicate_submission" | "missing_token" | "invalid_token" => "duplicate",
-        "idempotency_key_in_use" => "in_progress",
-        "idempotency_key_mismatch" => "mismatch",
-        "rate_limited" => "rate_limited",
-        "unauthenticated" => "unauthenticated",
-        "guard_unavailable" => "unavailable",
-        _ => "refused",
-    }
+    problem_response(&p)
 }

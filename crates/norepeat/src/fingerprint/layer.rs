@@ -5,8 +5,8 @@ use super::{Claim, FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, mark, reject, shadowed, unauthenticated,
-    would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
+    unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -244,8 +244,14 @@ where
     let result = claim.run(inner.call(req)).await;
     match result {
         Ok(res) => {
+            let held = claim.is_held();
             claim.finish(res.status().as_u16() < 400).await;
-            Ok(res.map(Either::Left))
+            let res = res.map(Either::Left);
+            Ok(if held {
+                res
+            } else {
+                failed_open(res, "fingerprint")
+            })
         }
         Err(e) => {
             claim.finish(false).await;

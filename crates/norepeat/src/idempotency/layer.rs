@@ -6,7 +6,7 @@
 use super::body::Passthrough;
 use super::detached::DetachedTasks;
 use super::guard::{Claimed, IdempotencyError, IdempotencyGuard};
-use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, never_stored};
+use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 use super::record::Completed;
 use super::record::Digest;
 use crate::body as request_body;
@@ -121,7 +121,7 @@ pub struct IdempotencyLayer<G> {
     max_body: usize,
     max_request_body: usize,
     policy: StorePolicy,
-    replayed_headers: Arc<[HeaderName]>,
+    replayed_headers: StoredHeaders,
     /// Renews the claims of handlers that run long, from one task.
     renewer: Renewer<G>,
     /// The detached handlers, for a server to wait for.
@@ -168,7 +168,7 @@ impl<G: Clone> IdempotencyLayer<G> {
             max_body: 1024 * 1024,
             max_request_body: 64 * 1024,
             policy: StorePolicy::Default,
-            replayed_headers: Arc::from(DEFAULT_REPLAYED_HEADERS),
+            replayed_headers: StoredHeaders::Only(Arc::from(DEFAULT_REPLAYED_HEADERS)),
             detached: DetachedTasks::new(),
             slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             shadow: false,
@@ -349,12 +349,50 @@ impl<G: Clone> IdempotencyLayer<G> {
 
     /// The response headers stored and replayed (default
     /// [`DEFAULT_REPLAYED_HEADERS`]). `Set-Cookie`, hop-by-hop headers and
-    /// `Content-Length` are never stored, even when listed.
+    /// `Content-Length` are never stored, even when listed. The same as
+    /// [`stored_headers`](Self::stored_headers)`(StoredHeaders::only(names))`.
     pub fn header_allow_list<I>(mut self, names: I) -> Self
     where
         I: IntoIterator<Item = HeaderName>,
     {
-        self.replayed_headers = names.into_iter().filter(|n| !never_stored(n)).collect();
+        self.replayed_headers = StoredHeaders::only(names);
+        self
+    }
+
+    /// Which response headers are stored and replayed (default
+    /// [`StoredHeaders::default`], the [`DEFAULT_REPLAYED_HEADERS`]).
+    /// [`StoredHeaders::AllButHopByHop`] replays the first answer's headers
+    /// as they were, but `Set-Cookie`, the hop-by-hop ones and
+    /// `Content-Length`: what a reverse proxy needs.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use norepeat::idempotency::{IdempotencyLayer, StoredHeaders};
+    /// use norepeat::store::MemoryStore;
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::default())
+    ///     .stored_headers(StoredHeaders::AllButHopByHop);
+    /// let app: Router = Router::new().route(
+    ///     "/payments",
+    ///     post(|| async { ([("x-order", "o-7"), ("set-cookie", "s=1")], "paid") }).layer(layer),
+    /// );
+    /// let pay = || {
+    ///     http::Request::post("/payments")
+    ///         .header("x-user-id", "u1")
+    ///         .header("idempotency-key", "k-1")
+    ///         .body(Body::empty())
+    ///         .unwrap()
+    /// };
+    /// let _first = app.clone().oneshot(pay()).await.unwrap();
+    /// let again = app.oneshot(pay()).await.unwrap();
+    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
+    /// assert_eq!(again.headers()["x-order"], "o-7");
+    /// assert!(again.headers().get("set-cookie").is_none());
+    /// # }
+    /// ```
+    pub fn stored_headers(mut self, which: StoredHeaders) -> Self {
+        self.replayed_headers = which;
         self
     }
 
@@ -622,7 +660,10 @@ where
         Claimed::Unguarded => {
             drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
-            return Ok(pass(inner.call(req).await?));
+            return Ok(middleware::failed_open(
+                pass(inner.call(req).await?),
+                "idempotency",
+            ));
         }
     };
     tracing::debug!(user, route, "idempotency key claimed");
@@ -690,7 +731,10 @@ mod tests {
             header::CONTENT_TYPE,
             header::TRANSFER_ENCODING,
         ]);
-        assert_eq!(&*l.replayed_headers, &[header::CONTENT_TYPE]);
+        assert_eq!(
+            l.replayed_headers,
+            StoredHeaders::Only(Arc::from([header::CONTENT_TYPE]))
+        );
     }
 
     fn headers(values: &[&[u8]]) -> HeaderMap {

@@ -149,6 +149,6 @@ pub use layer::{
     DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
     ResponseBody,
 };
-pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy};
+pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 pub use record::IDEMPOTENT_BODY;
 pub use tx::{IdempotentTx, TxError};

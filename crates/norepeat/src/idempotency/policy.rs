@@ -1,7 +1,9 @@
 //! Which responses an [`IdempotencyLayer`](super::IdempotencyLayer) stores
-//! ([`StorePolicy`]) and which of their headers it replays.
+//! ([`StorePolicy`]) and which of their headers it replays
+//! ([`StoredHeaders`]).
 
-use http::{HeaderName, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use std::sync::Arc;
 
 /// Which finished responses are stored and replayed. A response that is
 /// not stored releases the key, so a retry runs the handler again. A
@@ -54,6 +56,86 @@ pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 8] = [
     header::LINK,
 ];
 
+/// Which response headers a record keeps and a replay sends (besides the
+/// status and the body). Whichever is chosen, a few are never stored:
+/// `Set-Cookie` (a replay must not hand out a session), the hop-by-hop
+/// headers of RFC 9110 §7.6.1 (`Connection`, every header it names,
+/// `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`,
+/// `Upgrade`; and `Proxy-Authenticate`), `Content-Length` (the replayed
+/// body is framed anew) and the replay's own markers.
+///
+/// ```
+/// use http::{HeaderMap, HeaderName};
+/// use norepeat::idempotency::StoredHeaders;
+///
+/// let mut h = HeaderMap::new();
+/// h.insert("content-type", "application/json".parse().unwrap());
+/// h.insert("x-order", "7".parse().unwrap());
+/// h.insert("set-cookie", "session=s3cret".parse().unwrap());
+/// h.insert("connection", "x-hop".parse().unwrap());
+/// h.insert("x-hop", "1".parse().unwrap());
+/// let kept = |s: &StoredHeaders| -> Vec<String> {
+///     s.select(&h).map(|(n, _)| n.to_string()).collect()
+/// };
+/// // The default: a short allow-list.
+/// assert_eq!(kept(&StoredHeaders::default()), ["content-type"]);
+/// // What a reverse proxy replays: everything the backend sent but the above.
+/// assert_eq!(kept(&StoredHeaders::AllButHopByHop), ["content-type", "x-order"]);
+/// let listed = StoredHeaders::only([HeaderName::from_static("x-order")]);
+/// assert_eq!(kept(&listed), ["x-order"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoredHeaders {
+    /// Only these (the default: [`DEFAULT_REPLAYED_HEADERS`]). Build it
+    /// with [`only`](Self::only), which drops the never-stored names.
+    Only(Arc<[HeaderName]>),
+    /// Every header of the response but the never-stored ones: the first
+    /// answer's headers as they were, which is what a reverse proxy in front
+    /// of a backend it does not know must replay (its `X-Order`, `Date`,
+    /// `Cache-Control`, ...).
+    AllButHopByHop,
+}
+
+impl Default for StoredHeaders {
+    fn default() -> Self {
+        Self::Only(Arc::from(DEFAULT_REPLAYED_HEADERS))
+    }
+}
+
+impl StoredHeaders {
+    /// Only the headers `names`, less those never stored.
+    #[must_use]
+    pub fn only<I: IntoIterator<Item = HeaderName>>(names: I) -> Self {
+        Self::Only(names.into_iter().filter(|n| !never_stored(n)).collect())
+    }
+
+    /// The headers of `headers` that are stored, in their order.
+    pub fn select<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> + 'a {
+        // The names a `Connection` header lists are hop-by-hop too; none
+        // is looked for when there is no `Connection` (the common case).
+        let named = headers.get(header::CONNECTION).is_some().then(|| {
+            headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|s| s.split(','))
+                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+                .collect::<Vec<_>>()
+        });
+        headers.iter().filter(move |(n, _)| {
+            let kept = match self {
+                Self::Only(list) => list.contains(n),
+                Self::AllButHopByHop => true,
+            };
+            kept && !never_stored(n) && !named.as_ref().is_some_and(|l| l.contains(n))
+        })
+    }
+}
+
 /// Headers never stored, whatever the allow-list says: cookies (a replay
 /// must not hand out a session) and hop-by-hop or framing headers (they
 /// describe one connection, and the replayed body is framed anew).
@@ -92,5 +174,50 @@ mod tests {
         }
         assert!(StorePolicy::All.stores(StatusCode::INTERNAL_SERVER_ERROR));
         assert!(!StorePolicy::SuccessOnly.stores(StatusCode::BAD_REQUEST));
+    }
+
+    fn names(s: &StoredHeaders, h: &HeaderMap) -> Vec<String> {
+        s.select(h).map(|(n, _)| n.to_string()).collect()
+    }
+
+    #[test]
+    fn all_but_hop_by_hop_keeps_every_end_to_end_header() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "application/json"),
+            ("x-order", "7"),
+            ("date", "Tue, 01 Dec 2026 22:00:00 GMT"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("connection", "close, x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("content-length", "12"),
+            ("idempotent-replayed", "true"),
+            ("link", "</a>; rel=next"),
+            ("link", "</b>; rel=prev"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        assert_eq!(
+            names(&StoredHeaders::AllButHopByHop, &h),
+            ["content-type", "x-order", "date", "link", "link"]
+        );
+        assert_eq!(
+            names(&StoredHeaders::default(), &h),
+            ["content-type", "link", "link"],
+            "the default is unchanged"
+        );
+        // A listed hop-by-hop or cookie header is still never stored.
+        let forced = StoredHeaders::Only(Arc::from([
+            header::SET_COOKIE,
+            HeaderName::from_static("x-hop"),
+        ]));
+        assert!(names(&forced, &h).is_empty());
     }
 }

@@ -16,8 +16,8 @@
 //! See [transactional completion](crate::store::sql#transactional-completion)
 //! for what a crash at each point leaves.
 
+use super::policy::StoredHeaders;
 use super::record::{self, Digest, Owner};
-use http::HeaderName;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -106,7 +106,7 @@ struct Inner<S> {
     owner: Owner,
     fingerprint: Digest,
     retention: Duration,
-    replayed_headers: Arc<[HeaderName]>,
+    replayed_headers: StoredHeaders,
     max_body: usize,
     committed: AtomicBool,
 }
@@ -135,7 +135,7 @@ impl<S> IdempotentTx<S> {
         owner: &Owner,
         fingerprint: &Digest,
         retention: Duration,
-        replayed_headers: Arc<[HeaderName]>,
+        replayed_headers: StoredHeaders,
         max_body: usize,
     ) -> Self {
         Self {
@@ -227,10 +227,7 @@ mod sql {
                         .await
                         .map_err(|e| TxError::Body(e.to_string()))?
                         .to_bytes();
-                    let headers = head
-                        .headers
-                        .iter()
-                        .filter(|(n, _)| i.replayed_headers.contains(n));
+                    let headers = i.replayed_headers.select(&head.headers);
                     let done =
                         record::completed(&i.owner, &i.fingerprint, head.status, headers, &body);
                     let ours = i

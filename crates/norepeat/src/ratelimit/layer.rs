@@ -5,7 +5,9 @@
 use super::key::{ExtractKey, MissingKey};
 use super::limiter::{RateLimitError, RateLimiter, check_all};
 use super::verdict::{Verdict, whole_secs};
-use crate::middleware::{Handle, Middleware, ResponseBody, mark, reject, shadowed, would};
+use crate::middleware::{
+    Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed, would,
+};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
 use http::request::Parts;
@@ -235,6 +237,11 @@ where
             .await?
             .map(Either::Left);
         if let Some(verdict) = verdict {
+            // A quota whose store failed under a fail-open limiter was not
+            // decided: the request got through without it.
+            if verdict.checked.iter().any(|c| c.decision.is_none()) {
+                res = failed_open(res, "rate_limit");
+            }
             if self.headers_on_allowed {
                 for (k, v) in verdict.headers() {
                     res.headers_mut().append(k, v);

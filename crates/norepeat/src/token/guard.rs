@@ -134,6 +134,17 @@ impl<S: Store + Clone> TokenGuard<S> {
     /// user's); [`Unavailable`](TokenGuardError::Unavailable) when the store
     /// fails and the policy fails closed.
     pub async fn consume(&self, user: &str, token: &str) -> Result<(), TokenGuardError> {
+        self.consume_decided(user, token).await.map(drop)
+    }
+
+    /// [`consume`](Self::consume), telling whether the use was recorded
+    /// (`true`) or the store failed and the guard let the token through
+    /// fail-open (`false`).
+    pub(crate) async fn consume_decided(
+        &self,
+        user: &str,
+        token: &str,
+    ) -> Result<bool, TokenGuardError> {
         let reject = |why: TokenError| {
             let why = TokenGuardError::from(why);
             metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "rejected", "reason" => reason(&why)).increment(1);
@@ -152,12 +163,12 @@ impl<S: Store + Clone> TokenGuard<S> {
         match self.store.put_if_absent(&key, b"1", marker_life).await {
             Ok(None) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "admitted").increment(1);
-                Ok(())
+                Ok(true)
             }
             Ok(Some(_)) => reject(TokenError::Used),
-            Err(e) => {
-                on_store_error("token", self.failure, e).map_err(TokenGuardError::Unavailable)
-            }
+            Err(e) => on_store_error("token", self.failure, e)
+                .map(|()| false)
+                .map_err(TokenGuardError::Unavailable),
         }
     }
 }

@@ -4,8 +4,8 @@
 use super::{TokenGuard, TokenGuardError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, mark, reject, shadowed, unauthenticated,
-    would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
+    unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -183,7 +183,7 @@ where
         req: Request<ReqBody>,
     ) -> Result<Response<Self::Body>, S::Error> {
         let (parts, body) = req.into_parts();
-        let (user, refused) = self.decide(&parts).await;
+        let (user, refused, open) = self.decide(&parts).await;
         let mut shadow = None;
         if let Some(p) = refused {
             if !self.shadow {
@@ -193,7 +193,10 @@ where
             shadow = Some(shadowed("token", would(p.code), route, user.as_deref()));
         }
         let req = Request::from_parts(parts, body);
-        let res = inner.call(req).await?.map(Either::Left);
+        let mut res = inner.call(req).await?.map(Either::Left);
+        if open {
+            res = failed_open(res, "token");
+        }
         Ok(match shadow {
             Some(s) => mark(res, s),
             None => res,
@@ -202,26 +205,29 @@ where
 }
 
 impl<G: Store + Clone> TokenLayer<G> {
-    /// The caller, and what the layer would refuse the request with (`None`: it
-    /// passes). The same steps and store operations in shadow mode or not.
-    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>) {
+    /// The caller, what the layer would refuse the request with (`None`: it
+    /// passes), and whether it passes undecided (the store failed, fail-open).
+    /// The same steps and store operations in shadow mode or not.
+    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>, bool) {
         let Some(user) = self.identity.identify(parts) else {
-            return (None, Some(unauthenticated(&*self.identity)));
+            return (None, Some(unauthenticated(&*self.identity)), false);
         };
         let Some(token) = token_of(parts) else {
             let p = Problem::new(Code::MissingToken).detail(self.missing_token.clone());
-            return (Some(user), Some(p));
+            return (Some(user), Some(p), false);
         };
         let decision = self
             .guard
-            .consume(&user, &token)
+            .consume_decided(&user, &token)
             .instrument(tracing::debug_span!(
                 "norepeat.decide",
                 mode = "token",
                 user
             ));
-        let refused = decision.await.err().map(Problem::from);
-        (Some(user), refused)
+        match decision.await {
+            Ok(recorded) => (Some(user), None, !recorded),
+            Err(e) => (Some(user), Some(Problem::from(e)), false),
+        }
     }
 }
 

@@ -44,7 +44,7 @@ where
         &owner,
         &fingerprint,
         cfg.retention,
-        Arc::clone(&cfg.replayed_headers),
+        cfg.replayed_headers.clone(),
         cfg.max_body,
     );
     let mut req = req;
@@ -113,9 +113,7 @@ fn replayed<'a, G>(
     cfg: &'a IdempotencyLayer<G>,
     headers: &'a HeaderMap,
 ) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
-    headers
-        .iter()
-        .filter(|(n, _)| cfg.replayed_headers.contains(n))
+    cfg.replayed_headers.select(headers)
 }
 
 /// Stores the completed record `done` in place of the claim. When the
