@@ -167,6 +167,27 @@ impl Report {
                 target: ">= 60000",
                 met: at_least(cycle, 60_000.0),
             },
+            Goal {
+                name: "gateway.passthrough / gateway.direct",
+                json: Some("gateway_passthrough_over_direct"),
+                value: self.over("gateway.passthrough", "gateway.direct"),
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
+                name: "gateway.passthrough / gateway.nginx",
+                json: Some("gateway_passthrough_over_nginx"),
+                value: self.over("gateway.passthrough", "gateway.nginx"),
+                target: ">= 1.0",
+                met: at_least(self.over("gateway.passthrough", "gateway.nginx"), 1.0),
+            },
+            Goal {
+                name: "gateway.guarded / gateway.passthrough",
+                json: Some("gateway_guarded_over_passthrough"),
+                value: self.over("gateway.guarded", "gateway.passthrough"),
+                target: "(reference)",
+                met: None,
+            },
         ]
     }
 
@@ -198,6 +219,15 @@ impl Report {
                 .goals()
                 .into_iter()
                 .filter_map(|g| Some((g.json?.to_owned(), json!(g.value))))
+                .collect();
+            out["ratios"] = Value::Object(ratios);
+        } else {
+            // The gateway's ratios are measured on any store.
+            let ratios: serde_json::Map<String, Value> = self
+                .goals()
+                .into_iter()
+                .filter_map(|g| Some((g.json?.to_owned(), json!(g.value?))))
+                .filter(|(k, _)| k.starts_with("gateway_"))
                 .collect();
             out["ratios"] = Value::Object(ratios);
         }

@@ -22,6 +22,13 @@ pub struct StormArgs {
     /// Admin token of the `--target` shops.
     #[arg(long, env = "NOREPEAT_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
+    /// Defences to run (repeatable, or comma-separated): `naive`, `db`,
+    /// `guard+db`, `full`, `gateway` (naive shops behind two
+    /// `norepeat-gateway` instances sharing the `--redis` store). Default:
+    /// all of them, `gateway` only when `--redis` is given.
+    #[arg(long = "defence", value_name = "NAME", value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(super::DEFENCES))]
+    pub defences: Vec<String>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

@@ -9,6 +9,10 @@ pub enum StormError {
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] crate::db::DbError),
+    /// The `gateway` defence could not run (no binary, no Redis, a
+    /// gateway that did not start).
+    #[error("gateway defence: {0}")]
+    Gateway(String),
     /// A target shop misbehaved.
     #[error("{0}")]
     Target(String),

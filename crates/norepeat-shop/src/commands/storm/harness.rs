@@ -16,6 +16,9 @@ pub(super) struct RowCtx {
     pub(super) bases: Vec<String>,
     /// The instances' order-message consumers (in-process shops only).
     pub(super) consumers: Vec<OrderConsumer>,
+    /// Where a page token is taken: the shop's `/repeat/token`, or the
+    /// gateway's `/.norepeat/token`.
+    pub(super) token_path: &'static str,
     pub(super) prefix: String,
     pub(super) sku: String,
     pub(super) logical: usize,
@@ -92,11 +95,11 @@ pub(super) async fn deliver(ctx: &RowCtx, consumer: &OrderConsumer, msg: &OrderM
     }
 }
 
-/// A repeat token from the shop at `base` for `user`.
+/// A repeat token from the shop (or gateway) at `base` for `user`.
 pub(super) async fn token(ctx: &RowCtx, base: &str, user: &str) -> Option<String> {
     let v: Value = ctx
         .http
-        .get(format!("{base}/repeat/token"))
+        .get(format!("{base}{}", ctx.token_path))
         .header("x-user-id", user)
         .send()
         .await

@@ -28,13 +28,26 @@
 //! a `bizId` is made single by the business key the shop derives from the
 //! token.
 //!
+//! The `gateway` defence (with `--redis`) runs naive shops behind two
+//! `norepeat-gateway` processes that share that Redis, on a file that
+//! guards `POST /orders` by token, `POST /orders/quick` by fingerprint and
+//! `POST /payments` by `Idempotency-Key` (see `gateway`); the clients take
+//! their page tokens from the gateway (`GET /.norepeat/token`), `lb-failover`
+//! alternates the two gateways, and `redelivery` reaches the shops over HTTP
+//! through the gateways (a message consumer inside the shop is past any
+//! gateway). The storm does not take the gateways' Redis down, so
+//! `store-outage` and `token-outage` run there without the outage, as
+//! against `--target` shops.
+//!
 //! The parts: `args` (options), `scenarios` (how each scenario's repeats
 //! arrive), `harness` (a row's context, timed requests and deliveries, the
 //! driver), `shops` (the shops, their database, the damage counted back),
-//! `report` (rows and table), `error`.
+//! `gateway` (the gateway processes and their file), `report` (rows and
+//! table), `error`.
 
 mod args;
 mod error;
+pub(crate) mod gateway;
 mod harness;
 mod report;
 mod scenarios;
@@ -54,6 +67,77 @@ use shops::{Shops, TempDb};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Every defence `--defence` names, in the table's order.
+pub const DEFENCES: [&str; 5] = ["naive", "db", "guard+db", "full", "gateway"];
+
+/// What one set of rows runs against.
+#[derive(Debug, Clone, Copy)]
+enum Setup {
+    /// Shops started here with these defences.
+    Shop(Defence),
+    /// Naive shops behind gateways.
+    Gateway,
+    /// The `--target` shops.
+    Target,
+}
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::Shop(d) => d.name(),
+            Setup::Gateway => "gateway",
+            Setup::Target => "target",
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "naive" => Setup::Shop(Defence::Naive),
+            "db" => Setup::Shop(Defence::Db),
+            "guard+db" => Setup::Shop(Defence::GuardDb),
+            "full" => Setup::Shop(Defence::Full),
+            "gateway" => Setup::Gateway,
+            _ => return None,
+        })
+    }
+}
+
+/// The setups of this run: the `--target` shops, or the `--defence`s (by
+/// default every one, `gateway` only with a Redis for its instances).
+fn setups(args: &StormArgs) -> Result<Vec<Setup>, StormError> {
+    if !args.targets.is_empty() {
+        if !args.defences.is_empty() {
+            return Err(StormError::Target(
+                "--defence does not apply to --target shops (they run their own)".into(),
+            ));
+        }
+        return Ok(vec![Setup::Target]);
+    }
+    let redis = args.redis_url.as_deref().is_some_and(|u| !u.is_empty());
+    let wanted: Vec<&str> = if args.defences.is_empty() {
+        if !redis {
+            eprintln!(
+                "storm: the gateway rows are left out: its two instances need a Redis to share (--redis URL)"
+            );
+        }
+        DEFENCES
+            .into_iter()
+            .filter(|d| *d != "gateway" || redis)
+            .collect()
+    } else {
+        DEFENCES
+            .into_iter()
+            .filter(|d| args.defences.iter().any(|a| a == d))
+            .collect()
+    };
+    if wanted.contains(&"gateway") && !redis {
+        return Err(StormError::Gateway(
+            "its two instances need a Redis to share: give --redis URL (or REDIS_URL)".into(),
+        ));
+    }
+    Ok(wanted.into_iter().filter_map(Setup::named).collect())
+}
+
 /// Runs the storm; returns the rows and whether every defended row is clean.
 ///
 /// # Errors
@@ -65,16 +149,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
         .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| StormError::Target(e.to_string()))?;
-    let defences: Vec<Option<Defence>> = if args.targets.is_empty() {
-        vec![
-            Some(Defence::Naive),
-            Some(Defence::Db),
-            Some(Defence::GuardDb),
-            Some(Defence::Full),
-        ]
-    } else {
-        vec![None]
-    };
+    let defences = setups(&args)?;
     let total = (SCENARIOS.len() * defences.len() * args.requests) as u64;
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{spinner} storm {bar:30} {pos}/{len} requests {msg}")
@@ -87,24 +162,37 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
 
     let mut rows = Vec::new();
     for (d_index, defence) in defences.iter().enumerate() {
-        let shops = match defence {
-            Some(d) => Shops::start(*d, args.instances.max(1), &temp_db.url, &store).await?,
-            None => Shops::targets(&args, &temp_db.url).await?,
+        let n = args.instances.max(1);
+        let shops = match (defence, args.redis_url.as_deref()) {
+            (Setup::Shop(d), _) => Shops::start(*d, n, &temp_db.url, &store).await?,
+            (Setup::Gateway, Some(redis)) => {
+                Shops::behind_gateways(n, &temp_db.url, &store, redis).await?
+            }
+            (Setup::Gateway, None) => {
+                return Err(StormError::Gateway("no Redis".into()));
+            }
+            (Setup::Target, _) => Shops::targets(&args, &temp_db.url).await?,
         };
         for (s_index, scenario) in SCENARIOS.iter().enumerate() {
-            bar.set_message(format!(
-                "{scenario} / {}",
-                defence.map_or("target", Defence::name)
-            ));
+            bar.set_message(format!("{scenario} / {}", defence.name()));
             let logical = ((args.requests as f64 / copies(scenario)).round() as usize).max(2);
             let ctx = Arc::new(RowCtx {
                 http: http.clone(),
                 bases: shops.bases.clone(),
-                consumers: shops
-                    .running
-                    .iter()
-                    .map(|r| OrderConsumer::of(&r.state))
-                    .collect(),
+                consumers: if shops.via_gateway() {
+                    Vec::new()
+                } else {
+                    shops
+                        .running
+                        .iter()
+                        .map(|r| OrderConsumer::of(&r.state))
+                        .collect()
+                },
+                token_path: if shops.via_gateway() {
+                    "/.norepeat/token"
+                } else {
+                    "/repeat/token"
+                },
                 prefix: format!("st{run_id}-{d_index}{s_index}"),
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
                 logical,
@@ -118,7 +206,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
             let counts = shops.count(&http, &ctx).await?;
             rows.push(report::row(
                 scenario,
-                defence.map_or("target", Defence::name),
+                defence.name(),
                 &ctx,
                 &samples,
                 counts,

@@ -1,7 +1,9 @@
-//! The shops a storm row runs against (started in this process, or the
-//! `--target` shops), their shared database, stocking, the outage switch,
-//! and the damage counted back from the database.
+//! The shops a storm row runs against (started in this process, naive ones
+//! behind gateways, or the `--target` shops), their shared database,
+//! stocking, the outage switch, and the damage counted back from the
+//! database.
 
+use super::gateway::{self, GatewayProcess};
 use super::harness::RowCtx;
 use super::{StormArgs, StormError};
 use crate::app::AppState;
@@ -49,8 +51,13 @@ impl Drop for TempDb {
 
 /// The shops of one defence.
 pub(super) struct Shops {
+    /// Where the clients send their requests: the shops, or the gateways
+    /// in front of them.
     pub(super) bases: Vec<String>,
     pub(super) running: Vec<InProcess>,
+    /// The gateways in front of `running` (the `gateway` defence), killed
+    /// when these shops are stopped or dropped.
+    gateways: Vec<GatewayProcess>,
     db: Option<Db>,
 }
 
@@ -76,8 +83,45 @@ impl Shops {
         Ok(Self {
             bases: running.iter().map(|r| r.base_url.clone()).collect(),
             running,
+            gateways: Vec::new(),
             db,
         })
+    }
+
+    /// The `gateway` defence: `n` naive shops, and two gateways (or `n`,
+    /// if more) in front of them, gateway `i` forwarding to shop `i mod n`,
+    /// all gateways on the Redis at `redis_url`.
+    pub(super) async fn behind_gateways(
+        n: usize,
+        db_url: &str,
+        store: &AnyStore,
+        redis_url: &str,
+    ) -> Result<Self, StormError> {
+        let bin = gateway::binary().map_err(StormError::Gateway)?;
+        let mut shops = Self::start(Defence::Naive, n, db_url, store).await?;
+        let secret = format!(
+            "{:032x}{:032x}",
+            rand::random::<u128>(),
+            rand::random::<u128>()
+        );
+        for i in 0..n.max(2) {
+            let upstream = &shops.running[i % shops.running.len()].base_url;
+            let file = gateway::storm_file(upstream, redis_url, &secret);
+            // On an error `shops` is dropped: the gateways started so far die with it.
+            let g = GatewayProcess::start(&bin, &file)
+                .await
+                .map_err(StormError::Gateway)?;
+            shops.gateways.push(g);
+        }
+        shops.bases = shops.gateways.iter().map(|g| g.base_url.clone()).collect();
+        Ok(shops)
+    }
+
+    /// Whether the clients talk to gateways: they then take their page
+    /// tokens from the gateway, and the scenarios that would call the
+    /// shop's message consumer directly (past any gateway) go over HTTP.
+    pub(super) fn via_gateway(&self) -> bool {
+        !self.gateways.is_empty()
     }
 
     pub(super) async fn targets(args: &StormArgs, db_url: &str) -> Result<Self, StormError> {
@@ -92,6 +136,7 @@ impl Shops {
                 .map(|t| t.trim_end_matches('/').to_owned())
                 .collect(),
             running: Vec::new(),
+            gateways: Vec::new(),
             db,
         })
     }
@@ -187,6 +232,9 @@ impl Shops {
     }
 
     pub(super) async fn stop(self) {
+        for g in self.gateways {
+            g.stop().await;
+        }
         for r in self.running {
             r.stop().await;
         }

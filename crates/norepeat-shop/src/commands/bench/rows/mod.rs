@@ -5,6 +5,7 @@
 //! `Idempotency-Key` rows in [`idempotency`] (and on a SQL store in
 //! [`sql`]), the loopback HTTP rows in [`http`].
 
+mod gateway;
 mod http;
 pub(crate) mod idempotency;
 pub(crate) mod sql;
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 /// Every row, in the order they run. `redis.raw` sits right before the
 /// rows it is the yardstick of, so they share a sitting.
-pub const RESULT_NAMES: [&str; 11] = [
+pub const RESULT_NAMES: [&str; 15] = [
     "token.issue",
     "redis.raw",
     "token.consume",
@@ -38,6 +39,10 @@ pub const RESULT_NAMES: [&str; 11] = [
     "ratelimit.gcra",
     "http.unguarded",
     "http.guarded",
+    "gateway.direct",
+    "gateway.passthrough",
+    "gateway.guarded",
+    "gateway.nginx",
 ];
 
 /// What every row gets.
@@ -69,6 +74,9 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
         "ratelimit.gcra" => ratelimit_gcra(store, load, run).await?,
         "http.unguarded" => http::http(store, load, run, false).await?,
         "http.guarded" => http::http(store, load, run, true).await?,
+        "gateway.direct" | "gateway.passthrough" | "gateway.guarded" | "gateway.nginx" => {
+            return gateway::row(name, cx.url, load, run).await;
+        }
         _ => return Ok(None),
     }))
 }

@@ -1,0 +1,354 @@
+//! `gateway.direct`, `gateway.passthrough`, `gateway.guarded` and
+//! `gateway.nginx`: `POST /orders` over loopback to one trivial backend (an
+//! axum server in this process that reads the body and answers 201 with a
+//! small fixed body), driven by the load generator and client of the
+//! `http.*` rows (one keep-alive reqwest client, a unique body each):
+//!
+//! - `direct`: to the backend itself;
+//! - `passthrough`: through a `norepeat-gateway` process whose file
+//!   guards another route only, so `POST /orders` streams through;
+//! - `guarded`: through a gateway guarding `POST /orders` by fingerprint
+//!   (window 3 s, identity `X-User-Id`) on the bench's store (its own
+//!   memory store, or the `--redis` server);
+//! - `nginx`: through Debian's `nginx` (`proxy_pass` to an upstream block
+//!   with `keepalive`), `daemon off`, `master_process off` (one worker),
+//!   on a file and prefix of its own.
+//!
+//! A row whose program is missing (`norepeat-gateway` next to this
+//! executable or at `NOREPEAT_GATEWAY_BIN`; `nginx` on the `PATH`, in
+//! `/usr/sbin` or at `NOREPEAT_NGINX_BIN`) is left out with a note on
+//! stderr. Each proxy row also notes on stderr the proxy process's CPU
+//! time per request (the row's `cpu_us_per_op` is this process's: load
+//! generator, client and backend).
+
+use super::super::BenchError;
+use super::super::harness::{Load, Sample, measure};
+use crate::commands::storm::gateway::{self, GatewayProcess};
+use axum::Router;
+use bytes::Bytes;
+use http::StatusCode;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// The backend's answer.
+const ANSWER: &str = r#"{"created":true}"#;
+
+/// The environment variable naming the `nginx` binary.
+const NGINX_ENV: &str = "NOREPEAT_NGINX_BIN";
+
+/// How long `nginx` may take to accept connections.
+const NGINX_DEADLINE: Duration = Duration::from_secs(10);
+
+async fn created(_body: Bytes) -> (StatusCode, &'static str) {
+    (StatusCode::CREATED, ANSWER)
+}
+
+/// Measures the row `name` (`gateway.direct`, `.passthrough`, `.guarded`,
+/// `.nginx`) against a backend of its own; `None` (with a note on stderr)
+/// when the program it needs is missing.
+pub(crate) async fn row(
+    name: &'static str,
+    store_url: Option<&str>,
+    load: &Load,
+    run: u64,
+) -> Result<Option<Sample>, BenchError> {
+    let app = Router::new().fallback(created);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let backend = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let result = proxied(name, &backend, store_url, load, run).await;
+    server.abort();
+    result
+}
+
+async fn proxied(
+    name: &'static str,
+    backend: &str,
+    store_url: Option<&str>,
+    load: &Load,
+    run: u64,
+) -> Result<Option<Sample>, BenchError> {
+    let store = store_url.unwrap_or("memory");
+    let guarded_route = match name {
+        "gateway.direct" => return Ok(Some(drive(name, backend, load, run).await?)),
+        "gateway.nginx" => {
+            let Some(bin) = nginx_binary() else {
+                eprintln!(
+                    "bench: gateway.nginx left out: no nginx (on the PATH, in /usr/sbin or at {NGINX_ENV})"
+                );
+                return Ok(None);
+            };
+            let nginx = Nginx::start(&bin, backend).await?;
+            let (sample, cpu) =
+                with_cpu(nginx.pid(), drive(name, &nginx.base_url, load, run)).await;
+            note_cpu(name, cpu, &sample);
+            return sample.map(Some);
+        }
+        "gateway.passthrough" => "POST /elsewhere",
+        _ => "POST /orders",
+    };
+    let bin = match gateway::binary() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("bench: {name} left out: {e}");
+            return Ok(None);
+        }
+    };
+    let file = format!(
+        "upstream: {backend}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n  - match: {guarded_route}\n    guard: fingerprint\n    window: 3s\n"
+    );
+    let gw = GatewayProcess::start(&bin, &file)
+        .await
+        .map_err(|e| BenchError::unexpected(name, e))?;
+    let (sample, cpu) = with_cpu(gw.pid(), drive(name, &gw.base_url, load, run)).await;
+    gw.stop().await;
+    note_cpu(name, cpu, &sample);
+    sample.map(Some)
+}
+
+/// Drives `POST {base}/orders` as the `http.*` rows do.
+async fn drive(
+    name: &'static str,
+    base: &str,
+    load: &Load,
+    run: u64,
+) -> Result<Sample, BenchError> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(load.concurrency)
+        .build()?;
+    let url: Arc<str> = Arc::from(format!("{base}/orders"));
+    let tag = name.len();
+    measure(load, move |id| {
+        let client = client.clone();
+        let url = Arc::clone(&url);
+        let body = format!(r#"{{"sku":"SKU-1","quantity":1,"note":"{run:016x}{tag}-{id}"}}"#);
+        async move {
+            let res = client
+                .post(&*url)
+                .header("x-user-id", "bench-user")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await?;
+            let status = res.status();
+            let bytes = res.bytes().await?;
+            if status != reqwest::StatusCode::CREATED || bytes != ANSWER.as_bytes() {
+                return Err(BenchError::unexpected(
+                    name,
+                    format!("answered {status}: {}", String::from_utf8_lossy(&bytes)),
+                ));
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Runs `work` and the CPU time process `pid` used meanwhile.
+async fn with_cpu<T>(pid: Option<u32>, work: impl Future<Output = T>) -> (T, Option<Duration>) {
+    let before = pid.and_then(process_cpu);
+    let out = work.await;
+    let after = pid.and_then(process_cpu);
+    (out, before.zip(after).map(|(b, a)| a.saturating_sub(b)))
+}
+
+/// The proxy's CPU time per request, on stderr (warm-up included).
+fn note_cpu(name: &str, cpu: Option<Duration>, sample: &Result<Sample, BenchError>) {
+    if let (Some(cpu), Ok(s)) = (cpu, sample) {
+        // The warm-up ran at about the measured rate.
+        #[allow(clippy::cast_precision_loss)]
+        let requests = s.ops as f64 * 1.2;
+        eprintln!(
+            "bench: {name}: the proxy process used {:.1} µs of CPU per request",
+            cpu.as_secs_f64() * 1e6 / requests.max(1.0)
+        );
+    }
+}
+
+/// User + system CPU time of process `pid` (all its threads), from
+/// `/proc/PID/stat` (fields 14 and 15, counted after the command name,
+/// which is in parentheses and may hold spaces), in clock ticks of 10 ms.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    // After the name: state is field 3, so utime (14) is at index 11.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// `nginx` from `NOREPEAT_NGINX_BIN`, the `PATH`, or `/usr/sbin`.
+fn nginx_binary() -> Option<PathBuf> {
+    if let Some(v) = std::env::var_os(NGINX_ENV).filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(v)).filter(|p| p.is_file());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("nginx"))
+        .find(|p| p.is_file())
+}
+
+/// One `nginx` in the foreground on a file and prefix of its own, killed
+/// (and its prefix removed) when dropped.
+struct Nginx {
+    child: Child,
+    base_url: String,
+    prefix: PathBuf,
+}
+
+impl Nginx {
+    /// Starts `bin` proxying to `backend` on a free loopback port; returns
+    /// once it accepts connections.
+    async fn start(bin: &Path, backend: &str) -> Result<Self, BenchError> {
+        let prefix = std::env::temp_dir().join(format!(
+            "norepeat-nginx-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&prefix)?;
+        // A free port, given back for nginx to take (the window is tiny,
+        // and a lost race ends in the clear error below).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let upstream = backend.trim_start_matches("http://");
+        let conf = nginx_conf(&prefix, upstream, port);
+        let file = prefix.join("nginx.conf");
+        std::fs::write(&file, conf)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&file)
+            .arg("-e")
+            .arg(prefix.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&prefix);
+                return Err(BenchError::unexpected(
+                    "gateway.nginx",
+                    format!("cannot start {}: {e}", bin.display()),
+                ));
+            }
+        };
+        let mut nginx = Self {
+            child,
+            base_url: format!("http://127.0.0.1:{port}"),
+            prefix,
+        };
+        let deadline = Instant::now() + NGINX_DEADLINE;
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(nginx);
+            }
+            let exited = nginx.child.try_wait().ok().flatten().is_some();
+            if exited || Instant::now() >= deadline {
+                let log =
+                    std::fs::read_to_string(nginx.prefix.join("error.log")).unwrap_or_default();
+                return Err(BenchError::unexpected(
+                    "gateway.nginx",
+                    format!(
+                        "nginx {} on port {port}: {}\n{log}",
+                        if exited {
+                            "exited"
+                        } else {
+                            "did not accept connections within 10 s"
+                        },
+                        nginx.prefix.display()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // `kill_on_drop` kills it; its files go with the prefix.
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.prefix);
+    }
+}
+
+/// The file: one process, no access log, the client's connections and the
+/// upstream's kept alive (and not closed after 1000 requests), `Host` and
+/// `X-Forwarded-For` passed as the gateway passes them.
+fn nginx_conf(prefix: &Path, upstream: &str, port: u16) -> String {
+    let p = prefix.display();
+    format!(
+        r#"daemon off;
+master_process off;
+worker_processes 1;
+pid {p}/nginx.pid;
+error_log {p}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {p}/body;
+  proxy_temp_path {p}/proxy;
+  fastcgi_temp_path {p}/fastcgi;
+  uwsgi_temp_path {p}/uwsgi;
+  scgi_temp_path {p}/scgi;
+  keepalive_requests 100000000;
+  upstream backend {{
+    server {upstream};
+    keepalive 256;
+    keepalive_requests 100000000;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+    }}
+  }}
+}}
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        let me = process_cpu(std::process::id());
+        if Path::new("/proc/self/stat").exists() {
+            assert!(me.is_some());
+        }
+        assert_eq!(process_cpu(u32::MAX), None);
+    }
+
+    #[test]
+    fn the_nginx_file_keeps_connections_to_the_backend() {
+        let conf = nginx_conf(Path::new("/tmp/x"), "127.0.0.1:9", 80);
+        assert!(conf.contains("server 127.0.0.1:9;"), "{conf}");
+        assert!(conf.contains("keepalive 256;"), "{conf}");
+        assert!(conf.contains("proxy_set_header Connection \"\";"), "{conf}");
+        assert!(conf.contains("listen 127.0.0.1:80;"), "{conf}");
+    }
+}
