@@ -10,6 +10,12 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use norepeat_gateway::config::Config;
 use norepeat_gateway::serve::{Gateway, serve};
 
+/// mimalloc rather than glibc's malloc, as the shop: a proxy allocates
+/// headers, bodies and futures for every request, and glibc's malloc and
+/// free were about 5 % of the gateway's CPU (BENCHMARKS.md, "The gateway").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// norepeat's guards in front of any HTTP backend, from one YAML file.
 #[derive(Parser)]
 #[command(

@@ -430,21 +430,99 @@ where
     joined(spawned)
 }
 
-/// [`detach`], the task tracked by `tracker`: a server can close the
-/// tracker and wait for the work to end before it exits.
+/// Runs `work` in the caller's own future, and moves it into a task of its
+/// own only if that future is dropped before `work` ends: the work then goes
+/// on to its end (and stores its result) all the same. Tracked by `tracker`
+/// either way, so a server can close the tracker and wait for the work to
+/// end before it exits.
+///
+/// Against [`detach`], a request whose caller waits (nearly all) costs no
+/// task: no spawn, no join handle, no wake-up across threads. The work is
+/// boxed once, so the caller's future holds a pointer, not a handler's
+/// future, and the box moves into the task unchanged (a pinned box may
+/// move). A panic in the work unwinds through the caller, as a resumed
+/// panic from a task did; the panicked work is never spawned.
 pub(crate) fn detach_tracked<F>(
     tracker: &tokio_util::task::TaskTracker,
     work: F,
-) -> impl Future<Output = F::Output> + Send + use<F>
+) -> DetachOnDrop<tokio_util::task::task_tracker::TrackedFuture<F>>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let spawned = match tokio::runtime::Handle::try_current() {
-        Ok(rt) => Ok(tracker.spawn_on(work, &rt)),
-        Err(_) => Err(Box::pin(tracker.track_future(work))),
-    };
-    joined(spawned)
+    DetachOnDrop {
+        work: Some(Box::pin(tracker.track_future(work))),
+        runtime: tokio::runtime::Handle::try_current().ok(),
+        polling: false,
+    }
+}
+
+/// Work run in its caller's future until that future is dropped, then in a
+/// task of its own (see [`detach_tracked`]).
+pub(crate) struct DetachOnDrop<F: Future + Send + 'static>
+where
+    F::Output: Send + 'static,
+{
+    /// `None` once the work has ended.
+    work: Option<std::pin::Pin<Box<F>>>,
+    /// Where a dropped caller's work goes on: the runtime the work was
+    /// made on, whatever thread drops the caller's future.
+    runtime: Option<tokio::runtime::Handle>,
+    /// Set while the work is polled: still set when it is dropped, the
+    /// work panicked, and is not carried on.
+    polling: bool,
+}
+
+impl<F> Future for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        // `Self` is `Unpin` (the work is boxed).
+        let this = &mut *self;
+        let Some(work) = this.work.as_mut() else {
+            panic!("DetachOnDrop polled after it answered");
+        };
+        this.polling = true;
+        let out = work.as_mut().poll(cx);
+        this.polling = false;
+        if out.is_ready() {
+            this.work = None;
+        }
+        out
+    }
+}
+
+impl<F> Drop for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        if self.polling {
+            // The work panicked: it is over, like a panicked task.
+            return;
+        }
+        let runtime = self
+            .runtime
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(rt) => drop(rt.spawn(work)),
+            // No runtime to carry it on: dropped, as a task is when its
+            // runtime shuts down (the claim then ends with its TTL).
+            None => drop(work),
+        }
+    }
 }
 
 /// The output of detached work: awaited from its task, or run inline.
@@ -494,6 +572,93 @@ mod tests {
             .expect("the work runs before its future is polled")
             .expect("the work sends");
         assert_eq!(detached.await, 7 * 4096);
+    }
+
+    /// `detach_tracked` runs the work in the caller's future (nothing
+    /// starts before it is polled, and no task is spawned while the caller
+    /// waits), tracked all the while; dropped half-way, the work moves into
+    /// a task and runs to its end, still tracked.
+    #[tokio::test]
+    async fn detach_tracked_runs_inline_and_carries_on_when_dropped() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let (started, is_started) = tokio::sync::oneshot::channel::<()>();
+        let (go, gate) = tokio::sync::oneshot::channel::<()>();
+        let (ended, has_ended) = tokio::sync::oneshot::channel::<u32>();
+        let alive_before = metrics.num_alive_tasks();
+        let mut work = Box::pin(detach_tracked(&tracker, async move {
+            let _ = started.send(());
+            let _ = gate.await;
+            let _ = ended.send(7);
+            7u32
+        }));
+        assert_eq!(tracker.len(), 1, "tracked before it runs");
+        tokio::task::yield_now().await;
+        let mut is_started = is_started;
+        assert!(
+            is_started.try_recv().is_err(),
+            "the work started without being polled: it was spawned"
+        );
+        // Polled once: started, waiting at the gate.
+        assert!(futures_util::poll!(work.as_mut()).is_pending());
+        assert!(is_started.try_recv().is_ok());
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            alive_before,
+            "no task while the caller waits"
+        );
+        // The caller gives up: the work goes on in a task of its own.
+        drop(work);
+        assert_eq!(metrics.num_alive_tasks(), alive_before + 1);
+        assert_eq!(tracker.len(), 1, "still tracked in its task");
+        go.send(()).unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(5), has_ended)
+            .await
+            .expect("the dropped work ran to its end")
+            .expect("the work sends");
+        assert_eq!(out, 7);
+        tracker.close();
+        tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+            .await
+            .expect("the tracker empties once the work ends");
+
+        // A caller that waits gets the output, and no task was spawned.
+        let tracker = tokio_util::task::TaskTracker::new();
+        let alive = metrics.num_alive_tasks();
+        let waited = detach_tracked(&tracker, async move {
+            tokio::task::yield_now().await;
+            metrics.num_alive_tasks()
+        });
+        assert_eq!(waited.await, alive, "no task while the caller waits");
+        assert!(tracker.is_empty());
+    }
+
+    /// A panic in detached work unwinds through its caller, and the
+    /// panicked work is not carried on in a task when the caller's future
+    /// is then dropped.
+    #[tokio::test]
+    async fn detach_tracked_panics_through_the_caller_and_is_not_respawned() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let mut work = Box::pin(detach_tracked(&tracker, async {
+            tokio::task::yield_now().await;
+            panic!("injected");
+        }));
+        assert!(futures_util::poll!(work.as_mut()).is_pending());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let waker = futures_util::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            let _ = work.as_mut().poll(&mut cx);
+        }));
+        assert!(unwound.is_err(), "the panic reaches the caller");
+        drop(work);
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            before,
+            "a panicked work was spawned"
+        );
+        assert!(tracker.is_empty());
     }
 
     /// A lease of `Duration::MAX` runs its work, by itself and through the

@@ -12,11 +12,14 @@
 //! | `fingerprint.acquire` | a new fingerprint: `SET NX PX GET`, admitted, held |
 //! | `fingerprint.duplicate` | a held fingerprint again: the same command, rejected with its `Retry-After` |
 //! | `idempotency.claim` | a new `Idempotency-Key` through the layer, timed until its handler is entered; handlers are held to the row's end (at most 2 s), then released |
+//! | `idempotency.store_cycle` | the yardstick of `cycle`: its claim (`put_if_absent`) and completion (`replace_if_equals`) at the store, no layer |
 //! | `idempotency.cycle` | a new key through the layer: claimed, handled (201, 64-byte body), completed, the response read |
 //! | `idempotency.replay` | a key whose record is complete: the stored response replayed |
 //! | `ratelimit.gcra` | one GCRA decision (one script by `EVALSHA`) |
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
 //! | `http.guarded` | the same route behind `FingerprintLayer`, the same load generator, the same run |
+//! | `http.handrolled` | the same route with the guard written by hand in the handler: `SET key NX PX` through plain redis-rs, 409 when taken (one Redis only) |
+//! | `gateway.direct`, `gateway.passthrough`, `gateway.guarded`, `gateway.nginx` | a trivial backend without a proxy, through `norepeat-gateway` unguarded and guarded, and through nginx's `proxy_pass` (see `rows::gateway`) |
 //! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
 //! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |
 //!

@@ -67,7 +67,7 @@ pub struct Report {
     pub(crate) ceiling: Result<Ceiling, String>,
 }
 
-/// A figure against its target (issue 15's goals).
+/// A figure against its target (issues 15, 26 and 28).
 struct Goal {
     name: &'static str,
     /// The key under `ratios` in the JSON, for ratios.
@@ -97,6 +97,13 @@ impl Report {
         let http = self.over("http.guarded", "http.unguarded");
         let ceiling = self.ceiling.as_ref().ok().map(|c| c.ops_per_s);
         let raw_ceiling = self.ops("redis.raw").zip(ceiling).map(|(r, c)| r / c);
+        let fp_ceiling = self
+            .ops("fingerprint.acquire")
+            .zip(ceiling)
+            .map(|(r, c)| r / c);
+        let handrolled = self.over("http.guarded", "http.handrolled");
+        let cycle_store = self.over("idempotency.cycle", "idempotency.store_cycle");
+        let replay_raw = self.over("idempotency.replay", "redis.raw");
         let mem = self.memory.as_ref().ok();
         let fp_bytes = mem.map(|m| m.bytes_per_fingerprint_key);
         let in_progress = mem.map(|m| m.bytes_per_idempotency_in_progress);
@@ -122,8 +129,36 @@ impl Report {
                 name: "http.guarded / http.unguarded",
                 json: Some("http_guarded_over_unguarded"),
                 value: http,
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
+                name: "http.guarded / http.handrolled",
+                json: Some("http_guarded_over_handrolled"),
+                value: handrolled,
+                target: ">= 0.95",
+                met: at_least(handrolled, 0.95),
+            },
+            Goal {
+                name: "idempotency.cycle / idempotency.store_cycle",
+                json: Some("idempotency_cycle_over_store_cycle"),
+                value: cycle_store,
                 target: ">= 0.75",
-                met: at_least(http, 0.75),
+                met: at_least(cycle_store, 0.75),
+            },
+            Goal {
+                name: "idempotency.replay / redis.raw",
+                json: Some("idempotency_replay_over_raw"),
+                value: replay_raw,
+                target: ">= 0.9",
+                met: at_least(replay_raw, 0.9),
+            },
+            Goal {
+                name: "fingerprint.acquire / redis-benchmark ceiling",
+                json: Some("fingerprint_acquire_over_ceiling"),
+                value: fp_ceiling,
+                target: ">= 0.4",
+                met: at_least(fp_ceiling, 0.4),
             },
             Goal {
                 name: "redis.raw / redis-benchmark ceiling",

@@ -1,42 +1,129 @@
-//! `http.unguarded` and `http.guarded`: `POST /orders` over loopback to a
-//! trivial axum route (reads the body, answers 201), without and with the
-//! fingerprint guard, driven by one keep-alive reqwest client from every
-//! task, each request a new body (so each guarded one is a new
-//! fingerprint).
+//! `http.unguarded`, `http.guarded` and `http.handrolled`: `POST /orders`
+//! over loopback to a trivial axum route (reads the body, answers 201),
+//! without a guard, behind the fingerprint guard, and with the guard the
+//! article's engineers wrote by hand in the handler (on Redis only), driven
+//! by one keep-alive reqwest client from every task, each request a new
+//! body (so each guarded one is a new fingerprint).
+//!
+//! The hand-written guard: a key from the caller and a hash of the raw
+//! body, `SET key 1 NX PX 3000` through plain redis-rs on as many
+//! `ConnectionManager`s as the store holds (each key on one of them), 409
+//! when the key is taken, the key deleted again when the work fails (ours
+//! never does). No canonical JSON, no owner, no fail-open policy, no
+//! metrics: `http.guarded / http.handrolled` is what the layer costs over
+//! writing it yourself.
 
 use super::super::BenchError;
 use super::super::harness::{Load, Sample, measure};
 use axum::Router;
+use axum::extract::State;
 use axum::routing::post;
 use bytes::Bytes;
 use http::StatusCode;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::store::AnyStore;
+use redis::aio::ConnectionManager;
 use std::sync::Arc;
 
 async fn created(_body: Bytes) -> (StatusCode, &'static str) {
     (StatusCode::CREATED, r#"{"created":true}"#)
 }
 
+/// Which guard the route has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// None.
+    Unguarded,
+    /// [`FingerprintLayer`] on the bench's store.
+    Layer,
+    /// `SET NX PX` in the handler, through plain redis-rs (Redis only).
+    HandRolled,
+}
+
+/// The hand-written guard's connections: plain redis-rs, as many as the
+/// store holds, each key on one of them (as the store places its keys).
+#[derive(Clone)]
+struct HandRolled {
+    managers: Arc<[ConnectionManager]>,
+}
+
+/// The article's guard, by hand: the caller and a hash of the raw body as
+/// the key, `SET NX PX` for 3 s, 409 when taken.
+async fn handrolled(
+    State(cx): State<HandRolled>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> (StatusCode, &'static str) {
+    let user = headers
+        .get("x-user-id")
+        .map_or(&b""[..], http::HeaderValue::as_bytes);
+    let mut h = blake3::Hasher::new();
+    h.update(user);
+    h.update(b"\0");
+    h.update(&body);
+    let digest = h.finalize();
+    let hex = digest.to_hex();
+    let key = format!("dup:{}", &hex[..32]);
+    let slot = usize::from(digest.as_bytes()[0]) % cx.managers.len();
+    let mut con = cx.managers[slot].clone();
+    let taken: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(3_000)
+        .query_async(&mut con)
+        .await;
+    match taken {
+        Ok(Some(_)) => {
+            let (status, body) = created(body).await;
+            if !status.is_success() {
+                // Release on error, as the article's code does.
+                let _: redis::RedisResult<()> =
+                    redis::cmd("DEL").arg(&key).query_async(&mut con).await;
+            }
+            (status, body)
+        }
+        Ok(None) => (StatusCode::CONFLICT, r#"{"error":"duplicate"}"#),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, r#"{"error":"redis"}"#),
+    }
+}
+
 pub(crate) async fn http(
     store: &AnyStore,
     load: &Load,
     run: u64,
-    guarded: bool,
+    guard: Guard,
+    url: Option<&str>,
 ) -> Result<Sample, BenchError> {
-    let row = if guarded {
-        "http.guarded"
-    } else {
-        "http.unguarded"
+    let row = match guard {
+        Guard::Unguarded => "http.unguarded",
+        Guard::Layer => "http.guarded",
+        Guard::HandRolled => "http.handrolled",
     };
-    let app = if guarded {
-        let guard = FingerprintGuard::new(store.clone());
-        Router::new().route(
-            "/orders",
-            post(created).layer(FingerprintLayer::new(guard).route("/orders")),
-        )
-    } else {
-        Router::new().route("/orders", post(created))
+    let app = match guard {
+        Guard::Layer => {
+            let guard = FingerprintGuard::new(store.clone());
+            Router::new().route(
+                "/orders",
+                post(created).layer(FingerprintLayer::new(guard).route("/orders")),
+            )
+        }
+        Guard::Unguarded => Router::new().route("/orders", post(created)),
+        Guard::HandRolled => {
+            let url = url.ok_or_else(|| BenchError::unexpected(row, "needs a Redis URL"))?;
+            let client = redis::Client::open(url)?;
+            let mut managers = Vec::new();
+            for _ in 0..norepeat::store::DEFAULT_CONNECTIONS.max(1) {
+                managers.push(ConnectionManager::new(client.clone()).await?);
+            }
+            let cx = HandRolled {
+                managers: managers.into(),
+            };
+            Router::new()
+                .route("/orders", post(handrolled))
+                .with_state(cx)
+        }
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -47,7 +134,11 @@ pub(crate) async fn http(
         .pool_max_idle_per_host(load.concurrency)
         .build()?;
     let url: Arc<str> = Arc::from(format!("http://{addr}/orders"));
-    let tag = if guarded { 'g' } else { 'u' };
+    let tag = match guard {
+        Guard::Unguarded => 'u',
+        Guard::Layer => 'g',
+        Guard::HandRolled => 'h',
+    };
     let result = measure(load, move |id| {
         let client = client.clone();
         let url = Arc::clone(&url);

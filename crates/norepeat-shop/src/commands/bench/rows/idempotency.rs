@@ -10,6 +10,12 @@
 //!   a 64-byte JSON body, the record completed, the response read.
 //! - `idempotency.replay`: a key whose record is complete: the stored
 //!   response replayed.
+//! - `idempotency.store_cycle`: the yardstick of `cycle`: the same two
+//!   store operations with no layer (a claim by `put_if_absent` of a
+//!   12-byte in-progress record, then its completion by
+//!   `replace_if_equals` with a 105-byte completed one, the sizes the layer
+//!   writes for a 64-byte body), so `cycle / store_cycle` is what the layer
+//!   costs on top of its store.
 //!
 //! `cycle` and `replay` also run on a SQL store (see `sql`), as
 //! `idempotency.cycle.postgres` and so on.
@@ -21,7 +27,8 @@ use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use norepeat::idempotency::IdempotencyLayer;
-use norepeat::store::{AnyStore, KeyValueStore};
+use norepeat::keys::{KeyBuilder, Namespace};
+use norepeat::store::{AnyStore, KeyValueStore, KeyValueStoreExt};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -298,6 +305,62 @@ pub(crate) async fn replay_on<G: KeyValueStore + Clone>(
                 .await
                 .map_err(|e| BenchError::unexpected(row, e.to_string()))?;
             std::hint::black_box(body);
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// `idempotency.store_cycle`: a claim and its completion at the store, no
+/// layer: what `idempotency.cycle` would cost if the layer added nothing.
+/// Keys are built as the layer builds them (caller, method, path, client
+/// key); the values are the sizes the layer writes.
+pub(crate) async fn store_cycle(
+    store: &AnyStore,
+    load: &Load,
+    run: u64,
+) -> Result<Sample, BenchError> {
+    const ROW: &str = "idempotency.store_cycle";
+    // 3 s, as `redis.raw`'s keys (see `probe::Settle`).
+    let retention = Duration::from_secs(3);
+    let lease = Duration::from_secs(30);
+    let keys = KeyBuilder::default();
+    let store = store.clone();
+    // A completed record of a 201 with `content-type` and `BODY_64`: 105
+    // bytes, as the layer writes it.
+    let completed: Arc<[u8]> = Arc::from(vec![2u8; 105]);
+    measure(load, move |id| {
+        let store = store.clone();
+        let completed = Arc::clone(&completed);
+        let client_key = format!("s{run:x}-{id}");
+        let key = keys.key(
+            Namespace::Idempotency,
+            &[b"bench-user", b"POST", b"/payments", client_key.as_bytes()],
+        );
+        // 12 bytes unique to the claim, as the layer's in-progress record.
+        let mut claim = [3u8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        claim[4..12].copy_from_slice(&(id ^ run).to_be_bytes());
+        async move {
+            if let Some(held) = store
+                .put_if_absent(&key, &claim, lease)
+                .await
+                .map_err(|e| BenchError::unexpected(ROW, e.to_string()))?
+            {
+                return Err(BenchError::unexpected(
+                    ROW,
+                    format!("a fresh key was held ({} bytes)", held.len()),
+                ));
+            }
+            let done = store
+                .replace_if_equals(&key, &claim, &completed, retention)
+                .await
+                .map_err(|e| BenchError::unexpected(ROW, e.to_string()))?;
+            if !done {
+                return Err(BenchError::unexpected(
+                    ROW,
+                    "the completion found another record",
+                ));
+            }
             Ok(())
         }
     })

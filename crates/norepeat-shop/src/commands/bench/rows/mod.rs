@@ -27,18 +27,20 @@ use std::time::Duration;
 
 /// Every row, in the order they run. `redis.raw` sits right before the
 /// rows it is the yardstick of, so they share a sitting.
-pub const RESULT_NAMES: [&str; 15] = [
+pub const RESULT_NAMES: [&str; 17] = [
     "token.issue",
     "redis.raw",
     "token.consume",
     "fingerprint.acquire",
     "fingerprint.duplicate",
     "idempotency.claim",
+    "idempotency.store_cycle",
     "idempotency.cycle",
     "idempotency.replay",
     "ratelimit.gcra",
     "http.unguarded",
     "http.guarded",
+    "http.handrolled",
     "gateway.direct",
     "gateway.passthrough",
     "gateway.guarded",
@@ -69,11 +71,18 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
         "fingerprint.acquire" => fingerprint_acquire(store, load, run).await?,
         "fingerprint.duplicate" => fingerprint_duplicate(store, load, run).await?,
         "idempotency.claim" => idempotency::claim(store, load, run).await?,
+        "idempotency.store_cycle" => idempotency::store_cycle(store, load, run).await?,
         "idempotency.cycle" => idempotency::cycle(store, load, run).await?,
         "idempotency.replay" => idempotency::replay(store, load, run).await?,
         "ratelimit.gcra" => ratelimit_gcra(store, load, run).await?,
-        "http.unguarded" => http::http(store, load, run, false).await?,
-        "http.guarded" => http::http(store, load, run, true).await?,
+        "http.unguarded" => http::http(store, load, run, http::Guard::Unguarded, None).await?,
+        "http.guarded" => http::http(store, load, run, http::Guard::Layer, None).await?,
+        "http.handrolled" => match (store, cx.url) {
+            (AnyStore::Redis(_), Some(url)) => {
+                http::http(store, load, run, http::Guard::HandRolled, Some(url)).await?
+            }
+            _ => return Ok(None),
+        },
         "gateway.direct" | "gateway.passthrough" | "gateway.guarded" | "gateway.nginx" => {
             return gateway::row(name, cx.url, load, run).await;
         }
