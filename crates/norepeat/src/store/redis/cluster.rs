@@ -1,20 +1,67 @@
-//! Redis Cluster.
+//! Redis Cluster, batched per master node.
+//!
+//! # Why the store keeps its own slot map
+//!
+//! The calls that arrive together should leave together, as on one Redis
+//! (see [`batch`](super::batch)): one pipeline per master node instead of
+//! one write per call. redis-rs (1.8) offers no way to do that safely:
+//! - a [`redis::Pipeline`] on a cluster connection must have every key in
+//!   one slot (it fails with `CROSSSLOT` before sending anything);
+//! - `ClusterConnection::route_pipeline` sends a pipeline to one node, but
+//!   when any of its answers is a redirection (`MOVED`, `ASK`) or a slot in
+//!   transition (`TRYAGAIN`, `CLUSTERDOWN`) the client sends the *whole*
+//!   pipeline again to the new node. The commands that had run then run
+//!   twice, and a `SET key v NX PX ttl GET` sent twice answers its second
+//!   time with the value it wrote itself: the first caller of a key would
+//!   be told the key is taken. Its slot map is not public either.
+//!
+//! So the store keeps its own map of slot → master (from `CLUSTER SLOTS`)
+//! and one [`ConnectionManager`] and one [`Queue`] per master. A call
+//! computes its key's slot (CRC16, with the `{hash tag}` rule), queues its
+//! command on that master's queue, and the queue leaves as one pipeline
+//! with `ignore_errors`: every command keeps its own answer, a redirection
+//! included. Only the commands answered `MOVED`, `ASK`, `TRYAGAIN` or
+//! `CLUSTERDOWN` (none of which ran) are sent again, each alone, through
+//! the redis-rs cluster connection, which follows redirections (with
+//! `ASKING`), waits out a slot in transition and refreshes its own map.
+//! A `MOVED` or a broken node connection also refreshes the store's map
+//! (in the background, at most one refresh per [`REFRESH_GAP`]); a slot
+//! the map does not know (no master, an endpoint it cannot name) is sent
+//! alone through the cluster connection too.
+//!
+//! A batch that fails as a whole (the node died, the response timeout) may
+//! have run on the node: its commands are not sent again, and their callers
+//! get the error, as on one Redis. A caller that gives up before its batch
+//! leaves sends nothing.
+//!
+//! The commands on one key keep their order while the map does not change
+//! (one queue per master, batches in the order taken). While a slot moves,
+//! a command sent again alone may be overtaken by a later one on the same
+//! key only if its caller sent the later one without awaiting the first;
+//! the guards await every call.
 
-use super::single::at;
-use super::{Backend, Scripts, map_err};
-use crate::store::{StoreError, redact_url};
+use super::batch::{self, Queue, Redirected, Ticket};
+use super::single::{at, manager_config};
+use super::{Backend, Connections, Scripts, map_err};
+use crate::store::{LateAnswers, StoreError, redact_url};
+use arc_swap::ArcSwap;
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use std::sync::Arc;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// A Redis Cluster. Every operation (each command, each Lua script)
 /// touches exactly one key, so it runs in that key's slot and needs no hash
-/// tag; redirections (MOVED, ASK) and failovers
-/// are followed by the cluster client, and scripts are loaded again on a new
-/// master that answers NOSCRIPT.
+/// tag. Calls that arrive together leave as one pipeline per master node
+/// (see the module docs for how, and why redirections are still answered
+/// right); redirections (MOVED, ASK) and failovers are followed, and
+/// scripts are loaded again on a new master that answers NOSCRIPT.
 ///
-/// What the client (redis-rs cluster-async) does during a failover, and how
-/// it is configured here:
+/// What the cluster client (redis-rs cluster-async), through which the
+/// commands answered with a redirection are sent again, does during a
+/// failover, and how it is configured here:
 /// - `MOVED`/`ASK`: followed at once (a `MOVED` also refreshes the slot map).
 /// - `READONLY` (a write on a master demoted to replica): slot map refreshed,
 ///   command retried on the new master.
@@ -24,13 +71,16 @@ use std::time::Duration;
 /// - a refused or dropped connection: reconnected, retried, and the slot map
 ///   refreshed.
 ///
-/// At most 6 retries, and 2 s per call in all (connecting: 1 s). Put the
-/// store behind [`Resilient`](crate::store::Resilient) for a guard's much
-/// shorter budget and a breaker, and behind
-/// [`Fallback`](crate::store::Fallback) for fail-open routes: while a
-/// master's slots have no master (a few seconds, set by
-/// `cluster-node-timeout`), calls on them fail and the route's policy
-/// applies; calls on other slots are unaffected.
+/// At most 6 retries, and 2 s per call in all (connecting: 1 s). A batch
+/// sent straight to a master has the response timeout of a
+/// [`RedisStore`](crate::store::RedisStore)'s connection (500 ms); when
+/// its node is gone its calls fail, and the store's slot map is refreshed
+/// until the slots have a new master. Put the store behind
+/// [`Resilient`](crate::store::Resilient) for a guard's much shorter budget
+/// and a breaker, and behind [`Fallback`](crate::store::Fallback) for
+/// fail-open routes: while a master's slots have no master (a few seconds,
+/// set by `cluster-node-timeout`), calls on them fail and the route's
+/// policy applies; calls on other slots are unaffected.
 ///
 /// `NOSCRIPT`: Redis does not replicate `SCRIPT LOAD` (checked on 7.0), so a
 /// promoted replica may lack the scripts; the first call there loads them
@@ -44,11 +94,13 @@ use std::time::Duration;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct ClusterStore(Backend<ClusterConnection>);
+pub struct ClusterStore(Backend<Nodes>);
 
 impl std::fmt::Debug for ClusterStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClusterStore")
+        f.debug_struct("ClusterStore")
+            .field("masters", &self.0.con.0.map.load().nodes.len())
+            .finish()
     }
 }
 
@@ -64,7 +116,12 @@ impl ClusterStore {
             .map(|n| redact_url(n))
             .collect::<Vec<_>>()
             .join(",");
-        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+        let invalid = |e: redis::RedisError| {
+            StoreError::InvalidUrl(format!(
+                "{shown:?} ({e}); a node's URL looks like redis://[[user]:password@]host:port"
+            ))
+        };
+        let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
             .retries(6)
@@ -72,20 +129,443 @@ impl ClusterStore {
             .max_retry_wait(500)
             .retry_wait_formula(20, 2)
             .build()
-            .map_err(|e| {
-                StoreError::InvalidUrl(format!(
-                    "{shown:?} ({e}); a node's URL looks like redis://[[user]:password@]host:port"
-                ))
-            })?;
-        let con = client
+            .map_err(invalid)?;
+        // The settings (credentials, TLS) every node connection copies; the
+        // builder accepted the URLs, so there is a first one.
+        let info = nodes
+            .first()
+            .map(|n| n.into_connection_info())
+            .transpose()
+            .map_err(invalid)?
+            .ok_or_else(|| StoreError::InvalidUrl("no node URL given".to_owned()))?;
+        let cluster = client
             .get_async_connection()
             .await
             .map_err(|e| at(&shown, map_err(e)))?;
+        let inner = Arc::new(Inner {
+            cluster,
+            info,
+            map: ArcSwap::from_pointee(SlotMap::empty()),
+            refreshing: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            late: Mutex::new(Vec::new()),
+        });
+        // Without a map every call goes alone through the cluster
+        // connection (and asks for a map): slower, not wrong.
+        if let Err(e) = inner.refresh().await {
+            tracing::warn!(error = %e, "could not read the cluster's slot map; calls go unbatched until it is read");
+        }
         Ok(Self(Backend {
-            con,
+            con: Nodes(inner),
             scripts: Arc::new(Scripts::new()),
         }))
     }
 }
 
+/// The fewest milliseconds between two refreshes of the slot map: a storm
+/// of redirections (every call on a moved slot) asks for one refresh.
+const REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// The slots of a cluster.
+const SLOTS: usize = 16384;
+
+/// No known master: the slot's calls go alone through the cluster
+/// connection.
+const NO_NODE: u16 = u16::MAX;
+
+/// The masters of the cluster, each with its connection and queue, and
+/// the cluster client for everything a master did not answer itself.
+/// Cloning it (every clone of the store) is one `Arc`.
+#[derive(Clone)]
+struct Nodes(Arc<Inner>);
+
+struct Inner {
+    /// Sends what the map cannot (unknown slots, redirected commands) and
+    /// loads scripts; asked for the slot map.
+    cluster: ClusterConnection,
+    /// The first node's connection settings, the address aside.
+    info: ConnectionInfo,
+    map: ArcSwap<SlotMap>,
+    /// A refresh task is running.
+    refreshing: AtomicBool,
+    /// A refresh was asked for since the last one began.
+    stale: AtomicBool,
+    /// Where the answers that came after their callers gave up are
+    /// reported; read only when such an answer comes.
+    late: Mutex<Vec<LateAnswers>>,
+}
+
+/// Which master serves each slot.
+struct SlotMap {
+    /// An index into `nodes` per slot, or [`NO_NODE`].
+    owner: Box<[u16]>,
+    nodes: Vec<Arc<Node>>,
+}
+
+impl SlotMap {
+    fn empty() -> Self {
+        Self {
+            owner: vec![NO_NODE; SLOTS].into_boxed_slice(),
+            nodes: Vec::new(),
+        }
+    }
+
+    fn node(&self, slot: u16) -> Option<&Arc<Node>> {
+        let index = *self.owner.get(usize::from(slot))?;
+        self.nodes.get(usize::from(index))
+    }
+}
+
+/// One master: its connection and the calls waiting for its next write.
+/// A refresh keeps the masters it finds again (their queues keep the order
+/// of a key's commands).
+struct Node {
+    host: String,
+    port: u16,
+    client: redis::Client,
+    /// Replaced whole by [`Connections::reconnect`].
+    manager: ArcSwap<ConnectionManager>,
+    queue: Queue,
+}
+
+impl Inner {
+    /// Reads `CLUSTER SLOTS` and replaces the map.
+    async fn refresh(&self) -> RedisResult<()> {
+        let mut con = self.cluster.clone();
+        let answer: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut con)
+            .await?;
+        let old = self.map.load();
+        let mut map = SlotMap::empty();
+        for (from, to, host, port) in slot_ranges(answer)? {
+            let known = map
+                .nodes
+                .iter()
+                .position(|n| n.host == host && n.port == port);
+            let index = match known {
+                Some(index) => index,
+                None => {
+                    let reused = old
+                        .nodes
+                        .iter()
+                        .find(|n| n.host == host && n.port == port)
+                        .map(Arc::clone);
+                    let Some(node) = reused.or_else(|| self.node(host, port)) else {
+                        continue;
+                    };
+                    map.nodes.push(node);
+                    map.nodes.len() - 1
+                }
+            };
+            // A cluster has far fewer than 65535 masters.
+            let index = u16::try_from(index).unwrap_or(NO_NODE);
+            for slot in from..=to.min(SLOTS as u16 - 1) {
+                map.owner[usize::from(slot)] = index;
+            }
+        }
+        self.map.store(Arc::new(map));
+        Ok(())
+    }
+
+    /// A new master's connection (made on first use), with the first
+    /// node's settings; `None` when the address cannot take them (a Unix
+    /// socket), and its slots go through the cluster connection.
+    fn node(&self, host: String, port: u16) -> Option<Arc<Node>> {
+        let addr = match self.info.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.clone(), port),
+        };
+        let made = redis::Client::open(self.info.clone().set_addr(addr)).and_then(|client| {
+            let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
+            Ok(Node {
+                host,
+                port,
+                client,
+                manager: ArcSwap::from_pointee(manager),
+                queue: Queue::default(),
+            })
+        });
+        match made {
+            Ok(node) => Some(Arc::new(node)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot connect to a cluster master; its slots go unbatched");
+                None
+            }
+        }
+    }
+
+    /// Asks for a refresh of the map, done by one background task at a
+    /// time, at most one per [`REFRESH_GAP`]; a failed one is tried again
+    /// at the next request.
+    fn refresh_soon(self: &Arc<Self>) {
+        self.stale.store(true, Ordering::Release);
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                while inner.stale.swap(false, Ordering::AcqRel) {
+                    if let Err(e) = inner.refresh().await {
+                        tracing::warn!(error = %e, "could not refresh the cluster's slot map");
+                    }
+                    tokio::time::sleep(REFRESH_GAP).await;
+                }
+                inner.refreshing.store(false, Ordering::Release);
+                // A request made between the last check and the store
+                // above found the task still running: take it on.
+                if !inner.stale.load(Ordering::Acquire)
+                    || inner.refreshing.swap(true, Ordering::AcqRel)
+                {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Sends `cmd` alone through the cluster client, which follows
+    /// redirections and waits out slots in transition.
+    async fn alone(&self, cmd: Cmd) -> RedisResult<Value> {
+        let mut con = self.cluster.clone();
+        cmd.query_async(&mut con).await
+    }
+
+    /// Reports one late answer to every live target, forgetting the gone.
+    fn report_late(&self, took: Duration) {
+        self.late
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|to| to.report(took));
+    }
+}
+
+/// `(first slot, last slot, master host, master port)` per range of a
+/// `CLUSTER SLOTS` answer. A range whose master has no endpoint to name
+/// (an empty host or `?`) is left out: its slots go through the cluster
+/// connection.
+fn slot_ranges(answer: Value) -> RedisResult<Vec<(u16, u16, String, u16)>> {
+    let malformed = |what: &str| {
+        redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected CLUSTER SLOTS answer",
+            what.to_owned(),
+        ))
+    };
+    let Value::Array(ranges) = answer else {
+        return Err(malformed("not an array"));
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(mut parts) = range else {
+            return Err(malformed("a range is not an array"));
+        };
+        if parts.len() < 3 {
+            return Err(malformed("a range without a master"));
+        }
+        let master = parts.swap_remove(2);
+        let from: u16 = redis::from_redis_value(parts.swap_remove(0))?;
+        let to: u16 = redis::from_redis_value(parts.swap_remove(0))?;
+        let Value::Array(mut master) = master else {
+            return Err(malformed("a master is not an array"));
+        };
+        if master.len() < 2 {
+            return Err(malformed("a master without host and port"));
+        }
+        let port: u16 = redis::from_redis_value(master.swap_remove(1))?;
+        let host: String = redis::from_redis_value(master.swap_remove(0))?;
+        if !host.is_empty() && host != "?" {
+            out.push((from, to, host, port));
+        }
+    }
+    Ok(out)
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of the key, or of its hash
+/// tag (what lies between the first `{` and the first `}` after it, when
+/// that is not empty), modulo 16384.
+fn slot_of(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % SLOTS as u16
+}
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster hashes keys; one table lookup
+/// per byte.
+fn crc16(bytes: &[u8]) -> u16 {
+    const TABLE: [u16; 256] = {
+        let mut table = [0u16; 256];
+        let mut i = 0;
+        while i < 256 {
+            // `i` is below 256.
+            #[allow(clippy::cast_possible_truncation)]
+            let mut crc = (i as u16) << 8;
+            let mut bit = 0;
+            while bit < 8 {
+                crc = if crc & 0x8000 == 0 {
+                    crc << 1
+                } else {
+                    (crc << 1) ^ 0x1021
+                };
+                bit += 1;
+            }
+            table[i] = crc;
+            i += 1;
+        }
+        table
+    };
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// A master of a cluster, owned: what a [`Ticket`] holds while its task
+/// waits to run.
+struct NodeOf {
+    inner: Arc<Inner>,
+    node: Arc<Node>,
+}
+
+impl AsRef<Queue> for NodeOf {
+    fn as_ref(&self) -> &Queue {
+        &self.node.queue
+    }
+}
+
+/// Where a call goes: its master's queue, or alone through the cluster
+/// client.
+enum Route {
+    Batched(batch::Pending),
+    Alone(Cmd),
+}
+
+impl Connections for Nodes {
+    type Con = ClusterConnection;
+
+    /// The cluster client (for `SCRIPT LOAD`, sent to every node).
+    fn pick(&self, _key: &str) -> ClusterConnection {
+        self.0.cluster.clone()
+    }
+
+    /// Queued at once on the queue of the key's master (see [`batch`]); a
+    /// command that master did not run (a redirection) is sent again alone
+    /// through the cluster client, and the map refreshed.
+    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+        let inner = Arc::clone(&self.0);
+        let node = inner.map.load().node(slot_of(key.as_bytes())).cloned();
+        let route = match node {
+            Some(node) => {
+                let (answer, first) = node.queue.push(cmd);
+                if first {
+                    let ticket = Ticket::new(NodeOf {
+                        inner: Arc::clone(&inner),
+                        node,
+                    });
+                    tokio::spawn(batch::flush(
+                        ticket,
+                        |n: &NodeOf| ConnectionManager::clone(&n.node.manager.load()),
+                        |n: &NodeOf, took| n.inner.report_late(took),
+                    ));
+                }
+                Route::Batched(answer)
+            }
+            None => Route::Alone(cmd),
+        };
+        async move {
+            match route {
+                Route::Alone(cmd) => {
+                    inner.refresh_soon();
+                    // Boxed, as below: the rare path's future stays out of
+                    // every claim's.
+                    Box::pin(inner.alone(cmd)).await
+                }
+                Route::Batched(pending) => match pending.answer_or_redirect().await {
+                    Ok(answer) => {
+                        if let Err(e) = &answer {
+                            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+                            {
+                                // The master may be gone: a replica may be
+                                // taking its slots over.
+                                inner.refresh_soon();
+                            }
+                        }
+                        answer
+                    }
+                    Err(Redirected { cmd, error }) => {
+                        if matches!(error.code(), Some("MOVED" | "CLUSTERDOWN")) {
+                            inner.refresh_soon();
+                        }
+                        Box::pin(inner.alone(cmd)).await
+                    }
+                },
+            }
+        }
+    }
+
+    /// Replaces every master's connection with a fresh one (made on first
+    /// use), and refreshes the map; the cluster client replaces its own
+    /// broken connections itself.
+    fn reconnect(&self) {
+        let map = self.0.map.load();
+        for node in &map.nodes {
+            match ConnectionManager::new_lazy_with_config(node.client.clone(), manager_config()) {
+                Ok(fresh) => node.manager.store(Arc::new(fresh)),
+                Err(e) => tracing::warn!(error = %e, "could not replace a cluster connection"),
+            }
+        }
+        self.0.refresh_soon();
+        metrics::counter!("norepeat_store_reconnects_total").increment(1);
+        tracing::warn!("replaced the cluster connections after repeated timeouts");
+    }
+
+    /// Answers to batches sent straight to a master are reported; a call
+    /// given up while sent again through the cluster client (a
+    /// redirection) is dropped inside that client, which does not say when
+    /// its answer came.
+    fn report_late_answers(&self, to: LateAnswers) {
+        let mut late = self.0.late.lock().unwrap_or_else(PoisonError::into_inner);
+        late.retain(LateAnswers::is_live);
+        late.push(to);
+    }
+}
+
 impl_store!(ClusterStore, "cluster");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values `CLUSTER KEYSLOT` gives (Redis 7.0).
+    #[test]
+    fn slots_are_those_redis_computes() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"bar"), 5061);
+        assert_eq!(slot_of(b""), 0);
+        // A hash tag: only what lies between the braces counts.
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"x{foo}y"), 12182);
+        // An empty tag, or none closed, hashes the whole key.
+        assert_eq!(slot_of(b"{}foo"), crc16(b"{}foo") % 16384);
+        assert_eq!(slot_of(b"{foo"), crc16(b"{foo") % 16384);
+        // The first `{` and the first `}` after it.
+        assert_eq!(slot_of(b"{foo}{bar}"), 12182);
+        assert_eq!(slot_of(b"{{foo}}"), slot_of(b"{foo"));
+    }
+}
