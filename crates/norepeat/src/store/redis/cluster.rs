@@ -21,10 +21,14 @@
 //! command on that master's queue, and the queue leaves as one pipeline
 //! with `ignore_errors`: every command keeps its own answer, a redirection
 //! included. Only the commands answered `MOVED`, `ASK`, `TRYAGAIN` or
-//! `CLUSTERDOWN` (none of which ran) are sent again, each alone, through
-//! the redis-rs cluster connection, which follows redirections (with
-//! `ASKING`), waits out a slot in transition and refreshes its own map.
-//! A `MOVED` or a broken node connection also refreshes the store's map
+//! `CLUSTERDOWN` (none of which ran) are sent again, each alone: a `MOVED`
+//! one to the master it names, an `ASK` one there right after `ASKING`, in
+//! one pipeline (redis-rs sends `ASKING` as a request of its own, and
+//! under concurrency those interleave: checked, every one of 60 claims
+//! redirected together timed out), and the rest (a slot in transition, a
+//! second redirection) through the redis-rs cluster connection, which
+//! waits and follows. A `MOVED`, or a master that does not answer,
+//! refreshes the store's map
 //! (in the background, at most one refresh per [`REFRESH_GAP`]); a slot
 //! the map does not know (no master, an endpoint it cannot name) is sent
 //! alone through the cluster connection too.
@@ -47,7 +51,9 @@ use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, Value,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -333,6 +339,62 @@ impl Inner {
         });
     }
 
+    /// Sends a command a master did not run where its answer says: a
+    /// `MOVED` one to the master named, an `ASK` one there too, right
+    /// after `ASKING`, in one pipeline (redis-rs's cluster client sends
+    /// `ASKING` as a request of its own, and concurrent ones interleave on
+    /// its shared connection: each command then finds the flag spent by
+    /// another and is redirected until it times out). A slot in transition
+    /// (`TRYAGAIN`, `CLUSTERDOWN`), or a second redirection, goes to the
+    /// cluster client, which waits and follows.
+    async fn redirect(&self, cmd: Cmd, error: RedisError) -> RedisResult<Value> {
+        let asking = error.code() == Some("ASK");
+        let target = error.redirect_node().and_then(|(addr, _slot)| {
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse::<u16>().ok()?))
+        });
+        let Some(node) = target.and_then(|(host, port)| self.node_at(host, port)) else {
+            return self.alone(cmd).await;
+        };
+        let mut con = ConnectionManager::clone(&node.manager.load());
+        let answer = if asking {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors()
+                .add_command(redis::cmd("ASKING"))
+                .add_command(cmd.clone());
+            pipe.query_async::<Vec<Value>>(&mut con)
+                .await
+                .and_then(|mut answers| match (answers.pop(), answers.len()) {
+                    (Some(answer), 1) => answer.extract_error(),
+                    _ => Err(RedisError::from((
+                        ErrorKind::Parse,
+                        "ASKING and a command did not get two answers",
+                    ))),
+                })
+        } else {
+            cmd.query_async::<Value>(&mut con).await
+        };
+        match answer {
+            Err(e) if matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")) => {
+                self.alone(cmd).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// The master at `host:port`: the map's, or a connection for this call
+    /// alone (a master the map does not know yet).
+    fn node_at(&self, host: String, port: u16) -> Option<Arc<Node>> {
+        let known = self
+            .map
+            .load()
+            .nodes
+            .iter()
+            .find(|n| n.host == host && n.port == port)
+            .map(Arc::clone);
+        known.or_else(|| self.node(host, port))
+    }
+
     /// Sends `cmd` alone through the cluster client, which follows
     /// redirections and waits out slots in transition.
     async fn alone(&self, cmd: Cmd) -> RedisResult<Value> {
@@ -497,13 +559,10 @@ impl Connections for Nodes {
                 }
                 Route::Batched(pending) => match pending.answer_or_redirect().await {
                     Ok(answer) => {
-                        if let Err(e) = &answer {
-                            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
-                            {
-                                // The master may be gone: a replica may be
-                                // taking its slots over.
-                                inner.refresh_soon();
-                            }
+                        if answer.as_ref().is_err_and(|e| e.code().is_none()) {
+                            // No answer from the master (gone, or silent):
+                            // a replica may be taking its slots over.
+                            inner.refresh_soon();
                         }
                         answer
                     }
@@ -511,7 +570,7 @@ impl Connections for Nodes {
                         if matches!(error.code(), Some("MOVED" | "CLUSTERDOWN")) {
                             inner.refresh_soon();
                         }
-                        Box::pin(inner.alone(cmd)).await
+                        Box::pin(inner.redirect(cmd, error)).await
                     }
                 },
             }
