@@ -250,10 +250,12 @@ async fn a_batch_on_a_dead_master_fails_only_its_own_claims() {
             recovered = true;
             break;
         }
-        eprintln!("DEBUG {:?}", answers.first());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(recovered, "the claims on the killed master's slots never came back");
+    assert!(
+        recovered,
+        "the claims on the killed master's slots never came back"
+    );
 }
 
 /// The batching happens: 96 claims made together reach the masters in a
@@ -457,17 +459,30 @@ async fn claims_while_a_slot_moves_are_answered_right() {
     for ((k, v), answer) in claims.iter().zip(answers) {
         let answer = answer.unwrap_or_else(|e| panic!("{k} failed while its slot moved: {e}"));
         if let Some((_, i)) = k.rsplit_once(":old") {
-            assert_eq!(answer.as_deref(), Some(format!("held {i}").as_bytes()), "{k}");
+            assert_eq!(
+                answer.as_deref(),
+                Some(format!("held {i}").as_bytes()),
+                "{k}"
+            );
         } else if k.contains(":fresh") {
             assert_eq!(answer, None, "{k}: the first claim of a key was refused");
         } else if answer.is_none() {
-            assert!(admitted.insert(k, v.clone()).is_none(), "{k} admitted twice");
+            assert!(
+                admitted.insert(k, v.clone()).is_none(),
+                "{k} admitted twice"
+            );
         }
     }
     for i in 0..10 {
         let k = key("twice", i);
-        let winner = admitted.get(k.as_str()).expect("one of two claims admitted");
-        let loser: &[u8] = if winner == b"first" { b"second" } else { b"first" };
+        let winner = admitted
+            .get(k.as_str())
+            .expect("one of two claims admitted");
+        let loser: &[u8] = if winner == b"first" {
+            b"second"
+        } else {
+            b"first"
+        };
         // The other claim was told whose value holds the key.
         let held: Vec<u8> = con.get(&k).await.unwrap();
         assert_eq!(&held, winner, "{k}");
@@ -507,10 +522,14 @@ async fn claims_while_a_slot_moves_are_answered_right() {
     let after: Vec<String> = (0..20).map(|i| key("after", i)).collect();
     let answers = join_all(after.iter().map(|k| store.put_if_absent(k, b"new", TTL))).await;
     for (k, answer) in after.iter().zip(answers) {
-        assert_eq!(answer.unwrap(), None, "{k}: the first claim of a key was refused");
+        assert_eq!(
+            answer.unwrap(),
+            None,
+            "{k}: the first claim of a key was refused"
+        );
     }
-    let answers = join_all((0..20).map(|i| store.put_if_absent(&claims[2 * i + 1].0, b"x", TTL)))
-        .await;
+    let answers =
+        join_all((0..20).map(|i| store.put_if_absent(&claims[2 * i + 1].0, b"x", TTL))).await;
     for answer in answers {
         assert_eq!(answer.unwrap().as_deref(), Some(&b"new"[..]));
     }

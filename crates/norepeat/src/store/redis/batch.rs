@@ -281,7 +281,8 @@ async fn send<C: ConnectionLike + Send>(
             });
             match answers {
                 Ok(values) => {
-                    for ((value, reply), cmd) in values.into_iter().zip(replies).zip(pipe.cmd_iter())
+                    for ((value, reply), cmd) in
+                        values.into_iter().zip(replies).zip(pipe.cmd_iter())
                     {
                         answer(reply, value.extract_error(), cmd);
                     }

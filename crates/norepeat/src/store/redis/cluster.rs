@@ -52,7 +52,8 @@ use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, RedisResult, Value,
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
+    Value,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -292,7 +293,8 @@ impl Inner {
             _ => ConnectionAddr::Tcp(host.clone(), port),
         };
         let made = redis::Client::open(self.info.clone().set_addr(addr)).and_then(|client| {
-            let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
+            let manager =
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
             Ok(Node {
                 host,
                 port,
@@ -428,23 +430,24 @@ fn slot_ranges(answer: Value) -> RedisResult<Vec<(u16, u16, String, u16)>> {
     };
     let mut out = Vec::with_capacity(ranges.len());
     for range in ranges {
-        let Value::Array(mut parts) = range else {
+        let Value::Array(parts) = range else {
             return Err(malformed("a range is not an array"));
         };
-        if parts.len() < 3 {
+        // `[first, last, [host, port, id, ...], replicas...]`
+        let mut parts = parts.into_iter();
+        let (Some(from), Some(to), Some(Value::Array(master))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
             return Err(malformed("a range without a master"));
-        }
-        let master = parts.swap_remove(2);
-        let from: u16 = redis::from_redis_value(parts.swap_remove(0))?;
-        let to: u16 = redis::from_redis_value(parts.swap_remove(0))?;
-        let Value::Array(mut master) = master else {
-            return Err(malformed("a master is not an array"));
         };
-        if master.len() < 2 {
+        let from: u16 = redis::from_redis_value(from)?;
+        let to: u16 = redis::from_redis_value(to)?;
+        let mut master = master.into_iter();
+        let (Some(host), Some(port)) = (master.next(), master.next()) else {
             return Err(malformed("a master without host and port"));
-        }
-        let port: u16 = redis::from_redis_value(master.swap_remove(1))?;
-        let host: String = redis::from_redis_value(master.swap_remove(0))?;
+        };
+        let host: String = redis::from_redis_value(host)?;
+        let port: u16 = redis::from_redis_value(port)?;
         if !host.is_empty() && host != "?" {
             out.push((from, to, host, port));
         }
@@ -626,5 +629,42 @@ mod tests {
         // The first `{` and the first `}` after it.
         assert_eq!(slot_of(b"{foo}{bar}"), 12182);
         assert_eq!(slot_of(b"{{foo}}"), slot_of(b"{foo"));
+    }
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"0123abcd".to_vec()),
+            Value::Array(vec![]),
+        ])
+    }
+
+    /// Each range names its master first, then its replicas (ignored); a
+    /// master without an endpoint leaves its range unmapped.
+    #[test]
+    fn cluster_slots_answers_give_each_range_its_master() {
+        let answer = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                node("10.0.0.2", 7001),
+            ]),
+            Value::Array(vec![Value::Int(10923), Value::Int(16383), node("", 7002)]),
+        ]);
+        assert_eq!(
+            slot_ranges(answer).unwrap(),
+            vec![
+                (0, 5460, "10.0.0.1".to_owned(), 7000),
+                (5461, 10922, "10.0.0.2".to_owned(), 7001),
+            ]
+        );
+        assert!(slot_ranges(Value::Array(vec![Value::Array(vec![Value::Int(0)])])).is_err());
     }
 }
