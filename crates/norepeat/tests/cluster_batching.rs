@@ -131,6 +131,14 @@ async fn calls_of(port: u16, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// How many `MOVED` answers the node at `port` gave (`INFO errorstats`).
+async fn moved_answers(port: u16) -> u64 {
+    info_field(port, "errorstats", "errorstat_MOVED")
+        .await
+        .and_then(|v| v.strip_prefix("count=").map(|n| n.parse().unwrap()))
+        .unwrap_or(0)
+}
+
 #[tokio::test]
 async fn claims_on_every_master_each_get_their_own_answer() {
     let cluster = RedisCluster::start().await;
@@ -518,6 +526,7 @@ async fn claims_while_a_slot_moves_are_answered_right() {
             .await
             .unwrap();
     }
+    let moved_before = moved_answers(from).await;
     let sets_on_to = calls_of(to, "set").await;
     let after: Vec<String> = (0..20).map(|i| key("after", i)).collect();
     let answers = join_all(after.iter().map(|k| store.put_if_absent(k, b"new", TTL))).await;
@@ -533,6 +542,10 @@ async fn claims_while_a_slot_moves_are_answered_right() {
     for answer in answers {
         assert_eq!(answer.unwrap().as_deref(), Some(&b"new"[..]));
     }
+    assert!(
+        moved_answers(from).await > moved_before,
+        "no claim was redirected with MOVED"
+    );
     // Every claim reached `to`, where the keys now are.
     assert!(calls_of(to, "set").await >= sets_on_to + 40);
     let on_to: u64 = redis::cmd("CLUSTER")

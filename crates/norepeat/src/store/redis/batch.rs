@@ -37,6 +37,7 @@
 //! that answer ([`Pending::answer_or_redirect`]), to send it again alone
 //! where it belongs; one Redis never answers so.
 
+use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
@@ -148,18 +149,21 @@ impl<P: AsRef<Queue>> Drop for Ticket<P> {
 impl Pending {
     /// The command's own answer: its value, its server error, or the error
     /// that failed its whole batch (a broken connection, a timeout).
-    pub(super) async fn answer(self) -> RedisResult<Value> {
-        match self.answer_or_redirect().await {
+    pub(super) fn answer(self) -> impl Future<Output = RedisResult<Value>> + Send {
+        self.answer_or_redirect().map(|answer| match answer {
             Ok(answer) => answer,
             Err(Redirected { error, .. }) => Err(error),
-        }
+        })
     }
 
     /// Like [`answer`](Self::answer), but a command the node did not run
     /// (a redirection, a slot in transition) comes back, to be sent again
-    /// where it belongs.
-    pub(super) async fn answer_or_redirect(self) -> Result<RedisResult<Value>, Redirected> {
-        match self.0.await {
+    /// where it belongs. (Combinators, not an `async fn`: the future is
+    /// the receiver alone, part of every claim's.)
+    pub(super) fn answer_or_redirect(
+        self,
+    ) -> impl Future<Output = Result<RedisResult<Value>, Redirected>> + Send {
+        self.0.map(|reply| match reply {
             Ok(Reply {
                 answer: Err(error),
                 redirected: Some(cmd),
@@ -169,7 +173,7 @@ impl Pending {
                 ErrorKind::Io,
                 "the batch carrying this command was dropped",
             )))),
-        }
+        })
     }
 }
 

@@ -49,6 +49,7 @@ use super::single::{at, manager_config};
 use super::{Backend, Connections, Scripts, map_err};
 use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
+use futures_util::future::BoxFuture;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -317,11 +318,16 @@ impl Inner {
     /// at the next request.
     fn refresh_soon(self: &Arc<Self>) {
         self.stale.store(true, Ordering::Release);
+        // Outside a runtime (a `reconnect` from a plain thread) the next
+        // call in one asks again.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let inner = Arc::clone(self);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             loop {
                 while inner.stale.swap(false, Ordering::AcqRel) {
                     if let Err(e) = inner.refresh().await {
@@ -500,6 +506,19 @@ fn crc16(bytes: &[u8]) -> u16 {
     })
 }
 
+/// Sends a command a master did not run where it belongs (see
+/// [`Inner::redirect`]), refreshing the map after a `MOVED`. Boxed: only
+/// while slots move.
+fn resend(inner: Arc<Inner>, redirected: Redirected) -> BoxFuture<'static, RedisResult<Value>> {
+    if matches!(redirected.error.code(), Some("MOVED" | "CLUSTERDOWN")) {
+        inner.refresh_soon();
+    }
+    Box::pin(async move {
+        let Redirected { cmd, error } = redirected;
+        inner.redirect(cmd, error).await
+    })
+}
+
 /// A master of a cluster, owned: what a [`Ticket`] holds while its task
 /// waits to run.
 struct NodeOf {
@@ -511,13 +530,6 @@ impl AsRef<Queue> for NodeOf {
     fn as_ref(&self) -> &Queue {
         &self.node.queue
     }
-}
-
-/// Where a call goes: its master's queue, or alone through the cluster
-/// client.
-enum Route {
-    Batched(batch::Pending),
-    Alone(Cmd),
 }
 
 impl Connections for Nodes {
@@ -534,7 +546,10 @@ impl Connections for Nodes {
     fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
         let inner = Arc::clone(&self.0);
         let node = inner.map.load().node(slot_of(key.as_bytes())).cloned();
-        let route = match node {
+        // The rare paths (a slot the map does not know, a redirection) are
+        // boxed: the future of every claim on a cluster, and so an
+        // `AnyStore`'s, carries only a receiver and a pointer.
+        let pending = match node {
             Some(node) => {
                 let (answer, first) = node.queue.push(cmd);
                 if first {
@@ -548,35 +563,33 @@ impl Connections for Nodes {
                         |n: &NodeOf, took| n.inner.report_late(took),
                     ));
                 }
-                Route::Batched(answer)
+                Ok(answer)
             }
-            None => Route::Alone(cmd),
+            None => Err(Box::pin(async move {
+                inner.refresh_soon();
+                inner.alone(cmd).await
+            }) as BoxFuture<'static, RedisResult<Value>>),
         };
+        let inner = Arc::clone(&self.0);
         async move {
-            match route {
-                Route::Alone(cmd) => {
-                    inner.refresh_soon();
-                    // Boxed, as below: the rare path's future stays out of
-                    // every claim's.
-                    Box::pin(inner.alone(cmd)).await
+            let pending = match pending {
+                Ok(pending) => pending,
+                Err(alone) => return alone.await,
+            };
+            // The answer is matched before the next await, so that it is
+            // not kept in the future while a redirected command is resent.
+            let resending = match pending.answer_or_redirect().await {
+                Ok(answer) => {
+                    if answer.as_ref().is_err_and(|e| e.code().is_none()) {
+                        // No answer from the master (gone, or silent): a
+                        // replica may be taking its slots over.
+                        inner.refresh_soon();
+                    }
+                    return answer;
                 }
-                Route::Batched(pending) => match pending.answer_or_redirect().await {
-                    Ok(answer) => {
-                        if answer.as_ref().is_err_and(|e| e.code().is_none()) {
-                            // No answer from the master (gone, or silent):
-                            // a replica may be taking its slots over.
-                            inner.refresh_soon();
-                        }
-                        answer
-                    }
-                    Err(Redirected { cmd, error }) => {
-                        if matches!(error.code(), Some("MOVED" | "CLUSTERDOWN")) {
-                            inner.refresh_soon();
-                        }
-                        Box::pin(inner.redirect(cmd, error)).await
-                    }
-                },
-            }
+                Err(redirected) => resend(inner, redirected),
+            };
+            resending.await
         }
     }
 
