@@ -18,6 +18,8 @@ use norepeat_testkit::RedisCluster;
 use redis::AsyncCommands;
 use redis::cluster_async::ClusterConnection;
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -367,8 +369,10 @@ fn claims_sent_together_leave_in_one_write_per_master() {
 /// MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT ... NODE`) between the
 /// store's batches: while it moves, the claims on keys already moved, or
 /// not yet written, are answered `ASK` by the old master; once it has
-/// moved, every claim sent there is answered `MOVED`. Only those are sent
-/// again, so every claim is answered as if nothing moved: each first claim
+/// moved, every claim sent there is answered `MOVED`. Claims on fresh keys
+/// of the slot also run all along, between every step. Only the redirected
+/// claims are sent again, so every claim is answered as if nothing moved:
+/// each first claim
 /// of a key admitted (a whole batch sent again would have found its own
 /// writes and refused them), every taken key refused with its value.
 #[tokio::test]
@@ -412,6 +416,30 @@ async fn claims_while_a_slot_moves_are_answered_right() {
             .unwrap();
     }
     let asking_before = calls_of(to, "asking").await;
+
+    // Claims on fresh keys of the slot run all along, between every step
+    // of the move below: each must be admitted.
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = tokio::spawn({
+        let (store, stop, tag) = (store.clone(), Arc::clone(&stop), tag.clone());
+        async move {
+            let mut n = 0;
+            let mut refused = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let keys: Vec<String> = (n..n + 8).map(|i| format!("{{{tag}}}:bg{i}")).collect();
+                n += 8;
+                let answers =
+                    join_all(keys.iter().map(|k| store.put_if_absent(k, b"bg", TTL))).await;
+                for (k, answer) in keys.into_iter().zip(answers) {
+                    if !matches!(answer, Ok(None)) {
+                        refused.push(format!("{k}: {answer:?}"));
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            (n, refused)
+        }
+    });
 
     // The slot starts moving; the even old keys move first.
     let _: () = redis::cmd("CLUSTER")
@@ -502,7 +530,9 @@ async fn claims_while_a_slot_moves_are_answered_right() {
     );
 
     // The rest moves, and the slot is `to`'s: the store's map still says
-    // `from`, which answers MOVED.
+    // `from`, which answers MOVED (to the background claims first, or to
+    // the claims below).
+    let moved_before = moved_answers(from).await;
     loop {
         let left: Vec<String> = redis::cmd("CLUSTER")
             .arg("GETKEYSINSLOT")
@@ -526,7 +556,6 @@ async fn claims_while_a_slot_moves_are_answered_right() {
             .await
             .unwrap();
     }
-    let moved_before = moved_answers(from).await;
     let sets_on_to = calls_of(to, "set").await;
     let after: Vec<String> = (0..20).map(|i| key("after", i)).collect();
     let answers = join_all(after.iter().map(|k| store.put_if_absent(k, b"new", TTL))).await;
@@ -548,11 +577,18 @@ async fn claims_while_a_slot_moves_are_answered_right() {
     );
     // Every claim reached `to`, where the keys now are.
     assert!(calls_of(to, "set").await >= sets_on_to + 40);
+    stop.store(true, Ordering::Relaxed);
+    let (background, refused) = background.await.unwrap();
+    assert!(
+        refused.is_empty(),
+        "claims made while the slot moved: {refused:?}"
+    );
+    assert!(background >= 16, "the background claims ran along");
     let on_to: u64 = redis::cmd("CLUSTER")
         .arg("COUNTKEYSINSLOT")
         .arg(slot)
         .query_async(&mut dst)
         .await
         .unwrap();
-    assert_eq!(on_to, 20 + 20 + 10 + 20);
+    assert_eq!(on_to, 20 + 20 + 10 + 20 + background);
 }
