@@ -30,7 +30,14 @@
 //! it (nothing is sent for it); one that gives up later is in the same
 //! place as with a plain connection: the command may have run, and its key
 //! expires with its TTL.
+//!
+//! On a cluster node a command may be answered with a redirection
+//! (`MOVED`, `ASK`) or told the slot is in transition (`TRYAGAIN`,
+//! `CLUSTERDOWN`): it did not run. Its caller gets the command back with
+//! that answer ([`Pending::answer_or_redirect`]), to send it again alone
+//! where it belongs; one Redis never answers so.
 
+use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
@@ -59,11 +66,36 @@ struct State {
 /// One queued command and where its answer goes.
 pub(super) struct Waiting {
     cmd: Cmd,
-    reply: oneshot::Sender<RedisResult<Value>>,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// A command's answer, and the command itself when the answer says it did
+/// not run there (see [`redirected`]).
+struct Reply {
+    answer: RedisResult<Value>,
+    redirected: Option<Cmd>,
 }
 
 /// The answer of a queued command, once its batch has been answered.
-pub(super) struct Pending(oneshot::Receiver<RedisResult<Value>>);
+pub(super) struct Pending(oneshot::Receiver<Reply>);
+
+/// A command a cluster node did not run, and why: it belongs to another
+/// node (`MOVED`, `ASK`) or its slot is in transition (`TRYAGAIN`,
+/// `CLUSTERDOWN`).
+pub(super) struct Redirected {
+    pub(super) cmd: Cmd,
+    pub(super) error: RedisError,
+}
+
+/// An answer that says the command did not run on the node that answered:
+/// a redirection or a slot in transition. `MASTERDOWN` and `READONLY` are
+/// not among them: the command reached the node it was meant for.
+fn redirected(answer: &RedisResult<Value>) -> bool {
+    matches!(
+        answer.as_ref().err().and_then(RedisError::code),
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
+    )
+}
 
 impl Queue {
     fn state(&self) -> MutexGuard<'_, State> {
@@ -117,12 +149,30 @@ impl<P: AsRef<Queue>> Drop for Ticket<P> {
 impl Pending {
     /// The command's own answer: its value, its server error, or the error
     /// that failed its whole batch (a broken connection, a timeout).
-    pub(super) async fn answer(self) -> RedisResult<Value> {
-        self.0.await.unwrap_or_else(|_| {
-            Err(RedisError::from((
+    pub(super) fn answer(self) -> impl Future<Output = RedisResult<Value>> + Send {
+        self.answer_or_redirect().map(|answer| match answer {
+            Ok(answer) => answer,
+            Err(Redirected { error, .. }) => Err(error),
+        })
+    }
+
+    /// Like [`answer`](Self::answer), but a command the node did not run
+    /// (a redirection, a slot in transition) comes back, to be sent again
+    /// where it belongs. (Combinators, not an `async fn`: the future is
+    /// the receiver alone, part of every claim's.)
+    pub(super) fn answer_or_redirect(
+        self,
+    ) -> impl Future<Output = Result<RedisResult<Value>, Redirected>> + Send {
+        self.0.map(|reply| match reply {
+            Ok(Reply {
+                answer: Err(error),
+                redirected: Some(cmd),
+            }) => Err(Redirected { cmd, error }),
+            Ok(Reply { answer, .. }) => Ok(answer),
+            Err(_) => Ok(Err(RedisError::from((
                 ErrorKind::Io,
                 "the batch carrying this command was dropped",
-            )))
+            )))),
         })
     }
 }
@@ -181,22 +231,35 @@ async fn send<C: ConnectionLike + Send>(
     batch.retain(|w| !w.reply.is_closed());
     let sent = Instant::now();
     // An answer (a value or the command's own server error) its caller no
-    // longer waits for: the store answered, late.
-    let answer = |reply: oneshot::Sender<RedisResult<Value>>, value: RedisResult<Value>| {
-        if reply.send(value).is_err() {
+    // longer waits for: the store answered, late. A redirected command is
+    // handed back (cloned: only on a cluster, only while slots move).
+    let answer = |reply: oneshot::Sender<Reply>, value: RedisResult<Value>, cmd: &Cmd| {
+        let redirected = redirected(&value).then(|| cmd.clone());
+        let reply = reply.send(Reply {
+            answer: value,
+            redirected,
+        });
+        if reply.is_err() {
             late(sent.elapsed());
         }
+    };
+    // No answer: the connection failed or timed out.
+    let failed = |reply: oneshot::Sender<Reply>, e: RedisError| {
+        let _ = reply.send(Reply {
+            answer: Err(e),
+            redirected: None,
+        });
     };
     match batch.len() {
         0 => {}
         1 => {
             let Waiting { cmd, reply } = batch.pop().expect("one command");
             match cmd.query_async::<Value>(con).await {
-                // No answer: the connection failed or timed out.
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(value) => answer(reply, value.extract_error()),
+                // A server error (a redirection among them) is the command's
+                // own answer.
+                Err(e) if e.code().is_some() => answer(reply, Err(e), &cmd),
+                Err(e) => failed(reply, e),
+                Ok(value) => answer(reply, value.extract_error(), &cmd),
             }
         }
         n => {
@@ -222,13 +285,15 @@ async fn send<C: ConnectionLike + Send>(
             });
             match answers {
                 Ok(values) => {
-                    for (value, reply) in values.into_iter().zip(replies) {
-                        answer(reply, value.extract_error());
+                    for ((value, reply), cmd) in
+                        values.into_iter().zip(replies).zip(pipe.cmd_iter())
+                    {
+                        answer(reply, value.extract_error(), cmd);
                     }
                 }
                 Err(e) => {
                     for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
+                        failed(reply, e.clone());
                     }
                 }
             }

@@ -4,7 +4,6 @@ use crate::store::{KeyOp, KeyReply, RateDecision, RateOp, StoreError, ttl_ms};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use redis::aio::ConnectionLike;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,29 +292,6 @@ trait Connections {
     /// Reports the answers that arrive after their callers gave up to
     /// `to` (see [`KeyValueStore::report_late_answers`](crate::store::KeyValueStore::report_late_answers)).
     fn report_late_answers(&self, to: crate::store::LateAnswers);
-}
-
-impl Connections for ClusterConnection {
-    type Con = ClusterConnection;
-
-    fn pick(&self, _key: &str) -> ClusterConnection {
-        self.clone()
-    }
-
-    /// The cluster client routes each command to its node itself, over one
-    /// connection per node: the commands on one key stay in order.
-    fn query(&self, _key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
-        let mut con = self.clone();
-        async move { cmd.query_async(&mut con).await }
-    }
-
-    /// The cluster client replaces broken node connections itself.
-    fn reconnect(&self) {}
-
-    /// A cluster call given up is dropped inside the cluster client, which
-    /// does not say when its answer came: nothing is reported (the budget
-    /// of a `Resilient` around it follows the answers in time only).
-    fn report_late_answers(&self, _to: crate::store::LateAnswers) {}
 }
 
 mod batch;

@@ -136,7 +136,7 @@ pub(super) fn at(url: &str, error: StoreError) -> StoreError {
 /// stopped coming: its calls fail after it instead of waiting for a
 /// [`Pool::reconnect`] (redis-rs's default, stated here because the
 /// batching relies on it).
-fn manager_config() -> redis::aio::ConnectionManagerConfig {
+pub(super) fn manager_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_millis(500)))
         .set_connection_timeout(Some(Duration::from_secs(1)))
