@@ -225,3 +225,31 @@ async fn bench_only_measures_the_rows_it_names() {
     let r = json["ratios"]["fingerprint_acquire_over_raw"].as_f64();
     assert!(r.is_some_and(|r| r > 0.0), "{json}");
 }
+
+/// `--cluster` adds `fingerprint.acquire.cluster`, measured on a real
+/// Redis Cluster from the test kit; without it the row is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_cluster_row_on_a_cluster() {
+    let cluster = norepeat_testkit::RedisCluster::start().await;
+    let nodes = cluster.node_urls().join(",");
+    let json = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--cluster",
+            &nodes,
+            "--only",
+            "fingerprint.acquire.cluster",
+            "--only",
+            "fingerprint.acquire",
+        ])
+    })
+    .await
+    .unwrap();
+    check_results(
+        &json,
+        &["fingerprint.acquire.cluster", "fingerprint.acquire"],
+    );
+    let without = tokio::task::spawn_blocking(|| bench(&["--only", "fingerprint.acquire.cluster"]))
+        .await
+        .unwrap();
+    assert_eq!(without["results"], serde_json::json!([]), "{without}");
+}

@@ -39,6 +39,11 @@ pub struct BenchArgs {
     /// when no `--database sqlite://...` is given.
     #[arg(long)]
     pub sql_rows: bool,
+    /// The nodes of a Redis Cluster (`redis://host:port`, comma-separated):
+    /// adds the row `fingerprint.acquire.cluster`, measured there whatever
+    /// `--redis` is.
+    #[arg(long = "cluster", value_name = "URL", value_delimiter = ',')]
+    pub cluster: Vec<String>,
     /// Measure only this row (may be given more than once), without the
     /// memory figures and the ceiling: for profiling one path.
     #[arg(long = "only", value_name = "ROW",

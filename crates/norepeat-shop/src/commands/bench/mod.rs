@@ -11,6 +11,7 @@
 //! | `token.consume` | verify a fresh token and record its use (`SET NX PX`); issuing it is outside the timed part |
 //! | `fingerprint.acquire` | a new fingerprint: `SET NX PX GET`, admitted, held |
 //! | `fingerprint.duplicate` | a held fingerprint again: the same command, rejected with its `Retry-After` |
+//! | `fingerprint.acquire.cluster` | with `--cluster URL,URL,...`: `fingerprint.acquire` on a `ClusterStore` of those nodes (its calls batched per master) |
 //! | `idempotency.claim` | a new `Idempotency-Key` through the layer, timed until its handler is entered; handlers are held to the row's end (at most 2 s), then released |
 //! | `idempotency.store_cycle` | the yardstick of `cycle`: its claim (`put_if_absent`) and completion (`replace_if_equals`) at the store, no layer |
 //! | `idempotency.cycle` | a new key through the layer: claimed, handled (201, 64-byte body), completed, the response read |
@@ -143,6 +144,7 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
             load: &load,
             run,
             url,
+            cluster: &args.cluster,
         };
         if let Some(s) = rows::row(name, &cx).await? {
             results.push(BenchResult {

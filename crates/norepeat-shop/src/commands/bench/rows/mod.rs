@@ -5,6 +5,7 @@
 //! `Idempotency-Key` rows in [`idempotency`] (and on a SQL store in
 //! [`sql`]), the loopback HTTP rows in [`http`].
 
+mod cluster;
 mod gateway;
 mod http;
 pub(crate) mod idempotency;
@@ -27,12 +28,13 @@ use std::time::Duration;
 
 /// Every row, in the order they run. `redis.raw` sits right before the
 /// rows it is the yardstick of, so they share a sitting.
-pub const RESULT_NAMES: [&str; 17] = [
+pub const RESULT_NAMES: [&str; 18] = [
     "token.issue",
     "redis.raw",
     "token.consume",
     "fingerprint.acquire",
     "fingerprint.duplicate",
+    "fingerprint.acquire.cluster",
     "idempotency.claim",
     "idempotency.store_cycle",
     "idempotency.cycle",
@@ -55,6 +57,9 @@ pub(crate) struct RowCtx<'a> {
     pub(crate) run: u64,
     /// The Redis URL, for `redis.raw`.
     pub(crate) url: Option<&'a str>,
+    /// The nodes of a Redis Cluster (`--cluster`), for
+    /// `fingerprint.acquire.cluster`.
+    pub(crate) cluster: &'a [String],
 }
 
 /// Measures the row `name`; `None` where it does not apply (`redis.raw`
@@ -70,6 +75,10 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
         "token.consume" => token_consume(store, load).await?,
         "fingerprint.acquire" => fingerprint_acquire(store, load, run).await?,
         "fingerprint.duplicate" => fingerprint_duplicate(store, load, run).await?,
+        "fingerprint.acquire.cluster" if !cx.cluster.is_empty() => {
+            cluster::fingerprint_acquire_cluster(cx.cluster, load, run).await?
+        }
+        "fingerprint.acquire.cluster" => return Ok(None),
         "idempotency.claim" => idempotency::claim(store, load, run).await?,
         "idempotency.store_cycle" => idempotency::store_cycle(store, load, run).await?,
         "idempotency.cycle" => idempotency::cycle(store, load, run).await?,
