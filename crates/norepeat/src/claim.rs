@@ -437,21 +437,25 @@ where
 /// end before it exits.
 ///
 /// Against [`detach`], a request whose caller waits (nearly all) costs no
-/// task: no spawn, no join handle, no wake-up across threads. The work is
-/// boxed once, so the caller's future holds a pointer, not a handler's
-/// future, and the box moves into the task unchanged (a pinned box may
-/// move). A panic in the work unwinds through the caller, as a resumed
-/// panic from a task did; the panicked work is never spawned.
+/// task: no spawn, no join handle, no wake-up across threads. The caller's
+/// future holds a pointer to the boxed work, not a handler's future, and
+/// the box moves into the task unchanged (a pinned box may move). A panic
+/// in the work unwinds through the caller, as a resumed panic from a task
+/// did; the panicked work is never spawned.
+///
+/// The work comes boxed: built as `Box::pin(async move { .. })` at the
+/// call, the handler's future (kilobytes) is written once, into its box,
+/// instead of being copied on its way through this function.
 pub(crate) fn detach_tracked<F>(
     tracker: &tokio_util::task::TaskTracker,
-    work: F,
-) -> DetachOnDrop<tokio_util::task::task_tracker::TrackedFuture<F>>
+    work: std::pin::Pin<Box<F>>,
+) -> DetachOnDrop<tokio_util::task::task_tracker::TrackedFuture<std::pin::Pin<Box<F>>>>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
     DetachOnDrop {
-        work: Some(Box::pin(tracker.track_future(work))),
+        work: Some(tracker.track_future(work)),
         runtime: tokio::runtime::Handle::try_current().ok(),
         polling: false,
     }
@@ -459,12 +463,12 @@ where
 
 /// Work run in its caller's future until that future is dropped, then in a
 /// task of its own (see [`detach_tracked`]).
-pub(crate) struct DetachOnDrop<F: Future + Send + 'static>
+pub(crate) struct DetachOnDrop<F: Future + Unpin + Send + 'static>
 where
     F::Output: Send + 'static,
 {
     /// `None` once the work has ended.
-    work: Option<std::pin::Pin<Box<F>>>,
+    work: Option<F>,
     /// Where a dropped caller's work goes on: the runtime the work was
     /// made on, whatever thread drops the caller's future.
     runtime: Option<tokio::runtime::Handle>,
@@ -475,7 +479,7 @@ where
 
 impl<F> Future for DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     type Output = F::Output;
@@ -490,7 +494,7 @@ where
             panic!("DetachOnDrop polled after it answered");
         };
         this.polling = true;
-        let out = work.as_mut().poll(cx);
+        let out = std::pin::Pin::new(work).poll(cx);
         this.polling = false;
         if out.is_ready() {
             this.work = None;
@@ -501,7 +505,7 @@ where
 
 impl<F> Drop for DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
@@ -586,12 +590,15 @@ mod tests {
         let (go, gate) = tokio::sync::oneshot::channel::<()>();
         let (ended, has_ended) = tokio::sync::oneshot::channel::<u32>();
         let alive_before = metrics.num_alive_tasks();
-        let mut work = Box::pin(detach_tracked(&tracker, async move {
-            let _ = started.send(());
-            let _ = gate.await;
-            let _ = ended.send(7);
-            7u32
-        }));
+        let mut work = detach_tracked(
+            &tracker,
+            Box::pin(async move {
+                let _ = started.send(());
+                let _ = gate.await;
+                let _ = ended.send(7);
+                7u32
+            }),
+        );
         assert_eq!(tracker.len(), 1, "tracked before it runs");
         tokio::task::yield_now().await;
         let mut is_started = is_started;
@@ -600,7 +607,7 @@ mod tests {
             "the work started without being polled: it was spawned"
         );
         // Polled once: started, waiting at the gate.
-        assert!(futures_util::poll!(work.as_mut()).is_pending());
+        assert!(futures_util::poll!(&mut work).is_pending());
         assert!(is_started.try_recv().is_ok());
         assert_eq!(
             metrics.num_alive_tasks(),
@@ -625,10 +632,13 @@ mod tests {
         // A caller that waits gets the output, and no task was spawned.
         let tracker = tokio_util::task::TaskTracker::new();
         let alive = metrics.num_alive_tasks();
-        let waited = detach_tracked(&tracker, async move {
-            tokio::task::yield_now().await;
-            metrics.num_alive_tasks()
-        });
+        let waited = detach_tracked(
+            &tracker,
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                metrics.num_alive_tasks()
+            }),
+        );
         assert_eq!(waited.await, alive, "no task while the caller waits");
         assert!(tracker.is_empty());
     }
@@ -641,15 +651,18 @@ mod tests {
         let tracker = tokio_util::task::TaskTracker::new();
         let metrics = tokio::runtime::Handle::current().metrics();
         let before = metrics.num_alive_tasks();
-        let mut work = Box::pin(detach_tracked(&tracker, async {
-            tokio::task::yield_now().await;
-            panic!("injected");
-        }));
-        assert!(futures_util::poll!(work.as_mut()).is_pending());
+        let mut work = detach_tracked(
+            &tracker,
+            Box::pin(async {
+                tokio::task::yield_now().await;
+                panic!("injected");
+            }),
+        );
+        assert!(futures_util::poll!(&mut work).is_pending());
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let waker = futures_util::task::noop_waker();
             let mut cx = std::task::Context::from_waker(&waker);
-            let _ = work.as_mut().poll(&mut cx);
+            let _ = std::pin::Pin::new(&mut work).poll(&mut cx);
         }));
         assert!(unwound.is_err(), "the panic reaches the caller");
         drop(work);

@@ -63,12 +63,14 @@ pub const DEFAULT_MAX_DETACHED: usize = 1024;
 /// the route answers 503 `guard_unavailable` rather than run unprotected.
 /// See the [module docs](super) for every answer.
 ///
-/// The handler runs in a task of its own (`tokio::spawn`) once the key is
-/// claimed, so the inner service's future and response must be `Send +
-/// 'static` (an axum route's are): a client that gives up does not stop a
-/// request that started, and its response is stored for the retry. These
-/// tasks are bounded ([`max_detached`](Self::max_detached)) and tracked:
-/// wait for them at shutdown through [`detached_tasks`](Self::detached_tasks).
+/// Once the key is claimed the handler runs in the request's own future,
+/// and moves into a task of its own (`tokio::spawn`) if that future is
+/// dropped before the handler ends, so the inner service's future and
+/// response must be `Send + 'static` (an axum route's are): a client that
+/// gives up does not stop a request that started, and its response is
+/// stored for the retry. These handlers are bounded
+/// ([`max_detached`](Self::max_detached)) and tracked: wait for them at
+/// shutdown through [`detached_tasks`](Self::detached_tasks).
 ///
 /// ```
 /// use axum::{Router, body::Body, routing::post};
@@ -256,8 +258,8 @@ impl<G: Clone> IdempotencyLayer<G> {
         self
     }
 
-    /// How many handlers may run at once, each in a task of its own
-    /// (default [`DEFAULT_MAX_DETACHED`], 1024; at least 1). Past it the
+    /// How many handlers may run at once, each carried to its end even
+    /// when its client leaves (default [`DEFAULT_MAX_DETACHED`], 1024; at least 1). Past it the
     /// layer answers 503 `guard_unavailable` with `Retry-After: 1` *before
     /// claiming the key*: the handler does not run and the key stays free,
     /// so the retry runs normally. A client that gives up does not stop its
@@ -668,19 +670,22 @@ where
     };
     tracing::debug!(user, route, "idempotency key claimed");
 
-    // From here the work is carried to its end in a task of its own: a
-    // caller that gives up (a disconnected client, a timeout layer) does not
-    // stop it, its result is stored, and a retry gets the replay (or 409
-    // while it still runs). The claim is never freed early.
-    // The task holds the slot: a handler whose client left still counts.
+    // From here the work is carried to its end: it runs in this future
+    // while the caller waits, and moves into a task of its own the moment
+    // the caller gives up (a disconnected client, a timeout layer), so its
+    // result is stored all the same and a retry gets the replay (or 409
+    // while it still runs). The claim is never freed early. The work holds
+    // the slot: a handler whose client left still counts.
     let req = Request::from_parts(parts, ReqBody::from(bytes));
     let tracker = cfg.detached.tracker().clone();
-    let work = run_claimed(cfg, inner, req, claim, owner, fingerprint, route);
-    claim::detach_tracked(&tracker, async move {
-        let out = work.await;
-        drop(slot);
-        out
-    })
+    claim::detach_tracked(
+        &tracker,
+        Box::pin(async move {
+            let out = run_claimed(cfg, inner, req, claim, owner, fingerprint, route).await;
+            drop(slot);
+            out
+        }),
+    )
     .await
 }
 

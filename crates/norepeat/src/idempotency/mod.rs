@@ -18,7 +18,8 @@
 //!    taken, the same round trip returns what holds it: a running request
 //!    (409, or wait) or a completed one (replay), after comparing
 //!    fingerprints (422 on a mismatch).
-//! 2. **Run** the handler in a task of its own, renewing the lease
+//! 2. **Run** the handler (in the request's future; in a task of its own
+//!    once the client leaves), renewing the lease
 //!    (owner-checked) every third of it, so a slow handler keeps its claim
 //!    and a dead process frees it. Once the handler has started it runs to
 //!    its end and its response is stored, whatever the client does (Stripe's
