@@ -581,7 +581,7 @@ where
     };
     let user = user.as_str();
     let client_key = match client_key(&parts.headers) {
-        Ok(Some(k)) => k.to_owned(),
+        Ok(Some(k)) => k,
         Ok(None) if cfg.required => {
             let p = Problem::new(Code::MissingIdempotencyKey).detail(
                 "This operation needs an Idempotency-Key header; send a new random key (a UUID) per operation, and the same one on every retry of it.",
@@ -609,15 +609,13 @@ where
     };
     // The scope and the fingerprint take the concrete path: `/orders/1/pay`
     // and `/orders/2/pay` are different resources. The template is a label.
-    let path = crate::request::client_path(&parts).to_owned();
-    let route = cfg.route.as_deref().unwrap_or(&path).to_owned();
-    let method = parts.method.clone();
-    let method = method.as_str();
+    let path = crate::request::client_path(&parts);
+    let route = cfg.route.as_deref().unwrap_or(path);
     let key = cfg.keys.key(
         Namespace::Idempotency,
         &[
             user.as_bytes(),
-            method.as_bytes(),
+            parts.method.as_str().as_bytes(),
             path.as_bytes(),
             client_key.as_bytes(),
         ],
@@ -625,7 +623,7 @@ where
     // A body declared JSON that does not parse is the client's error: 400
     // before any claim, as the fingerprint guard answers (one rule for both
     // layers; the key stays free for the corrected request).
-    let fingerprint = match fingerprint_of(&cfg, user, &path, &parts, &bytes) {
+    let fingerprint = match fingerprint_of(&cfg, user, path, &parts, &bytes) {
         Ok(fp) => fp,
         Err(e) => {
             let req = Request::from_parts(parts, ReqBody::from(bytes));
@@ -681,7 +679,7 @@ where
     claim::detach_tracked(
         &tracker,
         Box::pin(async move {
-            let out = run_claimed(cfg, inner, req, claim, owner, fingerprint, route).await;
+            let out = run_claimed(cfg, inner, req, claim, owner, fingerprint).await;
             drop(slot);
             out
         }),

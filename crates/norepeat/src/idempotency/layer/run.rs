@@ -23,7 +23,6 @@ pub(super) async fn run_claimed<S, G, ReqBody, ResBody>(
     claim: Claim<G>,
     owner: Owner,
     fingerprint: Digest,
-    route: String,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -93,7 +92,7 @@ where
             // The handler answered: its effect happened, whatever the body
             // does now. The outcome is kept without the body.
             tracing::debug!(
-                route,
+                route = cfg.route.as_deref(),
                 "response body not stored (over the cap, trailers or broken); its outcome is"
             );
             let done = record::completed_without_body(
