@@ -153,6 +153,16 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         &self.key
     }
 
+    /// The store key, shared (an `Arc` clone).
+    pub(crate) fn shared_key(&self) -> Arc<str> {
+        Arc::clone(&self.key)
+    }
+
+    /// The claim's value, shared (a `Bytes` clone).
+    pub(crate) fn shared_value(&self) -> Bytes {
+        self.value.clone()
+    }
+
     /// The claim's value: the proof of ownership for an owner-checked
     /// change made outside this type (a completion inside a transaction).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]

@@ -18,6 +18,7 @@
 
 use super::policy::StoredHeaders;
 use super::record::{self, Digest, Owner};
+use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -101,8 +102,9 @@ pub struct IdempotentTx<S> {
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 struct Inner<S> {
     store: S,
-    key: String,
-    claimed: Vec<u8>,
+    key: Arc<str>,
+    /// The claim's in-progress record: the fence of the completion.
+    claimed: Bytes,
     owner: Owner,
     fingerprint: Digest,
     retention: Duration,
@@ -129,20 +131,25 @@ impl<S> std::fmt::Debug for IdempotentTx<S> {
 
 impl<S> IdempotentTx<S> {
     #[allow(clippy::too_many_arguments)]
+    /// The offer of the claim whose key is `key` and whose value (the
+    /// in-progress record of `owner` and `fingerprint`) is `claimed`:
+    /// shared with the claim, not copied.
     pub(crate) fn new(
         store: S,
-        key: &str,
+        key: Arc<str>,
+        claimed: Bytes,
         owner: &Owner,
         fingerprint: &Digest,
         retention: Duration,
         replayed_headers: StoredHeaders,
         max_body: usize,
     ) -> Self {
+        debug_assert_eq!(&claimed[..], &record::in_progress(owner, fingerprint)[..]);
         Self {
             inner: Arc::new(Inner {
                 store,
-                key: key.to_owned(),
-                claimed: record::in_progress(owner, fingerprint),
+                key,
+                claimed,
                 owner: *owner,
                 fingerprint: *fingerprint,
                 retention,

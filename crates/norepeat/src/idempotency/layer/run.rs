@@ -39,7 +39,8 @@ where
     // to store.
     let offer = IdempotentTx::new(
         cfg.guard.store.clone(),
-        claim.key(),
+        claim.shared_key(),
+        claim.shared_value(),
         &owner,
         &fingerprint,
         cfg.retention,
