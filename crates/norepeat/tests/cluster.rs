@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use common::counting_route;
+use common::{counting_route, node};
 use futures_util::future::join_all;
 use norepeat::fingerprint::{Digest, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -53,14 +53,6 @@ fn nz(n: u32) -> NonZeroU32 {
 /// A fresh connection to the cluster, as another instance would have.
 async fn connect(cluster: &RedisCluster) -> ClusterStore {
     ClusterStore::connect(&cluster.node_urls()).await.unwrap()
-}
-
-async fn node(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 /// Every key on every current master, with its PTTL (SCAN, never KEYS).

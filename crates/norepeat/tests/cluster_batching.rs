@@ -11,6 +11,9 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::node;
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use norepeat::store::{ClusterStore, KeyValueStoreExt, StoreError};
@@ -33,14 +36,6 @@ async fn plain(cluster: &RedisCluster) -> ClusterConnection {
     redis::cluster::ClusterClient::new(cluster.node_urls())
         .unwrap()
         .get_async_connection()
-        .await
-        .unwrap()
-}
-
-async fn node(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
         .await
         .unwrap()
 }

@@ -242,3 +242,15 @@ where
     type Response = <L::Service as Service<Request<Body>>>::Response;
     type Future = <L::Service as Service<Request<Body>>>::Future;
 }
+
+/// A plain connection to one node of a test cluster (or any Redis) on
+/// `port`, for reading what the store wrote there.
+#[cfg(feature = "redis")]
+#[allow(clippy::unwrap_used)]
+pub async fn node(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}

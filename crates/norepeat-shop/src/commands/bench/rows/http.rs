@@ -66,14 +66,8 @@ async fn handrolled(
     let key = format!("dup:{}", &hex[..32]);
     let slot = usize::from(digest.as_bytes()[0]) % cx.managers.len();
     let mut con = cx.managers[slot].clone();
-    let taken: redis::RedisResult<Option<String>> = redis::cmd("SET")
-        .arg(&key)
-        .arg(1)
-        .arg("NX")
-        .arg("PX")
-        .arg(3_000)
-        .query_async(&mut con)
-        .await;
+    let taken: redis::RedisResult<Option<String>> =
+        super::set_nx_px(&key).query_async(&mut con).await;
     match taken {
         Ok(Some(_)) => {
             let (status, body) = created(body).await;

@@ -143,14 +143,7 @@ async fn redis_raw(url: &str, load: &Load, run: u64) -> Result<Sample, BenchErro
         let mut con = managers[i].clone();
         let key = format!("{prefix}{id:x}");
         async move {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(3_000)
-                .query_async(&mut con)
-                .await?;
+            let set: Option<String> = set_nx_px(&key).query_async(&mut con).await?;
             if set.is_none() {
                 return Err(BenchError::unexpected("redis.raw", "a fresh key was taken"));
             }
@@ -158,6 +151,14 @@ async fn redis_raw(url: &str, load: &Load, run: u64) -> Result<Sample, BenchErro
         }
     })
     .await
+}
+
+/// `SET key 1 NX PX 3000`: what `redis.raw` times and `http.handrolled`'s
+/// handler sends.
+pub(crate) fn set_nx_px(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(1).arg("NX").arg("PX").arg(3_000);
+    cmd
 }
 
 async fn token_consume(store: &AnyStore, load: &Load) -> Result<Sample, BenchError> {
