@@ -372,3 +372,66 @@ fn claims_sent_together_leave_in_one_write_per_connection() {
         drop(redis);
     });
 }
+
+/// A busy connection gathers: the claims made while a batch is being
+/// answered wait for its answers and leave together after it, in one
+/// write, even when they come in turns of their own (which, on an idle
+/// connection, would each leave at once).
+///
+/// One connection, through the counting proxy (passing bytes as they
+/// come); the server is made to hold its answers for 150 ms (a busy Lua
+/// script from another connection), so the first claim's batch stays unanswered
+/// that long. Twenty claims are made meanwhile, 3 ms apart, each in its
+/// own task. Before (a batch sent as soon as it was taken, whatever was in
+/// flight) they left in 10 writes (checked); now in one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_while_a_batch_is_answered_leave_together_after_it() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = RedisStore::connect_with(&proxy.url_for_redis(), 1)
+        .await
+        .unwrap();
+    assert_eq!(store.put_if_absent("warm", b"v", TTL).await.unwrap(), None);
+    let mut admin = redis.connection().await;
+    let sleeping = tokio::spawn(async move {
+        // A script runs alone: the server answers nothing else for 150 ms
+        // (`DEBUG SLEEP` is not allowed on the kit's server).
+        let _: i64 = redis::Script::new(
+            "local s = redis.call('TIME') local t0 = s[1] * 1000000 + s[2] \
+             while true do local t = redis.call('TIME') \
+             if t[1] * 1000000 + t[2] - t0 > 150000 then return 1 end end",
+        )
+        .invoke_async(&mut admin)
+        .await
+        .unwrap();
+    });
+    // The server is asleep once the first claim is written.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = proxy.forwarded_writes();
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.put_if_absent("first", b"v", TTL).await }
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let later: Vec<_> = (0..20u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(3 * i)).await;
+                store.put_if_absent(&format!("later{i}"), b"v", TTL).await
+            })
+        })
+        .collect();
+    assert_eq!(first.await.unwrap().unwrap(), None);
+    for (i, claim) in later.into_iter().enumerate() {
+        assert_eq!(claim.await.unwrap().unwrap(), None, "later{i}");
+    }
+    sleeping.await.unwrap();
+    let writes = proxy.forwarded_writes() - before;
+    // The first batch, then the twenty together (a little slack should a
+    // pipeline be read in two pieces).
+    assert!(
+        writes <= 3,
+        "20 claims made while a batch was answered left in {writes} writes"
+    );
+}
