@@ -20,16 +20,11 @@
 //! within one turn of the runtime leave in 2, one pipeline per connection;
 //! without the queue, in 96.)
 //!
-//! One batch per queue is in flight: the commands that come while it is
-//! answered wait for its answers and leave together after it, so a busy
-//! connection gathers bigger batches (fewer writes for the client, fewer
-//! reads for Redis), and an idle one sends after the one turn. The same
-//! task sends them, one batch after the other, so the commands on a key
-//! (each key on one connection) leave in the order they were called.
-//!
-//! The queue never stalls: a task dropped before its queue was empty (its
-//! runtime shut down) gives its [`Ticket`] back, and the next call spawns
-//! another.
+//! The queue never stalls: a task dropped before it took the queue (its
+//! runtime shut down first) gives its [`Ticket`] back, and the next call
+//! spawns another. And batches reach their connection in the order they
+//! were taken, so with each key on one connection the commands on a key
+//! leave in the order they were called.
 //!
 //! A caller that gives up before its batch leaves takes its command out of
 //! it (nothing is sent for it); one that gives up later is in the same
@@ -47,6 +42,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -54,13 +50,16 @@ use tokio::sync::oneshot;
 #[derive(Default)]
 pub(super) struct Queue {
     state: Mutex<State>,
+    /// Held from the moment a batch is taken until it is in the
+    /// connection's hands (the first poll of its send), so two batches of
+    /// one queue reach the connection in the order they were taken.
+    handover: Mutex<()>,
 }
 
 #[derive(Default)]
 struct State {
     waiting: Vec<Waiting>,
-    /// A [`Ticket`] is out: a task will take what is queued (it may be
-    /// waiting for the answers of the batch before).
+    /// A [`Ticket`] is out: a task will take what is queued.
     scheduled: bool,
 }
 
@@ -113,17 +112,12 @@ impl Queue {
         (Pending(answer), first)
     }
 
-    /// Everything queued, in the order it came, for the ticket's holder to
-    /// send; or, when nothing is queued, `None`, and the ticket is given
-    /// back: the next push schedules the next batch.
-    fn take_or_idle(&self) -> Option<Vec<Waiting>> {
+    /// Everything queued, in the order it came; the next push schedules
+    /// the next batch.
+    fn take(&self) -> Vec<Waiting> {
         let mut state = self.state();
-        if state.waiting.is_empty() {
-            state.scheduled = false;
-            None
-        } else {
-            Some(std::mem::take(&mut state.waiting))
-        }
+        state.scheduled = false;
+        std::mem::take(&mut state.waiting)
     }
 }
 
@@ -186,12 +180,7 @@ impl Pending {
 /// Waits one turn of the runtime (the tasks already ready run first, and
 /// queue their commands), then sends everything in the ticket's queue on
 /// the connection `con` gives at that moment (a replaced connection is not
-/// used), and waits for its answers. The commands queued meanwhile wait for
-/// them too (one batch in flight per queue: a busy connection gathers the
-/// next batch while the last one is answered), then leave together on the
-/// connection `con` gives then; the ticket is given back once a batch is
-/// answered and nothing more is queued. An idle queue sends at once, after
-/// the one turn.
+/// used).
 ///
 /// An answer whose caller has gone (it gave up while the command was in
 /// flight) is reported to `late` with the time it took from the write:
@@ -200,23 +189,36 @@ impl Pending {
 /// reports nothing.
 pub(super) async fn flush<P, C>(
     mut ticket: Ticket<P>,
-    con: impl Fn(&P) -> C,
+    con: impl FnOnce(&P) -> C,
     late: impl Fn(&P, Duration),
 ) where
     P: AsRef<Queue>,
     C: ConnectionLike + Send,
 {
     tokio::task::yield_now().await;
+    let mut con = con(&ticket.slot);
     let slot = &ticket.slot;
     let queue = slot.as_ref();
-    loop {
-        let mut con = con(slot);
-        let Some(batch) = queue.take_or_idle() else {
-            break;
-        };
+    let mut sending = std::pin::pin!(async {
+        let batch = queue.take();
         send(&mut con, batch, |took| late(slot, took)).await;
-    }
+    });
+    // The take and the first poll (which writes the batch into the
+    // connection's channel) under the handover lock: a batch taken later
+    // (a release after a completion, on the same key) cannot reach the
+    // connection first.
+    let done = std::future::poll_fn(|cx| {
+        let _handover = queue
+            .handover
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Poll::Ready(sending.as_mut().poll(cx).is_ready())
+    })
+    .await;
     ticket.taken = true;
+    if !done {
+        sending.await;
+    }
 }
 
 /// Sends `batch` on `con`, one write, and hands each command its answer.
