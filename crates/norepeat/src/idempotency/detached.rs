@@ -4,8 +4,9 @@
 use tokio_util::task::TaskTracker;
 
 /// The handlers an [`IdempotencyLayer`](super::IdempotencyLayer) carries to
-/// their end in tasks of their own (and the retries of completions the
-/// store refused), tracked so that a server shutting down can wait for
+/// their end (in their request's future, or in a task of their own once
+/// their client left), and the retries of completions the store refused,
+/// tracked from the claim on so that a server shutting down can wait for
 /// them instead of killing them half-way.
 ///
 /// A server's graceful shutdown waits for the requests in flight, but a
@@ -67,13 +68,14 @@ impl DetachedTasks {
         self.tracker.wait().await;
     }
 
-    /// How many tasks are running.
+    /// How many are running: handlers whose key is claimed (their client
+    /// waiting or gone) and completions being retried.
     #[must_use]
     pub fn len(&self) -> usize {
         self.tracker.len()
     }
 
-    /// Whether no task is running.
+    /// Whether none is running.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.tracker.is_empty()
