@@ -184,6 +184,11 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     /// `renewal`: this future only registers the claim and removes it when
     /// it ends or is dropped, so renewal stops with it. Without a Tokio
     /// runtime, as [`run`](Self::run).
+    ///
+    /// Work that ends at its first poll (a handler that answers at once, a
+    /// response body already in memory) is not registered: it needs no
+    /// renewal, and registering costs two turns of the renewer's lock and a
+    /// clock read.
     pub(crate) async fn run_renewed_by<F: Future>(
         &self,
         renewer: &Renewer<S>,
@@ -192,6 +197,10 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     ) -> F::Output {
         if renewal.every.is_zero() || self.ttl >= renewal.max {
             return work.await;
+        }
+        let mut work = std::pin::pin!(work);
+        if let std::task::Poll::Ready(out) = futures_util::poll!(work.as_mut()) {
+            return out;
         }
         let registered = renewer.register(
             Arc::clone(&self.key),
@@ -682,6 +691,38 @@ mod tests {
             "a panicked work was spawned"
         );
         assert!(tracker.is_empty());
+    }
+
+    /// Work that ends at its first poll is not registered with the
+    /// renewer; work that waits is, and is renewed while it waits.
+    #[tokio::test]
+    async fn only_work_that_waits_is_registered_for_renewal() {
+        let store = MemoryStore::default();
+        let renewer = Renewer::new(store.clone());
+        let ttl = Duration::from_millis(300);
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
+        else {
+            panic!("claim");
+        };
+        let renewal = Renewal::thirds(ttl);
+        assert_eq!(
+            claim.run_renewed_by(&renewer, async { 1 }, renewal).await,
+            1
+        );
+        assert_eq!(renewer.registered(), 0, "work done at once was registered");
+
+        // Work that outlives the TTL keeps its key through the renewer.
+        let slow = async {
+            tokio::time::sleep(ttl * 2).await;
+            2
+        };
+        assert_eq!(claim.run_renewed_by(&renewer, slow, renewal).await, 2);
+        assert_eq!(renewer.registered(), 1);
+        assert!(
+            store.put_if_absent("k", b"b", ttl).await.unwrap().is_some(),
+            "the waiting work's key was not renewed"
+        );
+        claim.keep();
     }
 
     /// A lease of `Duration::MAX` runs its work, by itself and through the

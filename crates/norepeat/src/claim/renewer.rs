@@ -109,6 +109,14 @@ impl<S> Renewer<S> {
     }
 }
 
+#[cfg(test)]
+impl<S> Renewer<S> {
+    /// How many claims were ever registered (for the tests).
+    pub(crate) fn registered(&self) -> u64 {
+        lock(&self.shared.entries).generation
+    }
+}
+
 impl<S: KeyValueStore + Clone> Renewer<S> {
     /// Renews `key` (while it holds `value`) to a full `ttl` every `every`
     /// until `max` has passed since now, for as long as the returned
