@@ -188,7 +188,8 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     /// Work that ends at its first poll (a handler that answers at once, a
     /// response body already in memory) is not registered: it needs no
     /// renewal, and registering costs two turns of the renewer's lock and a
-    /// clock read.
+    /// clock read. So a first poll that blocks its thread (synchronous code
+    /// before the first `.await`) is not renewed while it blocks.
     pub(crate) async fn run_renewed_by<F: Future>(
         &self,
         renewer: &Renewer<S>,
@@ -199,19 +200,30 @@ impl<S: KeyValueStore + Clone> Claim<S> {
             return work.await;
         }
         let mut work = std::pin::pin!(work);
-        if let std::task::Poll::Ready(out) = futures_util::poll!(work.as_mut()) {
-            return out;
-        }
-        let registered = renewer.register(
-            Arc::clone(&self.key),
-            self.value.clone(),
-            self.ttl,
-            renewal.every,
-            renewal.max,
-        );
-        match registered {
-            Some(registration) => {
-                let out = work.await;
+        // Registered when the work first waits, in the same poll (the work
+        // is polled once per wake-up, never twice in a row for this).
+        let mut registration = None;
+        let mut first = true;
+        let done = std::future::poll_fn(|cx| {
+            let out = work.as_mut().poll(cx).map(Some);
+            if out.is_pending() && std::mem::take(&mut first) {
+                registration = renewer.register(
+                    Arc::clone(&self.key),
+                    self.value.clone(),
+                    self.ttl,
+                    renewal.every,
+                    renewal.max,
+                );
+                if registration.is_none() {
+                    // No runtime for the renewer's task: renew here.
+                    return std::task::Poll::Ready(None);
+                }
+            }
+            out
+        })
+        .await;
+        match done {
+            Some(out) => {
                 drop(registration);
                 out
             }
@@ -722,6 +734,35 @@ mod tests {
             store.put_if_absent("k", b"b", ttl).await.unwrap().is_some(),
             "the waiting work's key was not renewed"
         );
+        claim.keep();
+    }
+
+    /// Registering does not poll the work again: one poll when it starts
+    /// waiting, one when it is woken.
+    #[tokio::test]
+    async fn registering_for_renewal_polls_the_work_once_per_wake() {
+        let store = MemoryStore::default();
+        let renewer = Renewer::new(store.clone());
+        let ttl = Duration::from_secs(30);
+        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
+        else {
+            panic!("claim");
+        };
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
+        let polls = std::sync::atomic::AtomicU32::new(0);
+        let work = std::future::poll_fn(|cx| {
+            polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::pin::Pin::new(&mut rx).poll(cx).map(Result::unwrap)
+        });
+        let run = claim.run_renewed_by(&renewer, work, Renewal::thirds(ttl));
+        let sender = async {
+            tokio::task::yield_now().await;
+            tx.send(5).unwrap();
+        };
+        let (out, ()) = tokio::join!(run, sender);
+        assert_eq!(out, 5);
+        assert_eq!(renewer.registered(), 1);
+        assert_eq!(polls.load(std::sync::atomic::Ordering::Relaxed), 2);
         claim.keep();
     }
 

@@ -303,7 +303,10 @@ impl<G: Clone> IdempotencyLayer<G> {
 
     /// The life of the in-progress record (default 10 s). While the handler
     /// runs it is renewed every third of this; if the process dies, the key
-    /// frees itself this long after the last renewal.
+    /// frees itself this long after the last renewal. Renewal starts when
+    /// the handler first waits (its first `.await` that is not ready): a
+    /// handler that blocks its thread longer than the lease before that
+    /// (synchronous I/O; put it in `spawn_blocking`) may lose its key.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.guard.lease = lease.max(Duration::from_millis(1));
         self
