@@ -102,6 +102,31 @@ async fn effects(backend: &Process) -> Value {
         .unwrap()
 }
 
+/// `GET /.norepeat/token` for `user` on gateway `g`: the JSON answer.
+async fn token_for(g: &Process, user: &str) -> Value {
+    Client::new()
+        .get(url(g, "/.norepeat/token"))
+        .header("x-user-id", user)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `GET /.norepeat/healthz` on gateway `g`: the JSON answer.
+async fn health(g: &Process) -> Value {
+    Client::new()
+        .get(url(g, "/.norepeat/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn code(res: Response) -> (StatusCode, String) {
     let status = res.status();
     let body: Value = res.json().await.expect("a JSON body");
@@ -209,15 +234,7 @@ async fn two_instances_on_one_redis_catch_a_repeat_across_them() {
     );
     // A token issued by one instance is consumed on the other (the random
     // secret is shared through the store), once.
-    let token: Value = c
-        .get(url(&g1, "/.norepeat/token"))
-        .header("x-user-id", "u1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let token = token_for(&g1, "u1").await;
     let order = |g: &Process| {
         c.post(url(g, "/orders"))
             .header("x-user-id", "u1")
@@ -369,15 +386,7 @@ async fn a_token_route_wants_a_token_and_takes_it_once() {
         .await
         .unwrap();
     assert_eq!(code(bare).await.1, "missing_token");
-    let issued: Value = c
-        .get(url(&g, "/.norepeat/token"))
-        .header("x-user-id", "u1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let issued = token_for(&g, "u1").await;
     assert!(issued["expiresIn"].as_u64().unwrap() > 0);
     let order = || {
         c.post(url(&g, "/orders"))
@@ -447,14 +456,7 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
         text.contains("norepeat_gateway_upstream_seconds_bucket"),
         "{text}"
     );
-    let health: Value = c
-        .get(url(&g, "/.norepeat/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = health(&g).await;
     assert_eq!(
         health,
         serde_json::json!({"status":"ok","routes":7,"store":"memory","breaker":"Closed"})
@@ -809,14 +811,7 @@ async fn a_changed_file_replaces_the_routes_and_a_bad_one_is_ignored() {
             .send()
     };
     let routes = || async {
-        let h: Value = c
-            .get(url(&g, "/.norepeat/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let h = health(&g).await;
         h["routes"].as_u64().unwrap()
     };
     assert_eq!(send().await.unwrap().status(), 201);
@@ -1368,15 +1363,7 @@ async fn two_instances_on_a_redis_cluster_share_records_and_tokens() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["x-order"], "1");
     assert_eq!(again.bytes().await.unwrap(), first_body);
-    let token: Value = c
-        .get(url(&g1, "/.norepeat/token"))
-        .header("x-user-id", "u1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let token = token_for(&g1, "u1").await;
     let order = |g: &Process| {
         c.post(url(g, "/orders"))
             .header("x-user-id", "u1")
@@ -1388,14 +1375,7 @@ async fn two_instances_on_a_redis_cluster_share_records_and_tokens() {
         code(order(&g1).await.unwrap()).await,
         (StatusCode::CONFLICT, "duplicate_submission".into())
     );
-    let health: Value = c
-        .get(url(&g2, "/.norepeat/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = health(&g2).await;
     assert_eq!(health["store"], "cluster", "{health}");
     let e = effects(&b).await;
     assert_eq!(
