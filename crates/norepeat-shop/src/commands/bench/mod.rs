@@ -37,7 +37,8 @@
 //! in-progress and a completed idempotency record take (on a private
 //! `redis-server` when one can be started, see `probe`) and the store's
 //! ceiling (`redis-benchmark` running `SET key v NX PX 3000` with
-//! `-c 64 -P 16`), and reports the ratios named in BENCHMARKS.md.
+//! `-c 64 -P 16` on fresh keys, and on one key for reference), and reports
+//! the ratios named in BENCHMARKS.md.
 //!
 //! The parts: `args` (options), `harness` (load generator,
 //! percentiles, CPU time), `rows` (one function per row), `probe`

@@ -337,10 +337,44 @@ async fn idempotency_records(
     ))
 }
 
-/// Runs `redis-benchmark` against the same server: `SET key v NX PX 3000`,
-/// 64 clients, 16 commands pipelined, random keys.
+/// The key of the ceiling's fresh-key run: `redis-benchmark -r` replaces
+/// `__rand_int__` (and nothing else) with a random 12-digit number, so
+/// each `SET` creates a key, as a claim does.
+const FRESH_KEY: &str = "norepeat:bench:ceiling:__rand_int__";
+/// The key of the one-key run: every `SET` after the first finds it and is
+/// refused, as a duplicate is.
+const ONE_KEY: &str = "norepeat:bench:ceiling:one";
+
+/// Runs `redis-benchmark` against the same server twice, 64 clients, 16
+/// commands pipelined: `SET key v NX PX 3000` on random keys (the
+/// ceiling: each command creates a key with a TTL, the work of a claim),
+/// then on one key (each refused after the first: the work of a
+/// duplicate). The fresh-key run counts the keys the server gained, to
+/// show that it wrote them.
 pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling, BenchError> {
     let client = redis::Client::open(url)?;
+    let mut con = client.get_multiplexed_async_connection().await?;
+    let before = dbsize(&mut con).await?;
+    let (command, ops_per_s) = run_redis_benchmark(&client, requests, FRESH_KEY).await?;
+    let keys_gained = dbsize(&mut con).await? - before;
+    let (one_key_command, one_key_ops_per_s) =
+        run_redis_benchmark(&client, requests, ONE_KEY).await?;
+    Ok(Ceiling {
+        command,
+        ops_per_s,
+        keys_gained,
+        one_key_command,
+        one_key_ops_per_s,
+    })
+}
+
+/// One `redis-benchmark` run of `SET key v NX PX 3000`: the command line
+/// (password left out) and the requests per second it reported.
+async fn run_redis_benchmark(
+    client: &redis::Client,
+    requests: u64,
+    key: &str,
+) -> Result<(String, f64), BenchError> {
     let info = client.get_connection_info();
     let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
         return Err(BenchError::Ceiling("needs a plain TCP address".into()));
@@ -370,7 +404,7 @@ pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling,
         args.push("-a".into());
         args.push(p.to_owned());
     }
-    let command = ["SET", "__rand_key__", "v", "NX", "PX", "3000"];
+    let command = ["SET", key, "v", "NX", "PX", "3000"];
     let out = tokio::process::Command::new("redis-benchmark")
         .args(&args)
         .args(command)
@@ -395,10 +429,10 @@ pub(crate) async fn redis_benchmark(url: &str, requests: u64) -> Result<Ceiling,
                 String::from_utf8_lossy(&out.stderr).trim()
             ))
         })?;
-    Ok(Ceiling {
-        command: format!("redis-benchmark {shown} {}", command.join(" ")),
-        ops_per_s: ops,
-    })
+    Ok((
+        format!("redis-benchmark {shown} {}", command.join(" ")),
+        ops,
+    ))
 }
 
 #[cfg(test)]
@@ -429,6 +463,35 @@ mod tests {
         settle.wait("next-row").await.unwrap();
         let left = expiring_keys(&mut con).await.unwrap();
         assert!(left <= Settle::SLACK, "{left} keys with a TTL left");
+    }
+
+    /// The ceiling creates a key per command, as a claim does (its first
+    /// version named its key `__rand_key__`, which `redis-benchmark` does
+    /// not replace: every `SET` after the first was refused, and the
+    /// "ceiling" measured duplicates). The one-key run adds one key.
+    #[tokio::test]
+    async fn the_ceiling_creates_a_key_per_command() {
+        let redis = RedisServer::start().await;
+        let ceiling = super::redis_benchmark(&redis.url(), 20_000).await.unwrap();
+        assert!(ceiling.ops_per_s > 0.0 && ceiling.one_key_ops_per_s > 0.0);
+        // 20,000 random picks among 10^8 keys: a few collide at most.
+        assert!(
+            ceiling.keys_gained > 19_000,
+            "the fresh-key run gained {} keys",
+            ceiling.keys_gained
+        );
+        let mut con = redis.connection().await;
+        let keys: i64 = redis::cmd("DBSIZE").query_async(&mut con).await.unwrap();
+        assert!(
+            keys <= ceiling.keys_gained + 1,
+            "the one-key run wrote more than its one key: {keys} keys, {} from the fresh-key run",
+            ceiling.keys_gained
+        );
+        assert!(
+            ceiling.command.contains("__rand_int__"),
+            "{}",
+            ceiling.command
+        );
     }
 
     #[test]

@@ -46,13 +46,22 @@ pub struct MemoryResult {
     pub server: String,
 }
 
-/// The `redis-benchmark` ceiling.
+/// The `redis-benchmark` ceiling: `SET key v NX PX 3000`, 64 clients, 16
+/// commands pipelined, on fresh keys (the work of a claim) and on one key
+/// (each refused after the first: the work of a duplicate).
 #[derive(Debug, Clone, Serialize)]
 pub struct Ceiling {
-    /// The command line run.
+    /// The command line of the fresh-key run.
     pub command: String,
-    /// Requests per second it reported.
+    /// Requests per second it reported: the ceiling.
     pub ops_per_s: f64,
+    /// Keys the server gained over the fresh-key run (`DBSIZE`): about
+    /// one per request.
+    pub keys_gained: i64,
+    /// The command line of the one-key run.
+    pub one_key_command: String,
+    /// Requests per second the one-key run reported.
+    pub one_key_ops_per_s: f64,
 }
 
 /// What one run found.
@@ -96,6 +105,11 @@ impl Report {
         let token = self.over("token.consume", "redis.raw");
         let http = self.over("http.guarded", "http.unguarded");
         let ceiling = self.ceiling.as_ref().ok().map(|c| c.ops_per_s);
+        let one_key = self.ceiling.as_ref().ok().map(|c| c.one_key_ops_per_s);
+        let duplicate_one_key = self
+            .ops("fingerprint.duplicate")
+            .zip(one_key)
+            .map(|(r, c)| r / c);
         let raw_ceiling = self.ops("redis.raw").zip(ceiling).map(|(r, c)| r / c);
         let fp_ceiling = self
             .ops("fingerprint.acquire")
@@ -164,6 +178,13 @@ impl Report {
                 name: "redis.raw / redis-benchmark ceiling",
                 json: Some("raw_over_ceiling"),
                 value: raw_ceiling,
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
+                name: "fingerprint.duplicate / one-key ceiling",
+                json: Some("fingerprint_duplicate_over_one_key_ceiling"),
+                value: duplicate_one_key,
                 target: "(reference)",
                 met: None,
             },
@@ -302,7 +323,18 @@ impl Report {
         }
         let _ = writeln!(out);
         match &self.ceiling {
-            Ok(c) => _ = writeln!(out, "ceiling: {:.0} ops/s  ({})", c.ops_per_s, c.command),
+            Ok(c) => {
+                let _ = writeln!(
+                    out,
+                    "ceiling: {:.0} ops/s, {} keys created  ({})",
+                    c.ops_per_s, c.keys_gained, c.command
+                );
+                let _ = writeln!(
+                    out,
+                    "one key (refused after the first): {:.0} ops/s  ({})",
+                    c.one_key_ops_per_s, c.one_key_command
+                );
+            }
             Err(why) => _ = writeln!(out, "ceiling: {why}"),
         }
         match &self.memory {
