@@ -94,7 +94,7 @@ pub(crate) enum Claimed<S: KeyValueStore + Clone> {
     Held(Bytes),
 }
 
-/// What [`Claim::complete`] achieved.
+/// What [`Claim::try_complete`] or [`Claim::complete_retrying`] achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Completion {
     /// The result replaced the claim.
@@ -102,8 +102,6 @@ pub(crate) enum Completion {
     /// The claim was lost (expired, and maybe taken by another): the other
     /// owner's record is left alone.
     Lost,
-    /// The store failed; the claim was released (best effort).
-    Failed,
     /// The store failed and stayed away while
     /// [`complete_retrying`](Claim::complete_retrying) tried: the claim was
     /// left as it is and ends with its TTL.
@@ -284,35 +282,9 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         std::future::pending().await
     }
 
-    /// Replaces the claim with `done` for `retention`, owner-checked. On a
-    /// store failure the claim is released, so a retry runs again.
-    pub(crate) async fn complete(mut self, done: &[u8], retention: Duration) -> Completion {
-        self.settled = true;
-        match self
-            .store
-            .replace_if_equals(&self.key, &self.value, done, retention)
-            .await
-        {
-            Ok(true) => Completion::Stored,
-            Ok(false) => {
-                tracing::warn!(
-                    key = &*self.key,
-                    "claim lost before its work completed; result not stored"
-                );
-                Completion::Lost
-            }
-            Err(e) => {
-                tracing::warn!(key = &*self.key, error = %e, "could not store a result; releasing the key");
-                self.delete().await;
-                Completion::Failed
-            }
-        }
-    }
-
     /// Replaces the claim with `done` for `retention`, owner-checked, once.
     /// On a store failure the claim is handed back untouched, for
-    /// [`complete_retrying`](Self::complete_retrying): unlike
-    /// [`complete`](Self::complete), nothing is deleted.
+    /// [`complete_retrying`](Self::complete_retrying): nothing is deleted.
     pub(crate) async fn try_complete(
         mut self,
         done: &[u8],

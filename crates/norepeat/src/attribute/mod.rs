@@ -65,6 +65,14 @@
 //! function (a unique key) keeps the effect single anyway.
 //! [`FailurePolicy::FailClosed`] refuses with [`Rejected::Unavailable`].
 //!
+//! In once mode, a result the store does not take when the body ends (it
+//! went away while the body ran) is tried again with backoff for up to the
+//! lease, and the key is never deleted: the body's effect happened, so a
+//! repeat meanwhile waits or gets [`Rejected::InProgress`], then the
+//! result. If the store stays away for the whole lease, the claim ends
+//! with it, a repeat runs again, and `norepeat_once_completion_lost_total`
+//! counts the loss.
+//!
 //! # Keys
 //! The store key hashes the *scope* (by default the function's module path
 //! and name) with the key string, through [`KeyBuilder`], so two functions

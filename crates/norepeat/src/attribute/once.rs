@@ -2,7 +2,7 @@
 //! calls get its stored result.
 
 use super::{Guarded, Rejected};
-use crate::claim::{self, Claim, Renewal};
+use crate::claim::{self, Claim, Completion, Renewal};
 use crate::degrade::on_store_error;
 use crate::store::{KeyValueStore, Store};
 use bytes::Bytes;
@@ -47,7 +47,7 @@ impl Guarded {
         // until the lease ends.
         let (retention, lease) = self.times();
         let out = claim.run(body, Renewal::thirds(lease)).await;
-        finish(claim, encode(out.as_ref().ok()), retention).await;
+        finish(claim, encode(out.as_ref().ok()), retention, lease).await;
         out
     }
 
@@ -90,7 +90,7 @@ impl Guarded {
         let (retention, lease) = self.times();
         crate::claim::detach(async move {
             let out = claim.run(body, Renewal::thirds(lease)).await;
-            finish(claim, encode(out.as_ref().ok()), retention).await;
+            finish(claim, encode(out.as_ref().ok()), retention, lease).await;
             out
         })
         .await
@@ -176,19 +176,44 @@ pub(super) fn encode<T: Serialize>(ok: Option<&T>) -> Option<Result<Vec<u8>, ser
 }
 
 /// Stores the result (success) or releases the claim (failure).
+///
+/// The key of a body that succeeded is never deleted: its effect happened.
+/// When the store does not take the result, it is tried again with backoff
+/// for up to the lease (in a task of its own where there is a runtime, so
+/// the call returns at once), and a repeat meanwhile waits or gets
+/// [`Rejected::InProgress`]. If the store stays away that long, the claim
+/// ends with its lease, a repeat runs again, and the loss is counted in
+/// `norepeat_once_completion_lost_total`.
 async fn finish<S: Store + Clone>(
     claim: Claim<S>,
     done: Option<Result<Vec<u8>, serde_json::Error>>,
     retention: Duration,
+    lease: Duration,
 ) {
     match done {
         Some(Ok(done)) => {
-            claim.complete(&done, retention).await;
+            let claim = match claim.try_complete(&done, retention).await {
+                Ok(outcome) => return count(outcome),
+                Err(claim) => claim,
+            };
+            let retry =
+                async move { count(claim.complete_retrying(&done, retention, lease).await) };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(retry)),
+                Err(_) => retry.await,
+            }
         }
         Some(Err(e)) => {
             tracing::warn!(key = claim.key(), error = %e, "once: the result does not serialize; releasing the key");
             claim.release().await;
         }
         None => claim.release().await,
+    }
+}
+
+/// Counts a result that could not be stored.
+fn count(outcome: Completion) {
+    if outcome == Completion::Expiring {
+        metrics::counter!("norepeat_once_completion_lost_total").increment(1);
     }
 }

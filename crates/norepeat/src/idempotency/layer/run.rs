@@ -145,7 +145,7 @@ fn count(outcome: Completion) {
         Completion::Lost => {
             metrics::counter!("norepeat_idempotency_stale_completions_total").increment(1);
         }
-        Completion::Expiring | Completion::Failed => {
+        Completion::Expiring => {
             metrics::counter!("norepeat_idempotency_completion_lost_total").increment(1);
         }
         Completion::Stored => {}

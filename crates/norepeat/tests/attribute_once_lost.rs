@@ -1,0 +1,214 @@
+//! Once mode when the store will not take the result: the body succeeded,
+//! so its claim is never deleted. Storing the result is tried again with
+//! backoff for up to the lease; a store back within it gets the result,
+//! and a repeat gets that result without running the body. A store away
+//! for the whole lease: the claim ends with its lease, a repeat runs
+//! again, and the loss is counted in `norepeat_once_completion_lost_total`.
+//!
+//! A file of its own: the test installs a global metrics recorder, which a
+//! process can hold only once (nextest runs each test in its own process;
+//! this file has one test, so `cargo test` is safe too).
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use norepeat::attribute::{Guarded, Rejected};
+use norepeat::degrade::FailurePolicy;
+use norepeat::store::RedisStore;
+use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// A recorder that keeps each counter, by name (labels ignored).
+#[derive(Default)]
+struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+impl Counters {
+    fn handle(&self, name: &str) -> Arc<AtomicU64> {
+        let mut map = self.0.lock().unwrap();
+        Arc::clone(map.entry(name.to_owned()).or_default())
+    }
+
+    fn get(&self, name: &str) -> u64 {
+        self.handle(name).load(Ordering::SeqCst)
+    }
+}
+
+struct Shared(&'static Counters);
+
+impl Recorder for Shared {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.0.handle(key.name()))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+const LOST: &str = "norepeat_once_completion_lost_total";
+
+#[derive(Debug)]
+enum Error {
+    Rejected(Rejected),
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Self {
+        Error::Rejected(r)
+    }
+}
+
+/// The body's runs, and the gate each run waits at until the test has cut
+/// the store off (so its result cannot be stored, however slow the machine).
+#[derive(Clone)]
+struct Runs {
+    n: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+}
+
+impl Runs {
+    fn new() -> Self {
+        Runs {
+            n: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.n.load(Ordering::SeqCst)
+    }
+
+    /// One call of the guarded function: counts its run, waits at the gate
+    /// when `gated`, answers its run's number.
+    async fn call(
+        &self,
+        once: &Guarded,
+        store: &RedisStore,
+        key: &str,
+        gated: bool,
+    ) -> Result<usize, Error> {
+        once.run_once(store, key, async {
+            let n = self.n.fetch_add(1, Ordering::SeqCst) + 1;
+            if gated {
+                self.gate.acquire().await.unwrap().forget();
+            }
+            Ok(n)
+        })
+        .await
+    }
+}
+
+/// A call's answer once the store's client has reconnected: `None` while
+/// the store is unavailable (fail-closed), and any other refusal fails the
+/// test.
+fn answered(out: Result<usize, Error>) -> Option<usize> {
+    match out {
+        Ok(n) => Some(n),
+        Err(Error::Rejected(Rejected::Unavailable(_))) => None,
+        Err(e) => panic!("refused: {e:?}"),
+    }
+}
+
+/// What the store holds under `key`'s store key: its first byte (`P` a
+/// claim in progress, `D` a stored result), if any.
+async fn tag(redis: &RedisServer, once: &Guarded, key: &str) -> Option<u8> {
+    let mut con = redis.connection().await;
+    let value: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(once.store_key(key))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    value.and_then(|v| v.first().copied())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again() {
+    let counters: &'static Counters = Box::leak(Box::default());
+    metrics::set_global_recorder(Shared(counters)).unwrap();
+
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = RedisStore::connect(&proxy.url_for_redis()).await.unwrap();
+    let runs = Runs::new();
+
+    // 1. The store is away when the body ends, and back within the lease.
+    // Fail-closed: a call while the client reconnects is refused, never run
+    // unguarded (which the counts below would take for a repeat).
+    let once = Guarded::once("tests::award")
+        .lease(Duration::from_secs(4))
+        .on_store_failure(FailurePolicy::FailClosed);
+    let first = {
+        let (once, store, runs) = (once.clone(), store.clone(), runs.clone());
+        tokio::spawn(async move { runs.call(&once, &store, "order-1", true).await })
+    };
+    common::eventually("the claim is written", || async {
+        (tag(&redis, &once, "order-1").await == Some(b'P') && runs.count() == 1).then_some(())
+    })
+    .await;
+    proxy.set_mode(ProxyMode::Refuse);
+    runs.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    // Its first try to store the result failed (the proxy refuses), and the
+    // claim is still there: not deleted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(tag(&redis, &once, "order-1").await, Some(b'P'));
+    proxy.set_mode(ProxyMode::Pass);
+    // Stored once the store is back, well before the claim's lease ends.
+    common::eventually_within(Duration::from_secs(3), "the result is stored", || async {
+        (tag(&redis, &once, "order-1").await == Some(b'D')).then_some(())
+    })
+    .await;
+    // A repeat gets the first call's result; the body does not run again.
+    let again = common::eventually("the client reconnected", || async {
+        answered(runs.call(&once, &store, "order-1", false).await)
+    })
+    .await;
+    assert_eq!(again, 1);
+    assert_eq!(runs.count(), 1, "the body ran again");
+    assert_eq!(counters.get(LOST), 0);
+
+    // 2. The store is away for the whole lease: the claim ends with it, the
+    // loss is counted, and a repeat runs the body again.
+    let once = Guarded::once("tests::award")
+        .lease(Duration::from_secs(1))
+        .on_store_failure(FailurePolicy::FailClosed);
+    let first = {
+        let (once, store, runs) = (once.clone(), store.clone(), runs.clone());
+        tokio::spawn(async move { runs.call(&once, &store, "order-2", true).await })
+    };
+    common::eventually("the second claim is written", || async {
+        (tag(&redis, &once, "order-2").await == Some(b'P') && runs.count() == 2).then_some(())
+    })
+    .await;
+    proxy.set_mode(ProxyMode::Refuse);
+    runs.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap(), 2);
+    common::eventually("the completion is given up", || async {
+        (counters.get(LOST) == 1).then_some(())
+    })
+    .await;
+    common::eventually("the claim ends with its lease", || async {
+        tag(&redis, &once, "order-2").await.is_none().then_some(())
+    })
+    .await;
+    proxy.set_mode(ProxyMode::Pass);
+    let retry = common::eventually("the client reconnected", || async {
+        answered(runs.call(&once, &store, "order-2", false).await)
+    })
+    .await;
+    assert_eq!(retry, 3, "the repeat ran the body again");
+    assert_eq!(tag(&redis, &once, "order-2").await, Some(b'D'));
+    assert_eq!(counters.get(LOST), 1, "counted once");
+    assert!(redis.keys_without_ttl().await.is_empty());
+}
