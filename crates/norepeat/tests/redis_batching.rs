@@ -311,6 +311,62 @@ fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
     home.block_on(async move { drop(redis) });
 }
 
+/// A call queued behind another runtime's batch task (it found the task
+/// due, so spawned none) must not wait forever when that runtime shuts
+/// down before the task ran: it fails at once, and the queue goes on. (A
+/// store shared by several runtimes: a thread-per-core server, a
+/// process-wide store.) Before, it waited until some later call on its
+/// connection took the queue: forever, on a quiet one.
+#[test]
+fn a_call_queued_behind_a_dropped_batch_task_fails_instead_of_waiting() {
+    let home = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (redis, store) = home.block_on(async {
+        let redis = RedisServer::start().await;
+        // One connection: both calls share one queue.
+        let store = RedisStore::connect_with(&redis.url(), 1).await.unwrap();
+        (redis, store)
+    });
+
+    // The first call, on a runtime of its own, spawns the batch task there;
+    // the runtime stops before that task runs.
+    let throwaway = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut first = Box::pin(store.put_if_absent("first", b"v", TTL));
+    throwaway.block_on(async {
+        assert!((&mut first).now_or_never().is_none());
+    });
+    // The second call, on the store's own runtime, queues behind it.
+    let mut second = Box::pin(store.put_if_absent("second", b"v", TTL));
+    home.block_on(async {
+        assert!((&mut second).now_or_never().is_none());
+    });
+    drop(throwaway);
+    drop(first);
+
+    home.block_on(async {
+        let answer = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("a call queued behind a dropped batch task waited on");
+        assert!(
+            matches!(answer, Err(StoreError::Connection(_))),
+            "{answer:?}"
+        );
+        // Nothing was sent for it, and the queue goes on.
+        let mut con = redis.connection().await;
+        let second: Option<Vec<u8>> = con.get("second").await.unwrap();
+        assert_eq!(second, None);
+        assert_eq!(store.put_if_absent("third", b"v", TTL).await.unwrap(), None);
+    });
+    drop(store);
+    home.block_on(async move { drop(redis) });
+}
+
 /// The batching happens: 96 claims made together leave in a handful of
 /// writes, one pipeline per connection, not one write each. The proxy in
 /// front of Redis counts the chunks it reads from the store's connections.

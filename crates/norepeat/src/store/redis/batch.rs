@@ -21,10 +21,17 @@
 //! without the queue, in 96.)
 //!
 //! The queue never stalls: a task dropped before it took the queue (its
-//! runtime shut down first) gives its [`Ticket`] back, and the next call
-//! spawns another. And batches reach their connection in the order they
-//! were taken, so with each key on one connection the commands on a key
-//! leave in the order they were called.
+//! runtime shut down first) gives its [`Ticket`] back, failing the commands
+//! queued for it (none was sent), and the next call spawns another. And on a connection that is up, batches reach it in the
+//! order they were taken, so with each key on one connection the commands
+//! on a key leave in the order they were called. While a connection is
+//! being made (at first use, after a failure or a [`reconnect`]), a batch's
+//! first poll waits for it, and two batches that wait may leave in either
+//! order: every pair of commands the guards send on one key is
+//! owner-checked (a renewal and a release, a completion and a renewal), so
+//! their order does not change what a guard decides.
+//!
+//! [`reconnect`]: super::Connections::reconnect
 //!
 //! A caller that gives up before its batch leaves takes its command out of
 //! it (nothing is sent for it); one that gives up later is in the same
@@ -124,7 +131,10 @@ impl Queue {
 /// The duty to send a queue's next batch, held by the task that will.
 /// Dropped before it took the queue (its task never ran: its runtime shut
 /// down first), it gives the duty back, so that the next call schedules a
-/// new task instead of queueing behind one that will never come.
+/// new task instead of queueing behind one that will never come, and the
+/// commands queued for it fail at once (nothing was sent for them): a
+/// caller on another runtime that queued behind it would otherwise wait
+/// for a later call to take the queue.
 pub(super) struct Ticket<P: AsRef<Queue>> {
     slot: P,
     taken: bool,
@@ -141,7 +151,14 @@ impl<P: AsRef<Queue>> Ticket<P> {
 impl<P: AsRef<Queue>> Drop for Ticket<P> {
     fn drop(&mut self) {
         if !self.taken {
-            self.slot.as_ref().state().scheduled = false;
+            let stranded = {
+                let mut state = self.slot.as_ref().state();
+                state.scheduled = false;
+                std::mem::take(&mut state.waiting)
+            };
+            // Their answers' senders go: each caller gets the error of a
+            // dropped batch.
+            drop(stranded);
         }
     }
 }

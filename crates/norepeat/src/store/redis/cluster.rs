@@ -317,29 +317,32 @@ impl Inner {
     /// time, at most one per [`REFRESH_GAP`]; a failed one is tried again
     /// at the next request.
     fn refresh_soon(self: &Arc<Self>) {
-        self.stale.store(true, Ordering::Release);
+        // SeqCst on both flags, both sides: each side writes one flag and
+        // then reads the other, which weaker orderings (and x86's store
+        // buffer) let both sides miss, losing the refresh.
+        self.stale.store(true, Ordering::SeqCst);
         // Outside a runtime (a `reconnect` from a plain thread) the next
         // call in one asks again.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if self.refreshing.swap(true, Ordering::AcqRel) {
+        if self.refreshing.swap(true, Ordering::SeqCst) {
             return;
         }
         let inner = Arc::clone(self);
         runtime.spawn(async move {
             loop {
-                while inner.stale.swap(false, Ordering::AcqRel) {
+                while inner.stale.swap(false, Ordering::SeqCst) {
                     if let Err(e) = inner.refresh().await {
                         tracing::warn!(error = %e, "could not refresh the cluster's slot map");
                     }
                     tokio::time::sleep(REFRESH_GAP).await;
                 }
-                inner.refreshing.store(false, Ordering::Release);
+                inner.refreshing.store(false, Ordering::SeqCst);
                 // A request made between the last check and the store
                 // above found the task still running: take it on.
-                if !inner.stale.load(Ordering::Acquire)
-                    || inner.refreshing.swap(true, Ordering::AcqRel)
+                if !inner.stale.load(Ordering::SeqCst)
+                    || inner.refreshing.swap(true, Ordering::SeqCst)
                 {
                     break;
                 }
