@@ -22,14 +22,16 @@
 //!
 //! The queue never stalls: a task dropped before it took the queue (its
 //! runtime shut down first) gives its [`Ticket`] back, failing the commands
-//! queued for it (none was sent), and the next call spawns another. And on a connection that is up, batches reach it in the
-//! order they were taken, so with each key on one connection the commands
-//! on a key leave in the order they were called. While a connection is
-//! being made (at first use, after a failure or a [`reconnect`]), a batch's
-//! first poll waits for it, and two batches that wait may leave in either
-//! order: every pair of commands the guards send on one key is
-//! owner-checked (a renewal and a release, a completion and a renewal), so
-//! their order does not change what a guard decides.
+//! queued for it (none was sent), and the next call spawns another.
+//!
+//! On a connection that is up, batches reach it in the order they were
+//! taken, so with each key on one connection the commands on a key leave
+//! in the order they were called. While a connection is being made (at
+//! first use, after a failure or a [`reconnect`]), a batch's first poll
+//! waits for it, and two batches that wait may leave in either order:
+//! every pair of commands the guards send on one key is owner-checked (a
+//! renewal and a release, a completion and a renewal), so their order does
+//! not change what a guard decides.
 //!
 //! [`reconnect`]: super::Connections::reconnect
 //!
