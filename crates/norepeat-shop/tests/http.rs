@@ -153,6 +153,18 @@ async fn the_fingerprint_route() {
         .parse()
         .unwrap();
     assert!((1..=3).contains(&retry_after));
+    // The route reads no query: a parameter added to the same submission
+    // (a cache-buster, a stray token) does not make it another one.
+    for path in ["/orders/quick?a=1", "/orders/quick?repeatToken=zzz&_=2"] {
+        let again = s
+            .post(path, "u1", &[], json!({"sku": "SKU-1", "quantity": 1}))
+            .await;
+        assert_eq!(
+            (again.status.as_u16(), again.body["code"].as_str()),
+            (409, Some("duplicate_submission")),
+            "{path}"
+        );
+    }
     let other = s
         .post(
             "/orders/quick",

@@ -35,10 +35,12 @@ pub struct RequestParts<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Digest(pub [u8; 32]);
 
-/// Computes fingerprints; holds the set of ignored fields.
+/// Computes fingerprints; holds the set of ignored fields and whether the
+/// query string counts.
 #[derive(Debug, Clone)]
 pub struct Fingerprinter {
     ignored: Arc<[Box<str>]>,
+    query: bool,
 }
 
 impl Default for Fingerprinter {
@@ -81,7 +83,31 @@ impl Fingerprinter {
     {
         Self {
             ignored: fields.into_iter().map(|f| Box::from(f.as_ref())).collect(),
+            query: true,
         }
+    }
+
+    /// Leaves the query string out of the fingerprint, for a route whose
+    /// handler reads no query parameter: there `POST /orders?a=1` and
+    /// `POST /orders?a=2` with one body are one submission, and a client
+    /// (or a cache-buster) adding a parameter must not get past the guard.
+    /// By default the query counts (its `&`-separated pairs in any order):
+    /// on a route that reads it, two queries are two requests.
+    ///
+    /// ```
+    /// use norepeat::fingerprint::{Fingerprinter, RequestParts};
+    /// let req = |query| RequestParts {
+    ///     user: "u1", method: "POST", route: "/orders", query, json: true, body: br#"{"sku":"S"}"#,
+    /// };
+    /// let f = Fingerprinter::default();
+    /// assert_ne!(f.fingerprint(&req(None)).unwrap(), f.fingerprint(&req(Some("_=1"))).unwrap());
+    /// let f = Fingerprinter::default().ignore_query();
+    /// assert_eq!(f.fingerprint(&req(None)).unwrap(), f.fingerprint(&req(Some("_=1"))).unwrap());
+    /// ```
+    #[must_use]
+    pub fn ignore_query(mut self) -> Self {
+        self.query = false;
+        self
     }
 
     /// The fingerprint of a request.
@@ -98,7 +124,10 @@ impl Fingerprinter {
                 parts.route.as_bytes(),
             ],
         );
-        hash_query(&mut h, parts.query.unwrap_or(""));
+        // Ignored, the query hashes as an empty one: the same bytes as a
+        // request without a query.
+        let query = if self.query { parts.query } else { None };
+        hash_query(&mut h, query.unwrap_or(""));
         if parts.json {
             let canonical = self.canonicalize(parts.body)?;
             h.update(b"J");
@@ -236,6 +265,37 @@ mod tests {
         assert_eq!(a, f.fingerprint(&same).unwrap());
         assert_ne!(a, f.fingerprint(&other_user).unwrap());
         assert_ne!(a, f.fingerprint(&other_route).unwrap());
+    }
+
+    #[test]
+    fn an_ignored_query_is_no_query_and_the_rest_still_counts() {
+        let f = Fingerprinter::default().ignore_query();
+        let base = RequestParts {
+            user: "u1",
+            method: "POST",
+            route: "/r",
+            query: None,
+            json: false,
+            body: b"x",
+        };
+        let a = f.fingerprint(&base).unwrap();
+        for query in ["a=1", "a=2&b=3", "", "repeatToken=zzz"] {
+            let with = RequestParts {
+                query: Some(query),
+                ..base
+            };
+            assert_eq!(a, f.fingerprint(&with).unwrap(), "{query}");
+        }
+        // The same as the default's fingerprint without a query.
+        assert_eq!(a, Fingerprinter::default().fingerprint(&base).unwrap());
+        assert_ne!(
+            a,
+            f.fingerprint(&RequestParts { body: b"y", ..base }).unwrap()
+        );
+        assert_ne!(
+            a,
+            f.fingerprint(&RequestParts { user: "u2", ..base }).unwrap()
+        );
     }
 
     #[test]

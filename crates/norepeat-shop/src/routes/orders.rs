@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::problem::Problem;
 use norepeat::token::{TokenGuardError, TokenLayer};
 use serde_json::json;
@@ -22,7 +22,12 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let by_token = post(create_with_token);
     let by_fingerprint = post(create);
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
-        let fingerprints = FingerprintGuard::new(state.open.clone()).window(state.cfg.fp_window());
+        // The handler reads no query parameter: `?a=1` is the same
+        // submission (the contract's fingerprint is user, method, route and
+        // body).
+        let fingerprints = FingerprintGuard::new(state.open.clone())
+            .window(state.cfg.fp_window())
+            .fingerprinter(Fingerprinter::default().ignore_query());
         (
             by_token.route_layer(TokenLayer::new(state.tokens.clone()).missing_token_detail(
                 "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
