@@ -727,6 +727,72 @@ async fn sigterm_lets_a_left_clients_upstream_call_complete_its_record() {
     assert_eq!(effects(&b).await["/payments"], 1);
 }
 
+/// A payment still waiting on its backend when SIGTERM's grace is over
+/// ends as an unknown outcome, recorded for its key before the exit: its
+/// client gets 504, and after the restart the retry is answered 409
+/// `idempotency_outcome_unknown` without reaching the backend. (Dropped
+/// with the process, the call left its claim to end with its lease, and
+/// the retry then ran the payment a second time.)
+#[tokio::test]
+async fn sigterm_past_the_grace_records_an_unknown_outcome_never_run_again() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /slowpay
+    guard: idempotency
+    timeout: 60s
+";
+    let yaml = file(&b, &redis.url(), routes);
+    let mut g1 = gateway(&yaml).await;
+    let c = Client::new();
+    let first = tokio::spawn(
+        c.post(url(&g1, "/slowpay"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-grace")
+            .header("x-delay", "30")
+            .body("{}")
+            .send(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while effects(&b).await["/slowpay"] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/slowpay never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g1.signal("-TERM").await;
+    let res = first
+        .await
+        .unwrap()
+        .expect("answered before the gateway exits");
+    assert_eq!(
+        code(res).await,
+        (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout".into())
+    );
+    let exit = g1
+        .process
+        .wait_exit(Duration::from_secs(25))
+        .await
+        .expect("exits after its grace");
+    assert_eq!(exit.code(), Some(0));
+
+    let g2 = gateway(&yaml).await;
+    let retry = c
+        .post(url(&g2, "/slowpay"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-grace")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        code(retry).await,
+        (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+    );
+    assert_eq!(effects(&b).await["/slowpay"], 1, "the payment ran again");
+}
+
 #[tokio::test]
 async fn redis_killed_fails_each_route_its_way_and_restarted_serves_again() {
     let mut redis = RedisServer::start().await;

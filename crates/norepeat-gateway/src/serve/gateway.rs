@@ -25,6 +25,7 @@ use std::convert::Infallible;
 
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 
@@ -73,6 +74,9 @@ pub struct Gateway {
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
     pub(super) detached: DetachedTasks,
+    /// Cancelled when a shutdown's grace is over: every upstream call
+    /// still waiting then ends as an unknown outcome (see [`super::run`]).
+    pub(super) stopping: CancellationToken,
     pub(super) store_url: StoreUrl,
     pub(super) metrics: Option<PrometheusHandle>,
 }
@@ -105,12 +109,14 @@ impl Gateway {
         let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
-        let routes = Routes::build(config, &store, &detached, None).await?;
+        let stopping = CancellationToken::new();
+        let routes = Routes::build(config, &store, &detached, &stopping, None).await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
             client,
             store,
             detached,
+            stopping,
             store_url: config.store.clone(),
             metrics,
         })
@@ -129,9 +135,15 @@ impl Gateway {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
         let old = self.live.load();
-        let routes = Routes::build(config, &self.store, &self.detached, old.tokens.clone())
-            .await
-            .map_err(|e| format!("store: {e}"))?;
+        let routes = Routes::build(
+            config,
+            &self.store,
+            &self.detached,
+            &self.stopping,
+            old.tokens.clone(),
+        )
+        .await
+        .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
         self.live.store(Arc::new(routes));
         Ok(n)
@@ -149,6 +161,7 @@ impl Routes {
         config: &Config,
         store: &SharedStore,
         detached: &DetachedTasks,
+        stopping: &CancellationToken,
         tokens: Option<TokenGuard<SharedStore>>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -171,7 +184,14 @@ impl Routes {
                 let metrics = Arc::new(RouteMetrics::new(r.matcher.to_string().into()));
                 Compiled {
                     matcher: r.matcher.clone(),
-                    service: stack(r, store, &caller, detached, tokens.as_ref(), &metrics),
+                    service: stack(
+                        r,
+                        store,
+                        &caller,
+                        (detached, stopping),
+                        tokens.as_ref(),
+                        &metrics,
+                    ),
                     metrics,
                 }
             })

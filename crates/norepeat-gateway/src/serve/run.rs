@@ -16,6 +16,12 @@ use std::time::Duration;
 /// valid one replaces the routes ([`Gateway::reload`]), an invalid one is
 /// logged and the old routes stay.
 ///
+/// An upstream call still waiting when the grace is over is not dropped
+/// with the process: it ends as an unknown outcome (as a timeout does), so
+/// an idempotency route with `ambiguous: keep` records that for its key,
+/// and its client gets 504 `upstream_timeout`. The process then exits
+/// within [`SETTLE`] more.
+///
 /// # Errors
 /// The listener fails.
 pub async fn serve(
@@ -26,6 +32,7 @@ pub async fn serve(
     let gateway = Arc::new(gateway);
     let app = own::router(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
+    let stopping = gateway.stopping.clone();
     if let Some(path) = file {
         tokio::spawn(watch(gateway, path));
     }
@@ -47,9 +54,18 @@ pub async fn serve(
             _ => std::future::pending().await,
         }
     };
+    let mut server = std::pin::pin!(server.into_future());
     let served = tokio::select! {
-        r = server.into_future() => r,
-        () = grace => Ok(()),
+        r = &mut server => r,
+        () = grace => {
+            // The calls still waiting end as unknown outcomes, recorded;
+            // their clients get their answers, and the server ends.
+            stopping.cancel();
+            tokio::time::timeout(SETTLE, &mut server).await.unwrap_or_else(|_| {
+                tracing::warn!("requests still unanswered after the grace period");
+                Ok(())
+            })
+        }
     };
     // The upstream calls of clients that left finish too, within the same
     // grace: each completes its key's record (a replay, or the unknown
@@ -60,7 +76,10 @@ pub async fn serve(
         .await
         .is_err()
     {
-        tracing::warn!("upstream calls still running after the grace period");
+        stopping.cancel();
+        if tokio::time::timeout(SETTLE, detached.wait()).await.is_err() {
+            tracing::warn!("upstream calls still running after the grace period");
+        }
     }
     served
 }
@@ -68,6 +87,10 @@ pub async fn serve(
 /// How long a stop waits for requests in flight and for the upstream calls
 /// of clients that left.
 const GRACE: Duration = Duration::from_secs(10);
+
+/// How long, after the grace, the calls given up as unknown outcomes have
+/// to record that and answer (a store write each).
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// Reloads `path` when its modification time changes or on `SIGHUP`.
 pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {

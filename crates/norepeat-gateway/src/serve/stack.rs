@@ -19,6 +19,7 @@ use norepeat::problem::Problem;
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{TokenGuard, TokenLayer};
 use std::convert::Infallible;
+use tokio_util::sync::CancellationToken;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,12 +47,14 @@ where
     BoxCloneSyncService::new(service.map_response(|r: Response<B>| r.map(Body::new)))
 }
 
-/// A route's stack: rate limit, guard, upstream.
+/// A route's stack: rate limit, guard, upstream. `detached` tracks the
+/// upstream calls of clients that left; `stopping` ends every call still
+/// waiting when a shutdown's grace is over.
 pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
     caller: &Caller,
-    detached: &DetachedTasks,
+    (detached, stopping): (&DetachedTasks, &CancellationToken),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
 ) -> RouteService {
@@ -68,6 +71,7 @@ pub(super) fn stack(
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
+        stopping: stopping.clone(),
         read_ahead: match route.guard {
             Some(Guard::Idempotency { .. }) => {
                 Some(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
@@ -168,22 +172,36 @@ struct UpstreamStage {
     /// is read that far before the layer gets it, so that one that breaks
     /// is an unknown outcome (504), not a status recorded without its body.
     read_ahead: Option<usize>,
+    /// Cancelled at the end of a shutdown's grace.
+    stopping: CancellationToken,
 }
 
 impl UpstreamStage {
     async fn call(self, req: Request<Body>) -> Response<Body> {
         let start = Instant::now();
         let idle = Some(self.timeout);
-        let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
-        let result = match (result, self.read_ahead) {
-            (Ok(res), Some(cap)) => {
-                let (head, body) = res.into_parts();
-                read_ahead(body, cap)
-                    .await
-                    .map(|body| Response::from_parts(head, body))
-                    .map_err(|Broken| Failure::Timeout)
+        let call = async {
+            let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
+            match (result, self.read_ahead) {
+                (Ok(res), Some(cap)) => {
+                    let (head, body) = res.into_parts();
+                    read_ahead(body, cap)
+                        .await
+                        .map(|body| Response::from_parts(head, body))
+                        .map_err(|Broken| Failure::Timeout)
+                }
+                (result, _) => result,
             }
-            (result, _) => result,
+        };
+        // A call still waiting when a shutdown's grace is over ends as a
+        // timeout does: its request may have reached the backend, so on
+        // `ambiguous: keep` its key records the unknown outcome before the
+        // process exits, and a retry after the restart is answered 409,
+        // never run again (dropped with the process, the claim would end
+        // with its lease and the retry would run).
+        let result = tokio::select! {
+            result = call => result,
+            () = self.stopping.cancelled() => Err(Failure::Timeout),
         };
         self.metrics.upstream(start.elapsed().as_secs_f64());
         match result {
