@@ -400,7 +400,44 @@ async fn reading_orders_and_stock() {
         s.get("/stock/NOPE", None).await.status,
         StatusCode::NOT_FOUND
     );
+    // A sku over 64 characters is malformed, not unknown: 400, as in a body.
+    let long = s.get(&format!("/stock/{}", "S".repeat(65)), None).await;
+    assert_eq!(
+        (long.status, long.body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request"))
+    );
     assert_eq!(s.get("/healthz", None).await.status, StatusCode::OK);
+}
+
+/// A method a route does not take is 405 as problem+json, with `Allow`.
+#[tokio::test]
+async fn a_wrong_method_is_405_problem_json() {
+    let s = shop().await;
+    for (method, path) in [
+        ("DELETE", "/orders"),
+        ("PUT", "/stock/SKU-1"),
+        ("POST", "/repeat/token"),
+        ("PATCH", "/payments"),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-user-id", "u1")
+            .body(Body::empty())
+            .unwrap();
+        let a = s.send(req).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_eq!(
+            a.headers["content-type"], "application/problem+json",
+            "{method} {path}"
+        );
+        assert_eq!(a.body["code"], "invalid_request", "{method} {path}");
+        assert!(
+            a.headers.contains_key("allow"),
+            "{method} {path}: {:?}",
+            a.headers
+        );
+    }
 }
 
 #[tokio::test]
@@ -431,6 +468,33 @@ async fn admin_routes_need_the_token() {
     );
     let ok = s.send(put(Some("secret"), json!({"available": 5}))).await;
     assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(s.stock("SKU-1").await, 5);
+    // The token twice is refused, whichever copy is right (a proxy that
+    // appends must not let a client pick the first), and the refusal says
+    // what the admin routes need, not what a user route needs.
+    for pair in [
+        ["secret", "wrong"],
+        ["wrong", "secret"],
+        ["secret", "secret"],
+    ] {
+        let req = Request::put("/admin/stock/SKU-1")
+            .header("content-type", "application/json")
+            .header("x-admin-token", pair[0])
+            .header("x-admin-token", pair[1])
+            .body(Body::from(json!({"available": 7}).to_string()))
+            .unwrap();
+        let a = s.send(req).await;
+        assert_eq!(
+            (a.status, a.body["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("unauthenticated")),
+            "{pair:?}"
+        );
+        assert!(
+            a.body["detail"].as_str().unwrap().contains("X-Admin-Token"),
+            "{}",
+            a.body
+        );
+    }
     assert_eq!(s.stock("SKU-1").await, 5);
 
     let closed = Shop::with(ShopConfig::default()).await;

@@ -2,12 +2,13 @@
 
 use super::body::{self, Segment};
 use crate::app::AppState;
-use crate::error::{ApiError, unauthenticated};
+use crate::error::ApiError;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{post, put};
 use axum::{Json, Router};
+use norepeat::problem::{Code, Problem};
 use serde_json::{Value, json};
 
 pub(super) fn routes() -> Router<AppState> {
@@ -17,19 +18,22 @@ pub(super) fn routes() -> Router<AppState> {
 }
 
 /// Admin routes do not exist without a configured (non-empty) token; with
-/// one, the header must match it.
+/// one, the request must carry `X-Admin-Token` exactly once, matching it.
+/// A second copy is refused whatever the first says, as a second
+/// `X-User-Id` is: a proxy that appends must not let a client pick which
+/// one counts.
 fn check(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = s.cfg.admin_token() else {
         return Err(ApiError::NotFound("No such route.".into()));
     };
-    let given = headers
-        .get("x-admin-token")
-        .map(axum::http::HeaderValue::as_bytes)
-        .unwrap_or_default();
-    if same_secret(given, expected.as_bytes()) {
-        Ok(())
-    } else {
-        Err(unauthenticated())
+    let mut given = headers.get_all("x-admin-token").iter();
+    match (given.next(), given.next()) {
+        (Some(token), None) if same_secret(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        _ => Err(ApiError::Problem(
+            Problem::new(Code::Unauthenticated).detail(
+                "Admin routes need exactly one X-Admin-Token header with the configured token.",
+            ),
+        )),
     }
 }
 
@@ -68,11 +72,7 @@ async fn set_stock(
     // Admin first: with admin off, even a malformed path is "no such route".
     check(&s, &headers)?;
     let Segment(sku) = sku?;
-    if sku.is_empty() || sku.chars().count() > 64 {
-        return Err(ApiError::Invalid(
-            "The sku must be 1 to 64 characters.".into(),
-        ));
-    }
+    body::check_sku(&sku)?;
     let m = body::object(&body::read(body, &headers).await?)?;
     let available = body::integer(&m, "available", 0..=1_000_000_000)?;
     s.db.set_stock(&sku, available).await?;

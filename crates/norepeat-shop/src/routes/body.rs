@@ -138,6 +138,17 @@ impl<S: Send + Sync> FromRequestParts<S> for Segment {
     }
 }
 
+/// A sku is 1 to 64 characters (the contract's `invalid_request`), in a
+/// path or a body alike.
+pub(super) fn check_sku(sku: &str) -> Result<(), ApiError> {
+    if sku.is_empty() || sku.chars().count() > 64 {
+        return Err(ApiError::Invalid(
+            "The sku must be 1 to 64 characters.".into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

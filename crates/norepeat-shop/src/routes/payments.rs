@@ -343,10 +343,6 @@ async fn flash_sale(
         biz_id: body::opt_string(&m, "bizId", 128)?,
         keyed_by_token: false,
     };
-    if req.sku.is_empty() || req.sku.chars().count() > 64 {
-        return Err(ApiError::Invalid(
-            "The sku must be 1 to 64 characters.".into(),
-        ));
-    }
+    body::check_sku(&req.sku)?;
     super::orders::write_order(&s, &user, &req).await
 }

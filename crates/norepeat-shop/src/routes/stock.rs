@@ -25,6 +25,7 @@ pub(super) fn routes() -> Router<AppState> {
     )
 )]
 async fn stock(State(s): State<AppState>, Segment(sku): Segment) -> Result<Json<Value>, ApiError> {
+    super::body::check_sku(&sku)?;
     match s.db.stock(&sku).await? {
         Some(available) => Ok(Json(json!({"sku": sku, "available": available}))),
         None => Err(ApiError::NotFound(format!("No product {sku}."))),
