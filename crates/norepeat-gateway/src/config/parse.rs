@@ -302,10 +302,14 @@ fn route(
                 } else {
                     Some(Vec::new())
                 };
-                Some(Some(Guard::Fingerprint {
-                    window: window?,
-                    ignore_fields: ignore_fields?,
-                }))
+                // Combined, not `?`: a return here would leave the route's
+                // later fields unchecked, one problem hiding the others.
+                window.zip(ignore_fields).map(|(window, ignore_fields)| {
+                    Some(Guard::Fingerprint {
+                        window,
+                        ignore_fields,
+                    })
+                })
             }
             _ => {
                 let req = if required {
@@ -330,11 +334,14 @@ fn route(
                 } else {
                     Some(Ambiguous::Keep)
                 };
-                Some(Some(Guard::Idempotency {
-                    required: req?,
-                    retention: retention?,
-                    ambiguous: amb?,
-                }))
+                // Combined, not `?` (as above).
+                (|| {
+                    Some(Some(Guard::Idempotency {
+                        required: req?,
+                        retention: retention?,
+                        ambiguous: amb?,
+                    }))
+                })()
             }
         },
     };

@@ -526,6 +526,27 @@ fn route_problems() {
     );
 }
 
+/// A bad guard field does not hide the route's other problems: `check`
+/// prints one line per problem, all of them at once.
+#[test]
+fn a_bad_guard_field_does_not_hide_the_routes_other_problems() {
+    let got = bad(&one_route(
+        "    guard: idempotency\n    ambiguous: forget\n    on_store_failure: maybe\n    timeout: 0s\n",
+    ));
+    let fields: Vec<&str> = got
+        .iter()
+        .map(|p| p.split(' ').nth(1).unwrap_or_default())
+        .collect();
+    assert!(fields.contains(&"routes[0].ambiguous:"), "{got:#?}");
+    assert!(fields.contains(&"routes[0].on_store_failure:"), "{got:#?}");
+    let got = bad(&one_route(
+        "    guard: fingerprint\n    window: forever\n    shadow: perhaps\n",
+    ));
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert!(got[0].contains("routes[0].window:"), "{got:#?}");
+    assert!(got[1].contains("routes[0].shadow:"), "{got:#?}");
+}
+
 #[test]
 fn a_route_that_an_earlier_one_hides_is_a_problem() {
     let text = format!(
