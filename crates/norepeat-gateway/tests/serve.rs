@@ -512,6 +512,36 @@ async fn a_rate_limited_route_counts_per_caller() {
     );
 }
 
+/// A request target that is not a path (`OPTIONS *`, `POST *`) is the
+/// client's odd request: 400 problem+json from the gateway, not a 502 that
+/// blames a backend which is up.
+#[tokio::test]
+async fn an_asterisk_target_is_400_not_502() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    for method in ["OPTIONS", "POST"] {
+        let mut con = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+            .await
+            .unwrap();
+        con.write_all(
+            format!(
+                "{method} * HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut answer = String::new();
+        con.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{method} *: {answer}");
+        assert!(
+            answer.contains("application/problem+json") && answer.contains("invalid_request"),
+            "{method} *: {answer}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn sigterm_finishes_the_request_in_flight_then_exits_0() {
     let b = backend(0).await;

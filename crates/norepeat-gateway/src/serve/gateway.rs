@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
-use http::{HeaderName, Request, Response, Uri};
+use http::{HeaderName, Request, Response, StatusCode, Uri};
 use metrics_exporter_prometheus::PrometheusHandle;
 use norepeat::degrade::FailedOpen;
 use norepeat::idempotency::DetachedTasks;
@@ -246,6 +246,14 @@ pub(super) async fn token_secret(
 /// one is forwarded untouched.
 pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
     with_peer(req.extensions_mut());
+    // The asterisk form (`OPTIONS *`) names no resource: there is no route
+    // to match, and no upstream URL to make of it. The client's request,
+    // so a 400 of the gateway's, not a 502.
+    if !req.uri().path().starts_with('/') {
+        let p = Problem::custom(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request")
+            .detail("The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.");
+        return p.to_response().map(Body::new);
+    }
     let live = gw.live.load_full();
     let normalized = match normalize_path(req.uri().path()) {
         std::borrow::Cow::Borrowed(_) => None,
