@@ -21,7 +21,10 @@ use norepeat::token::{TokenGuard, TokenLayer};
 use std::convert::Infallible;
 use tokio_util::sync::CancellationToken;
 
+use http_body_util::BodyExt;
+use norepeat::body::BodyError;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
@@ -77,6 +80,14 @@ pub(super) fn stack(
                 Some(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
             }
             _ => None,
+        },
+        // The fingerprint and idempotency layers read the body under this
+        // cap themselves; the others stream it, capped here.
+        body_cap: match route.guard {
+            None | Some(Guard::Token) => {
+                Some(usize::try_from(route.max_request_body).unwrap_or(usize::MAX))
+            }
+            Some(Guard::Fingerprint { .. } | Guard::Idempotency { .. }) => None,
         },
     };
     let base = tower::service_fn(move |req: Request<Body>| {
@@ -174,10 +185,23 @@ struct UpstreamStage {
     read_ahead: Option<usize>,
     /// Cancelled at the end of a shutdown's grace.
     stopping: CancellationToken,
+    /// On a route whose body is streamed (token, rate limit only),
+    /// `max_request_body`: a body declared larger is refused before it is
+    /// sent (413), one that grows larger while it streams is cut off there
+    /// and answered 413 too.
+    body_cap: Option<usize>,
 }
 
 impl UpstreamStage {
     async fn call(self, req: Request<Body>) -> Response<Body> {
+        let (req, over) = match self.body_cap {
+            Some(max) if declares_over(&req, max) => return payload_too_large(max),
+            Some(max) => {
+                let (req, over) = cap_body(req, max);
+                (req, Some(over))
+            }
+            None => (req, None),
+        };
         let start = Instant::now();
         let idle = Some(self.timeout);
         let call = async {
@@ -204,6 +228,9 @@ impl UpstreamStage {
             () = self.stopping.cancelled() => Err(Failure::Timeout),
         };
         self.metrics.upstream(start.elapsed().as_secs_f64());
+        if result.is_err() && over.is_some_and(|o| o.load(Ordering::SeqCst)) {
+            return payload_too_large(self.body_cap.unwrap_or_default());
+        }
         match result {
             Ok(mut res) => {
                 // The backend cannot speak for the gateway.
@@ -221,6 +248,35 @@ impl UpstreamStage {
             Err(Failure::Timeout) => upstream_timeout(),
         }
     }
+}
+
+/// Whether `req`'s `Content-Length` is over `max`.
+fn declares_over(req: &Request<Body>, max: usize) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > max as u64)
+}
+
+/// `req` with its body capped at `max` bytes, and the flag set when the
+/// cap cuts it off.
+fn cap_body(req: Request<Body>, max: usize) -> (Request<Body>, Arc<AtomicBool>) {
+    let over = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&over);
+    let req = req.map(|body| {
+        Body::new(http_body_util::Limited::new(body, max).map_err(move |e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                flag.store(true, Ordering::SeqCst);
+            }
+            e
+        }))
+    });
+    (req, over)
+}
+
+fn payload_too_large(max: usize) -> Response<Body> {
+    problem_response(&Problem::from(BodyError::TooLarge { max }))
 }
 
 /// `p` as a response; its code (in the `Problem` the response carries)
