@@ -19,7 +19,7 @@
 //! | `ratelimit.gcra` | one GCRA decision (one script by `EVALSHA`) |
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
 //! | `http.guarded` | the same route behind `FingerprintLayer`, the same load generator, the same run |
-//! | `http.handrolled` | the same route with the guard written by hand in the handler: `SET key NX PX` through plain redis-rs, 409 when taken (one Redis only) |
+//! | `http.handrolled` | the same route with the guard written by hand in the handler: `SET key NX PX` through plain redis-rs, 409 when taken (one Redis; on the memory store, a `Mutex<HashMap>` by hand) |
 //! | `gateway.direct`, `gateway.passthrough`, `gateway.guarded`, `gateway.nginx` | a trivial backend without a proxy, through `norepeat-gateway` unguarded and guarded, and through nginx's `proxy_pass` (see `rows::gateway`) |
 //! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
 //! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |

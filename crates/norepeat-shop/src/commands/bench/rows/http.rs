@@ -1,14 +1,16 @@
 //! `http.unguarded`, `http.guarded` and `http.handrolled`: `POST /orders`
 //! over loopback to a trivial axum route (reads the body, answers 201),
 //! without a guard, behind the fingerprint guard, and with the guard the
-//! article's engineers wrote by hand in the handler (on Redis only), driven
+//! article's engineers wrote by hand in the handler, driven
 //! by one keep-alive reqwest client from every task, each request a new
 //! body (so each guarded one is a new fingerprint).
 //!
 //! The hand-written guard: a key from the caller and a hash of the raw
 //! body, `SET key 1 NX PX 3000` through plain redis-rs on as many
 //! `ConnectionManager`s as the store holds (each key on one of them), 409
-//! when the key is taken. (The article's code deletes the key again when
+//! when the key is taken. On the memory store, the same by hand in
+//! process: a `Mutex<HashMap>` from key to expiry, a taken key one whose
+//! expiry has not passed. (The article's code deletes the key again when
 //! the work fails; ours never fails, so that path is left out.) No canonical JSON, no owner, no fail-open policy, no
 //! metrics: `http.guarded / http.handrolled` is what the layer costs over
 //! writing it yourself.
@@ -23,7 +25,9 @@ use http::StatusCode;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::store::AnyStore;
 use redis::aio::ConnectionManager;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 async fn created(_body: Bytes) -> (StatusCode, &'static str) {
     (StatusCode::CREATED, r#"{"created":true}"#)
@@ -36,16 +40,23 @@ pub(crate) enum Guard {
     Unguarded,
     /// [`FingerprintLayer`] on the bench's store.
     Layer,
-    /// `SET NX PX` in the handler, through plain redis-rs (Redis only).
+    /// `SET NX PX` in the handler, through plain redis-rs (on the memory
+    /// store, a map by hand).
     HandRolled,
 }
 
-/// The hand-written guard's connections: plain redis-rs, as many as the
-/// store holds, each key on one of them (as the store places its keys).
+/// Where the hand-written guard keeps its keys.
 #[derive(Clone)]
-struct HandRolled {
-    managers: Arc<[ConnectionManager]>,
+enum HandRolled {
+    /// Plain redis-rs connections, as many as the store holds, each key
+    /// on one of them (as the store places its keys).
+    Redis(Arc<[ConnectionManager]>),
+    /// In process: each key and when it expires.
+    Memory(Arc<Mutex<HashMap<[u8; 16], Instant>>>),
 }
+
+/// How long the hand-written guard holds a key: `PX 3000`.
+const HELD: Duration = Duration::from_secs(3);
 
 /// The article's guard, by hand: the caller and a hash of the raw body as
 /// the key, `SET NX PX` for 3 s, 409 when taken.
@@ -62,10 +73,33 @@ async fn handrolled(
     h.update(b"\0");
     h.update(&body);
     let digest = h.finalize();
+    let managers = match cx {
+        HandRolled::Redis(managers) => managers,
+        HandRolled::Memory(keys) => {
+            let mut key = [0u8; 16];
+            key.copy_from_slice(&digest.as_bytes()[..16]);
+            let now = Instant::now();
+            let fresh = {
+                let mut keys = keys.lock().unwrap_or_else(PoisonError::into_inner);
+                match keys.get(&key) {
+                    Some(until) if *until > now => false,
+                    _ => {
+                        keys.insert(key, now + HELD);
+                        true
+                    }
+                }
+            };
+            return if fresh {
+                created(body).await
+            } else {
+                (StatusCode::CONFLICT, r#"{"error":"duplicate"}"#)
+            };
+        }
+    };
     let hex = digest.to_hex();
     let key = format!("dup:{}", &hex[..32]);
-    let slot = usize::from(digest.as_bytes()[0]) % cx.managers.len();
-    let mut con = cx.managers[slot].clone();
+    let slot = usize::from(digest.as_bytes()[0]) % managers.len();
+    let mut con = managers[slot].clone();
     let taken: redis::RedisResult<Option<String>> =
         super::set_nx_px(&key).query_async(&mut con).await;
     match taken {
@@ -100,14 +134,16 @@ pub(crate) async fn http(
         }
         Guard::Unguarded => Router::new().route("/orders", post(created)),
         Guard::HandRolled => {
-            let url = url.ok_or_else(|| BenchError::unexpected(row, "needs a Redis URL"))?;
-            let client = redis::Client::open(url)?;
-            let mut managers = Vec::new();
-            for _ in 0..norepeat::store::DEFAULT_CONNECTIONS.max(1) {
-                managers.push(ConnectionManager::new(client.clone()).await?);
-            }
-            let cx = HandRolled {
-                managers: managers.into(),
+            let cx = match url {
+                Some(url) => {
+                    let client = redis::Client::open(url)?;
+                    let mut managers = Vec::new();
+                    for _ in 0..norepeat::store::DEFAULT_CONNECTIONS.max(1) {
+                        managers.push(ConnectionManager::new(client.clone()).await?);
+                    }
+                    HandRolled::Redis(managers.into())
+                }
+                None => HandRolled::Memory(Arc::default()),
             };
             Router::new()
                 .route("/orders", post(handrolled))

@@ -90,6 +90,9 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
             (AnyStore::Redis(_), Some(url)) => {
                 http::http(store, load, run, http::Guard::HandRolled, Some(url)).await?
             }
+            (AnyStore::Memory(_), _) => {
+                http::http(store, load, run, http::Guard::HandRolled, None).await?
+            }
             _ => return Ok(None),
         },
         "gateway.direct" | "gateway.passthrough" | "gateway.guarded" | "gateway.nginx" => {
