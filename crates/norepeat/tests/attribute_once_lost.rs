@@ -5,56 +5,23 @@
 //! for the whole lease: the claim ends with its lease, a repeat runs
 //! again, and the loss is counted in `norepeat_once_completion_lost_total`.
 //!
-//! A file of its own: the test installs a global metrics recorder, which a
-//! process can hold only once (nextest runs each test in its own process;
-//! this file has one test, so `cargo test` is safe too).
+//! A file of its own: the test installs a global metrics recorder
+//! (`common::Counters`), which a process can hold only once (nextest runs
+//! each test in its own process; this file has one test, so `cargo test`
+//! is safe too).
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::degrade::FailurePolicy;
 use norepeat::store::RedisStore;
 use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
-
-/// A recorder that keeps each counter, by name (labels ignored).
-#[derive(Default)]
-struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
-
-impl Counters {
-    fn handle(&self, name: &str) -> Arc<AtomicU64> {
-        let mut map = self.0.lock().unwrap();
-        Arc::clone(map.entry(name.to_owned()).or_default())
-    }
-
-    fn get(&self, name: &str) -> u64 {
-        self.handle(name).load(Ordering::SeqCst)
-    }
-}
-
-struct Shared(&'static Counters);
-
-impl Recorder for Shared {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.0.handle(key.name()))
-    }
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
 
 const LOST: &str = "norepeat_once_completion_lost_total";
 
@@ -134,8 +101,7 @@ async fn tag(redis: &RedisServer, once: &Guarded, key: &str) -> Option<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again() {
-    let counters: &'static Counters = Box::leak(Box::default());
-    metrics::set_global_recorder(Shared(counters)).unwrap();
+    let counters = common::Counters::install();
 
     let redis = RedisServer::start().await;
     let proxy = TcpProxy::start(redis.addr()).await;
