@@ -268,13 +268,9 @@ async fn the_commands_on_one_key_leave_on_one_connection() {
     assert!(used.len() > 1, "the keys spread over the connections");
 }
 
-/// A call polled once in a runtime that is then shut down leaves its
-/// batch's task unrun (dropped with that runtime). The next calls, in the
-/// store's own runtime, must still be sent; before, the queue stayed
-/// non-empty with no task to take it, and every later call on that
-/// connection waited forever.
-#[test]
-fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
+/// The store's own runtime, a private Redis and a store on it with one
+/// connection (every call shares one queue).
+fn one_connection_store() -> (tokio::runtime::Runtime, RedisServer, RedisStore) {
     let home = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -282,15 +278,30 @@ fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
         .unwrap();
     let (redis, store) = home.block_on(async {
         let redis = RedisServer::start().await;
-        // One connection: every call shares the queue of the dropped task.
         let store = RedisStore::connect_with(&redis.url(), 1).await.unwrap();
         (redis, store)
     });
+    (home, redis, store)
+}
 
-    let throwaway = tokio::runtime::Builder::new_current_thread()
+/// A runtime that runs only what `block_on` polls, shut down by the test
+/// before a task spawned on it runs.
+fn throwaway_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A call polled once in a runtime that is then shut down leaves its
+/// batch's task unrun (dropped with that runtime). The next calls, in the
+/// store's own runtime, must still be sent; before, the queue stayed
+/// non-empty with no task to take it, and every later call on that
+/// connection waited forever.
+#[test]
+fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
+    let (home, redis, store) = one_connection_store();
+    let throwaway = throwaway_runtime();
     let mut stranded = Box::pin(store.put_if_absent("stranded", b"v", TTL));
     throwaway.block_on(async {
         assert!((&mut stranded).now_or_never().is_none());
@@ -319,24 +330,10 @@ fn a_batch_task_dropped_with_its_runtime_does_not_stall_the_queue() {
 /// connection took the queue: forever, on a quiet one.
 #[test]
 fn a_call_queued_behind_a_dropped_batch_task_fails_instead_of_waiting() {
-    let home = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (redis, store) = home.block_on(async {
-        let redis = RedisServer::start().await;
-        // One connection: both calls share one queue.
-        let store = RedisStore::connect_with(&redis.url(), 1).await.unwrap();
-        (redis, store)
-    });
-
+    let (home, redis, store) = one_connection_store();
     // The first call, on a runtime of its own, spawns the batch task there;
     // the runtime stops before that task runs.
-    let throwaway = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let throwaway = throwaway_runtime();
     let mut first = Box::pin(store.put_if_absent("first", b"v", TTL));
     throwaway.block_on(async {
         assert!((&mut first).now_or_never().is_none());
