@@ -93,6 +93,19 @@ fn url(p: &Process, path: &str) -> String {
     format!("http://127.0.0.1:{}{path}", p.port)
 }
 
+/// Waits until the backend has counted one request to `path` (it counts
+/// before its delay): that request is in flight, however slow the machine.
+async fn arrived(backend: &Process, path: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while effects(backend).await[path] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn effects(backend: &Process) -> Value {
     reqwest::get(url(backend, "/effects"))
         .await
@@ -607,14 +620,7 @@ async fn sigterm_finishes_the_request_in_flight_then_exits_0() {
     );
     // In flight once the backend has counted it (it counts before its
     // delay), not after a fixed sleep a busy machine can overrun.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while effects(&b).await["/slow"] != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/slow never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    arrived(&b, "/slow").await;
     g.signal("-TERM").await;
     let res = slow
         .await
@@ -835,14 +841,7 @@ async fn sigterm_past_the_grace_records_an_unknown_outcome_never_run_again() {
             .body("{}")
             .send(),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while effects(&b).await["/slowpay"] != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/slowpay never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    arrived(&b, "/slowpay").await;
     g1.signal("-TERM").await;
     let res = first
         .await
@@ -1223,11 +1222,7 @@ async fn every_request_is_counted_by_the_contracts_outcomes() {
             .body("{}")
             .send(),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while effects(&b).await["/slow-pay"] != 1 {
-        assert!(tokio::time::Instant::now() < deadline, "never arrived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    arrived(&b, "/slow-pay").await;
     let busy = req("/slow-pay")
         .header("idempotency-key", "m-slow")
         .body("{}")
