@@ -249,9 +249,13 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
     // so a 400 of the gateway's, not a 502.
-    if !req.uri().path().starts_with('/') {
-        let p = Problem::custom(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request")
-            .detail("The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.");
+    if let Some(why) = not_forwarded(&req) {
+        let p = Problem::custom(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Invalid request",
+        )
+        .detail(why);
         return p.to_response().map(Body::new);
     }
     let live = gw.live.load_full();
@@ -283,6 +287,26 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     let (res, counted) = finish(res, store_failed);
     route.metrics.count(counted);
     res
+}
+
+/// Why `req` is not forwarded, if it is one a backend could read otherwise
+/// than the gateway did (RFC 9112 asks a server to answer these 400). Both
+/// `Content-Length` and `Transfer-Encoding` need no check here: hyper reads
+/// such a body by the latter and drops the former. A request without a
+/// `Host` is forwarded (the upstream's host is sent): a request built in
+/// process, as tests and embedders make them, has none.
+fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
+    let headers = req.headers();
+    let hosts = headers.get_all(http::header::HOST).iter().count();
+    if !req.uri().path().starts_with('/') {
+        Some(
+            "The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.",
+        )
+    } else if hosts > 1 {
+        Some("The request carries more than one Host header.")
+    } else {
+        None
+    }
 }
 
 /// Puts the normalized `path` in `req`'s URI (the query kept) and in

@@ -17,6 +17,17 @@ pub(super) fn router(gw: Arc<Gateway>) -> Router {
         .route("/.norepeat/healthz", get(healthz))
         .route("/.norepeat/readyz", get(readyz))
         .route("/.norepeat/metrics", get(metrics))
+        // After the routes: it applies to the routes there are.
+        .method_not_allowed_fallback(|| async {
+            Problem::custom(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                "Method not allowed",
+            )
+            .detail("The gateway's own routes take GET; the Allow header says so.")
+            .to_response()
+            .map(Body::new)
+        })
         .fallback(|State(gw): State<Arc<Gateway>>, req: Request| dispatch(gw, req))
         .with_state(gw)
 }
