@@ -20,7 +20,7 @@ use std::time::Duration;
 /// with the process: it ends as an unknown outcome (as a timeout does), so
 /// an idempotency route with `ambiguous: keep` records that for its key,
 /// and its client gets 504 `upstream_timeout`. The process then exits
-/// within [`SETTLE`] more.
+/// within 2 s more.
 ///
 /// # Errors
 /// The listener fails.

@@ -6,10 +6,10 @@ use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
-
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
-
+use http_body_util::BodyExt;
+use norepeat::body::BodyError;
 use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
@@ -19,13 +19,10 @@ use norepeat::problem::Problem;
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{TokenGuard, TokenLayer};
 use std::convert::Infallible;
-use tokio_util::sync::CancellationToken;
-
-use http_body_util::BodyExt;
-use norepeat::body::BodyError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
