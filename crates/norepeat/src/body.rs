@@ -59,7 +59,19 @@ pub enum BodyError {
 /// still hand the untouched body on. (A body that only turns out larger
 /// while it is read cannot be handed on: the layer read part of it and did
 /// not keep the rest; that one is refused with 413 even in shadow mode.)
-pub(crate) fn declares_over(headers: &HeaderMap, max: usize) -> bool {
+///
+/// A proxy that streams a body on can refuse it the same way before
+/// sending a byte (the gateway's token and rate-limit routes do).
+///
+/// ```
+/// use http::HeaderMap;
+/// let mut h = HeaderMap::new();
+/// assert!(!norepeat::body::declares_over(&h, 100)); // no length said
+/// h.insert("content-length", "101".parse().unwrap());
+/// assert!(norepeat::body::declares_over(&h, 100));
+/// assert!(!norepeat::body::declares_over(&h, 101));
+/// ```
+pub fn declares_over(headers: &HeaderMap, max: usize) -> bool {
     headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -314,6 +314,32 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         }
     }
 
+    /// Replaces the claim with `done` for `retention`, owner-checked; when
+    /// the store fails, keeps trying (with [`complete_retrying`](Self::complete_retrying),
+    /// for up to `within`) in a task of its own, tracked by `tracker` when
+    /// given (without a runtime, here), so the caller goes on at once. The
+    /// key is never deleted: the work has had its effect. `outcome` is told
+    /// what became of the result.
+    pub(crate) async fn complete_or_keep_trying(
+        self,
+        done: Vec<u8>,
+        retention: Duration,
+        within: Duration,
+        tracker: Option<&tokio_util::task::TaskTracker>,
+        outcome: fn(Completion),
+    ) {
+        let claim = match self.try_complete(&done, retention).await {
+            Ok(o) => return outcome(o),
+            Err(claim) => claim,
+        };
+        let retry = async move { outcome(claim.complete_retrying(&done, retention, within).await) };
+        match (tokio::runtime::Handle::try_current(), tracker) {
+            (Ok(rt), Some(tracker)) => drop(tracker.spawn_on(retry, &rt)),
+            (Ok(rt), None) => drop(rt.spawn(retry)),
+            (Err(_), _) => retry.await,
+        }
+    }
+
     /// Tries again, after [`try_complete`](Self::try_complete) failed, to
     /// replace the claim with `done`: with backoff (20 ms doubling to 1 s)
     /// for up to `within`, and never deleting the key: the work has had its
@@ -677,6 +703,14 @@ mod tests {
         assert!(tracker.is_empty());
     }
 
+    /// A claim of `key` on `store`, which must be free.
+    async fn owned(store: &MemoryStore, key: &str, ttl: Duration) -> Claim<MemoryStore> {
+        match Claim::acquire(store, key, b"a".to_vec(), ttl).await {
+            Ok(Claimed::Owned(claim)) => claim,
+            _ => panic!("{key} is not free"),
+        }
+    }
+
     /// Work that ends at its first poll is not registered with the
     /// renewer; work that waits is, and is renewed while it waits.
     #[tokio::test]
@@ -684,10 +718,7 @@ mod tests {
         let store = MemoryStore::default();
         let renewer = Renewer::new(store.clone());
         let ttl = Duration::from_millis(300);
-        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
-        else {
-            panic!("claim");
-        };
+        let claim = owned(&store, "k", ttl).await;
         let renewal = Renewal::thirds(ttl);
         assert_eq!(
             claim.run_renewed_by(&renewer, async { 1 }, renewal).await,
@@ -716,10 +747,7 @@ mod tests {
         let store = MemoryStore::default();
         let renewer = Renewer::new(store.clone());
         let ttl = Duration::from_secs(30);
-        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
-        else {
-            panic!("claim");
-        };
+        let claim = owned(&store, "k", ttl).await;
         let (tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
         let polls = std::sync::atomic::AtomicU32::new(0);
         let work = std::future::poll_fn(|cx| {
@@ -744,11 +772,7 @@ mod tests {
     #[tokio::test]
     async fn the_longest_lease_runs_its_work() {
         let store = MemoryStore::default();
-        let Ok(Claimed::Owned(claim)) =
-            Claim::acquire(&store, "k", b"a".to_vec(), Duration::MAX).await
-        else {
-            panic!("claim");
-        };
+        let claim = owned(&store, "k", Duration::MAX).await;
         let renewal = Renewal {
             every: Duration::MAX / 3,
             max: Duration::MAX,
@@ -771,19 +795,13 @@ mod tests {
     async fn a_dropped_run_keeps_the_key_and_a_panic_releases_it() {
         let store = MemoryStore::default();
         let ttl = Duration::from_secs(5);
-        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "k", b"a".to_vec(), ttl).await
-        else {
-            panic!("first claim");
-        };
+        let claim = owned(&store, "k", ttl).await;
         let run = claim.run(std::future::pending::<()>(), Renewal::thirds(ttl));
         let _ = tokio::time::timeout(Duration::from_millis(5), run).await;
         drop(claim);
         assert!(store.put_if_absent("k", b"b", ttl).await.unwrap().is_some());
 
-        let Ok(Claimed::Owned(claim)) = Claim::acquire(&store, "p", b"a".to_vec(), ttl).await
-        else {
-            panic!("second claim");
-        };
+        let claim = owned(&store, "p", ttl).await;
         let panicked = tokio::spawn(async move {
             let _claim = claim;
             panic!("injected");

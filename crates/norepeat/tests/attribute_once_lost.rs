@@ -4,6 +4,8 @@
 //! and a repeat gets that result without running the body. A store away
 //! for the whole lease: the claim ends with its lease, a repeat runs
 //! again, and the loss is counted in `norepeat_once_completion_lost_total`.
+//! A store that forgets (FLUSHALL) while the body runs: nothing is written
+//! back, and the loss is counted too.
 //!
 //! A file of its own: the test installs a global metrics recorder
 //! (`common::Counters`), which a process can hold only once (nextest runs
@@ -176,5 +178,40 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
     assert_eq!(retry, 3, "the repeat ran the body again");
     assert_eq!(tag(&redis, &once, "order-2").await, Some(b'D'));
     assert_eq!(counters.get(LOST), 1, "counted once");
+
+    // 3. The store forgets (FLUSHALL) while the body runs: the result finds
+    // no claim to replace. Nothing is written back (no key, none without a
+    // TTL), and the loss is counted.
+    let once = Guarded::once("tests::award")
+        .lease(Duration::from_secs(4))
+        .on_store_failure(FailurePolicy::FailClosed);
+    let first = {
+        let (once, store, runs) = (once.clone(), store.clone(), runs.clone());
+        // Until the client has reconnected after part 2 (fail-closed: the
+        // body does not run while the store is unavailable).
+        tokio::spawn(async move {
+            loop {
+                if let Some(n) = answered(runs.call(&once, &store, "order-3", true).await) {
+                    return n;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    common::eventually("the third claim is written", || async {
+        (tag(&redis, &once, "order-3").await == Some(b'P') && runs.count() == 4).then_some(())
+    })
+    .await;
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    runs.gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), 4);
+    common::eventually("the forgotten claim's result is counted lost", || async {
+        (counters.get(LOST) == 2).then_some(())
+    })
+    .await;
+    assert_eq!(tag(&redis, &once, "order-3").await, None, "written back");
     assert!(redis.keys_without_ttl().await.is_empty());
 }

@@ -9,7 +9,7 @@ use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use norepeat::body::BodyError;
+use norepeat::body::{BodyError, declares_over};
 use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
@@ -192,7 +192,7 @@ struct UpstreamStage {
 impl UpstreamStage {
     async fn call(self, req: Request<Body>) -> Response<Body> {
         let (req, over) = match self.body_cap {
-            Some(max) if declares_over(&req, max) => return payload_too_large(max),
+            Some(max) if declares_over(req.headers(), max) => return payload_too_large(max),
             Some(max) => {
                 let (req, over) = cap_body(req, max);
                 (req, Some(over))
@@ -245,15 +245,6 @@ impl UpstreamStage {
             Err(Failure::Timeout) => upstream_timeout(),
         }
     }
-}
-
-/// Whether `req`'s `Content-Length` is over `max`.
-fn declares_over(req: &Request<Body>, max: usize) -> bool {
-    req.headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > max as u64)
 }
 
 /// `req` with its body capped at `max` bytes, and the flag set when the

@@ -70,8 +70,9 @@
 //! lease, and the key is never deleted: the body's effect happened, so a
 //! repeat meanwhile waits or gets [`Rejected::InProgress`], then the
 //! result. If the store stays away for the whole lease, the claim ends
-//! with it, a repeat runs again, and `norepeat_once_completion_lost_total`
-//! counts the loss.
+//! with it and a repeat runs again; `norepeat_once_completion_lost_total`
+//! counts that loss, and a result whose claim the store forgot meanwhile
+//! (a restart without persistence, `FLUSHALL`), which is not written back.
 //!
 //! # Keys
 //! The store key hashes the *scope* (by default the function's module path

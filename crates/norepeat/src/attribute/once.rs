@@ -182,8 +182,9 @@ pub(super) fn encode<T: Serialize>(ok: Option<&T>) -> Option<Result<Vec<u8>, ser
 /// for up to the lease (in a task of its own where there is a runtime, so
 /// the call returns at once), and a repeat meanwhile waits or gets
 /// [`Rejected::InProgress`]. If the store stays away that long, the claim
-/// ends with its lease, a repeat runs again, and the loss is counted in
-/// `norepeat_once_completion_lost_total`.
+/// ends with its lease and a repeat runs again; that loss, and a result
+/// whose claim was gone (expired, or forgotten by the store), are counted
+/// in `norepeat_once_completion_lost_total`.
 async fn finish<S: Store + Clone>(
     claim: Claim<S>,
     done: Option<Result<Vec<u8>, serde_json::Error>>,
@@ -192,16 +193,9 @@ async fn finish<S: Store + Clone>(
 ) {
     match done {
         Some(Ok(done)) => {
-            let claim = match claim.try_complete(&done, retention).await {
-                Ok(outcome) => return count(outcome),
-                Err(claim) => claim,
-            };
-            let retry =
-                async move { count(claim.complete_retrying(&done, retention, lease).await) };
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(retry)),
-                Err(_) => retry.await,
-            }
+            claim
+                .complete_or_keep_trying(done, retention, lease, None, count)
+                .await;
         }
         Some(Err(e)) => {
             tracing::warn!(key = claim.key(), error = %e, "once: the result does not serialize; releasing the key");
@@ -211,9 +205,11 @@ async fn finish<S: Store + Clone>(
     }
 }
 
-/// Counts a result that could not be stored.
+/// Counts a result that could not be stored: the store stayed away for
+/// the whole lease, or the claim was gone when the result came (it
+/// expired, or the store forgot it).
 fn count(outcome: Completion) {
-    if outcome == Completion::Expiring {
+    if outcome != Completion::Stored {
         metrics::counter!("norepeat_once_completion_lost_total").increment(1);
     }
 }

@@ -128,16 +128,15 @@ async fn complete<G: KeyValueStore + Clone>(
     claim: Claim<G>,
     done: Vec<u8>,
 ) {
-    let claim = match claim.try_complete(&done, cfg.retention).await {
-        Ok(outcome) => return count(outcome),
-        Err(claim) => claim,
-    };
-    let (retention, lease) = (cfg.retention, cfg.guard.lease);
-    let retry = async move { count(claim.complete_retrying(&done, retention, lease).await) };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(cfg.detached.tracker().spawn_on(retry, &rt)),
-        Err(_) => retry.await,
-    }
+    claim
+        .complete_or_keep_trying(
+            done,
+            cfg.retention,
+            cfg.guard.lease,
+            Some(cfg.detached.tracker()),
+            count,
+        )
+        .await;
 }
 
 fn count(outcome: Completion) {
