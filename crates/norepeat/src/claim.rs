@@ -31,8 +31,10 @@
 //! completion in a task of its own ([`detach`]), and the result is stored
 //! whatever the caller does.
 
+mod fence;
 mod renewer;
 
+pub(crate) use fence::{Fence, Restamp, passed, stamp};
 pub(crate) use renewer::Renewer;
 
 use crate::store::KeyValueStoreExt;
@@ -118,15 +120,31 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 pub(crate) struct Claim<S: KeyValueStore + Clone> {
     store: S,
     key: Arc<str>,
-    value: Bytes,
+    /// The value the key holds for this claim (it changes with each
+    /// renewal of a stamped claim).
+    fence: Arc<Fence>,
+    /// The key's time to live, set at each renewal.
     ttl: Duration,
+    /// How long the claim lasts unrenewed: its TTL, or for a stamped claim
+    /// the deadline in its value (renewal runs every third of it).
+    lease: Duration,
     settled: bool,
+}
+
+/// How a claim's value carries its lease (see [`Claim::acquire_stamped`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamped {
+    /// Rewrites the value with a new deadline.
+    pub(crate) restamp: Restamp,
+    /// The lease a claim or renewal grants.
+    pub(crate) lease: Duration,
 }
 
 impl<S: KeyValueStore + Clone> Claim<S> {
     /// Takes `key` for `ttl` with `value`, or learns who holds it.
     /// `key` and `value` are kept as given when the claim is won: pass an
     /// `Arc<str>` and `Bytes` to try the same claim again without copies.
+    /// The claim's lease is its TTL: renewal extends it.
     pub(crate) async fn acquire(
         store: &S,
         key: impl Into<Arc<str>>,
@@ -135,15 +153,61 @@ impl<S: KeyValueStore + Clone> Claim<S> {
     ) -> Result<Claimed<S>, StoreError> {
         let (key, value) = (key.into(), value.into());
         Ok(match store.put_if_absent(&key, &value, ttl).await? {
-            None => Claimed::Owned(Self {
-                store: store.clone(),
-                key,
-                value,
-                ttl,
-                settled: false,
-            }),
+            None => Claimed::Owned(Self::owned(store, key, Fence::fixed(value, ttl), ttl, ttl)),
             Some(existing) => Claimed::Held(existing),
         })
+    }
+
+    /// Takes `key` for `ttl` with `value`, a value that carries its own
+    /// lease deadline (`stamped.lease` from now), or learns who holds it.
+    /// The record outlives its lease (`ttl`, the retention): renewal
+    /// rewrites the value with a later deadline, so a reader can tell a
+    /// live claim from one whose owner is gone.
+    pub(crate) async fn acquire_stamped(
+        store: &S,
+        key: Arc<str>,
+        value: Bytes,
+        ttl: Duration,
+        stamped: Stamped,
+    ) -> Result<Claimed<S>, StoreError> {
+        Ok(match store.put_if_absent(&key, &value, ttl).await? {
+            None => Claimed::Owned(Self::stamped(store, key, value, ttl, stamped)),
+            Some(existing) => Claimed::Held(existing),
+        })
+    }
+
+    /// Takes over `key` from the abandoned claim whose value is `held`
+    /// (one compare-and-set), writing `value` (a stamped value, as for
+    /// [`acquire_stamped`](Self::acquire_stamped)). `None` when the key no
+    /// longer holds `held`: someone else changed it first.
+    pub(crate) async fn take_over(
+        store: &S,
+        key: Arc<str>,
+        held: &[u8],
+        value: Bytes,
+        ttl: Duration,
+        stamped: Stamped,
+    ) -> Result<Option<Self>, StoreError> {
+        Ok(store
+            .replace_if_equals(&key, held, &value, ttl)
+            .await?
+            .then(|| Self::stamped(store, key, value, ttl, stamped)))
+    }
+
+    fn stamped(store: &S, key: Arc<str>, value: Bytes, ttl: Duration, s: Stamped) -> Self {
+        let fence = Fence::stamped(value, s.restamp, s.lease);
+        Self::owned(store, key, fence, ttl, s.lease)
+    }
+
+    fn owned(store: &S, key: Arc<str>, fence: Arc<Fence>, ttl: Duration, lease: Duration) -> Self {
+        Self {
+            store: store.clone(),
+            key,
+            fence,
+            ttl,
+            lease,
+            settled: false,
+        }
     }
 
     /// The store key.
@@ -156,23 +220,18 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         Arc::clone(&self.key)
     }
 
-    /// The claim's value, shared (a `Bytes` clone).
-    pub(crate) fn shared_value(&self) -> Bytes {
-        self.value.clone()
+    /// The claim's value, shared: the proof of ownership for an
+    /// owner-checked change made outside this type (a completion inside a
+    /// transaction), to be used under [`Fence::lock`].
+    pub(crate) fn fence(&self) -> Arc<Fence> {
+        Arc::clone(&self.fence)
     }
 
-    /// The claim's value: the proof of ownership for an owner-checked
-    /// change made outside this type (a completion inside a transaction).
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-    pub(crate) fn value(&self) -> &[u8] {
-        &self.value
-    }
-
-    /// Extends the key to a full TTL from now, if this claim still owns it.
+    /// Extends the claim to a full lease from now, if it still owns its key.
     pub(crate) async fn renew(&self) -> Result<bool, StoreError> {
         let renewed = self
-            .store
-            .expire_if_equals(&self.key, &self.value, self.ttl)
+            .fence
+            .renew(&self.store, &self.key, self.ttl, true)
             .await?;
         metrics::counter!("norepeat_lease_renewals_total", "renewed" => if renewed { "yes" } else { "lost" }).increment(1);
         Ok(renewed)
@@ -194,7 +253,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         work: F,
         renewal: Renewal,
     ) -> F::Output {
-        if renewal.every.is_zero() || self.ttl >= renewal.max {
+        if renewal.every.is_zero() || self.lease >= renewal.max {
             return work.await;
         }
         let mut work = std::pin::pin!(work);
@@ -207,8 +266,8 @@ impl<S: KeyValueStore + Clone> Claim<S> {
             if out.is_pending() && std::mem::take(&mut first) {
                 registration = renewer.register(
                     Arc::clone(&self.key),
-                    self.value.clone(),
-                    self.ttl,
+                    Arc::clone(&self.fence),
+                    (self.ttl, self.lease),
                     renewal.every,
                     renewal.max,
                 );
@@ -263,7 +322,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if started.elapsed().saturating_add(self.ttl) > renewal.max {
+            if started.elapsed().saturating_add(self.lease) > renewal.max {
                 break;
             }
             match tokio::time::timeout(every, self.renew()).await {
@@ -290,11 +349,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         done: &[u8],
         retention: Duration,
     ) -> Result<Completion, Self> {
-        match self
-            .store
-            .replace_if_equals(&self.key, &self.value, done, retention)
-            .await
-        {
+        match self.replace_with(done, retention).await {
             Ok(true) => {
                 self.settled = true;
                 Ok(Completion::Stored)
@@ -373,11 +428,7 @@ impl<S: KeyValueStore + Clone> Claim<S> {
             }
             tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MAX_RETRY);
-            let tried = match self
-                .store
-                .replace_if_equals(&self.key, &self.value, done, retention)
-                .await
-            {
+            let tried = match self.replace_with(done, retention).await {
                 Ok(true) => Ok(true),
                 Ok(false) => {
                     self.store
@@ -413,11 +464,47 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         self.settled = true;
     }
 
+    /// Replaces the claim's value (whichever of its values the store
+    /// holds) with `done` for `ttl`; whether it did.
+    async fn replace_with(&self, done: &[u8], ttl: Duration) -> Result<bool, StoreError> {
+        let mut values = self.fence.lock().await;
+        let mut stored = false;
+        for v in values.newest_first() {
+            if self
+                .store
+                .replace_if_equals(&self.key, v, done, ttl)
+                .await?
+            {
+                stored = true;
+                break;
+            }
+        }
+        if stored {
+            values.replaced_by(Bytes::copy_from_slice(done));
+        }
+        Ok(stored)
+    }
+
     async fn delete(&self) {
-        if let Err(e) = self.store.delete_if_equals(&self.key, &self.value).await {
+        if let Err(e) = delete_owned(&self.store, &self.key, &self.fence).await {
             tracing::warn!(key = &*self.key, error = %e, "could not release a key; it expires with its TTL");
         }
     }
+}
+
+/// Deletes `key` if it holds one of `fence`'s values.
+async fn delete_owned<S: KeyValueStore>(
+    store: &S,
+    key: &str,
+    fence: &Fence,
+) -> Result<bool, StoreError> {
+    let values = fence.lock().await;
+    for v in values.newest_first() {
+        if store.delete_if_equals(key, v).await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 impl<S: KeyValueStore + Clone> Drop for Claim<S> {
@@ -431,9 +518,9 @@ impl<S: KeyValueStore + Clone> Drop for Claim<S> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let store = self.store.clone();
             let key = std::mem::take(&mut self.key);
-            let value = std::mem::take(&mut self.value);
+            let fence = Arc::clone(&self.fence);
             rt.spawn(async move {
-                let _ = store.delete_if_equals(&key, &value).await;
+                let _ = delete_owned(&store, &key, &fence).await;
             });
         }
     }
@@ -485,6 +572,22 @@ where
 {
     DetachOnDrop {
         work: Some(tracker.track_future(work)),
+        runtime: tokio::runtime::Handle::try_current().ok(),
+        polling: false,
+    }
+}
+
+/// Runs `work` in the caller's own future, and moves it into a task of its
+/// own if that future is dropped before `work` ends, as [`detach_tracked`]
+/// does, untracked: for short work that must not stop half-way (storing a
+/// result once the body is done).
+pub(crate) fn carry_on<F>(work: std::pin::Pin<Box<F>>) -> DetachOnDrop<std::pin::Pin<Box<F>>>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    DetachOnDrop {
+        work: Some(work),
         runtime: tokio::runtime::Handle::try_current().ok(),
         polling: false,
     }
@@ -781,8 +884,8 @@ mod tests {
         let renewer = Renewer::new(store.clone());
         let registered = renewer.register(
             Arc::from("k"),
-            Bytes::from_static(b"a"),
-            Duration::from_secs(1),
+            Fence::fixed(Bytes::from_static(b"a"), Duration::from_secs(1)),
+            (Duration::from_secs(1), Duration::from_secs(1)),
             Duration::MAX,
             Duration::MAX,
         );

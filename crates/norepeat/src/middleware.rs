@@ -103,6 +103,7 @@ pub(crate) fn would(code: Code) -> &'static str {
     match code {
         Code::DuplicateSubmission => "duplicate",
         Code::IdempotencyKeyInUse => "in_progress",
+        Code::IdempotencyOutcomeUnknown => "outcome_unknown",
         Code::IdempotencyKeyMismatch => "mismatch",
         Code::GuardUnavailable => "unavailable",
         other => other.as_str(),

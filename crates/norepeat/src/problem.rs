@@ -50,9 +50,11 @@ pub enum Code {
     Unauthenticated,
     /// 400: a token route was called without a token.
     MissingToken,
-    /// 409: a used, expired, unknown or foreign token; or a fingerprint seen
-    /// within its window.
+    /// 409: a used, unknown or foreign token; or a fingerprint seen within
+    /// its window.
     DuplicateSubmission,
+    /// 409: a token past its life: fetch a new one.
+    TokenExpired,
     /// 413: the body is larger than the guard reads.
     PayloadTooLarge,
     /// 400: an `Idempotency-Key` is required and missing.
@@ -61,6 +63,11 @@ pub enum Code {
     InvalidIdempotencyKey,
     /// 409: the same `Idempotency-Key` is still being processed.
     IdempotencyKeyInUse,
+    /// 409: the request that held this `Idempotency-Key` ended without an
+    /// answer that could be stored (its process died, or its upstream
+    /// timed out): whether its effect happened is unknown, so it is not
+    /// run again.
+    IdempotencyOutcomeUnknown,
     /// 422: the same `Idempotency-Key` was used with another request.
     IdempotencyKeyMismatch,
     /// 429: over the rate.
@@ -90,10 +97,12 @@ impl Code {
             Code::Unauthenticated => "unauthenticated",
             Code::MissingToken => "missing_token",
             Code::DuplicateSubmission => "duplicate_submission",
+            Code::TokenExpired => "token_expired",
             Code::PayloadTooLarge => "payload_too_large",
             Code::MissingIdempotencyKey => "missing_idempotency_key",
             Code::InvalidIdempotencyKey => "invalid_idempotency_key",
             Code::IdempotencyKeyInUse => "idempotency_key_in_use",
+            Code::IdempotencyOutcomeUnknown => "idempotency_outcome_unknown",
             Code::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Code::RateLimited => "rate_limited",
             Code::GuardUnavailable => "guard_unavailable",
@@ -111,7 +120,10 @@ impl Code {
             | Code::MissingIdempotencyKey
             | Code::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
             Code::Unauthenticated | Code::InvalidSignature => StatusCode::UNAUTHORIZED,
-            Code::DuplicateSubmission | Code::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            Code::DuplicateSubmission
+            | Code::TokenExpired
+            | Code::IdempotencyKeyInUse
+            | Code::IdempotencyOutcomeUnknown => StatusCode::CONFLICT,
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -128,10 +140,12 @@ impl Code {
             Code::Unauthenticated => "Unauthenticated",
             Code::MissingToken => "Missing repeat token",
             Code::DuplicateSubmission => "Duplicate submission",
+            Code::TokenExpired => "Repeat token expired",
             Code::PayloadTooLarge => "Payload too large",
             Code::MissingIdempotencyKey => "Missing Idempotency-Key",
             Code::InvalidIdempotencyKey => "Invalid Idempotency-Key",
             Code::IdempotencyKeyInUse => "Idempotency-Key in use",
+            Code::IdempotencyOutcomeUnknown => "Idempotency outcome unknown",
             Code::IdempotencyKeyMismatch => "Idempotency-Key reused with another request",
             Code::RateLimited => "Too many requests",
             Code::GuardUnavailable => "Guard unavailable",

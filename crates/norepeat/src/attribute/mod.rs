@@ -103,6 +103,7 @@
 //! [`ReleasePolicy::HoldOnSuccess`]: crate::fingerprint::ReleasePolicy::HoldOnSuccess
 
 use crate::degrade::FailurePolicy;
+use crate::idempotency::Abandoned;
 use crate::keys::{KeyBuilder, Namespace};
 use crate::store::StoreError;
 use std::sync::Arc;
@@ -141,6 +142,12 @@ pub enum Rejected {
     /// Once mode: another call with the key is running right now.
     #[error("a call with the same key is in progress")]
     InProgress,
+    /// Once mode: the call that held the key was abandoned (its process
+    /// died, or lost the store for a whole lease) before its result was
+    /// stored: whether its body had its effect is unknown, so it is not
+    /// run again (see [`Guarded::abandoned`]).
+    #[error("the call that held this key was abandoned; its outcome is unknown")]
+    OutcomeUnknown,
     /// The store failed and the policy fails closed; the store's error is
     /// the [`source`](std::error::Error::source) (shared, so that
     /// `Rejected` stays `Clone`).
@@ -169,6 +176,7 @@ impl PartialEq for Rejected {
                 matches!(other, Rejected::Duplicate { retry_after: b } if a == b)
             }
             Rejected::InProgress => matches!(other, Rejected::InProgress),
+            Rejected::OutcomeUnknown => matches!(other, Rejected::OutcomeUnknown),
             Rejected::NoDefaultStore => matches!(other, Rejected::NoDefaultStore),
             Rejected::Unavailable(a) => {
                 matches!(other, Rejected::Unavailable(b) if a.to_string() == b.to_string())
@@ -211,6 +219,7 @@ pub struct Guarded {
     failure: FailurePolicy,
     keys: KeyBuilder,
     wait: Duration,
+    abandoned: Abandoned,
 }
 
 /// Default window: 3 s.
@@ -230,6 +239,7 @@ impl Guarded {
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
             wait: Duration::ZERO,
+            abandoned: Abandoned::OutcomeUnknown,
         }
     }
 
@@ -245,6 +255,7 @@ impl Guarded {
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
             wait: Duration::ZERO,
+            abandoned: Abandoned::OutcomeUnknown,
         }
     }
 
@@ -258,14 +269,37 @@ impl Guarded {
         self
     }
 
-    /// Once mode: how long a claim lives without renewal. It is renewed every
-    /// third of it while the body runs; if the process dies, the key can run
-    /// again after at most this long. No effect in window mode.
+    /// Once mode: how long a claim lasts without renewal. Its deadline is
+    /// inside the stored claim and moved every third of it while the body
+    /// runs; a claim whose deadline passed was abandoned (its process died):
+    /// see [`abandoned`](Self::abandoned). No effect in window mode.
     #[must_use]
     pub fn lease(mut self, d: Duration) -> Self {
         if let GuardMode::Once { lease, .. } = &mut self.mode {
             *lease = d.max(Duration::from_millis(3));
         }
+        self
+    }
+
+    /// Once mode: what a call does with a claim whose owner is gone (its
+    /// lease passed with no renewal and no result stored: the process was
+    /// killed mid-body). Default [`Abandoned::OutcomeUnknown`]: the body may
+    /// have had its effect, so every later call gets
+    /// [`Rejected::OutcomeUnknown`] until the retention ends, and the body
+    /// never runs again for that key. [`Abandoned::Retry`]: one later call
+    /// takes the claim over and runs the body again (for a body whose
+    /// effect commits with its result, `tx = ...`, or that checks for an
+    /// earlier attempt itself). No effect in window mode.
+    ///
+    /// ```
+    /// use norepeat::attribute::Guarded;
+    /// use norepeat::idempotency::Abandoned;
+    /// let once = Guarded::once("mail::send").abandoned(Abandoned::Retry);
+    /// # let _ = once;
+    /// ```
+    #[must_use]
+    pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
+        self.abandoned = abandoned;
         self
     }
 

@@ -2,8 +2,9 @@
 //! calls get its stored result.
 
 use super::{Guarded, Rejected};
-use crate::claim::{self, Claim, Completion, Renewal};
+use crate::claim::{self, Claim, Completion, Renewal, Stamped};
 use crate::degrade::on_store_error;
+use crate::idempotency::Abandoned;
 use crate::store::{KeyValueStore, Store};
 use bytes::Bytes;
 use serde::Serialize;
@@ -17,8 +18,17 @@ use std::time::Duration;
 const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// Tag bytes of a once-mode value: a claim in progress, or a stored result.
-const CLAIM: u8 = b'P';
+/// A claim is `L`, 8 random bytes of its owner, its attempt number (one
+/// byte) and its lease deadline (wall-clock milliseconds, 8 bytes big
+/// endian), rewritten by each renewal; the record lives for the retention,
+/// so a claim whose process died is seen as abandoned, not forgotten.
+const CLAIM: u8 = b'L';
+// A claim as the release before this one wrote it (`P` and 16 hex
+// digits, no deadline) is neither a result nor a claim with a lease: it is
+// honoured as running while it lives (its lease).
 const DONE: u8 = b'D';
+/// The length of a claim value.
+const CLAIM_LEN: usize = 1 + 8 + 1 + 8;
 
 impl Guarded {
     /// Once mode: runs `body` at most once per key with success; later calls
@@ -43,11 +53,14 @@ impl Guarded {
             Err(r) => return Err(E::from(r)),
         };
         // Not detachable (the body may borrow `&self` and the arguments):
-        // renewal lives in this future, and a dropped call keeps its claim
-        // until the lease ends.
+        // renewal lives in this future, and a call dropped while the body
+        // runs leaves its claim to be found abandoned. Once the body is
+        // done, storing its result is carried to its end even if this
+        // call is dropped meanwhile (a store that hangs).
         let (retention, lease) = self.times();
         let out = claim.run(body, Renewal::thirds(lease)).await;
-        finish(claim, encode(out.as_ref().ok()), retention, lease).await;
+        let done = encode(out.as_ref().ok());
+        claim::carry_on(Box::pin(finish(claim, done, retention, lease))).await;
         out
     }
 
@@ -105,31 +118,61 @@ impl Guarded {
         S: KeyValueStore + Clone,
         T: DeserializeOwned,
     {
-        let (_, lease) = self.times();
+        let (retention, lease) = self.times();
         let key: Arc<str> = Arc::from(self.store_key(key));
-        let mut claim_value = Vec::with_capacity(17);
-        claim_value.push(CLAIM);
-        claim_value.extend_from_slice(format!("{:016x}", rand::random::<u64>()).as_bytes());
-        let claim_value = Bytes::from(claim_value);
+        let owner: [u8; 8] = rand::random();
+        let stamped = Stamped { restamp, lease };
+        // The claim lives as long as a result would (at least the lease):
+        // the deadline inside it says whether its owner still runs.
+        let ttl = retention.max(lease);
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut pause = Duration::from_millis(5);
         loop {
-            let existing = match Claim::acquire(store, Arc::clone(&key), claim_value.clone(), lease)
-                .await
+            let value = claim_value(&owner, 1, lease);
+            let existing = match Claim::acquire_stamped(
+                store,
+                Arc::clone(&key),
+                value,
+                ttl,
+                stamped,
+            )
+            .await
             {
                 Ok(claim::Claimed::Owned(claim)) => {
                     metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted").increment(1);
                     return Ok(Claimed::Owned(claim));
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
-                Err(e) => {
-                    return on_store_error("once", self.failure, e)
-                        .map(|()| Claimed::Unguarded)
-                        .map_err(Rejected::from);
-                }
+                Err(e) => return self.on_claim_error(e),
             };
             if let Some(done) = stored(&existing) {
                 return done.map(Claimed::Done);
+            }
+            if let Some((attempt, ends)) = lease_of(&existing) {
+                let now = crate::clock::now_ms();
+                if now > ends {
+                    match self.abandoned {
+                        Abandoned::OutcomeUnknown => {
+                            metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
+                            return Err(Rejected::OutcomeUnknown);
+                        }
+                        Abandoned::Retry
+                            if now > ends.saturating_add(crate::idempotency::CLOCK_SKEW_MS) =>
+                        {
+                            let value = claim_value(&owner, attempt.saturating_add(1), lease);
+                            let k = Arc::clone(&key);
+                            match Claim::take_over(store, k, &existing, value, ttl, stamped).await {
+                                Ok(Some(claim)) => {
+                                    metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted", "reason" => "take_over").increment(1);
+                                    return Ok(Claimed::Owned(claim));
+                                }
+                                Ok(None) => continue,
+                                Err(e) => return self.on_claim_error(e),
+                            }
+                        }
+                        Abandoned::Retry => {}
+                    }
+                }
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -140,6 +183,49 @@ impl Guarded {
             pause = (pause * 2).min(MAX_POLL);
         }
     }
+
+    fn on_claim_error<S: KeyValueStore + Clone, T>(
+        &self,
+        e: crate::store::StoreError,
+    ) -> Result<Claimed<S, T>, Rejected> {
+        on_store_error("once", self.failure, e)
+            .map(|()| Claimed::Unguarded)
+            .map_err(Rejected::from)
+    }
+}
+
+/// A claim value: `owner`'s claim number `attempt`, whose lease ends
+/// `lease` from now.
+fn claim_value(owner: &[u8; 8], attempt: u8, lease: Duration) -> Bytes {
+    let ends =
+        crate::clock::now_ms().saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+    let mut v = Vec::with_capacity(CLAIM_LEN);
+    v.push(CLAIM);
+    v.extend_from_slice(owner);
+    v.push(attempt.max(1));
+    v.extend_from_slice(&ends.to_be_bytes());
+    Bytes::from(v)
+}
+
+/// A claim value with its lease deadline moved to `ends` (a renewal).
+fn restamp(claimed: &[u8], ends: u64) -> Option<Vec<u8>> {
+    if claimed.len() != CLAIM_LEN || claimed[0] != CLAIM {
+        return None;
+    }
+    let mut v = claimed.to_vec();
+    v[CLAIM_LEN - 8..].copy_from_slice(&ends.to_be_bytes());
+    Some(v)
+}
+
+/// The attempt number and lease deadline of a claim value; `None` for a
+/// stored result or a claim of the release before this one.
+fn lease_of(value: &[u8]) -> Option<(u8, u64)> {
+    if value.len() != CLAIM_LEN || value[0] != CLAIM {
+        return None;
+    }
+    let mut ends = [0; 8];
+    ends.copy_from_slice(&value[CLAIM_LEN - 8..]);
+    Some((value[9], u64::from_be_bytes(ends)))
 }
 
 /// What an existing once-mode value means for a repeat: its stored result

@@ -111,27 +111,38 @@ impl Guarded {
                 "the result does not serialize".into(),
             )));
         };
-        match store
-            .replace_in_tx(&mut tx, claim.key(), claim.value(), &done, retention)
-            .await
-        {
+        // Held to the commit: no renewal rewrites the claim in between.
+        let fence = claim.fence();
+        let values = fence.lock().await;
+        let mut replaced = Ok(false);
+        for claimed in values.newest_first() {
+            replaced = store
+                .replace_in_tx(&mut tx, claim.key(), claimed, &done, retention)
+                .await;
+            if !matches!(replaced, Ok(false)) {
+                break;
+            }
+        }
+        match replaced {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
                     key = claim.key(),
                     "once: claim lost before commit; rolled back"
                 );
-                drop(tx);
+                drop((tx, values));
                 claim.keep();
                 return Err(E::from(Rejected::InProgress));
             }
             Err(e) => {
-                drop(tx);
+                drop((tx, values));
                 claim.release().await;
                 return Err(unavailable(e));
             }
         }
-        match store.commit_tx(tx).await {
+        let committed = store.commit_tx(tx).await;
+        drop(values);
+        match committed {
             Ok(()) => {
                 claim.keep();
                 Ok(v)

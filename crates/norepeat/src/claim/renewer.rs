@@ -18,9 +18,8 @@
 //! the request's future ends or is dropped, so an abandoned claim keeps
 //! its key no longer than its TTL.
 
-use super::FOREVER;
-use crate::store::{KeyValueStore, KeyValueStoreExt};
-use bytes::Bytes;
+use super::{FOREVER, Fence};
+use crate::store::KeyValueStore;
 use futures_util::future::join_all;
 use slab::Slab;
 use std::sync::{Arc, Mutex, Weak};
@@ -31,7 +30,7 @@ use tokio::time::Instant;
 /// A claim the task renews.
 struct Entry {
     key: Arc<str>,
-    value: Bytes,
+    fence: Arc<Fence>,
     ttl: Duration,
     every: Duration,
     /// When the next renewal is due.
@@ -118,22 +117,22 @@ impl<S> Renewer<S> {
 }
 
 impl<S: KeyValueStore + Clone> Renewer<S> {
-    /// Renews `key` (while it holds `value`) to a full `ttl` every `every`
-    /// until `max` has passed since now, for as long as the returned
-    /// registration lives. `None` when there is no Tokio runtime to run the
-    /// task on (the caller then renews by itself).
+    /// Renews `key` (while it holds `fence`'s value) to a full `ttl` and
+    /// `lease` every `every` until `max` has passed since now, for as long
+    /// as the returned registration lives. `None` when there is no Tokio
+    /// runtime to run the task on (the caller then renews by itself).
     pub(crate) fn register(
         &self,
         key: Arc<str>,
-        value: Bytes,
-        ttl: Duration,
+        fence: Arc<Fence>,
+        (ttl, lease): (Duration, Duration),
         every: Duration,
         max: Duration,
     ) -> Option<Registration<S>> {
         let now = Instant::now();
         let every = every.clamp(Duration::from_millis(1), FOREVER);
         let due = now + every;
-        let last = now + max.saturating_sub(ttl).min(FOREVER);
+        let last = now + max.saturating_sub(lease).min(FOREVER);
         let mut table = lock(&self.shared.entries);
         // A task ends with its runtime: start one on this runtime then.
         if table
@@ -148,7 +147,7 @@ impl<S: KeyValueStore + Clone> Renewer<S> {
         let generation = table.generation;
         let slot = table.slab.insert(Entry {
             key,
-            value,
+            fence,
             ttl,
             every,
             due,
@@ -236,7 +235,9 @@ async fn drive<S: KeyValueStore + Clone>(shared: Weak<Shared<S>>) {
 /// Renews every entry that is due, all at once.
 async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
     let now = Instant::now();
-    let due: Vec<(usize, u64, Arc<str>, Bytes, Duration, Duration)> = {
+    // Slot, generation, key, fence, ttl, interval.
+    type Due = (usize, u64, Arc<str>, Arc<Fence>, Duration, Duration);
+    let due: Vec<Due> = {
         let mut table = lock(&shared.entries);
         table
             .slab
@@ -255,7 +256,7 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
                     slot,
                     e.generation,
                     Arc::clone(&e.key),
-                    e.value.clone(),
+                    Arc::clone(&e.fence),
                     e.ttl,
                     e.every,
                 ))
@@ -268,10 +269,11 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
     // Each renewal has a budget of its interval: one that hangs (a SQL pool
     // whose only connection is busy) is abandoned, and the others, and the
     // next renewals of every claim, do not wait for it.
-    let results = join_all(due.iter().map(|(_, _, key, value, ttl, every)| {
+    // A claim being completed or released (its fence taken) is skipped.
+    let results = join_all(due.iter().map(|(_, _, key, fence, ttl, every)| {
         tokio::time::timeout(
             (*every).max(Duration::from_millis(1)),
-            shared.store.expire_if_equals(key, value, *ttl),
+            fence.renew(&shared.store, key, *ttl, false),
         )
     }))
     .await;
@@ -307,7 +309,9 @@ async fn renew_due<S: KeyValueStore + Clone>(shared: &Shared<S>) {
 mod tests {
     use super::*;
     use crate::claim::{Claim, Claimed, Renewal};
+    use crate::store::KeyValueStoreExt;
     use crate::store::{KeyOp, KeyReply, MemoryStore, StoreError};
+    use bytes::Bytes;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     // No test here rests on a fixed margin a busy machine can break: what
@@ -354,8 +358,13 @@ mod tests {
     /// [`EVERY`] up to a total hold of `max`.
     fn register<S: KeyValueStore + Clone>(renewer: &Renewer<S>, max: Duration) -> Registration<S> {
         renewer
-            .register(Arc::from("k"), Bytes::from_static(b"me"), TTL, EVERY, max)
+            .register(Arc::from("k"), me(), (TTL, TTL), EVERY, max)
             .expect("a runtime is here")
+    }
+
+    /// The fence of a claim held by the value `me`, renewed by its TTL.
+    fn me() -> Arc<Fence> {
+        Fence::fixed(Bytes::from_static(b"me"), TTL)
     }
 
     /// Whether `k` is free: a new claim on it succeeds.
@@ -485,8 +494,8 @@ mod tests {
         let _reg = renewer
             .register(
                 Arc::from("k"),
-                Bytes::from_static(b"me"),
-                TTL,
+                me(),
+                (TTL, TTL),
                 Duration::from_millis(20),
                 TTL + Duration::from_millis(40),
             )
@@ -537,13 +546,7 @@ mod tests {
         assert!(free_for(&store.0, b"me").await);
         let renewer = Renewer::new(store.clone());
         let _slow = renewer
-            .register(
-                Arc::from("slow"),
-                Bytes::from_static(b"me"),
-                TTL,
-                EVERY,
-                Duration::MAX,
-            )
+            .register(Arc::from("slow"), me(), (TTL, TTL), EVERY, Duration::MAX)
             .expect("a runtime is here");
         let _reg = register(&renewer, Duration::MAX);
         tokio::time::sleep(TTL + TTL / 4).await;

@@ -3,7 +3,7 @@
 //! ([`IdempotencyError`]). It knows the store and its policies, not HTTP.
 
 use super::record::{self, Completed, Digest, Owner};
-use crate::claim::{self, Claim};
+use crate::claim::{self, Claim, Stamped};
 use crate::degrade::{FailurePolicy, on_store_error};
 use crate::store::{KeyValueStore, StoreError};
 use bytes::Bytes;
@@ -25,6 +25,13 @@ pub enum IdempotencyError {
     /// `idempotency_key_mismatch`).
     #[error("this Idempotency-Key was used with a different request")]
     Mismatch,
+    /// The request that holds the key was abandoned: its lease passed
+    /// with no renewal (its process died, or lost the store for a whole
+    /// lease) and no answer was stored, so whether its effect happened is
+    /// unknown; it is not run again (409 `idempotency_outcome_unknown`).
+    /// See [`Abandoned`].
+    #[error("the request that held this Idempotency-Key was abandoned; its outcome is unknown")]
+    OutcomeUnknown,
     /// The store failed and the layer fails closed (503
     /// `guard_unavailable`).
     #[error("the idempotency store is unavailable: {0}")]
@@ -35,11 +42,48 @@ pub enum IdempotencyError {
 /// waiting for its result.
 const MAX_POLL: Duration = Duration::from_millis(100);
 
+/// How far the clocks of two instances may disagree: a claim is taken over
+/// only once its deadline is this far behind the taker's clock, so a live
+/// owner on a clock that lags is not taken for a dead one.
+pub(crate) const CLOCK_SKEW_MS: u64 = 1_000;
+
+/// What a repeat does with a claim whose owner is gone: an in-progress
+/// record whose lease passed with no renewal and no answer stored (the
+/// process was killed, ran out of memory, lost its node, or lost the store
+/// for a whole lease). Whether its effect happened is unknown.
+///
+/// ```
+/// use norepeat::idempotency::{Abandoned, IdempotencyLayer};
+/// use norepeat::store::MemoryStore;
+/// // The effect commits with the record (`IdempotentTx`): an abandoned
+/// // claim's transaction never committed, so a repeat may run again.
+/// let layer = IdempotencyLayer::new(MemoryStore::default()).abandoned(Abandoned::Retry);
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Abandoned {
+    /// The outcome is unknown, and so it stays: every repeat gets 409
+    /// `idempotency_outcome_unknown` until the record's retention ends, and
+    /// the handler never runs again (the default: an effect outside our
+    /// store, a charge at a payment provider, may have happened).
+    #[default]
+    OutcomeUnknown,
+    /// A repeat takes the claim over (one compare-and-set, so one repeat
+    /// wins) and runs the handler again, as attempt number 2 (3, ...): the
+    /// handler reads it from the request's [`Attempt`](super::Attempt)
+    /// extension, to refuse or reconcile a second attempt. For effects that
+    /// commit with the record ([`IdempotentTx`](super::IdempotentTx)), or
+    /// backends idempotent themselves. A take-over waits until the deadline
+    /// is a second behind the clock, for clocks that disagree.
+    Retry,
+}
+
 /// How an `Idempotency-Key` was claimed (see "Vocabulary" in the crate
 /// docs).
 pub(super) enum Claimed<G: KeyValueStore + Clone> {
-    /// This request holds the key and runs the handler.
-    Owned(Claim<G>, Owner),
+    /// This request holds the key and runs the handler, as attempt `u8`.
+    Owned(Claim<G>, Owner, u8),
     /// The first request's stored response, to replay.
     Done(Completed),
     /// 409, 422 or 503.
@@ -60,6 +104,12 @@ pub(super) struct IdempotencyGuard<G> {
     /// (`Duration::ZERO`: not at all).
     pub(super) wait: Duration,
     pub(super) failure: FailurePolicy,
+    /// How long a claimed record lives in the store: the retention, which
+    /// an in-progress record lives too, so that an abandoned claim is not
+    /// forgotten when its lease ends.
+    pub(super) retention: Duration,
+    /// What a repeat does with an abandoned claim.
+    pub(super) abandoned: Abandoned,
 }
 
 impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
@@ -70,17 +120,29 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
     pub(super) async fn claim(&self, key: &str, fingerprint: &Digest) -> Claimed<G> {
         let mut owner: Owner = [0; 16];
         rand::fill(&mut owner[..]);
-        let value = Bytes::from(record::in_progress(&owner, fingerprint));
         let key: Arc<str> = Arc::from(key);
         let deadline = (!self.wait.is_zero()).then(|| Instant::now() + self.wait);
         let mut pause = Duration::from_millis(5);
+        let stamped = Stamped {
+            restamp: record::restamp,
+            lease: self.lease,
+        };
+        // The in-progress record lives for the retention (at least the
+        // lease); its lease deadline is inside it.
+        let ttl = self.retention.max(self.lease);
         loop {
+            let value = Bytes::from(record::in_progress(
+                &owner,
+                fingerprint,
+                1,
+                self.lease_end(),
+            ));
             let taken =
-                Claim::acquire(&self.store, Arc::clone(&key), value.clone(), self.lease).await;
+                Claim::acquire_stamped(&self.store, Arc::clone(&key), value, ttl, stamped).await;
             let existing = match taken {
                 Ok(claim::Claimed::Owned(c)) => {
                     metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
-                    return Claimed::Owned(c, owner);
+                    return Claimed::Owned(c, owner, 1);
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
                 Err(e) => return self.on_failure(e),
@@ -96,6 +158,44 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             if let Some(done) = rec.completed {
                 return Claimed::Done(done);
             }
+            if let Some(lease) = rec.lease {
+                let now = crate::clock::now_ms();
+                if claim::passed(lease.deadline, now, 0) {
+                    match self.abandoned {
+                        Abandoned::OutcomeUnknown => {
+                            metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
+                            return Claimed::Refused(IdempotencyError::OutcomeUnknown);
+                        }
+                        Abandoned::Retry if claim::passed(lease.deadline, now, CLOCK_SKEW_MS) => {
+                            let attempt = lease.attempt.saturating_add(1);
+                            let value = Bytes::from(record::in_progress(
+                                &owner,
+                                fingerprint,
+                                attempt,
+                                self.lease_end(),
+                            ));
+                            let key = Arc::clone(&key);
+                            match Claim::take_over(&self.store, key, &existing, value, ttl, stamped)
+                                .await
+                            {
+                                Ok(Some(c)) => {
+                                    metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted", "reason" => "take_over").increment(1);
+                                    tracing::info!(
+                                        attempt,
+                                        "took over an abandoned idempotency claim"
+                                    );
+                                    return Claimed::Owned(c, owner, attempt);
+                                }
+                                // Someone changed it first: look again.
+                                Ok(None) => continue,
+                                Err(e) => return self.on_failure(e),
+                            }
+                        }
+                        // Within the clocks' skew: still in use.
+                        Abandoned::Retry => {}
+                    }
+                }
+            }
             let now = Instant::now();
             match deadline {
                 Some(d) if now < d => {
@@ -108,6 +208,12 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 }
             }
         }
+    }
+
+    /// The wall-clock end of a lease that starts now, in milliseconds.
+    fn lease_end(&self) -> u64 {
+        crate::clock::now_ms()
+            .saturating_add(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX))
     }
 
     fn on_failure(&self, e: StoreError) -> Claimed<G> {

@@ -5,7 +5,7 @@
 
 use super::body::Passthrough;
 use super::detached::DetachedTasks;
-use super::guard::{Claimed, IdempotencyError, IdempotencyGuard};
+use super::guard::{Abandoned, Claimed, IdempotencyError, IdempotencyGuard};
 use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 use super::record::Completed;
 use super::record::Digest;
@@ -45,6 +45,38 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 
 /// The response header that marks a replay.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Which attempt at its key a claimed request is: 1 for the first, one more
+/// for each take-over of an abandoned claim ([`Abandoned::Retry`]). The
+/// layer puts it into the request's extensions for the handler, so a
+/// handler can refuse or reconcile a second attempt (look up the payment
+/// the first attempt may have made) instead of repeating it blind.
+///
+/// ```
+/// use axum::{Extension, Router, routing::post};
+/// use norepeat::idempotency::{Attempt, IdempotencyLayer};
+/// use norepeat::store::MemoryStore;
+///
+/// async fn pay(Extension(attempt): Extension<Attempt>) -> String {
+///     if attempt.get() > 1 {
+///         // An earlier attempt was abandoned mid-way: reconcile first.
+///     }
+///     format!("attempt {}", attempt.get())
+/// }
+/// let app: Router = Router::new()
+///     .route("/payments", post(pay).layer(IdempotencyLayer::new(MemoryStore::default())));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempt(u8);
+
+impl Attempt {
+    /// The attempt number, from 1 (at most 255).
+    #[must_use]
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+}
 
 /// A service made idempotent by an [`IdempotencyLayer`].
 pub type Idempotency<S, G> = Middleware<IdempotencyLayer<G>, S>;
@@ -159,6 +191,8 @@ impl<G: Clone> IdempotencyLayer<G> {
                 lease: Duration::from_secs(10),
                 wait: Duration::ZERO,
                 failure: FailurePolicy::FailClosed,
+                retention: Duration::from_secs(24 * 3600),
+                abandoned: Abandoned::OutcomeUnknown,
             },
             keys: KeyBuilder::default(),
             fingerprinter: Fingerprinter::default(),
@@ -295,15 +329,43 @@ impl<G: Clone> IdempotencyLayer<G> {
         self
     }
 
-    /// How long a completed response is kept and replayed (default 24 h).
+    /// How long a completed response is kept and replayed (default 24 h),
+    /// and how long the record of a request that never completed is kept
+    /// (see [`abandoned`](Self::abandoned)).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention.max(Duration::from_millis(1));
+        self.guard.retention = self.retention;
         self
     }
 
-    /// The life of the in-progress record (default 10 s). While the handler
-    /// runs it is renewed every third of this; if the process dies, the key
-    /// frees itself this long after the last renewal. Renewal starts when
+    /// What a repeat does with a claim whose owner is gone (default
+    /// [`Abandoned::OutcomeUnknown`]): a request whose lease passed with no
+    /// renewal and no answer stored, because its process was killed (an OOM
+    /// kill, a node lost, a deploy whose grace ran out) or lost its store
+    /// for a whole lease. Its handler may have had its effect, so by
+    /// default every repeat gets 409 `idempotency_outcome_unknown` and the
+    /// handler never runs again for that key. [`Abandoned::Retry`] lets one
+    /// repeat take the claim over and run the handler again, as
+    /// [`Attempt`] 2: right where the effect commits with the record
+    /// ([`IdempotentTx`](super::IdempotentTx): an abandoned claim's
+    /// transaction never committed, so it ran no effect) or the handler
+    /// reconciles a second attempt.
+    ///
+    /// ```
+    /// use norepeat::idempotency::{Abandoned, IdempotencyLayer};
+    /// use norepeat::store::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::default()).abandoned(Abandoned::Retry);
+    /// # let _ = layer;
+    /// ```
+    pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
+        self.guard.abandoned = abandoned;
+        self
+    }
+
+    /// The lease of a running request (default 10 s): its deadline is
+    /// written in its in-progress record, and moved every third of the
+    /// lease while the handler runs. A record whose deadline has passed was
+    /// abandoned (see [`abandoned`](Self::abandoned)). Renewal starts when
     /// the handler first waits (its first `.await` that is not ready): a
     /// handler that blocks its thread longer than the lease before that
     /// (synchronous I/O; put it in `spawn_blocking`) may lose its key.
@@ -648,8 +710,8 @@ where
     // The slot bounds the handlers that own a key: a request that owns none
     // (answered at once, or run in its caller's future by shadow mode or a
     // failing store) gives it back before it goes on.
-    let (claim, owner) = match cfg.guard.claim(&key, &fingerprint).await {
-        Claimed::Owned(c, owner) => (c, owner),
+    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint).await {
+        Claimed::Owned(c, owner, attempt) => (c, owner, attempt),
         Claimed::Done(done) => {
             drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
@@ -677,7 +739,8 @@ where
     // result is stored all the same and a retry gets the replay (or 409
     // while it still runs). The claim is never freed early. The work holds
     // the slot: a handler whose client left still counts.
-    let req = Request::from_parts(parts, ReqBody::from(bytes));
+    let mut req = Request::from_parts(parts, ReqBody::from(bytes));
+    req.extensions_mut().insert(Attempt(attempt));
     let tracker = cfg.detached.tracker().clone();
     claim::detach_tracked(
         &tracker,
@@ -717,6 +780,9 @@ impl From<IdempotencyError> for Problem {
                 .retry_after_secs(1),
             IdempotencyError::Mismatch => Problem::new(Code::IdempotencyKeyMismatch).detail(
                 "This Idempotency-Key was used with a different request; use a new key for a new operation.",
+            ),
+            IdempotencyError::OutcomeUnknown => Problem::new(Code::IdempotencyOutcomeUnknown).detail(
+                "The request that held this Idempotency-Key ended without an answer (its server stopped mid-request); whether it took effect is unknown, so it is not run again. Check the outcome before sending a new operation with a new key.",
             ),
             IdempotencyError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
                 .detail(GUARD_UNAVAILABLE)

@@ -19,9 +19,13 @@
 //!    (409, or wait) or a completed one (replay), after comparing
 //!    fingerprints (422 on a mismatch).
 //! 2. **Run** the handler (in the request's future; in a task of its own
-//!    once the client leaves), renewing the lease
-//!    (owner-checked) every third of it, so a slow handler keeps its claim
-//!    and a dead process frees it. Once the handler has started it runs to
+//!    once the client leaves), renewing the lease every third of it. The
+//!    lease's deadline is inside the in-progress record, and a renewal
+//!    rewrites the record with a later one (owner-checked
+//!    `replace_if_equals`); the record itself lives for the retention. So
+//!    a slow handler keeps its claim, and the claim of a process that died
+//!    stays, with a deadline in the past: an **abandoned** claim, whose
+//!    outcome is unknown ([`Abandoned`]). Once the handler has started it runs to
 //!    its end and its response is stored, whatever the client does (Stripe's
 //!    rule): a client that disconnects, or a timeout layer that drops the
 //!    request, does not stop it, and the retry gets 409
@@ -49,6 +53,9 @@
 //! | same key, same request, first one done | the stored status, allowed headers and body byte for byte, plus `Idempotent-Replayed: true`; the handler does not run |
 //! | same key, other request (body, query, method or caller differ) | 422 `idempotency_key_mismatch` |
 //! | same key, first one still running | 409 `idempotency_key_in_use` with `Retry-After: 1`; or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), a bounded wait, then the replay |
+//! | same key, first one abandoned (its lease passed unrenewed with no answer stored: its process was killed, or lost the store for a whole lease) | 409 `idempotency_outcome_unknown`, for the retention, never run again (default, [`Abandoned::OutcomeUnknown`]); with [`Abandoned::Retry`], one repeat takes the claim over and runs as [`Attempt`] 2 |
+//! | the same, where the effect commits with the record ([`IdempotentTx`]) | the abandoned claim's transaction never committed: it ran no effect, so [`Abandoned::Retry`] is right there and the repeat runs (the shop's `POST /payments` does this) |
+//! | a record written by the release before this one (version 3, no deadline), in progress | 409 `idempotency_key_in_use` for as long as it lives (its lease), as before |
 //! | body declared JSON (by its `Content-Type`) that does not parse | 400 `invalid_request`, before any claim: nothing is stored, the handler does not run, and the key stays free for the corrected request |
 //! | no key, where required | 400 `missing_idempotency_key` |
 //! | key empty, over 255 characters, repeated, or not visible ASCII | 400 `invalid_idempotency_key` |
@@ -93,7 +100,7 @@
 //! | which responses are stored | configurable: 2xx and request-describing 4xx, not 401, 403, 404, 408, 409, 413 or 429 (default); all; or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
 //! | retention | 24 h default, configurable | keys may be pruned after at least 24 h | expiry policy is the server's, and should be published |
 //! | scope | caller + method + concrete path + key | account + key | the resource |
-//! | lost claim (slow or dead owner) | lease with renewal; a stale completion is fenced out | not documented | not specified |
+//! | lost claim (slow or dead owner) | lease with renewal; a dead owner's claim is an unknown outcome (409), or taken over as attempt 2 with [`Abandoned::Retry`] (the handler is told its [`Attempt`]); a stale completion is fenced out | not documented | not specified |
 //! | client gone mid-request | the handler runs to its end, its response is stored | the request finishes on the server | not specified |
 //!
 //! # Example
@@ -145,10 +152,11 @@ mod tx;
 
 pub use body::Passthrough;
 pub use detached::DetachedTasks;
-pub use guard::IdempotencyError;
+pub(crate) use guard::CLOCK_SKEW_MS;
+pub use guard::{Abandoned, IdempotencyError};
 pub use layer::{
-    DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
-    ResponseBody,
+    Attempt, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency,
+    IdempotencyLayer, ResponseBody,
 };
 pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 pub use record::IDEMPOTENT_BODY;

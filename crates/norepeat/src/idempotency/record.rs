@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! written:
-//! in progress: version=3(1) state=1(1) fingerprint(4) owner(6)
+//! in progress: version=4(1) state=1(1) fingerprint(3) owner(2) attempt(1)
+//!              deadline(4: the lease's end, hundredths of a second
+//!              since the Unix epoch, modulo 2^32)
 //! completed:   version=2(1) state=2(1) fingerprint(16)
 //!              status(u16) header_count(u8)
 //!              { name  value_len(u16) value } * header_count
@@ -11,6 +13,7 @@
 //!         WELL_KNOWN (the layer's default allow-list, in a fixed order)
 //!
 //! still read, no longer written:
+//! in progress, version 3: version=3(1) state=1(1) fingerprint(4) owner(6)
 //! in progress, version 2: version=2(1) state=1(1) fingerprint(16) owner(10)
 //! version 1: in progress: version=1(1) state=1(1) owner(16) fingerprint(16)
 //!            completed:   version=1(1) state=2(1) owner(16) fingerprint(16)
@@ -22,13 +25,27 @@
 //! Integers are big endian. The first byte is the version, the second the
 //! state; a version this code does not know is refused, never guessed at.
 //!
-//! The in-progress record is 12 bytes and unique per claim (48 random bits
-//! of the claim's owner), so the store's compare-and-set on the whole value
-//! is the fence: only the request that wrote these bytes can renew, release
-//! or complete them. It keeps 32 bits of the request's fingerprint, enough
-//! to tell a different request under the same key (422) from a retry of
-//! this one (409) while the first still runs; a completed record keeps all
-//! 128, which decide whether a retry is replayed. A completed record keeps
+//! The in-progress record is 12 bytes and unique per claim and renewal
+//! (16 random bits of the claim's owner, its attempt number and its lease
+//! deadline to the hundredth of a second), so the store's compare-and-set
+//! on the whole value is the fence: only the request that wrote these
+//! bytes can renew, release or complete them. A renewal writes the record
+//! again with a later deadline (owner-checked, one compare-and-set), so the
+//! deadline in the record says whether its owner still lives: a record
+//! whose deadline has passed was abandoned (its process died, or lost its
+//! store for a whole lease), and its outcome is unknown. The record itself
+//! lives for the retention, so an abandoned claim is not forgotten when
+//! its lease ends. It keeps 24 bits of the request's fingerprint, enough to
+//! tell a different request under the same key (422) from a retry of this
+//! one (409) while the first still runs; a completed record keeps all 128,
+//! which decide whether a retry is replayed.
+//!
+//! The deadline is kept modulo 2^32 hundredths of a second (497 days) and
+//! compared as a signed difference, so a record is read right for 248 days
+//! either side of now; one abandoned for longer reads as running (409
+//! `idempotency_key_in_use`): refused either way, never run again. The
+//! attempt number is 1 for the first claim and one more at each take-over
+//! of an abandoned claim (see `Abandoned::Retry`), up to 255. A completed record keeps
 //! no owner: nothing is fenced on it (a completion replaces the in-progress
 //! bytes, and a completed record is only read, replayed and left to
 //! expire); it decodes with an all-zero owner. Binary, not JSON with
@@ -39,7 +56,11 @@
 //! (BENCHMARKS.md): Redis keeps a value of up to 44 bytes in one allocation
 //! with its object header (16 + 3 + length + 1 bytes), so 12 bytes fill a
 //! 32-byte jemalloc class where version 2's 28 took 48 and version 1's 34
-//! took 64: 149 bytes per in-progress key in all, against 165 and 181. A
+//! took 64: 149 bytes per in-progress key in all, against 165 and 181.
+//! Version 4 keeps the 12 bytes of version 3 by giving the deadline and
+//! the attempt 5 of them: one byte of fingerprint and four of owner fewer
+//! (the deadline, new at every claim and renewal, does the owner's work of
+//! keeping two claims' bytes apart). A
 //! longer value lives in a separate allocation of 3 + length + 1 bytes: a
 //! completed record of a 64-byte JSON body with its `content-type` is 105
 //! bytes in version 2 (a 112-byte class) against 136 in version 1 (160);
@@ -55,9 +76,11 @@
 //! replays it the same way (status, headers, that header, no body).
 //!
 //! **Between deployments.** Every version here is read, so a release that
-//! writes version 3 reads what the one before it left (in progress or
-//! completed), and a rolling deploy forgets nothing. A release that cannot
-//! read version 3 (before this one) refuses such a record as malformed
+//! writes version 4 reads what the ones before it left (in progress or
+//! completed), and a rolling deploy forgets nothing. An in-progress record
+//! of version 3 or older carries no deadline: it blocks (409) for as long
+//! as it lives, which was the lease it was written with. A release that cannot
+//! read version 4 (before this one) refuses such a record as malformed
 //! while it sees one, that is only while a request claimed by a newer
 //! instance is still running; it then answers as its store-failure policy
 //! says (503 `guard_unavailable` when closed).
@@ -69,8 +92,11 @@ const VERSION_1: u8 = 1;
 /// The version of a completed record as written now (and of a version-2
 /// in-progress one, still read).
 const VERSION_2: u8 = 2;
-/// The version of an in-progress record as written now.
+/// The version of an in-progress record of the release before this one
+/// (still read: no deadline).
 const VERSION_3: u8 = 3;
+/// The version of an in-progress record as written now.
+const VERSION_4: u8 = 4;
 const IN_PROGRESS: u8 = 1;
 const COMPLETED: u8 = 2;
 /// Random bits of the owner a version-2 in-progress record keeps, in bytes.
@@ -79,6 +105,12 @@ const OWNER_BYTES_V2: usize = 10;
 const OWNER_BYTES_V3: usize = 6;
 /// Bits of the fingerprint a version-3 in-progress record keeps, in bytes.
 const FINGERPRINT_BYTES_V3: usize = 4;
+/// Random bits of the owner a version-4 in-progress record keeps, in bytes.
+const OWNER_BYTES_V4: usize = 2;
+/// Bits of the fingerprint a version-4 in-progress record keeps, in bytes.
+const FINGERPRINT_BYTES_V4: usize = 3;
+/// Where a version-4 record's deadline starts (its last 4 bytes).
+const DEADLINE_AT_V4: usize = 2 + FINGERPRINT_BYTES_V4 + OWNER_BYTES_V4 + 1;
 /// Version, state and fingerprint: what every version-2 record starts with.
 const HEAD: usize = 2 + 16;
 
@@ -111,11 +143,23 @@ pub(crate) struct Record {
     /// The bytes of the fingerprint the record keeps, the rest zero: see
     /// [`fingerprint_len`](Self::fingerprint_len).
     pub(crate) fingerprint: Digest,
-    /// How many leading bytes of `fingerprint` the record kept: 16, or 4 in
-    /// a version-3 in-progress record.
+    /// How many leading bytes of `fingerprint` the record kept: 16, 4 in a
+    /// version-3 in-progress record, 3 in a version-4 one.
     pub(crate) fingerprint_len: usize,
+    /// The claim's attempt and lease deadline: in a version-4 in-progress
+    /// record only (older ones carry none).
+    pub(crate) lease: Option<Lease>,
     /// `None` while the first request is still running.
     pub(crate) completed: Option<Completed>,
+}
+
+/// The attempt number and the lease deadline of an in-progress record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    /// 1 for the first claim, one more at each take-over.
+    pub(crate) attempt: u8,
+    /// The lease's end ([`crate::claim::stamp`]).
+    pub(crate) deadline: u32,
 }
 
 impl Record {
@@ -139,13 +183,32 @@ pub(crate) struct Completed {
 #[error("malformed idempotency record: {0}")]
 pub(crate) struct Malformed(&'static str);
 
-/// The 12 bytes of an in-progress record (version 3).
-pub(crate) fn in_progress(owner: &Owner, fingerprint: &Digest) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + FINGERPRINT_BYTES_V3 + OWNER_BYTES_V3);
-    out.extend_from_slice(&[VERSION_3, IN_PROGRESS]);
-    out.extend_from_slice(&fingerprint[..FINGERPRINT_BYTES_V3]);
-    out.extend_from_slice(&owner[..OWNER_BYTES_V3]);
+/// The 12 bytes of an in-progress record (version 4): claim number
+/// `attempt`, whose lease ends at `deadline_ms` (wall clock).
+pub(crate) fn in_progress(
+    owner: &Owner,
+    fingerprint: &Digest,
+    attempt: u8,
+    deadline_ms: u64,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DEADLINE_AT_V4 + 4);
+    out.extend_from_slice(&[VERSION_4, IN_PROGRESS]);
+    out.extend_from_slice(&fingerprint[..FINGERPRINT_BYTES_V4]);
+    out.extend_from_slice(&owner[..OWNER_BYTES_V4]);
+    out.push(attempt.max(1));
+    out.extend_from_slice(&crate::claim::stamp(deadline_ms).to_be_bytes());
     out
+}
+
+/// `claimed` (a version-4 in-progress record) with its lease deadline moved
+/// to `deadline_ms`: what a renewal writes. `None` for any other record.
+pub(crate) fn restamp(claimed: &[u8], deadline_ms: u64) -> Option<Vec<u8>> {
+    if claimed.len() != DEADLINE_AT_V4 + 4 || claimed[..2] != [VERSION_4, IN_PROGRESS] {
+        return None;
+    }
+    let mut out = claimed.to_vec();
+    out[DEADLINE_AT_V4..].copy_from_slice(&crate::claim::stamp(deadline_ms).to_be_bytes());
+    Some(out)
 }
 
 /// A completed record (no owner: see the module docs). Headers whose name
@@ -268,7 +331,19 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
     let state = r.take(1)?[0];
     let mut owner = [0; 16];
     let mut fingerprint_len = 16;
+    let mut lease = None;
     let fingerprint = match version {
+        VERSION_4 if state == IN_PROGRESS => {
+            let mut fingerprint = [0; 16];
+            fingerprint[..FINGERPRINT_BYTES_V4].copy_from_slice(r.take(FINGERPRINT_BYTES_V4)?);
+            fingerprint_len = FINGERPRINT_BYTES_V4;
+            owner[..OWNER_BYTES_V4].copy_from_slice(r.take(OWNER_BYTES_V4)?);
+            let attempt = r.u8()?;
+            let deadline = r.u32()?;
+            lease = Some(Lease { attempt, deadline });
+            fingerprint
+        }
+        VERSION_4 => return Err(Malformed("a version-4 record is only ever in progress")),
         VERSION_3 if state == IN_PROGRESS => {
             let mut fingerprint = [0; 16];
             fingerprint[..FINGERPRINT_BYTES_V3].copy_from_slice(r.take(FINGERPRINT_BYTES_V3)?);
@@ -334,6 +409,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
         owner,
         fingerprint,
         fingerprint_len,
+        lease,
         completed,
     })
 }

@@ -17,8 +17,8 @@
 //! for what a crash at each point leaves.
 
 use super::policy::StoredHeaders;
-use super::record::{self, Digest, Owner};
-use bytes::Bytes;
+use super::record::{Digest, Owner};
+use crate::claim::Fence;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -103,8 +103,9 @@ pub struct IdempotentTx<S> {
 struct Inner<S> {
     store: S,
     key: Arc<str>,
-    /// The claim's in-progress record: the fence of the completion.
-    claimed: Bytes,
+    /// The claim's in-progress record (as its renewals rewrite it): the
+    /// fence of the completion.
+    fence: Arc<Fence>,
     owner: Owner,
     fingerprint: Digest,
     retention: Duration,
@@ -132,24 +133,23 @@ impl<S> std::fmt::Debug for IdempotentTx<S> {
 impl<S> IdempotentTx<S> {
     #[allow(clippy::too_many_arguments)]
     /// The offer of the claim whose key is `key` and whose value (the
-    /// in-progress record of `owner` and `fingerprint`) is `claimed`:
+    /// in-progress record of `owner` and `fingerprint`) `fence` holds:
     /// shared with the claim, not copied.
     pub(crate) fn new(
         store: S,
         key: Arc<str>,
-        claimed: Bytes,
+        fence: Arc<Fence>,
         owner: &Owner,
         fingerprint: &Digest,
         retention: Duration,
         replayed_headers: StoredHeaders,
         max_body: usize,
     ) -> Self {
-        debug_assert_eq!(&claimed[..], &record::in_progress(owner, fingerprint)[..]);
         Self {
             inner: Arc::new(Inner {
                 store,
                 key,
-                claimed,
+                fence,
                 owner: *owner,
                 fingerprint: *fingerprint,
                 retention,
@@ -237,10 +237,19 @@ mod sql {
                     let headers = i.replayed_headers.select(&head.headers);
                     let done =
                         record::completed(&i.owner, &i.fingerprint, head.status, headers, &body);
-                    let ours = i
-                        .store
-                        .replace_if_equals_in(&mut tx, &i.key, &i.claimed, &done, i.retention)
-                        .await?;
+                    // Held to the commit: no renewal rewrites the record
+                    // between this check and the commit.
+                    let fence = i.fence.lock().await;
+                    let mut ours = false;
+                    for claimed in fence.newest_first() {
+                        if i.store
+                            .replace_if_equals_in(&mut tx, &i.key, claimed, &done, i.retention)
+                            .await?
+                        {
+                            ours = true;
+                            break;
+                        }
+                    }
                     if !ours {
                         // Dropping `tx` would roll back too; say it.
                         let _ = tx.rollback().await;
@@ -251,6 +260,7 @@ mod sql {
                     tx.commit()
                         .await
                         .map_err(|e| TxError::Database(i.store.err(e)))?;
+                    drop(fence);
                     i.committed.store(true, Ordering::Release);
                     Ok(Response::from_parts(head, Full::new(body)))
                 }

@@ -40,7 +40,7 @@ where
     let offer = IdempotentTx::new(
         cfg.guard.store.clone(),
         claim.shared_key(),
-        claim.shared_value(),
+        claim.fence(),
         &owner,
         &fingerprint,
         cfg.retention,

@@ -7,21 +7,57 @@ use proptest::prelude::*;
 fn in_progress_round_trips_and_is_12_bytes() {
     let owner: Owner = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
     let fingerprint: Digest = std::array::from_fn(|i| u8::try_from(i + 100).unwrap());
-    let b = in_progress(&owner, &fingerprint);
-    assert_eq!(b.len(), 12);
-    assert_eq!(&b[..2], &[VERSION_3, IN_PROGRESS]);
+    let deadline_ms = 1_800_000_000_123;
+    let b = in_progress(&owner, &fingerprint, 3, deadline_ms);
+    assert_eq!(b.len(), 12, "the 32-byte allocation class on Redis");
+    assert_eq!(&b[..2], &[VERSION_4, IN_PROGRESS]);
     let r = decode(&Bytes::from(b)).unwrap();
     let mut kept = [0; 16];
-    kept[..OWNER_BYTES_V3].copy_from_slice(&owner[..OWNER_BYTES_V3]);
+    kept[..OWNER_BYTES_V4].copy_from_slice(&owner[..OWNER_BYTES_V4]);
     assert_eq!(r.owner, kept);
-    assert_eq!(r.fingerprint[..4], fingerprint[..4]);
-    assert_eq!(r.fingerprint_len, 4);
+    assert_eq!(r.fingerprint[..3], fingerprint[..3]);
+    assert_eq!(r.fingerprint_len, 3);
     assert!(r.completed.is_none());
-    // The request it was written for, and no other as far as 32 bits go.
+    let lease = r.lease.expect("a version-4 record carries its lease");
+    assert_eq!(lease.attempt, 3);
+    assert_eq!(lease.deadline, crate::claim::stamp(deadline_ms));
+    assert!(!crate::claim::passed(lease.deadline, deadline_ms - 1, 0));
+    assert!(crate::claim::passed(lease.deadline, deadline_ms + 20, 0));
+    // The request it was written for, and no other as far as 24 bits go.
     assert!(r.is_for(&fingerprint));
     let mut other = fingerprint;
-    other[3] ^= 1;
+    other[2] ^= 1;
     assert!(!r.is_for(&other));
+}
+
+/// A renewal moves the deadline and nothing else; a record that is not a
+/// version-4 claim is never restamped.
+#[test]
+fn a_renewal_moves_only_the_deadline() {
+    let b = in_progress(&[7; 16], &[8; 16], 1, 1_000);
+    let renewed = restamp(&b, 9_990).unwrap();
+    assert_eq!(renewed.len(), b.len());
+    assert_eq!(renewed[..8], b[..8]);
+    let r = decode(&Bytes::from(renewed)).unwrap();
+    assert_eq!(r.lease.unwrap().deadline, crate::claim::stamp(9_990));
+    assert_eq!(r.lease.unwrap().attempt, 1);
+    let mut v3 = vec![VERSION_3, IN_PROGRESS];
+    v3.extend_from_slice(&[1; 10]);
+    assert!(restamp(&v3, 5).is_none());
+    let done = completed(&[0; 16], &[0; 16], StatusCode::OK, [], b"x");
+    assert!(restamp(&done, 5).is_none());
+}
+
+#[test]
+fn version_3_in_progress_records_are_still_read_without_a_lease() {
+    // What the release before version 4 wrote: 12 bytes, no deadline.
+    let mut b = vec![VERSION_3, IN_PROGRESS];
+    b.extend_from_slice(&[5; 4]);
+    b.extend_from_slice(&[6; 6]);
+    let r = decode(&Bytes::from(b)).unwrap();
+    assert_eq!((r.fingerprint_len, r.lease), (4, None));
+    assert!(r.completed.is_none());
+    assert!(r.is_for(&[5; 16]));
 }
 
 #[test]
@@ -50,10 +86,16 @@ fn version_2_in_progress_records_are_still_read() {
 #[test]
 fn claims_with_different_owners_write_different_bytes() {
     let mut other = [1; 16];
-    other[OWNER_BYTES_V3 - 1] = 2;
+    other[OWNER_BYTES_V4 - 1] = 2;
     assert_ne!(
-        in_progress(&[1; 16], &[2; 16]),
-        in_progress(&other, &[2; 16])
+        in_progress(&[1; 16], &[2; 16], 1, 5_000),
+        in_progress(&other, &[2; 16], 1, 5_000)
+    );
+    // And a take-over (the next attempt) writes other bytes than the
+    // claim it takes over, whatever the owners.
+    assert_ne!(
+        in_progress(&[1; 16], &[2; 16], 1, 5_000),
+        in_progress(&[1; 16], &[2; 16], 2, 5_000)
     );
 }
 
@@ -228,20 +270,20 @@ fn completed_round_trips() {
 fn rejects_what_it_does_not_understand() {
     assert!(decode(&Bytes::new()).is_err());
     assert!(decode(&Bytes::from_static(b"{\"json\":true}")).is_err());
-    let mut b = in_progress(&[0; 16], &[0; 16]);
+    let mut b = in_progress(&[0; 16], &[0; 16], 1, 0);
     b[0] = 9;
     assert!(decode(&Bytes::from(b)).is_err());
-    let mut b = in_progress(&[0; 16], &[0; 16]);
+    let mut b = in_progress(&[0; 16], &[0; 16], 1, 0);
     b.push(0);
     assert!(decode(&Bytes::from(b)).is_err());
-    let mut b = in_progress(&[0; 16], &[0; 16]);
+    let mut b = in_progress(&[0; 16], &[0; 16], 1, 0);
     b.pop();
     assert!(decode(&Bytes::from(b)).is_err());
-    let mut b = in_progress(&[0; 16], &[0; 16]);
+    let mut b = in_progress(&[0; 16], &[0; 16], 1, 0);
     b[1] = COMPLETED;
     assert!(
         decode(&Bytes::from(b)).is_err(),
-        "version 3 is never completed"
+        "version 4 is never completed"
     );
     let h = (
         HeaderName::from_static("etag"),
