@@ -19,7 +19,7 @@ use common::each_store;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
-use norepeat::idempotency::{IdempotencyLayer, StorePolicy};
+use norepeat::idempotency::{Abandoned, IdempotencyLayer, StorePolicy};
 use norepeat::keys::{KeyBuilder, Namespace};
 #[cfg(feature = "redis")]
 use norepeat::store::Resilient;
@@ -233,6 +233,7 @@ every_store!(
     oversized_response_passes_through_and_its_outcome_is_kept,
     streaming_response_passes_through_whole_and_its_outcome_is_kept,
     a_success_whose_body_breaks_is_not_run_again,
+    a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers,
 );
 
 each_store!(
@@ -591,7 +592,8 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
     let runs = Runs::default();
     let layer = IdempotencyLayer::new(store)
         .lease(Duration::from_millis(50))
-        .lease_renewal(false);
+        .lease_renewal(false)
+        .abandoned(Abandoned::Retry);
     let app = app(layer, &runs);
     let hold = Hold::new();
     let stale = {
@@ -599,11 +601,49 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
         let h = hold.header();
         tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
-    // Once the first runs (so it has claimed), three of its 50 ms leases:
-    // its lease has run out, this one takes the key and completes.
+    // Once the first runs (so it has claimed), its 50 ms lease and the
+    // second allowed for clocks that disagree: its claim is abandoned, this
+    // one takes it over and completes.
     running(&runs).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(1_250)).await;
     a_retry_takes_over_from(&app, &runs, stale, &hold).await;
+}
+
+/// By default a claim whose lease passed unrenewed is an unknown outcome:
+/// a repeat is refused 409 `idempotency_outcome_unknown` and does not run.
+/// Its owner was only slow, not dead: its answer, when it comes, completes
+/// the record (nobody took the claim over), and later repeats replay it.
+async fn a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers<
+    G: KeyValueStore + Clone,
+>(
+    store: G,
+) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store)
+        .lease(Duration::from_millis(50))
+        .lease_renewal(false);
+    let app = app(layer, &runs);
+    let hold = Hold::new();
+    let slow = {
+        let app = app.clone();
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
+    };
+    running(&runs).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let repeat = pay_with(&app, "u1", "k", BODY).await;
+        assert_eq!(repeat.status, StatusCode::CONFLICT, "{:?}", repeat.body);
+        assert_eq!(repeat.json()["code"], "idempotency_outcome_unknown");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    hold.release();
+    let first = slow.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = pay_with(&app, "u1", "k", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 /// Waits until the handler has started (so its request holds its claim),

@@ -219,7 +219,9 @@ pub struct Guarded {
     failure: FailurePolicy,
     keys: KeyBuilder,
     wait: Duration,
-    abandoned: Abandoned,
+    /// `None`: the mode's default (an unknown outcome; retried where the
+    /// effect commits with the result, `run_once_in_tx`).
+    abandoned: Option<Abandoned>,
 }
 
 /// Default window: 3 s.
@@ -239,7 +241,7 @@ impl Guarded {
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
             wait: Duration::ZERO,
-            abandoned: Abandoned::OutcomeUnknown,
+            abandoned: None,
         }
     }
 
@@ -255,7 +257,7 @@ impl Guarded {
             failure: FailurePolicy::FailOpen,
             keys: KeyBuilder::default(),
             wait: Duration::ZERO,
-            abandoned: Abandoned::OutcomeUnknown,
+            abandoned: None,
         }
     }
 
@@ -283,7 +285,10 @@ impl Guarded {
 
     /// Once mode: what a call does with a claim whose owner is gone (its
     /// lease passed with no renewal and no result stored: the process was
-    /// killed mid-body). Default [`Abandoned::OutcomeUnknown`]: the body may
+    /// killed mid-body). Default [`Abandoned::OutcomeUnknown`] (but
+    /// [`Abandoned::Retry`] for [`run_once_in_tx`](Self::run_once_in_tx),
+    /// whose body's writes commit with its result: an abandoned call there
+    /// ran no effect): the body may
     /// have had its effect, so every later call gets
     /// [`Rejected::OutcomeUnknown`] until the retention ends, and the body
     /// never runs again for that key. [`Abandoned::Retry`]: one later call
@@ -299,7 +304,7 @@ impl Guarded {
     /// ```
     #[must_use]
     pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
-        self.abandoned = abandoned;
+        self.abandoned = Some(abandoned);
         self
     }
 

@@ -46,7 +46,8 @@ impl Guarded {
         E: From<Rejected>,
         F: Future<Output = Result<T, E>>,
     {
-        let claim = match self.claim(store, key).await {
+        let abandoned = self.abandoned.unwrap_or_default();
+        let claim = match self.claim(store, key, abandoned).await {
             Ok(Claimed::Owned(claim)) => claim,
             Ok(Claimed::Done(v)) => return Ok(v),
             Ok(Claimed::Unguarded) => return body.await,
@@ -94,7 +95,8 @@ impl Guarded {
         E: From<Rejected> + Send + 'static,
         F: Future<Output = Result<T, E>> + Send + 'static,
     {
-        let claim = match self.claim(store, key).await {
+        let abandoned = self.abandoned.unwrap_or_default();
+        let claim = match self.claim(store, key, abandoned).await {
             Ok(Claimed::Owned(claim)) => claim,
             Ok(Claimed::Done(v)) => return Ok(v),
             Ok(Claimed::Unguarded) => return body.await,
@@ -113,7 +115,12 @@ impl Guarded {
     /// key in progress is looked at again, with backoff, for up to the
     /// wait: the call replays once the result is stored, and takes the key
     /// itself if the running call released it.
-    pub(super) async fn claim<S, T>(&self, store: &S, key: &str) -> Result<Claimed<S, T>, Rejected>
+    pub(super) async fn claim<S, T>(
+        &self,
+        store: &S,
+        key: &str,
+        abandoned: Abandoned,
+    ) -> Result<Claimed<S, T>, Rejected>
     where
         S: KeyValueStore + Clone,
         T: DeserializeOwned,
@@ -151,7 +158,7 @@ impl Guarded {
             if let Some((attempt, ends)) = lease_of(&existing) {
                 let now = crate::clock::now_ms();
                 if now > ends {
-                    match self.abandoned {
+                    match abandoned {
                         Abandoned::OutcomeUnknown => {
                             metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
                             return Err(Rejected::OutcomeUnknown);

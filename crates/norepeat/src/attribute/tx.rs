@@ -4,6 +4,7 @@
 use super::once::{Claimed, encode};
 use super::{Guarded, Rejected};
 use crate::claim::Renewal;
+use crate::idempotency::Abandoned;
 use crate::store::StoreError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,8 +21,10 @@ impl Guarded {
     /// stored result is then written in that transaction, owner-checked
     /// (the claim must still be this call's), and one `COMMIT` makes the
     /// writes and the record durable together. A crash or a dropped future
-    /// before the commit leaves no writes and the claim open (the lease
-    /// frees it; the next delivery runs once); after it, both.
+    /// before the commit leaves no writes and the claim open: once its
+    /// lease has passed, the next delivery takes it over and runs once (the
+    /// abandoned call ran no effect, so here an abandoned claim is retried
+    /// unless [`abandoned`](Self::abandoned) says otherwise); after it, both.
     ///
     /// # Errors
     /// The body's error (its transaction is dropped, so rolled back, and
@@ -71,7 +74,12 @@ impl Guarded {
         Fut: Future<Output = Result<(sqlx::Transaction<'static, S::Database>, T), E>>,
     {
         let (retention, lease) = self.times();
-        let claim = match self.claim::<S, T>(store, key).await.map_err(E::from)? {
+        let abandoned = self.abandoned.unwrap_or(Abandoned::Retry);
+        let claim = match self
+            .claim::<S, T>(store, key, abandoned)
+            .await
+            .map_err(E::from)?
+        {
             Claimed::Owned(claim) => claim,
             Claimed::Done(v) => return Ok(v),
             Claimed::Unguarded => {
