@@ -499,3 +499,96 @@ async fn bodies_without_a_json_content_type() {
     assert_eq!(send("{not json").await, StatusCode::CONFLICT);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A token past its life answers its own code, `token_expired` (409), not
+/// `duplicate_submission` (before: `duplicate_submission`).
+#[tokio::test]
+async fn an_expired_token_answers_token_expired() {
+    with_stores(|store| async move {
+        let tokens = TokenGuard::new(store, TokenSigner::random()).ttl(Duration::ZERO);
+        let token = tokens.issue("u1").token;
+        let app: Router = Router::new().route(
+            "/orders",
+            post(|| async { StatusCode::CREATED }).layer(TokenLayer::new(tokens)),
+        );
+        let req = Request::post("/orders")
+            .header("x-user-id", "u1")
+            .header("repeat-token", token)
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = problem(send(&app, req).await);
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert_eq!(body["code"], "token_expired");
+    })
+    .await;
+}
+
+/// A request whose service never reached its effect (marked
+/// [`NotReached`]: a proxy's upstream was down) does not use up its token:
+/// the retry with the same token runs. Any other answer, a 5xx included
+/// (its effect may have happened), keeps the token used. Before: the
+/// retry after a 502 got 409 "already submitted" and no order existed.
+#[tokio::test]
+async fn a_request_that_never_reached_its_effect_does_not_use_up_its_token() {
+    use axum::response::IntoResponse;
+    use norepeat::token::NotReached;
+    with_stores(|store| async move {
+        let tokens = TokenGuard::new(store, TokenSigner::random());
+        let up = Arc::new(AtomicBool::new(false));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (up, runs) = (Arc::clone(&up), Arc::clone(&runs));
+            move || {
+                let (up, runs) = (Arc::clone(&up), Arc::clone(&runs));
+                async move {
+                    if !up.load(Ordering::SeqCst) {
+                        let mut res = StatusCode::BAD_GATEWAY.into_response();
+                        res.extensions_mut().insert(NotReached);
+                        return res;
+                    }
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::CREATED.into_response()
+                }
+            }
+        };
+        let app: Router = Router::new().route(
+            "/orders",
+            post(handler).layer(TokenLayer::new(tokens.clone())),
+        );
+        let req = |token: &str| {
+            Request::post("/orders")
+                .header("x-user-id", "u1")
+                .header("repeat-token", token)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let token = tokens.issue("u1").token;
+        assert_eq!(
+            send(&app, req(&token)).await.status,
+            StatusCode::BAD_GATEWAY
+        );
+        up.store(true, Ordering::SeqCst);
+        assert_eq!(send(&app, req(&token)).await.status, StatusCode::CREATED);
+        let (status, body) = problem(send(&app, req(&token)).await);
+        assert_eq!(
+            (status, &body["code"]),
+            (StatusCode::CONFLICT, &"duplicate_submission".into())
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        // A 5xx without the mark: the token stays used.
+        let failing: Router = Router::new().route(
+            "/orders",
+            post(|| async { StatusCode::INTERNAL_SERVER_ERROR })
+                .layer(TokenLayer::new(tokens.clone())),
+        );
+        let token = tokens.issue("u1").token;
+        assert_eq!(
+            send(&failing, req(&token)).await.status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let (status, _) = problem(send(&failing, req(&token)).await);
+        assert_eq!(status, StatusCode::CONFLICT);
+    })
+    .await;
+}

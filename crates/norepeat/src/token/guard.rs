@@ -16,7 +16,7 @@ pub enum TokenGuardError {
     /// The token was already used (409 `duplicate_submission`).
     #[error("repeat token already used")]
     Used,
-    /// The token's life is over (409 `duplicate_submission`).
+    /// The token's life is over (409 `token_expired`: fetch a new one).
     #[error("repeat token expired")]
     Expired,
     /// Not a token of ours, altered, or another user's (409
@@ -137,14 +137,29 @@ impl<S: Store + Clone> TokenGuard<S> {
         self.consume_decided(user, token).await.map(drop)
     }
 
+    /// Gives back a use that [`consume_decided`](Self::consume_decided)
+    /// recorded, owner-checked (the marker must still be this use's): the
+    /// request never reached its effect, so the token stays good for its
+    /// retry.
+    pub(crate) async fn give_back(&self, used: &Used) {
+        match self.store.delete_if_equals(&used.key, &used.marker).await {
+            Ok(_) => {
+                metrics::counter!("norepeat_tokens_given_back_total").increment(1);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not give a token's use back; it stays used");
+            }
+        }
+    }
+
     /// [`consume`](Self::consume), telling whether the use was recorded
-    /// (`true`) or the store failed and the guard let the token through
-    /// fail-open (`false`).
+    /// (`Some`, with what gives it back) or the store failed and the guard
+    /// let the token through fail-open (`None`).
     pub(crate) async fn consume_decided(
         &self,
         user: &str,
         token: &str,
-    ) -> Result<bool, TokenGuardError> {
+    ) -> Result<Option<Used>, TokenGuardError> {
         let reject = |why: TokenError| {
             let why = TokenGuardError::from(why);
             metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "rejected", "reason" => reason(&why)).increment(1);
@@ -160,17 +175,30 @@ impl<S: Store + Clone> TokenGuard<S> {
         // signed for more than this guard's `ttl` (by another issuer) is
         // covered by `remaining`.
         let marker_life = self.ttl.max(verified.remaining).saturating_add(self.skew);
-        match self.store.put_if_absent(&key, b"1", marker_life).await {
+        // Unique per use, so that only this use can be given back. A
+        // decimal that Redis keeps as an integer (no string allocation).
+        let marker = itoa::Buffer::new()
+            .format(rand::random_range(1_000_000_000u64..u64::MAX / 2))
+            .as_bytes()
+            .to_vec();
+        match self.store.put_if_absent(&key, &marker, marker_life).await {
             Ok(None) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "admitted").increment(1);
-                Ok(true)
+                Ok(Some(Used { key, marker }))
             }
             Ok(Some(_)) => reject(TokenError::Used),
             Err(e) => on_store_error("token", self.failure, e)
-                .map(|()| false)
+                .map(|()| None)
                 .map_err(TokenGuardError::Unavailable),
         }
     }
+}
+
+/// A token's recorded use: its marker's key and value.
+#[derive(Debug)]
+pub(crate) struct Used {
+    key: String,
+    marker: Vec<u8>,
 }
 
 fn reason(e: &TokenGuardError) -> &'static str {

@@ -1,6 +1,7 @@
 //! The token guard as a tower layer: [`TokenLayer`], the [`Token`] service
 //! it builds, and its answers.
 
+use super::guard::Used;
 use super::{TokenGuard, TokenGuardError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
@@ -20,6 +21,39 @@ use tracing::Instrument;
 /// A service guarded by a [`TokenLayer`].
 pub type Token<S, G> = Middleware<TokenLayer<G>, S>;
 
+/// Put into a response's extensions by a service that never reached the
+/// request's effect (a proxy whose upstream could not be reached: nothing
+/// was sent): the [`TokenLayer`] then gives the token's use back, so the
+/// client's retry with the same token goes through.
+///
+/// ```
+/// use axum::{Router, body::Body, response::IntoResponse, routing::post};
+/// use http::{Request, StatusCode};
+/// use norepeat::store::MemoryStore;
+/// use norepeat::token::{NotReached, TokenGuard, TokenLayer, TokenSigner};
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let tokens = TokenGuard::new(MemoryStore::default(), TokenSigner::random());
+/// let token = tokens.issue("u1").token;
+/// let down = || async {
+///     let mut res = StatusCode::BAD_GATEWAY.into_response();
+///     res.extensions_mut().insert(NotReached);
+///     res
+/// };
+/// let app: Router = Router::new().route("/orders", post(down).layer(TokenLayer::new(tokens)));
+/// let order = || Request::post("/orders")
+///     .header("x-user-id", "u1")
+///     .header("repeat-token", &token)
+///     .body(Body::empty())
+///     .unwrap();
+/// assert_eq!(app.clone().oneshot(order()).await.unwrap().status(), 502);
+/// // The token was given back: the retry reaches the service again.
+/// assert_eq!(app.oneshot(order()).await.unwrap().status(), 502);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotReached;
+
 /// The default `detail` of 400 `missing_token`.
 const MISSING_TOKEN: &str =
     "Send a repeat token in the Repeat-Token header or the repeatToken query parameter.";
@@ -28,7 +62,8 @@ const MISSING_TOKEN: &str =
 ///
 /// The request must carry a token in header `Repeat-Token` or query
 /// parameter `repeatToken` (else 400 `missing_token`); a used, expired,
-/// unknown or foreign one gets 409 `duplicate_submission`, and a store
+/// unknown or foreign one gets 409 `duplicate_submission` (an expired one
+/// 409 `token_expired`), and a store
 /// failure on a fail-closed guard 503 `guard_unavailable`. It needs a caller
 /// (401 `unauthenticated` without one), taken from `X-User-Id` unless you set
 /// another [`Identify`]. The body is not read.
@@ -183,7 +218,7 @@ where
         req: Request<ReqBody>,
     ) -> Result<Response<Self::Body>, S::Error> {
         let (parts, body) = req.into_parts();
-        let (user, refused, open) = self.decide(&parts).await;
+        let (user, refused, used) = self.decide(&parts).await;
         let mut shadow = None;
         if let Some(p) = refused {
             if !self.shadow {
@@ -194,8 +229,12 @@ where
         }
         let req = Request::from_parts(parts, body);
         let mut res = inner.call(req).await?.map(Either::Left);
-        if open {
-            res = failed_open(res, "token");
+        match used {
+            Decided::Recorded(used) if res.extensions().get::<NotReached>().is_some() => {
+                self.guard.give_back(&used).await;
+            }
+            Decided::Recorded(_) | Decided::Refused => {}
+            Decided::Open => res = failed_open(res, "token"),
         }
         Ok(match shadow {
             Some(s) => mark(res, s),
@@ -206,15 +245,20 @@ where
 
 impl<G: Store + Clone> TokenLayer<G> {
     /// The caller, what the layer would refuse the request with (`None`: it
-    /// passes), and whether it passes undecided (the store failed, fail-open).
-    /// The same steps and store operations in shadow mode or not.
-    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>, bool) {
+    /// passes), and the use it recorded (or that it passes undecided: the
+    /// store failed, fail-open). The same steps and store operations in
+    /// shadow mode or not.
+    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>, Decided) {
         let Some(user) = self.identity.identify(parts) else {
-            return (None, Some(unauthenticated(&*self.identity)), false);
+            return (
+                None,
+                Some(unauthenticated(&*self.identity)),
+                Decided::Refused,
+            );
         };
         let Some(token) = token_of(parts) else {
             let p = Problem::new(Code::MissingToken).detail(self.missing_token.clone());
-            return (Some(user), Some(p), false);
+            return (Some(user), Some(p), Decided::Refused);
         };
         let decision = self
             .guard
@@ -225,10 +269,21 @@ impl<G: Store + Clone> TokenLayer<G> {
                 user
             ));
         match decision.await {
-            Ok(recorded) => (Some(user), None, !recorded),
-            Err(e) => (Some(user), Some(Problem::from(e)), false),
+            Ok(Some(used)) => (Some(user), None, Decided::Recorded(used)),
+            Ok(None) => (Some(user), None, Decided::Open),
+            Err(e) => (Some(user), Some(Problem::from(e)), Decided::Refused),
         }
     }
+}
+
+/// What became of a request's token.
+enum Decided {
+    /// Its use is recorded.
+    Recorded(Used),
+    /// The store failed: let through fail-open, nothing recorded.
+    Open,
+    /// Refused (or counted so, in shadow mode): nothing recorded.
+    Refused,
 }
 
 /// The token from `Repeat-Token`, else from `repeatToken` in the query.
@@ -252,9 +307,8 @@ impl From<TokenGuardError> for Problem {
             TokenGuardError::Used => {
                 duplicate("This form was already submitted. Reload to get a new token.")
             }
-            TokenGuardError::Expired => {
-                duplicate("The repeat token expired. Reload to get a new one.")
-            }
+            TokenGuardError::Expired => Problem::new(Code::TokenExpired)
+                .detail("The repeat token expired. Reload to get a new one."),
             TokenGuardError::Invalid => {
                 duplicate("The repeat token is unknown or belongs to another user.")
             }
