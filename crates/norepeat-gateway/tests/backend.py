@@ -4,10 +4,11 @@ not ours, for tests/serve.rs.
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
 count, with the headers `X-Order: <count>`, `X-Backend: py` and a
-`Set-Cookie` (2 MiB of `x` instead with X-Big; with X-Stall, the head and
+`Set-Cookie` (with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
-the counters, GET /echo the request's headers (and two hop-by-hop headers
+the counters, GET /attempts the `Idempotency-Attempt` header of each
+POST by path (`null` when absent), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
@@ -20,6 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 EFFECTS = {}
+ATTEMPTS = {}
 LOCK = threading.Lock()
 BIG = b"x" * (2 * 1024 * 1024)
 
@@ -46,6 +48,7 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             EFFECTS[path] = EFFECTS.get(path, 0) + 1
             n = EFFECTS[path]
+            ATTEMPTS.setdefault(path, []).append(self.headers.get("Idempotency-Attempt"))
         delay = float(self.headers.get("X-Delay") or 0)
         if delay:
             time.sleep(delay)
@@ -72,7 +75,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(201, BIG, extra)
             return
         body = json.dumps({"path": path, "effect": n, "at": time.time()}).encode()
-        self.answer(201, body, extra)
+        self.answer(int(self.headers.get("X-Status") or 201), body, extra)
 
     def broken(self):
         """The head and 11 of the 100 bytes it announces, then the
@@ -89,6 +92,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/effects":
             with LOCK:
                 body = json.dumps(EFFECTS).encode()
+            self.answer(200, body)
+        elif self.path == "/attempts":
+            with LOCK:
+                body = json.dumps(ATTEMPTS).encode()
             self.answer(200, body)
         elif self.path == "/echo":
             body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()

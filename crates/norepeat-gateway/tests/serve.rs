@@ -560,7 +560,7 @@ async fn a_streamed_routes_body_is_capped_at_its_max_request_body() {
         (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large".into())
     );
     // Chunked: no length to refuse it by; cut off once past 100 bytes.
-    let mut con = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+    let con = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
         .await
         .unwrap();
     let mut req = String::from(
@@ -570,9 +570,18 @@ async fn a_streamed_routes_body_is_capped_at_its_max_request_body() {
         req.push_str(&format!("64\r\n{}\r\n", "y".repeat(100)));
     }
     req.push_str("0\r\n\r\n");
-    con.write_all(req.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    let _ = con.read_to_string(&mut answer).await;
+    // Read while writing: the gateway answers and closes before the body
+    // is all sent, and a close with unread bytes resets the connection,
+    // which can discard an answer not yet read (seen under load).
+    let (mut read, mut write) = con.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(req.as_bytes()).await;
+        write
+    });
+    let mut answer = Vec::new();
+    let _ = read.read_to_end(&mut answer).await;
+    let _ = writer.await;
+    let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("payload_too_large"), "{answer}");
 }
@@ -1614,4 +1623,245 @@ async fn a_backend_that_breaks_its_answer_is_an_unknown_outcome() {
     }
     let health = c.get(url(&g, "/.norepeat/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200, "still serving");
+}
+
+/// What the backend saw of `Idempotency-Attempt` on each POST to `path`.
+async fn attempts(backend: &Process, path: &str) -> Vec<Value> {
+    let all: Value = reqwest::get(url(backend, "/attempts"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    all[path].as_array().cloned().unwrap_or_default()
+}
+
+/// The lease of an idempotency claim (the library's default: the file does
+/// not set it).
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Instance A of two on one Redis takes a payment to a slow backend and is
+/// killed with `SIGKILL` while the backend runs it (an OOM kill, a node
+/// lost); the backend finishes the charge. Retries on instance B: `409
+/// idempotency_key_in_use` while the lease lasts, then (the claim's
+/// deadline passed) 409 `idempotency_outcome_unknown` under `ambiguous:
+/// keep`, never a second charge. Before, the claim ended with its lease and
+/// the retry after it got 201 and charged again.
+#[tokio::test]
+async fn a_gateway_killed_mid_request_leaves_an_unknown_outcome_never_run_again() {
+    let path = "/payments";
+    let (_redis, b, gb) = killed_mid_request(path).await;
+    tokio::time::sleep(LEASE + Duration::from_millis(500)).await;
+    for _ in 0..2 {
+        assert_eq!(
+            code(pay_on(&gb, path, "k-killed").await).await,
+            (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+        );
+    }
+    assert_eq!(effects(&b).await[path], 1, "charged twice");
+    assert_eq!(attempts(&b, path).await, [Value::from("1")]);
+}
+
+/// The same under `ambiguous: release`: once the lease has passed, the
+/// retry on B takes the abandoned claim over and reaches the backend as
+/// `Idempotency-Attempt: 2` (the first came as 1), so the backend can tell.
+#[tokio::test]
+async fn a_gateway_killed_mid_request_is_taken_over_as_attempt_2_under_release() {
+    let path = "/refunds";
+    let (_redis, b, gb) = killed_mid_request(path).await;
+    let deadline = tokio::time::Instant::now() + LEASE + Duration::from_secs(15);
+    let retry = loop {
+        let res = pay_on(&gb, path, "k-killed").await;
+        if res.status() != StatusCode::CONFLICT {
+            break res;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never taken over");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(
+        attempts(&b, path).await,
+        [Value::from("1"), Value::from("2")]
+    );
+    let replay = pay_on(&gb, path, "k-killed").await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects(&b).await[path], 2);
+}
+
+/// `POST path` with key `key` on gateway `g`.
+async fn pay_on(g: &Process, path: &str, key: &str) -> Response {
+    Client::new()
+        .post(url(g, path))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Two gateways on one private Redis; A takes `path` with a backend that
+/// takes 3 s, and is killed once the backend has the request. Answers
+/// Redis, the backend and B; B's immediate retry has been checked (409 in
+/// use).
+async fn killed_mid_request(path: &str) -> (RedisServer, Process, Process) {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /payments
+    guard: idempotency
+  - match: POST /refunds
+    guard: idempotency
+    ambiguous: release
+";
+    let yaml = file(&b, &redis.url(), routes);
+    let (mut ga, gb) = (gateway(&yaml).await, gateway(&yaml).await);
+    let first = {
+        let u = url(&ga, path);
+        tokio::spawn(async move {
+            Client::new()
+                .post(u)
+                .header("x-user-id", "u1")
+                .header("idempotency-key", "k-killed")
+                .header("x-delay", "3")
+                .body("{}")
+                .send()
+                .await
+        })
+    };
+    arrived(&b, path).await;
+    ga.process.kill();
+    assert!(first.await.unwrap().is_err(), "the killed gateway answered");
+    assert_eq!(
+        code(pay_on(&gb, path, "k-killed").await).await,
+        (StatusCode::CONFLICT, "idempotency_key_in_use".into())
+    );
+    // The backend finishes the charge it was given.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(effects(&b).await[path], 1);
+    (redis, b, gb)
+}
+
+/// Under `ambiguous: keep`, the backend's own 500 or 504 is an unknown
+/// outcome: the client gets the backend's answer, a retry 409
+/// `idempotency_outcome_unknown`, and the backend runs once. Its 502 and 503
+/// free the key (the retry runs). Before, a 500 freed the key and the retry
+/// ran the payment a second time.
+#[tokio::test]
+async fn a_backends_own_500_is_an_unknown_outcome_under_keep() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let pay = |key: &'static str, status: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .header("x-status", status)
+            .body("{}")
+            .send()
+    };
+    for (key, status) in [("k-500", "500"), ("k-504", "504")] {
+        let first = pay(key, status).await.unwrap();
+        assert_eq!(first.status().as_u16().to_string(), status);
+        assert!(first.headers().get("norepeat-gateway-outcome").is_none());
+        let body: Value = first.json().await.unwrap();
+        assert_eq!(body["path"], "/payments", "the backend's own answer");
+        assert_eq!(
+            code(pay(key, "201").await.unwrap()).await,
+            (StatusCode::CONFLICT, "idempotency_outcome_unknown".into())
+        );
+    }
+    assert_eq!(effects(&b).await["/payments"], 2, "one run per key");
+    for (key, status) in [("k-502", "502"), ("k-503", "503")] {
+        assert_eq!(
+            pay(key, status)
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+                .to_string(),
+            status
+        );
+        assert_eq!(
+            pay(key, "201").await.unwrap().status(),
+            201,
+            "{status} frees the key"
+        );
+    }
+    assert_eq!(effects(&b).await["/payments"], 6);
+    // `ambiguous: release` keeps the library's rule: a 500 frees the key.
+    let refund = |status: &'static str| {
+        c.post(url(&g, "/refunds"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-r500")
+            .header("x-status", status)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(refund("500").await.unwrap().status(), 500);
+    assert_eq!(refund("201").await.unwrap().status(), 201);
+    assert_eq!(effects(&b).await["/refunds"], 2);
+}
+
+/// Every request forwarded on an idempotency route carries
+/// `Idempotency-Attempt: 1` on its first attempt, whatever the client
+/// sent; no other route forwards a client's `Idempotency-Attempt`.
+#[tokio::test]
+async fn the_backend_is_told_the_attempt_and_the_client_cannot_forge_it() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let c = Client::new();
+    let res = c
+        .post(url(&g, "/payments"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-attempt")
+        .header("idempotency-attempt", "7")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let res = c
+        .post(url(&g, "/orders/quick"))
+        .header("x-user-id", "u1")
+        .header("idempotency-attempt", "7")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    assert_eq!(attempts(&b, "/payments").await, [Value::from("1")]);
+    assert_eq!(attempts(&b, "/orders/quick").await, [Value::Null]);
+}
+
+/// A token route whose backend could not be reached (502, nothing sent)
+/// does not use up the token: the retry with the same token reaches the
+/// backend once it is up. Before: 409 "already submitted", and no order.
+#[tokio::test]
+async fn a_token_is_not_used_up_by_a_request_that_never_reached_the_backend() {
+    let port = free_port();
+    let g = gateway(&file_for(port, "memory", ROUTES)).await;
+    let token = token_for(&g, "u1").await;
+    let order = || {
+        Client::new()
+            .post(url(&g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", token["repeatToken"].as_str().unwrap())
+            .send()
+    };
+    assert_eq!(
+        code(order().await.unwrap()).await,
+        (StatusCode::BAD_GATEWAY, "upstream_unavailable".into())
+    );
+    let b = backend(port).await;
+    assert_eq!(
+        order().await.unwrap().status(),
+        201,
+        "the token was used up"
+    );
+    assert_eq!(
+        code(order().await.unwrap()).await,
+        (StatusCode::CONFLICT, "duplicate_submission".into())
+    );
+    assert_eq!(effects(&b).await["/orders"], 1);
 }

@@ -335,15 +335,25 @@ fn set_path(req: &mut Request<Body>, path: &str) {
 /// refused the request because its store failed (it went through).
 pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
-    if res.headers_mut().remove(OUTCOME_HEADER).is_some() {
-        return if replayed {
-            (outcome_unknown(), Counted::Request(Outcome::Unknown))
-        } else {
-            (
-                upstream_timeout(),
-                Counted::Request(Outcome::UpstreamTimeout),
-            )
-        };
+    if let Some(outcome) = res.headers_mut().remove(OUTCOME_HEADER) {
+        if replayed {
+            return (outcome_unknown(), Counted::Request(Outcome::Unknown));
+        }
+        // The backend's own 500 or 504 (its status in the header): the
+        // client gets the backend's answer as it was.
+        let backend = outcome
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok());
+        if let Some(status) = backend {
+            *res.status_mut() = status;
+            return (res, Counted::Request(Outcome::Passed));
+        }
+        return (
+            upstream_timeout(),
+            Counted::Request(Outcome::UpstreamTimeout),
+        );
     }
     if let Some(p) = res.extensions().get::<Problem>() {
         let counted = of_code(p.code.as_str());

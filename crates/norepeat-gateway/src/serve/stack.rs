@@ -14,10 +14,10 @@ use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
 };
-use norepeat::idempotency::{DetachedTasks, IdempotencyLayer, StoredHeaders};
+use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
 use norepeat::problem::Problem;
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
-use norepeat::token::{TokenGuard, TokenLayer};
+use norepeat::token::{NotReached, TokenGuard, TokenLayer};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +71,7 @@ pub(super) fn stack(
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
+        idempotency: matches!(route.guard, Some(Guard::Idempotency { .. })),
         stopping: stopping.clone(),
         read_ahead: match route.guard {
             Some(Guard::Idempotency { .. }) => {
@@ -133,12 +134,20 @@ pub(super) fn stack(
         Some(Guard::Idempotency {
             required,
             retention,
-            ..
+            ambiguous,
         }) => {
+            // `keep`: a claim whose gateway died mid-request is an unknown
+            // outcome, like a timeout; `release`: a retry takes it over, and
+            // the backend is told the attempt.
+            let abandoned = match ambiguous {
+                Ambiguous::Keep => Abandoned::OutcomeUnknown,
+                Ambiguous::Release => Abandoned::Retry,
+            };
             boxed(
                 IdempotencyLayer::new(store.clone())
                     .required(*required)
                     .retention(*retention)
+                    .abandoned(abandoned)
                     .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
                     .max_request_body(max_body)
                     .on_store_failure(on_failure)
@@ -175,7 +184,11 @@ struct UpstreamStage {
     upstream: Arc<str>,
     timeout: Duration,
     metrics: Arc<RouteMetrics>,
+    /// `ambiguous: keep`: an unknown outcome is recorded.
     keep: bool,
+    /// An idempotency route: the backend is told the attempt
+    /// (`Idempotency-Attempt`).
+    idempotency: bool,
     /// On an idempotency route, `max_stored_response`: the answer's body
     /// is read that far before the layer gets it, so that one that breaks
     /// is an unknown outcome (504), not a status recorded without its body.
@@ -189,8 +202,32 @@ struct UpstreamStage {
     body_cap: Option<usize>,
 }
 
+/// The request header that tells the backend which attempt at its
+/// `Idempotency-Key` a request is: 1, then 2 after a take-over of an
+/// abandoned claim (`ambiguous: release`), and so on.
+pub(super) const IDEMPOTENCY_ATTEMPT: http::HeaderName =
+    http::HeaderName::from_static("idempotency-attempt");
+
+/// The backend's own statuses that leave the outcome unknown on a route
+/// with `ambiguous: keep`: an error inside the backend (500) or behind it
+/// (504), after which it may or may not have had its effect. 502 and 503
+/// say the request was not handled, and free the key.
+fn unknown_outcome(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
 impl UpstreamStage {
-    async fn call(self, req: Request<Body>) -> Response<Body> {
+    async fn call(self, mut req: Request<Body>) -> Response<Body> {
+        // The attempt is the gateway's to say; never the client's.
+        let attempt = req.extensions().get::<Attempt>().copied();
+        let headers = req.headers_mut();
+        headers.remove(IDEMPOTENCY_ATTEMPT);
+        if let (true, Some(a)) = (self.idempotency, attempt) {
+            headers.insert(IDEMPOTENCY_ATTEMPT, HeaderValue::from(u16::from(a.get())));
+        }
         let (req, over) = match self.body_cap {
             Some(max) if declares_over(req.headers(), max) => return payload_too_large(max),
             Some(max) => {
@@ -232,6 +269,16 @@ impl UpstreamStage {
             Ok(mut res) => {
                 // The backend cannot speak for the gateway.
                 res.headers_mut().remove(OUTCOME_HEADER);
+                if self.keep && unknown_outcome(res.status()) {
+                    // Stored by the idempotency layer as the key's record
+                    // (a 200 it keeps), carrying the backend's status, which
+                    // the client gets back with the backend's answer; a retry
+                    // meets the record: 409 `idempotency_outcome_unknown`.
+                    let status = res.status();
+                    *res.status_mut() = StatusCode::OK;
+                    res.headers_mut()
+                        .insert(OUTCOME_HEADER, HeaderValue::from(status.as_u16()));
+                }
                 res
             }
             Err(Failure::Unavailable) => upstream_unavailable(),
@@ -280,7 +327,10 @@ pub(super) fn upstream_unavailable() -> Response<Body> {
         "Upstream unavailable",
     )
     .detail("The upstream refused the connection or could not be reached; nothing reached it.");
-    problem_response(&p)
+    let mut res = problem_response(&p);
+    // Nothing was sent: a token route gives the token back for the retry.
+    res.extensions_mut().insert(NotReached);
+    res
 }
 
 pub(super) fn upstream_timeout() -> Response<Body> {
@@ -290,7 +340,7 @@ pub(super) fn upstream_timeout() -> Response<Body> {
 }
 
 pub(super) fn outcome_unknown() -> Response<Body> {
-    let p = Problem::custom(StatusCode::CONFLICT, "idempotency_outcome_unknown", "Idempotency outcome unknown")
-        .detail("An earlier request with this Idempotency-Key timed out upstream; its outcome is unknown, so it is not run again.");
+    let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
+        .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
     problem_response(&p)
 }
