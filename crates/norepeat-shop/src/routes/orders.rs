@@ -93,7 +93,7 @@ async fn create(
     operation_id = "createOrder",
     tag = "orders",
     description = "Places an order guarded by a repeat token (header `Repeat-Token` or query \
-`repeatToken`): a used, expired, unknown or another user's token answers 409 `duplicate_submission`. \
+`repeatToken`): a used, unknown or another user's token answers 409 `duplicate_submission`, an expired one 409 `token_expired`. \
 Without a `bizId`, the order's business key is derived from the token, so a replayed token makes one order even with the store down.",
     params(
         super::openapi::UserId,

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use axum::{Json, Router};
 use norepeat::degrade::FailurePolicy;
-use norepeat::idempotency::{IdempotencyError, IdempotencyLayer, IdempotentTx, TxError};
+use norepeat::idempotency::{Abandoned, IdempotencyError, IdempotencyLayer, IdempotentTx, TxError};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{ByClientIp, ByUser, ExtractKey, PeerAddr, RateLimitLayer, RateLimiter};
 use norepeat::store::KeyValueStore;
@@ -68,7 +68,14 @@ struct CreatePayment<'a>(&'a AppState);
 
 impl CreatePayment<'_> {
     fn layer<G: KeyValueStore + Clone>(&self, store: G) -> IdempotencyLayer<G> {
+        // The database is the last line: a payment commits in the shop's
+        // database (with its record, on the database store), and an order
+        // has at most one live payment. So a claim whose instance died
+        // mid-payment is taken over by the retry: it either finds nothing
+        // committed and pays once, or meets the payment that was
+        // (409 `order_not_payable`, naming it).
         IdempotencyLayer::new(store)
+            .abandoned(Abandoned::Retry)
             .route("/payments")
             .on_store_failure(FailurePolicy::FailClosed)
             .detached_tasks_in(&self.0.detached)

@@ -25,8 +25,8 @@ pub(crate) struct Unauthorized(Problem);
 #[allow(dead_code)]
 pub(crate) struct NotFound(Problem);
 
-/// 409: `duplicate_submission`, `out_of_stock`, `idempotency_key_in_use`,
-/// `invalid_transition` or `order_not_payable`.
+/// 409: `duplicate_submission`, `token_expired`, `out_of_stock`,
+/// `idempotency_key_in_use`, `invalid_transition` or `order_not_payable`.
 #[derive(ToResponse)]
 #[response(
     content_type = "application/problem+json",

@@ -213,9 +213,11 @@ pub(crate) enum ProblemCode {
     Unauthenticated,
     /// 400: token route without a repeat token.
     MissingToken,
-    /// 409: repeat token used, expired, unknown or another user's; or
-    /// fingerprint seen in its window.
+    /// 409: repeat token used, unknown or another user's; or fingerprint
+    /// seen in its window.
     DuplicateSubmission,
+    /// 409: repeat token past its life (fetch a new one).
+    TokenExpired,
     /// 409: not enough stock.
     OutOfStock,
     /// 404: unknown sku, order, payment or route.

@@ -61,6 +61,7 @@ fn problem_codes_are_those_of_the_contract() {
         "unauthenticated",
         "missing_token",
         "duplicate_submission",
+        "token_expired",
         "out_of_stock",
         "not_found",
         "payload_too_large",
