@@ -395,3 +395,80 @@ async fn store_failure_runs_unguarded_when_open_and_refuses_when_closed() {
     ));
     assert_eq!(down.runs.load(Ordering::SeqCst), 2);
 }
+
+/// A memory store whose `replace_if_equals` (how a result replaces its
+/// claim) waits at a gate: a store that hangs on the first completion
+/// write, then answers.
+#[derive(Clone, Default)]
+struct CompletionHangs {
+    inner: MemoryStore,
+    gate: Arc<tokio::sync::Notify>,
+    waiting: Arc<AtomicBool>,
+}
+
+impl norepeat::store::KeyValueStore for CompletionHangs {
+    async fn execute(
+        &self,
+        op: norepeat::store::KeyOp<'_>,
+    ) -> Result<norepeat::store::KeyReply, norepeat::store::StoreError> {
+        if matches!(op, norepeat::store::KeyOp::ReplaceIfEquals { .. }) {
+            let opened = self.gate.notified();
+            self.waiting.store(true, Ordering::SeqCst);
+            opened.await;
+        }
+        self.inner.execute(op).await
+    }
+    fn kind(&self) -> &'static str {
+        "completion-hangs"
+    }
+}
+
+impl norepeat::store::RateStore for CompletionHangs {
+    async fn rate(
+        &self,
+        op: norepeat::store::RateOp<'_>,
+    ) -> Result<norepeat::store::RateDecision, norepeat::store::StoreError> {
+        self.inner.rate(op).await
+    }
+}
+
+/// Once mode: a call dropped during its first completion write (the body
+/// done, the store hanging) still stores its result when the store
+/// answers, so a repeat gets it and the body never runs again. Before, the
+/// write was dropped with the call and the claim was left to its lease.
+#[tokio::test]
+async fn once_a_call_dropped_while_its_result_is_written_still_stores_it() {
+    use norepeat::attribute::Guarded;
+    let store = CompletionHangs::default();
+    let once = Guarded::once("tests::dropped_write").lease(Duration::from_secs(30));
+    let runs = Arc::new(AtomicU32::new(0));
+    let call = |n: u32| {
+        let (once, store, runs) = (once.clone(), store.clone(), Arc::clone(&runs));
+        async move {
+            once.run_once(&store, "order-9", async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, Error>(n)
+            })
+            .await
+        }
+    };
+    drop_when(call(1), "the result's write", || {
+        store.waiting.load(Ordering::SeqCst)
+    })
+    .await;
+    // The store answers now; the dropped call's write goes on.
+    store.gate.notify_waiters();
+    let stored = eventually("the result is stored", || async {
+        let held = store
+            .inner
+            .put_if_absent(&once.store_key("order-9"), b"x", Duration::from_secs(1))
+            .await
+            .unwrap();
+        held.filter(|v| v.first() == Some(&b'D'))
+    })
+    .await;
+    assert_eq!(&stored[..], b"D1");
+    store.waiting.store(false, Ordering::SeqCst);
+    assert_eq!(call(2).await, Ok(1), "the repeat gets the stored result");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

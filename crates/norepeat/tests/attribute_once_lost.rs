@@ -2,8 +2,9 @@
 //! so its claim is never deleted. Storing the result is tried again with
 //! backoff for up to the lease; a store back within it gets the result,
 //! and a repeat gets that result without running the body. A store away
-//! for the whole lease: the claim ends with its lease, a repeat runs
-//! again, and the loss is counted in `norepeat_once_completion_lost_total`.
+//! for the whole lease: the loss is counted in
+//! `norepeat_once_completion_lost_total`, and the claim, its lease passed,
+//! stays: a repeat gets `Rejected::OutcomeUnknown`, never a second run.
 //! A store that forgets (FLUSHALL) while the body runs: nothing is written
 //! back, and the loss is counted too.
 //!
