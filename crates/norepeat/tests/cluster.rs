@@ -407,13 +407,45 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
+    let held = send(&b, payment("slow", BODY, 0)).await;
+    assert_eq!(held.status, StatusCode::CONFLICT);
     assert_eq!(
-        send(&b, payment("slow", BODY, 0)).await.status,
-        StatusCode::CONFLICT
+        held.json()["code"],
+        "idempotency_key_in_use",
+        "the renewals moved the deadline in the record"
     );
     HOLD.close();
     let first = slow.await.unwrap();
     let replay = send(&b, payment("slow", BODY, 0)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A claim whose lease passes unrenewed (as when its instance dies) is
+    // an unknown outcome on the other instance, and is not forgotten: 409
+    // `idempotency_outcome_unknown`, until its owner, only slow here,
+    // completes it.
+    let runs = Runs::default();
+    let app = payments(
+        IdempotencyLayer::new(sa.clone())
+            .lease(Duration::from_millis(300))
+            .lease_renewal(false),
+        &runs,
+    );
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, payment("abandoned", BODY, 1_500)).await })
+    };
+    common::eventually("the unrenewed handler runs", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let unknown = send(&b, payment("abandoned", BODY, 0)).await;
+    assert_eq!(unknown.status, StatusCode::CONFLICT);
+    assert_eq!(unknown.json()["code"], "idempotency_outcome_unknown");
+    let first = slow.await.unwrap();
+    let replay = send(&b, payment("abandoned", BODY, 0)).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);

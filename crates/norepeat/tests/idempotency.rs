@@ -402,29 +402,35 @@ async fn a_claim_the_previous_release_wrote_is_honoured<G: Store + Clone>(store:
     let ttl = Duration::from_secs(60);
     let completed = store.put_if_absent(&key, b"x", ttl).await.unwrap().unwrap();
     assert_eq!(&completed[..2], &[2, 2], "a version-2 completed record");
-    let mut old_claim = vec![2u8, 1];
-    old_claim.extend_from_slice(&completed[2..18]);
-    old_claim.extend_from_slice(&[0xa5; 10]);
-    assert!(
-        store
-            .replace_if_equals(&key, &completed, &old_claim, ttl)
-            .await
-            .unwrap()
-    );
-
-    let retry = pay_with(&app, "u1", "k", BODY).await;
-    assert_eq!(retry.status, StatusCode::CONFLICT);
-    assert_eq!(retry.code(), "idempotency_key_in_use");
-    let other = pay_with(&app, "u1", "k", r#"{"orderId":"o1","amount":2000}"#).await;
-    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.code(), "idempotency_key_mismatch");
-    // The old instance completes (owner-checked on its own bytes).
-    assert!(
-        store
-            .replace_if_equals(&key, &old_claim, &completed, ttl)
-            .await
-            .unwrap()
-    );
+    // Version 2 (28 bytes) and version 3 (12 bytes, the release before
+    // this one): in progress, with no lease deadline.
+    let mut v2 = vec![2u8, 1];
+    v2.extend_from_slice(&completed[2..18]);
+    v2.extend_from_slice(&[0xa5; 10]);
+    let mut v3 = vec![3u8, 1];
+    v3.extend_from_slice(&completed[2..6]);
+    v3.extend_from_slice(&[0xa5; 6]);
+    for old_claim in [v2, v3] {
+        assert!(
+            store
+                .replace_if_equals(&key, &completed, &old_claim, ttl)
+                .await
+                .unwrap()
+        );
+        let retry = pay_with(&app, "u1", "k", BODY).await;
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        assert_eq!(retry.code(), "idempotency_key_in_use");
+        let other = pay_with(&app, "u1", "k", r#"{"orderId":"o1","amount":2000}"#).await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(other.code(), "idempotency_key_mismatch");
+        // The old instance completes (owner-checked on its own bytes).
+        assert!(
+            store
+                .replace_if_equals(&key, &old_claim, &completed, ttl)
+                .await
+                .unwrap()
+        );
+    }
     let replay = pay_with(&app, "u1", "k", BODY).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
