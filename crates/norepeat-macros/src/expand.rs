@@ -170,7 +170,14 @@ fn guarded(args: &Args, sig: &Signature) -> TokenStream2 {
             let d = millis(ms);
             quote!(.wait(#d))
         });
-        quote!(::norepeat::attribute::Guarded::once(#scope) #retention #lease #wait)
+        let abandoned = args.abandoned.map(|(retry, _)| {
+            if retry {
+                quote!(.abandoned(::norepeat::idempotency::Abandoned::Retry))
+            } else {
+                quote!(.abandoned(::norepeat::idempotency::Abandoned::OutcomeUnknown))
+            }
+        });
+        quote!(::norepeat::attribute::Guarded::once(#scope) #retention #lease #wait #abandoned)
     } else {
         let window = args.window.map_or_else(
             || quote!(::norepeat::attribute::DEFAULT_WINDOW),

@@ -9,7 +9,7 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, LitStr, Token};
 
 const OPTIONS: &str =
-    "store, key, mode, window, retention, lease, wait, scope, on_store_failure, tx";
+    "store, key, mode, window, retention, lease, wait, scope, on_store_failure, abandoned, tx";
 
 /// One `name = value` of the attribute.
 enum Opt {
@@ -52,12 +52,12 @@ impl Parse for Opt {
                 })?;
                 Ok(Opt::Tx(name, binding))
             }
-            "mode" | "on_store_failure" => {
+            "mode" | "on_store_failure" | "abandoned" => {
                 let word: Ident = input.parse().map_err(|e| {
-                    let expected = if n == "mode" {
-                        "`once` or `window`"
-                    } else {
-                        "`fail_open` or `fail_closed`"
+                    let expected = match n.as_str() {
+                        "mode" => "`once` or `window`",
+                        "abandoned" => "`unknown` or `retry`",
+                        _ => "`fail_open` or `fail_closed`",
                     };
                     syn::Error::new(e.span(), format!("`{n}` takes {expected}"))
                 })?;
@@ -96,6 +96,9 @@ pub(crate) struct Args {
     pub(crate) wait: Option<(u64, Span)>,
     pub(crate) scope: Option<LitStr>,
     pub(crate) fail_closed: bool,
+    /// `abandoned = retry` (`true`) or `unknown` (`false`): what a call does
+    /// with a claim whose owner died; the mode's default when absent.
+    pub(crate) abandoned: Option<(bool, Span)>,
     /// `tx = name`: once mode in a database transaction (`run_once_in_tx`).
     pub(crate) tx: Option<Ident>,
 }
@@ -120,6 +123,7 @@ impl Parse for Args {
             wait: None,
             scope: None,
             fail_closed: false,
+            abandoned: None,
             tx: None,
         };
         let mut seen: Vec<String> = Vec::new();
@@ -147,6 +151,21 @@ impl Parse for Args {
                         }
                     };
                     args.mode = Some((mode, w.span()));
+                }
+                Opt::Word(n, w) if n == "abandoned" => {
+                    let retry = match w.to_string().as_str() {
+                        "retry" => true,
+                        "unknown" => false,
+                        other => {
+                            return Err(syn::Error::new(
+                                w.span(),
+                                format!(
+                                    "unknown `abandoned` choice `{other}`; expected `unknown` (a dead call's outcome is unknown: never run again) or `retry` (a later call takes its claim over)"
+                                ),
+                            ));
+                        }
+                    };
+                    args.abandoned = Some((retry, w.span()));
                 }
                 Opt::Word(_, w) => {
                     args.fail_closed = match w.to_string().as_str() {
@@ -189,6 +208,12 @@ impl Parse for Args {
             return Err(syn::Error::new(
                 span,
                 "`window` is for the window mode; `mode = once` holds the key for `retention` instead",
+            ));
+        }
+        if let (false, Some((_, span))) = (once, args.abandoned) {
+            return Err(syn::Error::new(
+                span,
+                "`abandoned` is only for `mode = once`",
             ));
         }
         if !once {

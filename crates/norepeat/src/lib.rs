@@ -181,6 +181,8 @@ mod edge_tests;
 ///     wait = "2s",                         // once mode: how long a repeat waits for a running call (default 0)
 ///     scope = "billing::charge",           // default: the fn's module path and name
 ///     on_store_failure = fail_open | fail_closed, // default fail_open
+///     abandoned = unknown | retry,         // once mode: a claim whose call died (default unknown;
+///                                          // retry with `tx`)
 ///     tx = tx,                             // once mode on a SQL store: the body's writes and its
 ///                                          // stored result commit in one transaction named `tx`
 /// )]
@@ -223,10 +225,14 @@ mod edge_tests;
 ///   body; after the wait, `InProgress`. After an `Err` or
 ///   a panic the claim is released: a failure is never remembered, so the
 ///   next call (a redelivered message) runs again. A dropped future never
-///   frees the claim early (the body may have had its effect already): the
-///   claim is kept until its `lease` ends, and calls meanwhile get
-///   `InProgress`. See [`attribute`] for the detached variant that finishes the
-///   body and stores its result whatever the caller does.
+///   frees the claim early (the body may have had its effect already):
+///   calls get `InProgress` while its `lease` lasts, and then, the claim
+///   abandoned (its deadline passed with no result), [`Rejected::OutcomeUnknown`](attribute::Rejected::OutcomeUnknown)
+///   until the retention ends: the body is not run again. `abandoned =
+///   retry` lets a later call take the claim over and run the body again
+///   (the default with `tx`, whose effect commits with the result). See
+///   [`attribute`] for the detached variant that finishes the body and
+///   stores its result whatever the caller does.
 /// - **`on_store_failure`**: `fail_open` runs the body unguarded (keep a
 ///   unique key behind it); `fail_closed` refuses with
 ///   [`Rejected::Unavailable`](attribute::Rejected::Unavailable).

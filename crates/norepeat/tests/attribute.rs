@@ -472,3 +472,61 @@ async fn once_a_call_dropped_while_its_result_is_written_still_stores_it() {
     assert_eq!(call(2).await, Ok(1), "the repeat gets the stored result");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// `#[norepeat::guard(mode = once)]` and a call that died mid-body (here:
+/// dropped, so its claim is never renewed or completed): by default the
+/// next call, once the lease has passed, gets `Rejected::OutcomeUnknown`
+/// and the body never runs again; with `abandoned = retry` a later call
+/// takes the claim over and runs it (after the lease and a second for
+/// clocks that disagree).
+#[tokio::test]
+async fn once_an_abandoned_claim_is_an_unknown_outcome_or_taken_over() {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    #[norepeat::guard(store = store, key = "{id}", mode = once, lease = "300ms")]
+    async fn unknown(store: &MemoryStore, id: u32, hang: bool) -> Result<u32, Error> {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        Ok(id)
+    }
+    #[norepeat::guard(store = store, key = "{id}", mode = once, lease = "300ms", abandoned = retry)]
+    async fn retried(store: &MemoryStore, id: u32, hang: bool) -> Result<u32, Error> {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        Ok(id)
+    }
+    let store = MemoryStore::default();
+    drop_when(unknown(&store, 1, true), "the body runs", || {
+        RUNS.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(
+        unknown(&store, 1, false).await,
+        Err(Error::Refused(Rejected::InProgress))
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        unknown(&store, 1, false).await,
+        Err(Error::Refused(Rejected::OutcomeUnknown))
+    );
+    assert_eq!(RUNS.load(Ordering::SeqCst), 1, "the body ran again");
+
+    drop_when(retried(&store, 2, true), "the body runs", || {
+        RUNS.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let taken = eventually("the abandoned claim is taken over", || async {
+        match retried(&store, 2, false).await {
+            Err(Error::Refused(Rejected::InProgress)) => None,
+            other => Some(other),
+        }
+    })
+    .await;
+    assert_eq!(taken, Ok(2));
+    assert_eq!(RUNS.load(Ordering::SeqCst), 3);
+    assert_eq!(retried(&store, 2, false).await, Ok(2), "the stored result");
+    assert_eq!(RUNS.load(Ordering::SeqCst), 3);
+}
