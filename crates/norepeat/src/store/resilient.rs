@@ -19,11 +19,24 @@ use std::time::{Duration, Instant};
 /// A call that runs out of its budget records nothing then: silence does
 /// not teach the budget. If its answer still comes (the store's
 /// [`report_late_answers`](KeyValueStore::report_late_answers); the Redis
-/// store does), it is recorded at the time it really took, so a store that
-/// turns slow raises the budget within a few calls, and requests wait for
-/// it instead of failing open. A store that hangs (accepts, never answers)
-/// costs each request at most the budget it had before the hang, until
-/// the breaker opens; a store that is down answers errors at once. The current budget
+/// store does, and a wrapper must pass it on), it is recorded at the time
+/// it really took, so a store that turns slow raises the budget with its
+/// first late answer, and requests wait for it instead of failing open.
+/// Until that answer comes (a round trip of the slow store), a slow store
+/// cannot be told from a silent one: the calls of that moment time out at
+/// the old budget, and enough of them open the breaker. The late answer
+/// closes it again ([`Breaker::record_late_answer`]) if it took no longer
+/// than the ceiling: the budget now waits for such answers.
+///
+/// A store that hangs (accepts, never answers) costs each request at most
+/// the budget it had before the hang, and opens the breaker after as many
+/// calls as any failure; a store that is down answers errors at once. After
+/// 3 timeouts in a row, and once nothing at all (no answer, late or not)
+/// has come for the ceiling (at most 5 s), the store is asked to
+/// [`reconnect`](KeyValueStore::reconnect): a connection whose answers stopped
+/// never heals itself, but one whose answers come late is kept, so its
+/// late answers keep teaching the budget and no handshake is added to the
+/// next calls. The current budget
 /// is [`budget`](Self::budget), and the gauge `norepeat_store_budget_ms`.
 /// `timeout(d).max_timeout(d)` makes it fixed.
 ///
@@ -47,11 +60,15 @@ pub struct Resilient<S> {
     inner: S,
     budget: Arc<Budget>,
     breaker: Arc<Breaker>,
-    /// Timeouts since the last answer; past [`RECONNECT_AFTER`] the store is
-    /// asked to reconnect.
+    /// Timeouts since the last answer; past [`RECONNECT_AFTER`], and with
+    /// the store silent for a while (see [`Heard`]), the store is asked to
+    /// reconnect.
     timeouts: Arc<AtomicU32>,
+    /// When the store last answered anything, in time or late.
+    heard: Arc<Heard>,
     /// What the store reports late answers to (it holds this weakly): the
-    /// budget's [`Budget::observe`].
+    /// budget's [`Budget::observe`], the breaker and [`Heard`] (see
+    /// [`late_to`]).
     late: Arc<dyn Fn(Duration) + Send + Sync>,
 }
 
@@ -66,8 +83,49 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Resilient<S> {
 }
 
 /// Consecutive timed-out calls after which the store's connections are
-/// replaced: a connection whose replies stopped coming never heals itself.
+/// replaced, if the store has also been silent for a while (see
+/// [`Heard::silent_for`]): a connection whose replies stopped coming never
+/// heals itself. A connection whose replies come late is left alone: its
+/// late answers teach the budget (a fresh connection costs its handshake,
+/// one more round trip of a slow store, on top).
 const RECONNECT_AFTER: u32 = 3;
+/// The longest silence a reconnect waits for, whatever the ceiling.
+const MAX_SILENCE: Duration = Duration::from_secs(5);
+
+/// When the store last answered: a call's answer in time, an error it
+/// answered, or an answer that came after its caller gave up.
+#[derive(Debug)]
+struct Heard {
+    origin: Instant,
+    /// Milliseconds after `origin`.
+    at_ms: AtomicU64,
+}
+
+impl Heard {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The store answered now (or a fresh connection starts its wait now).
+    fn now(&self) {
+        self.at_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether nothing was heard for `quiet` or longer.
+    fn silent_for(&self, quiet: Duration) -> bool {
+        let since = self
+            .now_ms()
+            .saturating_sub(self.at_ms.load(Ordering::Relaxed));
+        u128::from(since) >= quiet.as_millis()
+    }
+}
 
 /// The default floor of the budget.
 const FLOOR: Duration = Duration::from_millis(50);
@@ -173,20 +231,23 @@ impl<S: KeyValueStore> Resilient<S> {
     pub fn new(inner: S) -> Self {
         let kind = inner.kind();
         let budget = Arc::new(Budget::new(FLOOR, CEILING, kind));
+        let breaker = Arc::new(Breaker::new(5, Duration::from_secs(1)));
+        let heard = Arc::new(Heard::new());
         Self {
-            late: late_to(&inner, &budget),
+            late: late_to(&inner, &budget, &breaker, &heard),
             inner,
             budget,
-            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
+            breaker,
             timeouts: Arc::new(AtomicU32::new(0)),
+            heard,
         }
         .breaker(5, Duration::from_secs(1))
     }
 
-    /// Replaces the budget (and what late answers teach).
+    /// Replaces the budget (what late answers teach is linked anew by
+    /// [`breaker`](Self::breaker), which every builder ends with).
     fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = Arc::new(budget);
-        self.late = late_to(&self.inner, &self.budget);
         self
     }
 
@@ -217,6 +278,8 @@ impl<S: KeyValueStore> Resilient<S> {
         // A probe reports just after its budget at the latest.
         let deadline = self.budget.ceiling.saturating_add(self.budget.ceiling / 10);
         self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
+        // Late answers go to this budget and this breaker.
+        self.late = late_to(&self.inner, &self.budget, &self.breaker, &self.heard);
         self
     }
 
@@ -269,12 +332,23 @@ impl<S: KeyValueStore> Resilient<S> {
         permit.record(result.is_ok());
         match &result {
             Err(StoreError::Timeout(_)) => {
-                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER {
+                // Only a store that is silent, not one whose answers come
+                // late, gets new connections: a reconnect while answers are
+                // on their way would make the next calls wait for a
+                // handshake too.
+                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER
+                    && self.heard.silent_for(self.budget.ceiling.min(MAX_SILENCE))
+                {
                     self.timeouts.store(0, Ordering::Relaxed);
+                    // The fresh connections get their own while to answer.
+                    self.heard.now();
                     self.inner.reconnect();
                 }
             }
-            Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
+            Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
+                self.timeouts.store(0, Ordering::Relaxed);
+                self.heard.now();
+            }
             Err(_) => {}
         }
         result
@@ -307,14 +381,26 @@ impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
     }
 }
 
-/// Asks `inner` to report its late answers to `budget`; the returned
-/// target must be kept (the store holds it weakly).
+/// Asks `inner` to report its late answers: each is recorded in `budget`
+/// at the time it took, marks the store as heard from (no reconnect while
+/// answers come, however late), and tells `breaker` the store is slow, not
+/// down, if the budget can now wait for such an answer (it took no longer
+/// than the ceiling). The returned target must be kept (the store holds it
+/// weakly).
 fn late_to<S: KeyValueStore>(
     inner: &S,
     budget: &Arc<Budget>,
+    breaker: &Arc<Breaker>,
+    heard: &Arc<Heard>,
 ) -> Arc<dyn Fn(Duration) + Send + Sync> {
-    let budget = Arc::clone(budget);
-    let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| budget.observe(took));
+    let (budget, breaker, heard) = (Arc::clone(budget), Arc::clone(breaker), Arc::clone(heard));
+    let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| {
+        heard.now();
+        budget.observe(took);
+        if took <= budget.ceiling {
+            breaker.record_late_answer();
+        }
+    });
     inner.report_late_answers(super::LateAnswers::new(&late));
     late
 }
