@@ -1092,6 +1092,9 @@ async fn a_slow_store_closes_its_breaker_and_keeps_its_connections(delay: Durati
     assert_eq!(post_order(&app_one, 0).await.status, StatusCode::OK);
     assert_eq!(post_order(&app_two, 1).await.status, StatusCode::OK);
     let connections = proxy.accepted_connections();
+    // Idle for longer than the ceiling: the last answer is old when the
+    // store turns slow, which is no silence.
+    tokio::time::sleep(CEILING + CEILING / 5).await;
 
     proxy.set_mode(ProxyMode::Delay(delay));
     let burst: Vec<_> = (0..20u64)

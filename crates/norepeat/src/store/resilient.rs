@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 /// the budget it had before the hang, and opens the breaker after as many
 /// calls as any failure; a store that is down answers errors at once. After
 /// 3 timeouts in a row, and once nothing at all (no answer, late or not)
-/// has come for the ceiling (at most 5 s), the store is asked to
+/// has come for the ceiling (at most 5 s) since the first of them was sent,
+/// the store is asked to
 /// [`reconnect`](KeyValueStore::reconnect): a connection whose answers stopped
 /// never heals itself, but one whose answers come late is kept, so its
 /// late answers keep teaching the budget and no handshake is added to the
@@ -60,14 +61,11 @@ pub struct Resilient<S> {
     inner: S,
     budget: Arc<Budget>,
     breaker: Arc<Breaker>,
-    /// Timeouts since the last answer; past [`RECONNECT_AFTER`], and with
-    /// the store silent for a while (see [`Heard`]), the store is asked to
-    /// reconnect.
-    timeouts: Arc<AtomicU32>,
-    /// When the store last answered anything, in time or late.
-    heard: Arc<Heard>,
+    /// The timeouts since the store last answered, and since when it has
+    /// been silent: past both, the store is asked to reconnect.
+    silence: Arc<Silence>,
     /// What the store reports late answers to (it holds this weakly): the
-    /// budget's [`Budget::observe`], the breaker and [`Heard`] (see
+    /// budget's [`Budget::observe`], the breaker and [`Silence`] (see
     /// [`late_to`]).
     late: Arc<dyn Fn(Duration) + Send + Sync>,
 }
@@ -83,47 +81,60 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Resilient<S> {
 }
 
 /// Consecutive timed-out calls after which the store's connections are
-/// replaced, if the store has also been silent for a while (see
-/// [`Heard::silent_for`]): a connection whose replies stopped coming never
-/// heals itself. A connection whose replies come late is left alone: its
-/// late answers teach the budget (a fresh connection costs its handshake,
-/// one more round trip of a slow store, on top).
+/// replaced, if nothing has been heard from the store since the first of
+/// them was sent, for a while (see [`Silence`]): a connection whose replies
+/// stopped coming never heals itself. A connection whose replies come late
+/// is left alone: its late answers teach the budget (a fresh connection
+/// costs its handshake, one more round trip of a slow store, on top).
 const RECONNECT_AFTER: u32 = 3;
 /// The longest silence a reconnect waits for, whatever the ceiling.
 const MAX_SILENCE: Duration = Duration::from_secs(5);
 
-/// When the store last answered: a call's answer in time, an error it
-/// answered, or an answer that came after its caller gave up.
+/// Whether the store has gone silent: the calls that timed out since it
+/// last answered (in time or late), and when the first of them was sent.
 #[derive(Debug)]
-struct Heard {
-    origin: Instant,
-    /// Milliseconds after `origin`.
-    at_ms: AtomicU64,
+struct Silence {
+    timeouts: AtomicU32,
+    /// When the first of `timeouts` was sent (read and written only on a
+    /// timeout).
+    since: Mutex<Instant>,
 }
 
-impl Heard {
+impl Silence {
     fn new() -> Self {
         Self {
-            origin: Instant::now(),
-            at_ms: AtomicU64::new(0),
+            timeouts: AtomicU32::new(0),
+            since: Mutex::new(Instant::now()),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// The store answered (a call in time, an error of its own, or a call
+    /// whose caller had given up): it is not silent.
+    fn answered(&self) {
+        self.timeouts.store(0, Ordering::Relaxed);
     }
 
-    /// The store answered now (or a fresh connection starts its wait now).
-    fn now(&self) {
-        self.at_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Whether nothing was heard for `quiet` or longer.
-    fn silent_for(&self, quiet: Duration) -> bool {
-        let since = self
-            .now_ms()
-            .saturating_sub(self.at_ms.load(Ordering::Relaxed));
-        u128::from(since) >= quiet.as_millis()
+    /// A call sent at `sent` timed out. Whether the store is to reconnect:
+    /// [`RECONNECT_AFTER`] calls in a row timed out, and nothing at all has
+    /// come from it for `quiet` since the first of them was sent. (Not
+    /// since its last answer: a store idle for an hour that turns slow is
+    /// not silent for an hour.) Then the count starts again, so that the
+    /// fresh connections get their own while.
+    fn timed_out(&self, sent: Instant, quiet: Duration) -> bool {
+        let n = self.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut since = self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if n == 1 {
+            *since = sent;
+            return false;
+        }
+        if n >= RECONNECT_AFTER && since.elapsed() >= quiet {
+            self.timeouts.store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 }
 
@@ -232,14 +243,13 @@ impl<S: KeyValueStore> Resilient<S> {
         let kind = inner.kind();
         let budget = Arc::new(Budget::new(FLOOR, CEILING, kind));
         let breaker = Arc::new(Breaker::new(5, Duration::from_secs(1)));
-        let heard = Arc::new(Heard::new());
+        let silence = Arc::new(Silence::new());
         Self {
-            late: late_to(&inner, &budget, &breaker, &heard),
+            late: late_to(&inner, &budget, &breaker, &silence),
             inner,
             budget,
             breaker,
-            timeouts: Arc::new(AtomicU32::new(0)),
-            heard,
+            silence,
         }
         .breaker(5, Duration::from_secs(1))
     }
@@ -279,7 +289,7 @@ impl<S: KeyValueStore> Resilient<S> {
         let deadline = self.budget.ceiling.saturating_add(self.budget.ceiling / 10);
         self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
         // Late answers go to this budget and this breaker.
-        self.late = late_to(&self.inner, &self.budget, &self.breaker, &self.heard);
+        self.late = late_to(&self.inner, &self.budget, &self.breaker, &self.silence);
         self
     }
 
@@ -336,18 +346,13 @@ impl<S: KeyValueStore> Resilient<S> {
                 // late, gets new connections: a reconnect while answers are
                 // on their way would make the next calls wait for a
                 // handshake too.
-                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER
-                    && self.heard.silent_for(self.budget.ceiling.min(MAX_SILENCE))
-                {
-                    self.timeouts.store(0, Ordering::Relaxed);
-                    // The fresh connections get their own while to answer.
-                    self.heard.now();
+                let quiet = self.budget.ceiling.min(MAX_SILENCE);
+                if self.silence.timed_out(started, quiet) {
                     self.inner.reconnect();
                 }
             }
             Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
-                self.timeouts.store(0, Ordering::Relaxed);
-                self.heard.now();
+                self.silence.answered();
             }
             Err(_) => {}
         }
@@ -382,7 +387,7 @@ impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
 }
 
 /// Asks `inner` to report its late answers: each is recorded in `budget`
-/// at the time it took, marks the store as heard from (no reconnect while
+/// at the time it took, counts as an answer (no reconnect while
 /// answers come, however late), and tells `breaker` the store is slow, not
 /// down, if the budget can now wait for such an answer (it took no longer
 /// than the ceiling). The returned target must be kept (the store holds it
@@ -391,11 +396,11 @@ fn late_to<S: KeyValueStore>(
     inner: &S,
     budget: &Arc<Budget>,
     breaker: &Arc<Breaker>,
-    heard: &Arc<Heard>,
+    silence: &Arc<Silence>,
 ) -> Arc<dyn Fn(Duration) + Send + Sync> {
-    let (budget, breaker, heard) = (Arc::clone(budget), Arc::clone(breaker), Arc::clone(heard));
+    let (budget, breaker, silence) = (Arc::clone(budget), Arc::clone(breaker), Arc::clone(silence));
     let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| {
-        heard.now();
+        silence.answered();
         budget.observe(took);
         if took <= budget.ceiling {
             breaker.record_late_answer();
@@ -425,6 +430,31 @@ mod tests {
             .max_timeout(Duration::MAX)
             .timeout(Duration::MAX);
         assert!(store.budget() > Duration::from_secs(1 << 40));
+    }
+
+    /// Silence is counted from the first timed-out call, not from the
+    /// last answer: a store idle for long that turns slow is not taken for
+    /// a silent one at its third timeout (before, it was: its last answer
+    /// was old, and its connections were replaced at once).
+    #[test]
+    fn silence_counts_from_the_first_timeout_and_any_answer_ends_it() {
+        let quiet = 1000 * MS;
+        let s = Silence::new();
+        let now = Instant::now();
+        for n in 1..=5 {
+            assert!(!s.timed_out(now, quiet), "timeout {n}, just sent");
+        }
+        let long_ago = now.checked_sub(2 * quiet).unwrap_or(now);
+        let s = Silence::new();
+        assert!(!s.timed_out(long_ago, quiet));
+        assert!(!s.timed_out(now, quiet), "two timeouts are not silence");
+        assert!(s.timed_out(now, quiet), "three, the first sent long ago");
+        assert!(!s.timed_out(now, quiet), "the count starts again");
+        let s = Silence::new();
+        assert!(!s.timed_out(long_ago, quiet));
+        s.answered();
+        assert!(!s.timed_out(now, quiet));
+        assert!(!s.timed_out(now, quiet), "answered since: not silent");
     }
 
     #[test]
