@@ -133,9 +133,9 @@ pub trait KeyValueStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Drops the store's connections and makes fresh ones. Called by
-    /// [`Resilient`](super::Resilient) after repeated timeouts, the sign of
-    /// a connection whose replies will never come. The default does
-    /// nothing.
+    /// [`Resilient`](super::Resilient) after repeated timeouts with no
+    /// answer at all (late or not) for a while, the sign of a connection
+    /// whose replies will never come. The default does nothing.
     fn reconnect(&self) {}
 
     /// Asks the store to report, to `to`, the latency of each answer that
