@@ -1228,3 +1228,34 @@ async fn a_hanging_store_opens_the_breaker_after_its_threshold_and_is_reconnecte
     drop(proxy);
     assert_every_key_expires(&redis).await;
 }
+
+/// A reconnect does not lose the answers on their way: a call times out on
+/// a slow store, its connections are replaced at once, and its late answer,
+/// which comes on the old connection, still raises the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_answers_still_count_after_a_reconnect() {
+    use norepeat::store::KeyValueStore as _;
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(10, Duration::from_secs(60));
+    let ttl = Duration::from_secs(5);
+    store.put_if_absent("warm", b"v", ttl).await.unwrap();
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(100)));
+    let answer = store.put_if_absent("slow", b"v", ttl).await;
+    assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+    store.reconnect();
+    let raised = eventually(Duration::from_secs(10), || async {
+        store.budget() > Duration::from_millis(200)
+    })
+    .await;
+    assert!(
+        raised,
+        "the late answer was lost with the old connection: {:?}",
+        store.budget()
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
