@@ -1259,3 +1259,32 @@ async fn late_answers_still_count_after_a_reconnect() {
     drop(proxy);
     assert_every_key_expires(&redis).await;
 }
+
+/// A late answer that is an error (`OOM`) is no sign that the store works:
+/// the breaker it opened stays open (the cool-down is a minute). Before,
+/// any late answer closed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_error_answer_does_not_close_the_breaker() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(1, Duration::from_secs(60));
+    let ttl = Duration::from_secs(5);
+    store.put_if_absent("warm", b"v", ttl).await.unwrap();
+    redis.config_set("maxmemory-policy", "noeviction").await;
+    redis.config_set("maxmemory", "1").await;
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(60)));
+    let answer = store.put_if_absent("oom", b"v", ttl).await;
+    assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+    assert_eq!(store.circuit().state(), BreakerState::Open);
+    // Its answer, an OOM, comes within about 120 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.circuit().state(),
+        BreakerState::Open,
+        "a late OOM closed the breaker"
+    );
+    redis.config_set("maxmemory", "0").await;
+    proxy.set_mode(ProxyMode::Pass);
+}
