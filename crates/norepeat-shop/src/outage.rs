@@ -5,7 +5,7 @@
 //! same over the memory store and over a Redis the storm must not kill.
 
 use norepeat::store::{
-    KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError,
+    KeyOp, KeyReply, KeyValueStore, LateAnswers, RateDecision, RateOp, RateStore, StoreError,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +50,11 @@ impl<S: KeyValueStore> KeyValueStore for Outage<S> {
     }
     fn reconnect(&self) {
         self.inner.reconnect();
+    }
+    // Passed on, or the budget never learns that the store turned slow:
+    // every late answer would be taken for silence.
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.inner.report_late_answers(to);
     }
 }
 

@@ -321,7 +321,9 @@ async fn redis_killed_mid_run_fail_open_keeps_deciding() {
 
 /// A stalled Redis (hanging, or 300 ms a reply) costs each request at most
 /// its adapted budget (never past the 1 s ceiling) plus a margin; once the
-/// breaker is open, nothing at all.
+/// breaker is open, a hanging one costs nothing at all. A slow one's late
+/// answers close the breaker again, with a budget that waits for them
+/// (slow is not down).
 async fn stalled_redis_costs_at_most_the_budget(mode: ProxyMode) {
     let redis = RedisServer::start().await;
     let proxy = TcpProxy::start(redis.addr()).await;
@@ -343,6 +345,25 @@ async fn stalled_redis_costs_at_most_the_budget(mode: ProxyMode) {
         );
     }
 
+    if mode != ProxyMode::Swallow {
+        let closed = eventually(Duration::from_secs(10), || async {
+            store.primary().circuit().state() == BreakerState::Closed
+        })
+        .await;
+        assert!(
+            closed,
+            "the late answers of a slow store did not close the breaker"
+        );
+        let budget = store.primary().budget();
+        assert!(
+            budget <= CEILING,
+            "the budget passed its ceiling: {budget:?}"
+        );
+        proxy.set_mode(ProxyMode::Pass);
+        drop(proxy);
+        assert_every_key_expires(&redis).await;
+        return;
+    }
     // Open: the store is skipped, no budget is paid.
     let started = Instant::now();
     for i in 0..50 {
@@ -1036,4 +1057,234 @@ async fn silence_does_not_teach_the_budget_but_late_answers_do() {
         store.budget()
     );
     slow.set_mode(ProxyMode::Pass);
+}
+
+/// The store a shop builds (the default adaptive budget, a breaker of 5)
+/// over `url`, with a local fallback; its breaker cools down for a minute,
+/// so that no probe closes it during a test: only answers do.
+async fn shop_like_store(url: &str) -> FailOpenStore {
+    Fallback::new(
+        Resilient::new(redis_store(url).await).breaker(5, Duration::from_secs(60)),
+        MemoryStore::new(10_000),
+    )
+}
+
+/// Slow is not down (issue 36): two instances over one Redis whose every
+/// answer comes `delay` late each way. A burst of different orders times
+/// out at the 50 ms floor (a slow store looks silent until its first
+/// answer comes) and may open the breakers; the late answers then raise
+/// the budget and close them (the cool-down is a minute: no probe does),
+/// no connection is replaced while answers come, and identical requests
+/// sent to both instances at once are admitted once.
+///
+/// Before: after three timeouts the connections were replaced (the next
+/// calls waited for a handshake through the slow proxy too), the breakers
+/// stayed open until a probe, and at 300 ms no answer came at all (the
+/// connections gave up on an answer after 500 ms).
+async fn a_slow_store_closes_its_breaker_and_keeps_its_connections(delay: Duration) {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let one = shop_like_store(&proxy.url_for_redis()).await;
+    let two = shop_like_store(&proxy.url_for_redis()).await;
+    let window = Duration::from_secs(30);
+    let app_one = fingerprint_app(FingerprintGuard::new(one.clone()).window(window));
+    let app_two = fingerprint_app(FingerprintGuard::new(two.clone()).window(window));
+    assert_eq!(post_order(&app_one, 0).await.status, StatusCode::OK);
+    assert_eq!(post_order(&app_two, 1).await.status, StatusCode::OK);
+    let connections = proxy.accepted_connections();
+    // Idle for longer than the ceiling: the last answer is old when the
+    // store turns slow, which is no silence.
+    tokio::time::sleep(CEILING + CEILING / 5).await;
+
+    proxy.set_mode(ProxyMode::Delay(delay));
+    let burst: Vec<_> = (0..20u64)
+        .map(|n| {
+            let app = if n % 2 == 0 { &app_one } else { &app_two }.clone();
+            tokio::spawn(async move { post_order(&app, 100 + n).await.status })
+        })
+        .collect();
+    for t in burst {
+        assert_eq!(t.await.expect("no panic"), StatusCode::OK);
+    }
+    let closed = eventually(Duration::from_secs(10), || async {
+        one.primary().circuit().state() == BreakerState::Closed
+            && two.primary().circuit().state() == BreakerState::Closed
+    })
+    .await;
+    assert!(
+        closed,
+        "the breakers stayed {:?} / {:?} while the store answered {delay:?} late each way",
+        one.primary().circuit().state(),
+        two.primary().circuit().state()
+    );
+    for store in [&one, &two] {
+        let budget = store.primary().budget();
+        assert!(budget > delay * 2, "the budget did not rise: {budget:?}");
+    }
+
+    for n in 300..305 {
+        let (a, b) = tokio::join!(post_order(&app_one, n), post_order(&app_two, n));
+        let mut statuses = [a.status, b.status];
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            [StatusCode::OK, StatusCode::CONFLICT],
+            "request {n} to two instances: {:?} / {:?}",
+            a.body,
+            b.body
+        );
+    }
+    assert_eq!(one.primary().circuit().state(), BreakerState::Closed);
+    assert_eq!(two.primary().circuit().state(), BreakerState::Closed);
+    assert_eq!(
+        proxy.accepted_connections(),
+        connections,
+        "connections were replaced while the store answered, late"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_80ms_slow_closes_its_breaker_and_keeps_its_connections() {
+    a_slow_store_closes_its_breaker_and_keeps_its_connections(Duration::from_millis(80)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_300ms_slow_closes_its_breaker_and_keeps_its_connections() {
+    a_slow_store_closes_its_breaker_and_keeps_its_connections(Duration::from_millis(300)).await;
+}
+
+/// A Redis that hangs still opens the breaker after as many calls as
+/// before the late answers could close it (the threshold), each call
+/// costing at most the budget it had before the hang; and once it has
+/// been silent for a while its connections are replaced, so that it is
+/// used again when it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_store_opens_the_breaker_after_its_threshold_and_is_reconnected() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .breaker(5, Duration::from_millis(300));
+    let ttl = Duration::from_secs(5);
+    for i in 0..5 {
+        store
+            .put_if_absent(&format!("warm{i}"), b"v", ttl)
+            .await
+            .unwrap();
+    }
+    let before = store.budget();
+    let connections = proxy.accepted_connections();
+
+    proxy.set_mode(ProxyMode::Swallow);
+    for i in 1..=5 {
+        let started = Instant::now();
+        let answer = store.put_if_absent(&format!("hang{i}"), b"v", ttl).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(answer, Err(StoreError::Timeout(_))),
+            "call {i}: {answer:?}"
+        );
+        assert!(took <= before + MARGIN, "call {i} waited {took:?}");
+        let expected = if i < 5 {
+            BreakerState::Closed
+        } else {
+            BreakerState::Open
+        };
+        assert_eq!(
+            store.circuit().state(),
+            expected,
+            "after {i} timed-out calls"
+        );
+    }
+    // The probes keep timing out; once the store has been silent for a
+    // while, fresh connections are made.
+    let mut n = 0;
+    let replaced = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let (store, key, proxy) = (&store, format!("probe{n}"), &proxy);
+        async move {
+            let _ = store.put_if_absent(&key, b"v", ttl).await;
+            proxy.accepted_connections() > connections
+        }
+    })
+    .await;
+    assert!(
+        replaced,
+        "the connections of a silent store were not replaced"
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    let back = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let (store, key) = (&store, format!("back{n}"));
+        async move {
+            let _ = store.put_if_absent(&key, b"v", ttl).await;
+            store.circuit().state() == BreakerState::Closed
+        }
+    })
+    .await;
+    assert!(back, "the store was not used again once it answered");
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
+
+/// A reconnect does not lose the answers on their way: a call times out on
+/// a slow store, its connections are replaced at once, and its late answer,
+/// which comes on the old connection, still raises the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_answers_still_count_after_a_reconnect() {
+    use norepeat::store::KeyValueStore as _;
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(10, Duration::from_secs(60));
+    let ttl = Duration::from_secs(5);
+    store.put_if_absent("warm", b"v", ttl).await.unwrap();
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(100)));
+    let answer = store.put_if_absent("slow", b"v", ttl).await;
+    assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+    store.reconnect();
+    let raised = eventually(Duration::from_secs(10), || async {
+        store.budget() > Duration::from_millis(200)
+    })
+    .await;
+    assert!(
+        raised,
+        "the late answer was lost with the old connection: {:?}",
+        store.budget()
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
+
+/// A late answer that is an error (`OOM`) is no sign that the store works:
+/// the breaker it opened stays open (the cool-down is a minute). Before,
+/// any late answer closed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_error_answer_does_not_close_the_breaker() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .timeout(BUDGET)
+        .breaker(1, Duration::from_secs(60));
+    let ttl = Duration::from_secs(5);
+    store.put_if_absent("warm", b"v", ttl).await.unwrap();
+    redis.config_set("maxmemory-policy", "noeviction").await;
+    redis.config_set("maxmemory", "1").await;
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(60)));
+    let answer = store.put_if_absent("oom", b"v", ttl).await;
+    assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+    assert_eq!(store.circuit().state(), BreakerState::Open);
+    // Its answer, an OOM, comes within about 120 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.circuit().state(),
+        BreakerState::Open,
+        "a late OOM closed the breaker"
+    );
+    redis.config_set("maxmemory", "0").await;
+    proxy.set_mode(ProxyMode::Pass);
 }

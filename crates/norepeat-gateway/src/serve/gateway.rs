@@ -19,8 +19,11 @@ use norepeat::idempotency::DetachedTasks;
 
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
-use norepeat::store::{AnyStore, KeyValueStoreExt, Resilient, StoreError};
+use norepeat::store::{AnyStore, Breaker, Fallback, KeyValueStoreExt, LateAnswers, MemoryStore};
+use norepeat::store::{KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore};
+use norepeat::store::{Resilient, StoreError};
 use norepeat::token::{TokenGuard, TokenSigner};
+use std::cell::Cell;
 use std::convert::Infallible;
 
 use std::sync::Arc;
@@ -30,8 +33,137 @@ use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 
 /// The store every route shares: the file's store behind the library's
-/// time budget and circuit breaker.
-pub type SharedStore = Resilient<AnyStore>;
+/// time budget and circuit breaker, and, for the routes that fail open, a
+/// bounded local memory behind that ([`Fallback`], 100,000 keys that
+/// expire with their TTL): while the store is down such a route still
+/// catches the repeats that reach this instance. A fail-closed route gets
+/// the same store without the memory ([`closed`](Self::closed)): a failure
+/// stays a failure, and the route refuses.
+///
+/// ```
+/// use norepeat::store::{AnyStore, BreakerState, KeyValueStore};
+/// use norepeat_gateway::serve::SharedStore;
+/// let open = SharedStore::new(AnyStore::Memory(Default::default()));
+/// let closed = open.closed();
+/// assert_eq!(closed.circuit().state(), BreakerState::Closed);
+/// assert_eq!(open.inner().kind(), "memory");
+/// ```
+#[derive(Debug, Clone)]
+pub struct SharedStore(Fallback<Noted<Resilient<AnyStore>>>);
+
+tokio::task_local! {
+    /// Set while a request is dispatched when the store failed one of its
+    /// decisions (a claim, a rate): a fail-open route then decided against
+    /// the local memory, and a request it let through is counted as failed
+    /// open, not as passed (see [`dispatch`]).
+    static STORE_FAILED: Cell<bool>;
+}
+
+/// The file's store as the local memory's [`Fallback`] sees it: a decision
+/// it fails is noted for the request being dispatched ([`STORE_FAILED`]).
+#[derive(Debug, Clone)]
+struct Noted<S>(S);
+
+fn note_failure() {
+    // Outside a dispatch (a task of its own): nothing to count.
+    let _ = STORE_FAILED.try_with(|failed| failed.set(true));
+}
+
+impl<S: KeyValueStore> KeyValueStore for Noted<S> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        let decision = matches!(op, KeyOp::PutIfAbsent { .. });
+        let answer = self.0.execute(op).await;
+        if decision && answer.is_err() {
+            note_failure();
+        }
+        answer
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.0.report_late_answers(to);
+    }
+}
+
+impl<S: RateStore> RateStore for Noted<S> {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        let answer = self.0.rate(op).await;
+        if answer.is_err() {
+            note_failure();
+        }
+        answer
+    }
+}
+
+impl SharedStore {
+    /// `store` behind the default budget and breaker, with the local
+    /// memory (none over a memory store: it does not fail).
+    #[must_use]
+    pub fn new(store: AnyStore) -> Self {
+        let memory = matches!(store, AnyStore::Memory(_));
+        let primary = Noted(Resilient::new(store));
+        Self(if memory {
+            Fallback::disabled(primary)
+        } else {
+            Fallback::new(primary, MemoryStore::default())
+        })
+    }
+
+    /// The same store (its budget, breaker and connections) without the
+    /// local memory: for a fail-closed route.
+    #[must_use]
+    pub fn closed(&self) -> Self {
+        Self(Fallback::disabled(self.0.primary().clone()))
+    }
+
+    /// This store for a route that follows `policy`.
+    fn for_route(&self, policy: OnStoreFailure) -> Self {
+        match policy {
+            OnStoreFailure::Open => self.clone(),
+            OnStoreFailure::Closed => self.closed(),
+        }
+    }
+
+    /// The breaker in front of the file's store.
+    #[must_use]
+    pub fn circuit(&self) -> &Breaker {
+        self.0.primary().0.circuit()
+    }
+
+    /// The file's store.
+    #[must_use]
+    pub fn inner(&self) -> &AnyStore {
+        self.0.primary().0.inner()
+    }
+}
+
+impl KeyValueStore for SharedStore {
+    fn execute(&self, op: KeyOp<'_>) -> impl Future<Output = Result<KeyReply, StoreError>> + Send {
+        self.0.execute(op)
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.0.report_late_answers(to);
+    }
+}
+
+impl RateStore for SharedStore {
+    fn rate(
+        &self,
+        op: RateOp<'_>,
+    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
+        self.0.rate(op)
+    }
+}
 
 /// A route's whole stack.
 pub(super) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
@@ -86,7 +218,11 @@ pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
     pub(super) upstream: Arc<str>,
     pub(super) caller: Caller,
+    /// Issues the tokens; the guard of the fail-open token routes.
     pub(super) tokens: Option<TokenGuard<SharedStore>>,
+    /// The same signer over the store without its local memory: the guard
+    /// of the fail-closed token routes.
+    pub(super) closed_tokens: Option<TokenGuard<SharedStore>>,
     pub(super) all_fail_open: bool,
 }
 
@@ -106,7 +242,7 @@ impl Gateway {
         config: &Config,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, StoreError> {
-        let store = Resilient::new(AnyStore::from_url(config.store.as_url()).await?);
+        let store = SharedStore::new(AnyStore::from_url(config.store.as_url()).await?);
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
@@ -135,15 +271,10 @@ impl Gateway {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
         let old = self.live.load();
-        let routes = Routes::build(
-            config,
-            &self.store,
-            &self.detached,
-            &self.stopping,
-            old.tokens.clone(),
-        )
-        .await
-        .map_err(|e| format!("store: {e}"))?;
+        let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
+        let routes = Routes::build(config, &self.store, &self.detached, &self.stopping, tokens)
+            .await
+            .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
         self.live.store(Arc::new(routes));
         Ok(n)
@@ -162,34 +293,46 @@ impl Routes {
         store: &SharedStore,
         detached: &DetachedTasks,
         stopping: &CancellationToken,
-        tokens: Option<TokenGuard<SharedStore>>,
+        tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
         let wants_tokens = config
             .routes
             .iter()
             .any(|r| matches!(r.guard, Some(Guard::Token)));
-        let tokens = match tokens {
-            Some(t) if config.token_secret.is_none() => Some(t),
+        let (tokens, closed_tokens) = match tokens {
+            Some((open, closed)) if config.token_secret.is_none() => (Some(open), Some(closed)),
             _ if wants_tokens => {
-                let secret = token_secret(config, store).await?;
-                Some(TokenGuard::new(store.clone(), TokenSigner::new(secret)))
+                // From the store itself, never from the local memory: an
+                // instance that made up its own secret would refuse every
+                // other instance's tokens.
+                let signer = TokenSigner::new(token_secret(config, &store.closed()).await?);
+                (
+                    Some(TokenGuard::new(store.clone(), signer.clone())),
+                    Some(TokenGuard::new(store.closed(), signer)),
+                )
             }
-            _ => None,
+            _ => (None, None),
         };
         let list = config
             .routes
             .iter()
             .map(|r| {
                 let metrics = Arc::new(RouteMetrics::new(r.matcher.to_string().into()));
+                // A fail-open route decides against the local memory while
+                // the store is down; a fail-closed one refuses.
+                let tokens = match r.on_store_failure {
+                    OnStoreFailure::Open => tokens.as_ref(),
+                    OnStoreFailure::Closed => closed_tokens.as_ref(),
+                };
                 Compiled {
                     matcher: r.matcher.clone(),
                     service: stack(
                         r,
-                        store,
+                        &store.for_route(r.on_store_failure),
                         &caller,
                         (detached, stopping),
-                        tokens.as_ref(),
+                        tokens,
                         &metrics,
                     ),
                     metrics,
@@ -201,6 +344,7 @@ impl Routes {
             upstream: config.upstream.as_str().into(),
             caller,
             tokens,
+            closed_tokens,
             all_fail_open: config
                 .routes
                 .iter()
@@ -278,13 +422,19 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
             Err(Failure::Timeout) => upstream_timeout(),
         };
     };
-    let res = match route.service.clone().oneshot(req).await {
-        Ok(res) => res,
-        Err(never) => match never {},
-    };
+    let (res, decided_locally) = STORE_FAILED
+        .scope(Cell::new(false), async {
+            let res = match route.service.clone().oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            };
+            (res, STORE_FAILED.with(Cell::get))
+        })
+        .await;
     // Before `finish`, which may answer with a response of its own.
     let store_failed = super::shadow::count(&route.metrics, &res);
-    let (res, counted) = finish(res, store_failed);
+    // Let through by the local memory, the store down: failed open.
+    let (res, counted) = finish(res, store_failed || decided_locally);
     route.metrics.count(counted);
     res
 }
@@ -331,8 +481,9 @@ fn set_path(req: &mut Request<Body>, path: &str) {
 }
 
 /// Turns the upstream stage's "unknown" record into the client's answer,
-/// and names the outcome. `store_failed`: a shadowed guard would have
-/// refused the request because its store failed (it went through).
+/// and names the outcome. `store_failed`: the store failed the request's
+/// decision and it went through anyway (a shadowed guard would have
+/// refused it, or the local memory of a fail-open route admitted it).
 pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
     if let Some(outcome) = res.headers_mut().remove(OUTCOME_HEADER) {

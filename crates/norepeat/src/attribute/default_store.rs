@@ -2,7 +2,7 @@
 
 use super::Rejected;
 use crate::store::{
-    KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, Store, StoreError,
+    KeyOp, KeyReply, KeyValueStore, LateAnswers, RateDecision, RateOp, RateStore, Store, StoreError,
 };
 
 use futures_util::future::BoxFuture;
@@ -87,6 +87,7 @@ trait ErasedStore: Send + Sync + 'static {
     fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
     fn kind(&self) -> &'static str;
     fn reconnect(&self);
+    fn report_late_answers(&self, to: LateAnswers);
 }
 
 impl<S: Store> ErasedStore for S {
@@ -102,6 +103,9 @@ impl<S: Store> ErasedStore for S {
     fn reconnect(&self) {
         KeyValueStore::reconnect(self);
     }
+    fn report_late_answers(&self, to: LateAnswers) {
+        KeyValueStore::report_late_answers(self, to);
+    }
 }
 
 impl KeyValueStore for DefaultStore {
@@ -114,10 +118,58 @@ impl KeyValueStore for DefaultStore {
     fn reconnect(&self) {
         self.0.reconnect();
     }
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.0.report_late_answers(to);
+    }
 }
 
 impl RateStore for DefaultStore {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
         self.0.rate(op).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A store that reports one late answer of 7 ms to whoever asks.
+    #[derive(Clone)]
+    struct LateBy7;
+
+    impl KeyValueStore for LateBy7 {
+        async fn execute(&self, _: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+            Err(StoreError::Connection("never asked".into()))
+        }
+        fn kind(&self) -> &'static str {
+            "late"
+        }
+        fn report_late_answers(&self, to: LateAnswers) {
+            to.report(Duration::from_millis(7));
+        }
+    }
+
+    impl RateStore for LateBy7 {
+        async fn rate(&self, _: RateOp<'_>) -> Result<RateDecision, StoreError> {
+            Err(StoreError::Connection("never asked".into()))
+        }
+    }
+
+    /// The default store passes the wish for late answers on to the store
+    /// it holds (before, it dropped it: a `Resilient` over it never learned
+    /// that the store turned slow).
+    #[test]
+    fn late_answers_reach_the_store_inside() {
+        let store = DefaultStore(Arc::new(LateBy7));
+        let seen = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&seen);
+        let target: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |d: Duration| {
+            counted.fetch_add(u64::try_from(d.as_millis()).unwrap_or(0), Ordering::Relaxed);
+        });
+        KeyValueStore::report_late_answers(&store, LateAnswers::new(&target));
+        assert_eq!(seen.load(Ordering::Relaxed), 7);
     }
 }

@@ -223,6 +223,43 @@ impl Breaker {
         self.apply(&mut g, ok);
     }
 
+    /// The store answered a call that had already been counted as failed
+    /// (its caller gave up waiting): it is slow, not down. The failures
+    /// counted so far no longer run in a row, and an open or half-open
+    /// breaker closes: the answers come, and a caller that learns from them
+    /// (as [`Resilient`](super::Resilient) does, raising its budget) now
+    /// waits for them. A store that is silent never calls this, so it opens
+    /// the breaker as before.
+    ///
+    /// ```
+    /// use norepeat::store::{Breaker, BreakerState};
+    /// use std::time::Duration;
+    /// let b = Breaker::new(2, Duration::from_secs(60));
+    /// b.record(false);
+    /// b.record(false);
+    /// assert_eq!(b.state(), BreakerState::Open);
+    /// b.record_late_answer(); // an answer of one of those calls came
+    /// assert_eq!(b.state(), BreakerState::Closed);
+    /// ```
+    pub fn record_late_answer(&self) {
+        let mut g = self.lock();
+        self.expire(&mut g);
+        match g.state {
+            BreakerState::Closed => g.failures = 0,
+            BreakerState::Open | BreakerState::HalfOpen => {
+                // A probe under way reports into the closed state: ignored.
+                self.apply_close(&mut g, "circuit breaker closed: the store answers, late");
+            }
+        }
+    }
+
+    fn apply_close(&self, g: &mut Inner, why: &'static str) {
+        g.state = BreakerState::Closed;
+        g.failures = 0;
+        tracing::error!(breaker = self.name, "{why}");
+        metrics::gauge!("norepeat_breaker_open", "breaker" => self.name).set(0.0);
+    }
+
     fn apply(&self, g: &mut Inner, ok: bool) {
         match (g.state, ok) {
             (BreakerState::Closed, true) => g.failures = 0,
@@ -233,13 +270,7 @@ impl Breaker {
                 }
             }
             (BreakerState::HalfOpen, true) => {
-                g.state = BreakerState::Closed;
-                g.failures = 0;
-                tracing::error!(
-                    breaker = self.name,
-                    "circuit breaker closed: store answers again"
-                );
-                metrics::gauge!("norepeat_breaker_open", "breaker" => self.name).set(0.0);
+                self.apply_close(g, "circuit breaker closed: store answers again");
             }
             (BreakerState::HalfOpen, false) => self.open(g),
             // A call let through before the breaker opened: already counted.

@@ -133,18 +133,20 @@ pub trait KeyValueStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Drops the store's connections and makes fresh ones. Called by
-    /// [`Resilient`](super::Resilient) after repeated timeouts, the sign of
-    /// a connection whose replies will never come. The default does
-    /// nothing.
+    /// [`Resilient`](super::Resilient) after repeated timeouts with no
+    /// answer at all (late or not) for a while, the sign of a connection
+    /// whose replies will never come. The default does nothing.
     fn reconnect(&self) {}
 
     /// Asks the store to report, to `to`, the latency of each answer that
     /// arrives after its caller gave up (a call past its time budget whose
-    /// command was already sent). [`Resilient`](super::Resilient) asks
-    /// this of the store it wraps, so that a store that turns slow raises
-    /// its budget while a store that is silent does not. A wrapper passes
-    /// it on to the store it wraps; the default ignores it (a store that
-    /// cannot tell).
+    /// command was already sent), an error answer (`OOM`) excepted.
+    /// [`Resilient`](super::Resilient) asks this of the store it wraps, so
+    /// that a store that turns slow raises its budget and closes its
+    /// breaker while a store that is silent does neither. A wrapper must
+    /// pass it on to the store it wraps (one that did not kept its store
+    /// looking silent whenever it was slow); the default ignores it (a
+    /// store that cannot tell).
     fn report_late_answers(&self, to: LateAnswers) {
         let _ = to;
     }

@@ -19,11 +19,25 @@ use std::time::{Duration, Instant};
 /// A call that runs out of its budget records nothing then: silence does
 /// not teach the budget. If its answer still comes (the store's
 /// [`report_late_answers`](KeyValueStore::report_late_answers); the Redis
-/// store does), it is recorded at the time it really took, so a store that
-/// turns slow raises the budget within a few calls, and requests wait for
-/// it instead of failing open. A store that hangs (accepts, never answers)
-/// costs each request at most the budget it had before the hang, until
-/// the breaker opens; a store that is down answers errors at once. The current budget
+/// store does, and a wrapper must pass it on), it is recorded at the time
+/// it really took, so a store that turns slow raises the budget with its
+/// first late answer, and requests wait for it instead of failing open.
+/// Until that answer comes (a round trip of the slow store), a slow store
+/// cannot be told from a silent one: the calls of that moment time out at
+/// the old budget, and enough of them open the breaker. The late answer
+/// closes it again ([`Breaker::record_late_answer`]) if it took no longer
+/// than the ceiling: the budget now waits for such answers.
+///
+/// A store that hangs (accepts, never answers) costs each request at most
+/// the budget it had before the hang, and opens the breaker after as many
+/// calls as any failure; a store that is down answers errors at once. After
+/// 3 timeouts in a row, and once nothing at all (no answer, late or not)
+/// has come for the ceiling (at most 5 s) since the first of them was sent,
+/// the store is asked to
+/// [`reconnect`](KeyValueStore::reconnect): a connection whose answers stopped
+/// never heals itself, but one whose answers come late is kept, so its
+/// late answers keep teaching the budget and no handshake is added to the
+/// next calls. The current budget
 /// is [`budget`](Self::budget), and the gauge `norepeat_store_budget_ms`.
 /// `timeout(d).max_timeout(d)` makes it fixed.
 ///
@@ -47,11 +61,12 @@ pub struct Resilient<S> {
     inner: S,
     budget: Arc<Budget>,
     breaker: Arc<Breaker>,
-    /// Timeouts since the last answer; past [`RECONNECT_AFTER`] the store is
-    /// asked to reconnect.
-    timeouts: Arc<AtomicU32>,
+    /// The timeouts since the store last answered, and since when it has
+    /// been silent: past both, the store is asked to reconnect.
+    silence: Arc<Silence>,
     /// What the store reports late answers to (it holds this weakly): the
-    /// budget's [`Budget::observe`].
+    /// budget's [`Budget::observe`], the breaker and [`Silence`] (see
+    /// [`late_to`]).
     late: Arc<dyn Fn(Duration) + Send + Sync>,
 }
 
@@ -66,8 +81,62 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Resilient<S> {
 }
 
 /// Consecutive timed-out calls after which the store's connections are
-/// replaced: a connection whose replies stopped coming never heals itself.
+/// replaced, if nothing has been heard from the store since the first of
+/// them was sent, for a while (see [`Silence`]): a connection whose replies
+/// stopped coming never heals itself. A connection whose replies come late
+/// is left alone: its late answers teach the budget (a fresh connection
+/// costs its handshake, one more round trip of a slow store, on top).
 const RECONNECT_AFTER: u32 = 3;
+/// The longest silence a reconnect waits for, whatever the ceiling.
+const MAX_SILENCE: Duration = Duration::from_secs(5);
+
+/// Whether the store has gone silent: the calls that timed out since it
+/// last answered (in time or late), and when the first of them was sent.
+#[derive(Debug)]
+struct Silence {
+    timeouts: AtomicU32,
+    /// When the first of `timeouts` was sent (read and written only on a
+    /// timeout).
+    since: Mutex<Instant>,
+}
+
+impl Silence {
+    fn new() -> Self {
+        Self {
+            timeouts: AtomicU32::new(0),
+            since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// The store answered (a call in time, an error of its own, or a call
+    /// whose caller had given up): it is not silent.
+    fn answered(&self) {
+        self.timeouts.store(0, Ordering::Relaxed);
+    }
+
+    /// A call sent at `sent` timed out. Whether the store is to reconnect:
+    /// [`RECONNECT_AFTER`] calls in a row timed out, and nothing at all has
+    /// come from it for `quiet` since the first of them was sent. (Not
+    /// since its last answer: a store idle for an hour that turns slow is
+    /// not silent for an hour.) Then the count starts again, so that the
+    /// fresh connections get their own while.
+    fn timed_out(&self, sent: Instant, quiet: Duration) -> bool {
+        let n = self.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut since = self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if n == 1 {
+            *since = sent;
+            return false;
+        }
+        if n >= RECONNECT_AFTER && since.elapsed() >= quiet {
+            self.timeouts.store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
 
 /// The default floor of the budget.
 const FLOOR: Duration = Duration::from_millis(50);
@@ -173,20 +242,22 @@ impl<S: KeyValueStore> Resilient<S> {
     pub fn new(inner: S) -> Self {
         let kind = inner.kind();
         let budget = Arc::new(Budget::new(FLOOR, CEILING, kind));
+        let breaker = Arc::new(Breaker::new(5, Duration::from_secs(1)));
+        let silence = Arc::new(Silence::new());
         Self {
-            late: late_to(&inner, &budget),
+            late: late_to(&inner, &budget, &breaker, &silence),
             inner,
             budget,
-            breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
-            timeouts: Arc::new(AtomicU32::new(0)),
+            breaker,
+            silence,
         }
         .breaker(5, Duration::from_secs(1))
     }
 
-    /// Replaces the budget (and what late answers teach).
+    /// Replaces the budget (what late answers teach is linked anew by
+    /// [`breaker`](Self::breaker), which every builder ends with).
     fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = Arc::new(budget);
-        self.late = late_to(&self.inner, &self.budget);
         self
     }
 
@@ -217,6 +288,8 @@ impl<S: KeyValueStore> Resilient<S> {
         // A probe reports just after its budget at the latest.
         let deadline = self.budget.ceiling.saturating_add(self.budget.ceiling / 10);
         self.breaker = Arc::new(Breaker::new(threshold, cool_down).probe_deadline(deadline));
+        // Late answers go to this budget and this breaker.
+        self.late = late_to(&self.inner, &self.budget, &self.breaker, &self.silence);
         self
     }
 
@@ -269,12 +342,18 @@ impl<S: KeyValueStore> Resilient<S> {
         permit.record(result.is_ok());
         match &result {
             Err(StoreError::Timeout(_)) => {
-                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER {
-                    self.timeouts.store(0, Ordering::Relaxed);
+                // Only a store that is silent, not one whose answers come
+                // late, gets new connections: a reconnect while answers are
+                // on their way would make the next calls wait for a
+                // handshake too.
+                let quiet = self.budget.ceiling.min(MAX_SILENCE);
+                if self.silence.timed_out(started, quiet) {
                     self.inner.reconnect();
                 }
             }
-            Ok(_) => self.timeouts.store(0, Ordering::Relaxed),
+            Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
+                self.silence.answered();
+            }
             Err(_) => {}
         }
         result
@@ -307,14 +386,26 @@ impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
     }
 }
 
-/// Asks `inner` to report its late answers to `budget`; the returned
-/// target must be kept (the store holds it weakly).
+/// Asks `inner` to report its late answers: each is recorded in `budget`
+/// at the time it took, counts as an answer (no reconnect while
+/// answers come, however late), and tells `breaker` the store is slow, not
+/// down, if the budget can now wait for such an answer (it took no longer
+/// than the ceiling). The returned target must be kept (the store holds it
+/// weakly).
 fn late_to<S: KeyValueStore>(
     inner: &S,
     budget: &Arc<Budget>,
+    breaker: &Arc<Breaker>,
+    silence: &Arc<Silence>,
 ) -> Arc<dyn Fn(Duration) + Send + Sync> {
-    let budget = Arc::clone(budget);
-    let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| budget.observe(took));
+    let (budget, breaker, silence) = (Arc::clone(budget), Arc::clone(breaker), Arc::clone(silence));
+    let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| {
+        silence.answered();
+        budget.observe(took);
+        if took <= budget.ceiling {
+            breaker.record_late_answer();
+        }
+    });
     inner.report_late_answers(super::LateAnswers::new(&late));
     late
 }
@@ -339,6 +430,31 @@ mod tests {
             .max_timeout(Duration::MAX)
             .timeout(Duration::MAX);
         assert!(store.budget() > Duration::from_secs(1 << 40));
+    }
+
+    /// Silence is counted from the first timed-out call, not from the
+    /// last answer: a store idle for long that turns slow is not taken for
+    /// a silent one at its third timeout (before, it was: its last answer
+    /// was old, and its connections were replaced at once).
+    #[test]
+    fn silence_counts_from_the_first_timeout_and_any_answer_ends_it() {
+        let quiet = 1000 * MS;
+        let s = Silence::new();
+        let now = Instant::now();
+        for n in 1..=5 {
+            assert!(!s.timed_out(now, quiet), "timeout {n}, just sent");
+        }
+        let long_ago = now.checked_sub(2 * quiet).unwrap_or(now);
+        let s = Silence::new();
+        assert!(!s.timed_out(long_ago, quiet));
+        assert!(!s.timed_out(now, quiet), "two timeouts are not silence");
+        assert!(s.timed_out(now, quiet), "three, the first sent long ago");
+        assert!(!s.timed_out(now, quiet), "the count starts again");
+        let s = Silence::new();
+        assert!(!s.timed_out(long_ago, quiet));
+        s.answered();
+        assert!(!s.timed_out(now, quiet));
+        assert!(!s.timed_out(now, quiet), "answered since: not silent");
     }
 
     #[test]

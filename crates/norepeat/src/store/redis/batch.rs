@@ -205,7 +205,7 @@ impl Pending {
 /// flight) is reported to `late` with the time it took from the write:
 /// a slow store is then seen as slow, not as silent. A command never
 /// answered (its batch failed: a broken connection, the response timeout)
-/// reports nothing.
+/// reports nothing, nor does one answered with a server error.
 pub(super) async fn flush<P, C>(
     mut ticket: Ticket<P>,
     con: impl FnOnce(&P) -> C,
@@ -249,16 +249,19 @@ async fn send<C: ConnectionLike + Send>(
 ) {
     batch.retain(|w| !w.reply.is_closed());
     let sent = Instant::now();
-    // An answer (a value or the command's own server error) its caller no
-    // longer waits for: the store answered, late. A redirected command is
-    // handed back (cloned: only on a cluster, only while slots move).
+    // An answer its caller no longer waits for: the store answered, late.
+    // Only a value is reported: a server error (an `OOM`, a redirection) is
+    // no sign that the store works, and a late one must not close a
+    // breaker. A redirected command is handed back (cloned: only on a
+    // cluster, only while slots move).
     let answer = |reply: oneshot::Sender<Reply>, value: RedisResult<Value>, cmd: &Cmd| {
         let redirected = redirected(&value).then(|| cmd.clone());
+        let worked = value.is_ok();
         let reply = reply.send(Reply {
             answer: value,
             redirected,
         });
-        if reply.is_err() {
+        if reply.is_err() && worked {
             late(sent.elapsed());
         }
     };

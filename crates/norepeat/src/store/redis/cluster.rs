@@ -81,7 +81,7 @@ use std::time::Duration;
 ///
 /// At most 6 retries, and 2 s per call in all (connecting: 1 s). A batch
 /// sent straight to a master has the response timeout of a
-/// [`RedisStore`](crate::store::RedisStore)'s connection (500 ms); when
+/// [`RedisStore`](crate::store::RedisStore)'s connection (2 s); when
 /// its node is gone its calls fail, and the store's slot map is refreshed
 /// until the slots have a new master. Put the store behind
 /// [`Resilient`](crate::store::Resilient) for a guard's much shorter budget

@@ -134,11 +134,17 @@ pub(super) fn at(url: &str, error: StoreError) -> StoreError {
 
 /// The response timeout bounds a batch on a connection whose replies
 /// stopped coming: its calls fail after it instead of waiting for a
-/// [`Pool::reconnect`] (redis-rs's default, stated here because the
-/// batching relies on it).
+/// [`Pool::reconnect`]. It is longer than the longest default budget of
+/// [`Resilient`](crate::store::Resilient) (1 s), so that the answer of a
+/// slow store still comes after its caller gave up, and is reported (see
+/// [`batch`]): cut at redis-rs's default of 500 ms, an answer of a store
+/// 300 ms away each way never came, and the store looked silent.
+pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The settings of every connection (see [`RESPONSE_TIMEOUT`]).
 pub(super) fn manager_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_millis(500)))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_connection_timeout(Some(Duration::from_secs(1)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500))
