@@ -499,7 +499,13 @@ pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<B
             .and_then(|s| StatusCode::from_u16(s).ok());
         if let Some(status) = backend {
             *res.status_mut() = status;
-            return (res, Counted::Request(Outcome::Passed));
+            let open = res.extensions().get::<FailedOpen>().is_some() || store_failed;
+            let outcome = if open {
+                Outcome::FailOpen
+            } else {
+                Outcome::Passed
+            };
+            return (res, Counted::Request(outcome));
         }
         return (
             upstream_timeout(),
