@@ -101,7 +101,10 @@ pub(crate) fn mark<B>(mut res: Response<B>, s: Shadowed) -> Response<B> {
 /// replay, which is no refusal, is `replay`.
 pub(crate) fn would(code: Code) -> &'static str {
     match code {
-        Code::DuplicateSubmission => "duplicate",
+        // An expired token is a repeat the page should not have sent (it
+        // kept a token past its life): counted with the other refused
+        // tokens.
+        Code::DuplicateSubmission | Code::TokenExpired => "duplicate",
         Code::IdempotencyKeyInUse => "in_progress",
         Code::IdempotencyOutcomeUnknown => "outcome_unknown",
         Code::IdempotencyKeyMismatch => "mismatch",

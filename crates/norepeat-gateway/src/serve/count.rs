@@ -96,11 +96,11 @@ pub(super) enum Counted {
 
 /// The count of a refusal answered with `code`. A token that is used,
 /// expired, forged or another user's is `duplicate` (the library answers
-/// them all 409 `duplicate_submission`); a code of none of the lists (a
+/// them 409 `duplicate_submission`, an expired one 409 `token_expired`); a code of none of the lists (a
 /// layer's future one) is `unavailable`, never a label outside the list.
 pub(super) fn of_code(code: &str) -> Counted {
     let outcome = match code {
-        "duplicate_submission" => Outcome::Duplicate,
+        "duplicate_submission" | "token_expired" => Outcome::Duplicate,
         "idempotency_key_in_use" => Outcome::InProgress,
         "idempotency_key_mismatch" => Outcome::Mismatch,
         "rate_limited" => Outcome::RateLimited,
@@ -216,6 +216,7 @@ mod tests {
         };
         for (code, want) in [
             ("duplicate_submission", "duplicate"),
+            ("token_expired", "duplicate"),
             ("idempotency_key_in_use", "in_progress"),
             ("idempotency_key_mismatch", "mismatch"),
             ("rate_limited", "rate_limited"),
