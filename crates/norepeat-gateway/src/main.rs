@@ -122,6 +122,12 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
+        // `SIGHUP` asks for a reload: take it over before saying we listen
+        // (its default action ends the process), not when the file watcher
+        // first runs. The handler stays for the life of the process.
+        #[cfg(unix)]
+        let _hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

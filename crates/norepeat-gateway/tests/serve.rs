@@ -1865,3 +1865,112 @@ async fn a_token_is_not_used_up_by_a_request_that_never_reached_the_backend() {
     );
     assert_eq!(effects(&b).await["/orders"], 1);
 }
+
+/// A file caught half-written is never applied: the first lines of the
+/// file (no `routes` yet) are refused as a reload that would remove every
+/// route without saying so, and counted as a failed reload; the routes
+/// stay and keep guarding. An explicit `routes: []` is applied. Before, the
+/// first lines passed `check` and were applied (`reloaded routes=0`): a
+/// repeat ran twice while the file was being written.
+#[tokio::test]
+async fn a_file_cut_short_is_never_applied_and_reloads_are_counted() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let path = g.file.clone().unwrap();
+    let c = Client::new();
+    let send = || {
+        c.post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"half"}"#)
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 201);
+    // The head of the file, as an editor or `cp` leaves it for a moment.
+    std::fs::write(
+        &path,
+        format!(
+            "upstream: http://127.0.0.1:{}\nstore: memory\nidentity:\n  header: X-User-Id\n",
+            b.port
+        ),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while value(
+        &scrape(&g).await,
+        "norepeat_gateway_reloads_total",
+        "result=\"failed\"",
+    ) < 1
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed reload counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(health(&g).await["routes"], 7);
+    assert_eq!(send().await.unwrap().status(), 409, "still guarded");
+    assert_eq!(effects(&b).await["/orders/quick"], 1);
+    // Said so: every route removed.
+    std::fs::write(
+        &path,
+        format!(
+            "upstream: http://127.0.0.1:{}\nstore: memory\nroutes: []\n",
+            b.port
+        ),
+    )
+    .unwrap();
+    while value(
+        &scrape(&g).await,
+        "norepeat_gateway_reloads_total",
+        "result=\"applied\"",
+    ) < 1
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no applied reload counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(health(&g).await["routes"], 0);
+}
+
+/// `SIGHUP` at once after `listening on` reloads, never kills: the handler
+/// is in place before the gateway says it listens (before, one start in
+/// five died of the signal's default action).
+#[tokio::test]
+async fn sighup_right_after_listening_does_not_kill_the_gateway() {
+    let b = backend(0).await;
+    for _ in 0..5 {
+        let mut g = gateway(&file(&b, "memory", ROUTES)).await;
+        g.signal("-HUP").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(g.process.is_running(), "SIGHUP killed the gateway");
+        assert_eq!(health(&g).await["status"], "ok");
+    }
+}
+
+/// A method that is not in upper case is refused 400 and never forwarded:
+/// werkzeug runs `post /payments` as POST, so a lower-case spelling would
+/// pass every guard (before: a `post` with no `Idempotency-Key` reached the
+/// backend and was served, and `post` walked past a 429).
+#[tokio::test]
+async fn a_method_not_in_upper_case_is_400_and_never_forwarded() {
+    let b = backend(0).await;
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    for method in ["post", "Post", "pOST"] {
+        for path in ["/payments", "/flash-sale/sku1", "/unrouted"] {
+            let (status, body) = raw(
+                &g,
+                &format!("{method} {path}"),
+                &[("x-user-id", "u1"), ("content-type", "application/json")],
+                "{}",
+            )
+            .await;
+            assert_eq!(status, 400, "{method} {path}: {body}");
+            assert!(body.contains("invalid_request"), "{body}");
+        }
+    }
+    let e = effects(&b).await;
+    assert_eq!(e.as_object().map(|o| o.len()), Some(0), "forwarded: {e}");
+}

@@ -118,6 +118,10 @@ pub struct Config {
     pub token_secret: Option<TokenSecret>,
     /// The routes, in order: the first that matches a request takes it.
     pub routes: Vec<Route>,
+    /// Whether the file has a `routes` key. A reload that would remove
+    /// every route is refused unless the file says so (`routes: []`): a
+    /// file caught half-written, or cut short, has no routes either.
+    pub routes_given: bool,
 }
 
 /// One entry of `routes`.

@@ -193,6 +193,7 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         identity: identity?,
         token_secret: token_secret?,
         routes: routes?,
+        routes_given: top.get("routes").is_some(),
     })
 }
 

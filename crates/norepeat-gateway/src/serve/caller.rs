@@ -84,7 +84,12 @@ impl Identify for Caller {
             let mut values = parts.headers.get_all(name).iter();
             match (values.next(), values.next()) {
                 (Some(v), None) if !v.is_empty() && v.len() <= 8192 => {
-                    let hash = blake3::keyed_hash(KEY, v.as_bytes());
+                    let value = if is_credentials(name) {
+                        credentials(v.as_bytes())
+                    } else {
+                        Cow::Borrowed(v.as_bytes())
+                    };
+                    let hash = blake3::keyed_hash(KEY, &value);
                     return Some(format!("h:{}", &hash.to_hex()[..32]));
                 }
                 _ if self.required => return None,
@@ -99,6 +104,41 @@ impl Identify for Caller {
             Some(h) => Cow::Owned(format!("Exactly one {h} header is required.")),
             None => Cow::Borrowed("The peer address is unknown."),
         }
+    }
+}
+
+/// Whether `name` carries `scheme credentials` (RFC 9110 §11.6.2, §11.7.2).
+fn is_credentials(name: &HeaderName) -> bool {
+    name == http::header::AUTHORIZATION || name == http::header::PROXY_AUTHORIZATION
+}
+
+/// `scheme credentials` in one spelling per caller: the scheme is
+/// case-insensitive (RFC 9110 §11.1) and the whitespace between the parts
+/// is not the caller's, so `bearer T`, `BEARER T` and `Bearer  T` are
+/// `Bearer T`, the spelling clients send (and so the one whose hash the
+/// release before this one gave, keeping its records theirs). The
+/// credentials themselves are kept as they are (a token is case-sensitive).
+fn credentials(v: &[u8]) -> Cow<'_, [u8]> {
+    let mut parts = v.split(u8::is_ascii_whitespace).filter(|p| !p.is_empty());
+    let Some(scheme) = parts.next() else {
+        return Cow::Borrowed(v);
+    };
+    let mut out = Vec::with_capacity(v.len());
+    for (i, b) in scheme.iter().enumerate() {
+        out.push(if i == 0 {
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        });
+    }
+    for p in parts {
+        out.push(b' ');
+        out.extend_from_slice(p);
+    }
+    if out == v {
+        Cow::Borrowed(v)
+    } else {
+        Cow::Owned(out)
     }
 }
 
@@ -150,6 +190,41 @@ mod tests {
         req.extensions_mut().insert(ConnectInfo(peer));
         with_peer(req.extensions_mut());
         req.into_parts().0
+    }
+
+    /// One caller per bearer token, however the scheme is spelled or the
+    /// parts spaced (before: `Bearer T`, `bearer T`, `BEARER T` and
+    /// `Bearer  T` were four callers, and one token had four rate limits);
+    /// the token itself stays case-sensitive, and the usual spelling hashes
+    /// as it did before (the same records and limits across a deploy).
+    #[test]
+    fn an_authorization_identity_is_its_scheme_and_credentials() {
+        let config = crate::config::Config::parse(
+            "g.yaml",
+            b"upstream: http://127.0.0.1:9\nidentity: { header: Authorization }\n",
+        )
+        .unwrap();
+        let caller = Caller::new(&config.identity);
+        let id = |v: &str| {
+            let req = http::Request::get("/")
+                .header("authorization", v)
+                .body(())
+                .unwrap();
+            caller.identify(&req.into_parts().0).unwrap()
+        };
+        let usual = id("Bearer T0ken");
+        for v in [
+            "bearer T0ken",
+            "BEARER T0ken",
+            "Bearer  T0ken",
+            "Bearer\tT0ken",
+        ] {
+            assert_eq!(id(v), usual, "{v}");
+        }
+        assert_ne!(id("Bearer t0ken"), usual, "credentials are case-sensitive");
+        let before = blake3::keyed_hash(KEY, b"Bearer T0ken");
+        assert_eq!(usual, format!("h:{}", &before.to_hex()[..32]));
+        assert_eq!(&*credentials(b"Basic  dXNlcg=="), b"Basic dXNlcg==");
     }
 
     fn trusting(list: &[&str]) -> Caller {

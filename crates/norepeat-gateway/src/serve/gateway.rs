@@ -264,13 +264,21 @@ impl Gateway {
     /// Answers how many routes are served.
     ///
     /// # Errors
-    /// The file names another store, or the token secret cannot be read;
-    /// the old routes stay.
+    /// The file names another store, the token secret cannot be read, or
+    /// the file would remove every route without saying so (`routes: []`:
+    /// a file without `routes` is more likely cut short than meant); the
+    /// old routes stay.
     pub async fn reload(&self, config: &Config) -> Result<usize, String> {
         if config.store != self.store_url {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
         let old = self.live.load();
+        if config.routes.is_empty() && !config.routes_given && !old.list.is_empty() {
+            return Err(format!(
+                "the file has no `routes`, which would remove all {} routes: write `routes: []` to mean it",
+                old.list.len()
+            ));
+        }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
         let routes = Routes::build(config, &self.store, &self.detached, &self.stopping, tokens)
             .await
@@ -452,6 +460,17 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some(
             "The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.",
         )
+    } else if req
+        .method()
+        .as_str()
+        .bytes()
+        .any(|b| b.is_ascii_lowercase())
+    {
+        // Methods are case-sensitive (RFC 9110 §9.1), but the backends in
+        // front of which the gateway stands are not all so: werkzeug takes
+        // `post` for POST. A spelling the backend takes alike must not pass
+        // unguarded, so none but the upper case passes.
+        Some("The method must be in upper case (`POST`, not `post`).")
     } else if hosts > 1 {
         Some("The request carries more than one Host header.")
     } else {

@@ -92,10 +92,20 @@ const GRACE: Duration = Duration::from_secs(10);
 /// to record that and answer (a store write each).
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// Reloads `path` when its modification time changes or on `SIGHUP`.
+/// Reloads `path` when its modification time changes or on `SIGHUP`,
+/// once the file has stopped changing: it is read only after two looks
+/// [`SETTLED`] apart find the same modification time and length, so a file
+/// being written is never read half-way (a file written in two goes, with
+/// a pause longer than that between, can still be: write the new file
+/// beside the old and rename it into place, which is atomic). Counts
+/// `norepeat_gateway_reloads_total{result="applied"|"failed"}`.
 pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen = mtime(&path);
+    let stat = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stat(&path);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -114,23 +124,46 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             () = hangup => true,
             () = tokio::time::sleep(Duration::from_millis(500)) => false,
         };
-        let now = mtime(&path);
+        let now = stat(&path);
         if !by_signal && now == seen {
             continue;
         }
-        seen = now;
-        match Config::load(&path) {
-            Ok(config) => match gw.reload(&config).await {
-                Ok(n) => tracing::info!(file = %path.display(), routes = n, "reloaded"),
-                Err(e) => {
-                    tracing::error!(file = %path.display(), "not reloaded, the old routes stay: {e}");
-                }
-            },
-            Err(problems) => {
-                tracing::error!(file = %path.display(), "not reloaded, the old routes stay:\n{problems}");
+        seen = settled(&path, now, stat).await;
+        let result = match Config::load(&path) {
+            Ok(config) => gw.reload(&config).await.map_err(|e| e.to_string()),
+            Err(problems) => Err(format!("\n{problems}")),
+        };
+        match result {
+            Ok(n) => {
+                metrics::counter!("norepeat_gateway_reloads_total", "result" => "applied")
+                    .increment(1);
+                tracing::info!(file = %path.display(), routes = n, "reloaded");
+            }
+            Err(e) => {
+                metrics::counter!("norepeat_gateway_reloads_total", "result" => "failed")
+                    .increment(1);
+                tracing::error!(file = %path.display(), "not reloaded, the old routes stay: {e}");
             }
         }
     }
+}
+
+/// How long a file must stay unchanged before it is read.
+const SETTLED: Duration = Duration::from_millis(300);
+
+/// Waits until `path` looks the same twice, [`SETTLED`] apart (for at most
+/// 5 s: a file rewritten without end is read as it is then); what it
+/// looked like last.
+async fn settled<T: PartialEq>(path: &Path, mut last: T, stat: impl Fn(&Path) -> T) -> T {
+    for _ in 0..(5_000 / SETTLED.as_millis()) {
+        tokio::time::sleep(SETTLED).await;
+        let now = stat(path);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
 }
 
 pub(super) async fn stop_signal() {
