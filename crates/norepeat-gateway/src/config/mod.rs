@@ -91,7 +91,7 @@ use std::time::Duration;
 
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
-pub use path::normalize_path;
+pub use path::{normalize_path, route_spelling, with_slashes_decoded, without_format_suffix};
 pub use route_match::{METHODS, RouteMatch};
 
 /// The environment variable that gives the token secret when the file

@@ -34,15 +34,15 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         || decoded
             .rsplit('/')
             .next()
-            .is_some_and(|last| last == "." || last == "..");
+            .is_some_and(|last| matches!(dot(last), "." | ".."));
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => {
+        match (segment, dot(segment)) {
+            ("", _) | (_, ".") => {}
+            (_, "..") => {
                 segments.pop();
             }
-            s => segments.push(s),
+            (s, _) => segments.push(s),
         }
     }
     let mut out = String::with_capacity(decoded.len());
@@ -54,6 +54,13 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         out.push('/');
     }
     Cow::Owned(out)
+}
+
+/// A segment without its `;` parameters: `..;x` is a dot segment to a
+/// back end that drops parameters before it resolves dots (Tomcat), so it
+/// is one here too.
+fn dot(segment: &str) -> &str {
+    segment.split_once(';').map_or(segment, |(name, _)| name)
 }
 
 /// No `%`, no empty segment but a trailing one, no dot segment: nothing to
@@ -69,7 +76,91 @@ fn is_normal(path: &str) -> bool {
         return true;
     }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.split('/').all(|s| !matches!(s, "" | "." | ".."))
+    rest.split('/').all(|s| !matches!(dot(s), "" | "." | ".."))
+}
+
+/// The one spelling of a normalized `path` that a route's guards key on:
+/// without each segment's `;` parameters and without a trailing slash, the
+/// parts a route's match ignores. So `/payments`, `/payments/` and
+/// `/payments;jsessionid=A1`, one route to a back end that serves them
+/// alike, are one key and one fingerprint, not three.
+///
+/// ```
+/// use norepeat_gateway::config::route_spelling;
+/// for p in ["/payments", "/payments/", "/payments;jsessionid=A1", "/payments;x/"] {
+///     assert_eq!(route_spelling(p), "/payments", "{p}");
+/// }
+/// assert_eq!(route_spelling("/orders;v=1/7/pay"), "/orders/7/pay");
+/// assert_eq!(route_spelling("/"), "/");
+/// ```
+#[must_use]
+pub fn route_spelling(path: &str) -> Cow<'_, str> {
+    let trimmed = match path.strip_suffix('/') {
+        Some(t) if !t.is_empty() => t,
+        _ => path,
+    };
+    if !trimmed.contains(';') {
+        return Cow::Borrowed(trimmed);
+    }
+    let mut out = String::with_capacity(trimmed.len());
+    for (i, segment) in trimmed.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(dot(segment));
+    }
+    Cow::Owned(out)
+}
+
+/// `path` without a format suffix on its last segment (`/payments.json`
+/// is `/payments`): Rails, and Spring before 5.3, serve both as one
+/// resource. `None` when the last segment has none (an extension of 1 to
+/// 8 letters or digits after a name).
+///
+/// ```
+/// use norepeat_gateway::config::without_format_suffix;
+/// assert_eq!(without_format_suffix("/payments.json").as_deref(), Some("/payments"));
+/// assert_eq!(without_format_suffix("/a/b.xml/").as_deref(), Some("/a/b/"));
+/// assert_eq!(without_format_suffix("/payments"), None);
+/// assert_eq!(without_format_suffix("/.json"), None);
+/// ```
+#[must_use]
+pub fn without_format_suffix(path: &str) -> Option<String> {
+    if !path.contains('.') {
+        return None;
+    }
+    let trailing = path.len() > 1 && path.ends_with('/');
+    let body = if trailing {
+        &path[..path.len() - 1]
+    } else {
+        path
+    };
+    let (dir, last) = body.rsplit_once('/')?;
+    let name = dot(last);
+    let (stem, ext) = name.rsplit_once('.')?;
+    let is_ext =
+        !ext.is_empty() && ext.len() <= 8 && ext.bytes().all(|b| b.is_ascii_alphanumeric());
+    if stem.is_empty() || !is_ext {
+        return None;
+    }
+    let params = &last[name.len()..];
+    Some(format!(
+        "{dir}/{stem}{params}{}",
+        if trailing { "/" } else { "" }
+    ))
+}
+
+/// `path` with its encoded slashes (`%2F`) decoded and normalized again:
+/// what a back end that decodes them (Flask, Express) takes it for. `None`
+/// when it has none.
+#[must_use]
+pub fn with_slashes_decoded(path: &str) -> Option<String> {
+    let encoded = |w: &[u8]| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f');
+    if !path.as_bytes().windows(3).any(encoded) {
+        return None;
+    }
+    let decoded = path.replace("%2F", "/").replace("%2f", "/");
+    Some(normalize_path(&decoded).into_owned())
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -137,6 +228,10 @@ mod tests {
             ("/%2E/payments", "/payments"),
             ("/x/%2e%2e/payments", "/payments"),
             ("/a%2fb", "/a%2Fb"),
+            ("/x/..;/payments", "/payments"),
+            ("/x/..;jsessionid=1/payments", "/payments"),
+            ("/.;x/payments", "/payments"),
+            ("/payments/..;", "/"),
             ("/a%zz", "/a%zz"),
             ("/a%4", "/a%4"),
             ("/%7E%41", "/~A"),

@@ -108,6 +108,18 @@ impl RouteMatch {
     /// ignored (see above).
     #[must_use]
     pub fn matches(&self, method: &str, path: &str) -> bool {
+        self.matches_with(method, path, |l, p| l == p)
+    }
+
+    /// [`matches`](Self::matches) with the path's literal segments compared
+    /// in any case: whether a backend that folds case (IIS, ASP.NET, a
+    /// case-insensitive file system) would take `path` for this route.
+    #[must_use]
+    pub fn matches_ignoring_case(&self, method: &str, path: &str) -> bool {
+        self.matches_with(method, path, str::eq_ignore_ascii_case)
+    }
+
+    fn matches_with(&self, method: &str, path: &str, same: impl Fn(&str, &str) -> bool) -> bool {
         if method != self.method {
             return false;
         }
@@ -123,7 +135,7 @@ impl RouteMatch {
             .map(|p| p.split_once(';').map_or(p, |(name, _)| name));
         for s in &self.segments {
             match (s, parts.next()) {
-                (Segment::Literal(l), Some(p)) if l == p => {}
+                (Segment::Literal(l), Some(p)) if same(l, p) => {}
                 (Segment::Param(_), Some(p)) if !p.is_empty() => {}
                 _ => return false,
             }

@@ -7,7 +7,10 @@ use super::count::{Counted, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
 use super::stack::{outcome_unknown, stack, upstream_timeout, upstream_unavailable};
-use crate::config::{Config, Guard, OnStoreFailure, StoreUrl, normalize_path};
+use crate::config::{
+    Config, Guard, OnStoreFailure, StoreUrl, normalize_path, route_spelling, with_slashes_decoded,
+    without_format_suffix,
+};
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::OriginalUri;
@@ -416,12 +419,32 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         std::borrow::Cow::Owned(p) => Some(p),
     };
     let path = normalized.as_deref().unwrap_or(req.uri().path());
-    let found = live
-        .list
-        .iter()
-        .find(|r| r.matcher.matches(req.method().as_str(), path));
-    if let (Some(_), Some(p)) = (found, &normalized) {
-        set_path(&mut req, p);
+    let method = req.method().as_str();
+    let find = |p: &str| live.list.iter().find(|r| r.matcher.matches(method, p));
+    // A format suffix the back end drops (`/payments.json`) is the route
+    // too, keyed as its spelling without it.
+    let mut keyed = None;
+    let mut found = find(path);
+    if found.is_none()
+        && let Some(plain) = without_format_suffix(path)
+    {
+        found = find(&plain);
+        keyed = found.is_some().then_some(plain);
+    }
+    if found.is_none()
+        && let Some(why) = other_spelling(&live, method, path)
+    {
+        let p = Problem::custom(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Invalid request",
+        )
+        .detail(why);
+        return p.to_response().map(Body::new);
+    }
+    if found.is_some() {
+        let key = route_spelling(keyed.as_deref().unwrap_or(path)).into_owned();
+        set_path(&mut req, normalized.as_deref(), &key);
     }
     let Some(route) = found else {
         return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
@@ -478,25 +501,68 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
     }
 }
 
-/// Puts the normalized `path` in `req`'s URI (the query kept) and in
-/// axum's `OriginalUri`, which the layers read the concrete path from.
-fn set_path(req: &mut Request<Body>, path: &str) {
-    let pq = match req.uri().query() {
+/// Why a path that matches no route is refused: a spelling that a back
+/// end would take for a route's path, and so run unguarded. An encoded
+/// slash (`%2F`) that decodes onto a route (Flask and Express decode it;
+/// Envoy can be told to refuse these too), or a path that is a route's in
+/// another case (a back end that folds case serves it as the route).
+fn other_spelling(live: &Routes, method: &str, path: &str) -> Option<&'static str> {
+    const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
+    const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
+    let folded = |p: &str| {
+        live.list
+            .iter()
+            .any(|r| r.matcher.matches_ignoring_case(method, p))
+    };
+    // The common case, a path that is no route's in any spelling, costs no
+    // allocation: one look per route, and the rest only for a path with a
+    // suffix or an encoded slash.
+    if folded(path) {
+        return Some(CASE);
+    }
+    if let Some(plain) = without_format_suffix(path)
+        && folded(&plain)
+    {
+        return Some(CASE);
+    }
+    let decoded = with_slashes_decoded(path)?;
+    let plain = without_format_suffix(&decoded);
+    for p in std::iter::once(decoded.as_str()).chain(plain.as_deref()) {
+        if live.list.iter().any(|r| r.matcher.matches(method, p)) {
+            return Some(SLASH);
+        }
+        if folded(p) {
+            return Some(CASE);
+        }
+    }
+    None
+}
+
+/// Puts `forwarded` (the normalized path, when it differs from the
+/// request's) in `req`'s URI, the query kept, and `key` (the route's one
+/// spelling, [`route_spelling`]) in axum's `OriginalUri`, which the layers
+/// read the concrete path from: the backend sees what was matched, and the
+/// guards key every spelling of the route as one.
+fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
+    let with_query = |path: &str| match req.uri().query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_owned(),
     };
-    let Ok(pq) = PathAndQuery::from_maybe_shared(pq) else {
-        return;
+    let uri_with = |uri: &Uri, path: String| {
+        let pq = PathAndQuery::from_maybe_shared(path).ok()?;
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).ok()
     };
-    let mut parts = req.uri().clone().into_parts();
-    parts.path_and_query = Some(pq);
-    let Ok(uri) = Uri::from_parts(parts) else {
-        return;
-    };
-    if let Some(OriginalUri(original)) = req.extensions_mut().get_mut::<OriginalUri>() {
-        original.clone_from(&uri);
+    let keyed = uri_with(req.uri(), with_query(key));
+    if let Some(path) = forwarded
+        && let Some(uri) = uri_with(req.uri(), with_query(path))
+    {
+        *req.uri_mut() = uri;
     }
-    *req.uri_mut() = uri;
+    if let Some(uri) = keyed {
+        req.extensions_mut().insert(OriginalUri(uri));
+    }
 }
 
 /// Turns the upstream stage's "unknown" record into the client's answer,
