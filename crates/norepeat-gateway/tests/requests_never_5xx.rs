@@ -106,11 +106,15 @@ proptest! {
 }
 
 /// Sends `req` as from a peer at 192.0.2.1 (what axum's `ConnectInfo`
-/// gives a served request).
+/// gives a served request), with a `Host` as every HTTP/1.1 client sends
+/// (one without it is 400, RFC 9112 §3.2).
 fn send(mut req: http::Request<Body>) -> http::StatusCode {
     let peer: std::net::SocketAddr = "192.0.2.1:4000".parse().unwrap();
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(peer));
+    req.headers_mut()
+        .entry(http::header::HOST)
+        .or_insert(http::HeaderValue::from_static("gateway.test"));
     runtime().block_on(app().oneshot(req)).unwrap().status()
 }
 

@@ -352,7 +352,8 @@ async fn an_unmatched_request_streams_through_without_hop_by_hop_headers() {
     assert!(seen.get("x-secret").is_none(), "{seen}");
     assert!(seen.get("te").is_none(), "{seen}");
     assert_eq!(seen["x-kept"], "yes");
-    assert_eq!(seen["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    // The client is no trusted proxy: what it wrote is replaced.
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen["x-forwarded-proto"], "http");
     assert_eq!(
         seen["host"],
@@ -2058,4 +2059,68 @@ async fn every_spelling_of_a_route_is_one_key_and_the_dangerous_ones_are_refused
     assert_eq!(total, 2, "one payment and one order: {e}");
     // A path that is no route's in any spelling is forwarded untouched.
     assert_eq!(raw(&g, "POST /other%2Fthing.json", &[], "{}").await.0, 201);
+}
+
+/// Issue 37, item 3: forwarding headers from a peer outside
+/// `trusted_proxies` are replaced, not appended to (before: a client's
+/// `X-Forwarded-For: 6.6.6.6` reached the backend as `6.6.6.6, 127.0.0.1`);
+/// from a trusted proxy they are appended to. An absolute-form target's
+/// authority is the `Host` forwarded (RFC 9112 §3.2.2), and an HTTP/1.1
+/// request without `Host` is 400, never forwarded (RFC 9112 §3.2).
+#[tokio::test]
+async fn forwarding_headers_host_and_the_request_target_are_the_gateways_to_say() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = backend(0).await;
+    let echo = |g: &Process| {
+        Client::new()
+            .get(url(g, "/echo"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("forwarded", "for=6.6.6.6")
+            .header("x-forwarded-host", "evil.example")
+            .header("x-forwarded-proto", "https")
+            .send()
+    };
+    let g = gateway(&file(&b, "memory", ROUTES)).await;
+    let seen: Value = echo(&g).await.unwrap().json().await.unwrap();
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "{seen}");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-host"], format!("127.0.0.1:{}", g.port));
+    let forwarded = seen["forwarded"].as_str().unwrap();
+    assert!(!forwarded.contains("6.6.6.6"), "{forwarded}");
+    // Behind a trusted proxy: appended to.
+    let trusting = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nidentity:\n  header: X-User-Id\n  trusted_proxies: [127.0.0.0/8]\n",
+        b.port
+    );
+    let t = gateway(&trusting).await;
+    let seen: Value = echo(&t).await.unwrap().json().await.unwrap();
+    assert_eq!(seen["x-forwarded-for"], "6.6.6.6, 127.0.0.1", "{seen}");
+
+    let send = |head: &'static str| {
+        let port = g.port;
+        async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            String::from_utf8_lossy(&out).into_owned()
+        }
+    };
+    let absolute = send(
+        "GET http://other.example/echo HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(absolute.starts_with("HTTP/1.1 200"), "{absolute}");
+    assert!(
+        absolute.contains("\"host\": \"other.example\""),
+        "{absolute}"
+    );
+    let before = effects(&b).await;
+    let no_host =
+        send("POST /payments HTTP/1.1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+    assert!(no_host.starts_with("HTTP/1.1 400"), "{no_host}");
+    assert!(no_host.contains("Host"), "{no_host}");
+    assert_eq!(effects(&b).await, before, "forwarded without Host");
 }

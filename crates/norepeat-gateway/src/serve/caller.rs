@@ -61,6 +61,15 @@ impl Caller {
         }
     }
 
+    /// Whether the connection's peer is a trusted proxy, whose forwarding
+    /// headers (`X-Forwarded-*`, `Forwarded`) are passed on; an unknown
+    /// peer (a request made in process) is not.
+    pub(crate) fn peer_is_trusted(&self, extensions: &Extensions) -> bool {
+        extensions
+            .get::<PeerAddr>()
+            .is_some_and(|PeerAddr(a)| self.ip.is_trusted(a.ip()))
+    }
+
     /// The client's address, for `rate_limit.by: address`: the library's
     /// [`ByClientIp`] key (an IPv6 client counted by its /64).
     #[must_use]
@@ -262,11 +271,9 @@ mod tests {
             ip(&parts("10.0.0.1", &[], None)).as_deref(),
             Some("10.0.0.1")
         );
-        // Garbage stops the walk at the last address believed.
-        assert_eq!(
-            ip(&parts("10.0.0.1", &["1.2.3.4, junk"], None)).as_deref(),
-            Some("10.0.0.1")
-        );
+        // An entry that is not an address where the client should be: no
+        // caller (before: the proxy itself, one scope for all such clients).
+        assert_eq!(ip(&parts("10.0.0.1", &["1.2.3.4, junk"], None)), None);
     }
 
     /// A dual-stack listener sees an IPv4 proxy as `::ffff:10.0.0.1`: it is

@@ -157,13 +157,12 @@ pub(crate) async fn forward(
     let uri: Uri = format!("{upstream}{pq}")
         .parse()
         .map_err(|_| Failure::Unavailable)?;
-    // HTTP/2 carries the host in the URI: keep it as the client sent it.
-    let host = match req.headers().get(header::HOST) {
-        Some(h) => Some(h.clone()),
-        None => req
-            .uri()
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+    // The target's authority wins over `Host` (RFC 9112 §3.2.2: an
+    // absolute-form target's, and HTTP/2's `:authority`); else `Host` as
+    // the client sent it.
+    let host = match req.uri().authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+        None => req.headers().get(header::HOST).cloned(),
     };
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;

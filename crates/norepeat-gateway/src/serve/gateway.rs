@@ -414,6 +414,14 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         return p.to_response().map(Body::new);
     }
     let live = gw.live.load_full();
+    if !live.caller.peer_is_trusted(req.extensions()) {
+        // What a client wrote there is not what a proxy of ours saw: the
+        // gateway writes its own (in `forward`), never appends to theirs.
+        let h = req.headers_mut();
+        for name in FORWARDING {
+            h.remove(name);
+        }
+    }
     let normalized = match normalize_path(req.uri().path()) {
         std::borrow::Cow::Borrowed(_) => None,
         std::borrow::Cow::Owned(p) => Some(p),
@@ -470,6 +478,14 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     res
 }
 
+/// The forwarding headers a client outside `trusted_proxies` may not set.
+const FORWARDING: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+];
+
 /// Why `req` is not forwarded, if it is one a backend could read otherwise
 /// than the gateway did (RFC 9112 asks a server to answer these 400). Both
 /// `Content-Length` and `Transfer-Encoding` need no check here: hyper reads
@@ -496,6 +512,18 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some("The method must be in upper case (`POST`, not `post`).")
     } else if hosts > 1 {
         Some("The request carries more than one Host header.")
+    } else if hosts == 0
+        && req.version() == http::Version::HTTP_11
+        && req.uri().authority().is_none()
+        && req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .is_some()
+    {
+        // RFC 9112 §3.2: a server answers 400 to an HTTP/1.1 request
+        // without Host. (A request made in process, which has no peer,
+        // has none either, and goes on.)
+        Some("An HTTP/1.1 request must carry a Host header.")
     } else {
         None
     }

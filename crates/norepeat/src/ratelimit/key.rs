@@ -219,13 +219,30 @@ impl ByClientIp {
         self
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of the trusted proxies (an IPv4-mapped IPv6
+    /// address as its IPv4 address): a proxy whose forwarding headers may
+    /// be believed, and passed on.
+    ///
+    /// ```
+    /// use norepeat::ratelimit::ByClientIp;
+    /// let ip = ByClientIp::new().trust_net("10.0.0.0".parse().unwrap(), 8);
+    /// assert!(ip.is_trusted("10.1.2.3".parse().unwrap()));
+    /// assert!(ip.is_trusted("::ffff:10.1.2.3".parse().unwrap()));
+    /// assert!(!ip.is_trusted("203.0.113.7".parse().unwrap()));
+    /// ```
+    #[must_use]
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted
             .iter()
             .any(|&(net, len)| in_net(canonical(ip), net, len))
     }
 
-    /// The client's address as this extractor sees it.
+    /// The client's address as this extractor sees it: the peer, or, from
+    /// a trusted proxy, the rightmost `X-Forwarded-For` entry that is not
+    /// a trusted proxy. `None` when the entry where the walk stops is not
+    /// an address (`unknown`, `_hidden`, a bracketed IPv6 without a port,
+    /// a zone id): the client is not known, and is not taken for the
+    /// proxy, which would put every such client under one key.
     #[must_use]
     pub fn client_ip(&self, parts: &Parts) -> Option<IpAddr> {
         let PeerAddr(peer) = parts.extensions.get::<PeerAddr>()?;
@@ -241,9 +258,9 @@ impl ByClientIp {
             .flat_map(|v| v.split(','))
             .collect::<Vec<_>>();
         for hop in hops.iter().rev() {
-            // A hop we cannot read ends the walk: what lies left of it is
-            // not vouched for by anyone we trust.
-            let Some(ip) = parse_hop(hop) else { break };
+            // A hop we cannot read, where a trusted proxy says the client
+            // is: the client is unknown (not the proxy that forwarded it).
+            let ip = parse_hop(hop)?;
             client = ip;
             if !self.is_trusted(ip) {
                 break;
@@ -351,11 +368,16 @@ mod tests {
         assert_eq!(key(&e, peer, &["10.0.0.9"]).as_deref(), Some("10.0.0.9"));
         // No header: the trusted peer itself.
         assert_eq!(key(&e, peer, &[]).as_deref(), Some("192.0.2.1"));
-        // Garbage ends the walk at the last readable hop.
-        assert_eq!(
-            key(&e, peer, &["1.2.3.4, nonsense, 10.0.0.5"]).as_deref(),
-            Some("10.0.0.5")
-        );
+        // An entry that is not an address where the client should be: no
+        // client (before: the trusted proxy's own address, so every such
+        // client shared one key).
+        for garbage in ["unknown", "_hidden", "[2001:db8::1]", "fe80::1%eth0"] {
+            assert_eq!(
+                key(&e, peer, &[&format!("1.2.3.4, {garbage}, 10.0.0.5")]),
+                None,
+                "{garbage}"
+            );
+        }
         // A spoofed trusted address left of the client changes nothing.
         assert_eq!(
             key(&e, peer, &["10.9.9.9, 203.0.113.9"]).as_deref(),
