@@ -234,6 +234,7 @@ every_store!(
     streaming_response_passes_through_whole_and_its_outcome_is_kept,
     a_success_whose_body_breaks_is_not_run_again,
     a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers,
+    a_key_compares_the_whole_body_and_still_knows_the_previous_releases_records,
 );
 
 each_store!(
@@ -1126,4 +1127,73 @@ async fn handler_error_releases_the_key() {
     let replay = svc(false).oneshot(req()).await.unwrap();
     assert!(replay.headers().contains_key("idempotent-replayed"));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Under one `Idempotency-Key`, two bodies that differ in any field are two
+/// requests (422), also in a field the fingerprint guard ignores to catch
+/// double clicks (`timestamp`, `sign`, `random`, `traceId`): those are not
+/// for deciding that a different request is the same one (before: the
+/// second body got the first one's replay). A record the release before
+/// this one wrote, whose fingerprint ignored those fields, is still
+/// replayed to a retry of its request.
+async fn a_key_compares_the_whole_body_and_still_knows_the_previous_releases_records<
+    G: KeyValueStore + Clone,
+>(
+    store: G,
+) {
+    use norepeat::fingerprint::{Fingerprinter, RequestParts};
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(store.clone()), &runs);
+    let first_body = r#"{"orderId":"o1","amount":1999,"timestamp":1}"#;
+    assert_eq!(
+        pay_with(&app, "u1", "k", first_body).await.status,
+        StatusCode::CREATED
+    );
+    let other = pay_with(
+        &app,
+        "u1",
+        "k",
+        r#"{"orderId":"o1","amount":1999,"timestamp":2}"#,
+    )
+    .await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        other.body
+    );
+    assert_eq!(other.code(), "idempotency_key_mismatch");
+    assert!(pay_with(&app, "u1", "k", first_body).await.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // What the release before wrote for a body with a `sign`: a completed
+    // record (version 2) whose fingerprint left `sign` out.
+    let old_body = r#"{"orderId":"o2","amount":5,"sign":"abc"}"#;
+    let legacy = Fingerprinter::default()
+        .fingerprint(&RequestParts {
+            user: "u1",
+            method: "POST",
+            route: "/payments",
+            query: None,
+            json: true,
+            body: old_body.as_bytes(),
+        })
+        .unwrap();
+    let mut record = vec![2u8, 2];
+    record.extend_from_slice(&legacy.0[..16]);
+    record.extend_from_slice(&201u16.to_be_bytes());
+    record.push(0);
+    record.extend_from_slice(b"paid before the deploy");
+    let ttl = Duration::from_secs(60);
+    assert!(
+        store
+            .put_if_absent(&record_key("u1", "k2"), &record, ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let retry = pay_with(&app, "u1", "k2", old_body).await;
+    assert!(retry.replayed(), "{:?}", retry.body);
+    assert_eq!(&retry.body[..], b"paid before the deploy");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

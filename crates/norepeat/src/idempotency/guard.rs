@@ -117,7 +117,14 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
     /// waiting for a running request's result, the same call is repeated
     /// with backoff: it replays once the record completes, and takes the key
     /// itself if the first request released it.
-    pub(super) async fn claim(&self, key: &str, fingerprint: &Digest) -> Claimed<G> {
+    /// `legacy`: the fingerprint the release before this one gave the same
+    /// request, when it differs; a record it wrote matches it too.
+    pub(super) async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Digest,
+        legacy: Option<&Digest>,
+    ) -> Claimed<G> {
         let mut owner: Owner = [0; 16];
         rand::fill(&mut owner[..]);
         let key: Arc<str> = Arc::from(key);
@@ -151,7 +158,7 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 Ok(r) => r,
                 Err(e) => return self.on_failure(StoreError::Protocol(e.to_string())),
             };
-            if !rec.is_for(fingerprint) {
+            if !rec.is_for(fingerprint) && !legacy.is_some_and(|l| rec.is_for(l)) {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
                 return Claimed::Refused(IdempotencyError::Mismatch);
             }

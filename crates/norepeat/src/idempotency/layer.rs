@@ -147,6 +147,11 @@ pub struct IdempotencyLayer<G> {
     guard: IdempotencyGuard<G>,
     keys: KeyBuilder,
     fingerprinter: Fingerprinter,
+    /// The fingerprint of the release before this one (the fingerprint
+    /// guard's, which ignored [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)),
+    /// to recognise a retry of a record it wrote; `None` once a
+    /// fingerprinter of the application's own is set.
+    legacy: Option<Fingerprinter>,
     identity: Arc<dyn Identify>,
     route: Option<Cow<'static, str>>,
     required: bool,
@@ -195,7 +200,11 @@ impl<G: Clone> IdempotencyLayer<G> {
                 abandoned: Abandoned::OutcomeUnknown,
             },
             keys: KeyBuilder::default(),
-            fingerprinter: Fingerprinter::default(),
+            // The whole request: two bodies under one key that differ in
+            // any field are two requests (422), whatever the fingerprint
+            // guard ignores to catch double clicks.
+            fingerprinter: Fingerprinter::ignoring(std::iter::empty::<&str>()),
+            legacy: Some(Fingerprinter::default()),
             identity: Arc::new(UserHeader::default()),
             route: None,
             required: true,
@@ -493,9 +502,17 @@ impl<G: Clone> IdempotencyLayer<G> {
         self
     }
 
-    /// The JSON fields left out of the request fingerprint.
+    /// How a request's fingerprint is computed, which decides whether a
+    /// request under a used key is the same one (a replay, or 409) or
+    /// another (422). Default: the whole request, no JSON field left out
+    /// (unlike the fingerprint guard, which leaves out
+    /// [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)
+    /// to catch double clicks: under one key, a body that differs in any
+    /// field is another request). A record written by a release that left
+    /// those fields out is still recognised while the default is kept.
     pub fn fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
         self.fingerprinter = fingerprinter;
+        self.legacy = None;
         self
     }
 }
@@ -710,7 +727,8 @@ where
     // The slot bounds the handlers that own a key: a request that owns none
     // (answered at once, or run in its caller's future by shadow mode or a
     // failing store) gives it back before it goes on.
-    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint).await {
+    let legacy = legacy_fingerprint(&cfg, user, path, &parts, &bytes, &fingerprint);
+    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint, legacy.as_ref()).await {
         Claimed::Owned(c, owner, attempt) => (c, owner, attempt),
         Claimed::Done(done) => {
             drop(slot);
@@ -751,6 +769,34 @@ where
         }),
     )
     .await
+}
+
+/// The fingerprint the release before this one gave the request, when it
+/// differs from `fingerprint` (the body names a field the fingerprint
+/// guard ignores): a record that release wrote for this very request is
+/// then still recognised (a replay, or 409), not taken for another request.
+/// `None` for most requests (no such field: one fingerprint, no second
+/// pass over the body).
+fn legacy_fingerprint<G>(
+    cfg: &IdempotencyLayer<G>,
+    user: &str,
+    path: &str,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    fingerprint: &Digest,
+) -> Option<Digest> {
+    let legacy = cfg.legacy.as_ref()?;
+    let mentions = |f: &&str| body.windows(f.len()).any(|w| w == f.as_bytes());
+    if !crate::fingerprint::DEFAULT_IGNORED_FIELDS
+        .iter()
+        .any(mentions)
+    {
+        return None;
+    }
+    let fp = legacy.fingerprint_http(user, parts, path, body).ok()?;
+    let mut out = [0; 16];
+    out.copy_from_slice(&fp.0[..16]);
+    (out != *fingerprint).then_some(out)
 }
 
 /// 128 bits of the request's fingerprint: caller, method, concrete path, query and
