@@ -41,9 +41,27 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def read_body(self):
+        """The request body, whole: by Content-Length, or chunk by chunk."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        try:
+            self.read_body()
+        except (ValueError, ConnectionError):
+            # A body cut off half-way: nothing was asked of this service.
+            self.close_connection = True
+            return
         path = self.path.split("?")[0]
         with LOCK:
             EFFECTS[path] = EFFECTS.get(path, 0) + 1

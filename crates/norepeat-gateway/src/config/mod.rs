@@ -116,12 +116,48 @@ pub struct Config {
     /// What signs the tokens; `None` when neither the file nor
     /// [`TOKEN_SECRET_ENV`] gives one (the store then keeps a random one).
     pub token_secret: Option<TokenSecret>,
+    /// What one client connection may hold (`limits`).
+    pub limits: Limits,
     /// The routes, in order: the first that matches a request takes it.
     pub routes: Vec<Route>,
     /// Whether the file has a `routes` key. A reload that would remove
     /// every route is refused unless the file says so (`routes: []`): a
     /// file caught half-written, or cut short, has no routes either.
     pub routes_given: bool,
+}
+
+/// `limits:`: what a client connection may hold of the gateway, so a
+/// connection costs nothing it cannot take back (defaults in line with
+/// NGINX and Envoy). Read at start: a change needs a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// `header_timeout` (10 s): a request head must have arrived this long
+    /// after its first byte (or after the connection was accepted); else
+    /// the connection is closed. NGINX's `client_header_timeout`.
+    pub header_timeout: Duration,
+    /// `idle_timeout` (60 s): a connection with no request in flight and no
+    /// byte of a next one is closed after this. NGINX's
+    /// `keepalive_timeout`, Envoy's `idle_timeout`.
+    pub idle_timeout: Duration,
+    /// `body_timeout` (30 s): the longest pause between two pieces of a
+    /// request body; a body that stalls longer fails (the request is
+    /// answered as a broken body). NGINX's `client_body_timeout`.
+    pub body_timeout: Duration,
+    /// `max_connections` (10000): client connections open at once; past
+    /// it, new ones wait in the listen queue until one closes.
+    pub max_connections: std::num::NonZeroU32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            max_connections: std::num::NonZeroU32::new(10_000).unwrap_or(std::num::NonZeroU32::MIN),
+        }
+    }
 }
 
 /// One entry of `routes`.

@@ -16,7 +16,7 @@ use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use super::{
     Ambiguous, Config, DEFAULT_LISTEN, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE,
     DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet,
-    LimitBy, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
+    LimitBy, Limits, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
     RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream,
 };
 use norepeat::ratelimit::Algorithm;
@@ -29,7 +29,14 @@ const TOP: &[&str] = &[
     "store",
     "identity",
     "token_secret",
+    "limits",
     "routes",
+];
+const LIMITS: &[&str] = &[
+    "header_timeout",
+    "idle_timeout",
+    "body_timeout",
+    "max_connections",
 ];
 const ROUTE: &[&str] = &[
     "match",
@@ -170,6 +177,10 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         },
         (None, None) => Some(None),
     };
+    let limits = match top.get("limits") {
+        None => Some(Limits::default()),
+        Some(n) => limits(w, n),
+    };
     let mut routes = Some(Vec::new());
     if let Some(n) = top.get("routes") {
         match w.sequence(n, "routes") {
@@ -192,6 +203,7 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         store: store?,
         identity: identity?,
         token_secret: token_secret?,
+        limits: limits?,
         routes: routes?,
         routes_given: top.get("routes").is_some(),
     })
@@ -458,6 +470,31 @@ fn rate_limit(w: &mut Walker, node: &Node, path: &str) -> Option<RateLimit> {
         },
         by: by?,
     })
+}
+
+fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
+    let f = w.mapping(node, "limits", LIMITS)?;
+    let mut limits = Limits::default();
+    let mut ok = true;
+    for (name, slot) in [
+        ("header_timeout", &mut limits.header_timeout),
+        ("idle_timeout", &mut limits.idle_timeout),
+        ("body_timeout", &mut limits.body_timeout),
+    ] {
+        if let Some(n) = f.get(name) {
+            match w.duration(n, &format!("limits.{name}")) {
+                Some(d) => *slot = d,
+                None => ok = false,
+            }
+        }
+    }
+    if let Some(n) = f.get("max_connections") {
+        match w.count(n, "limits.max_connections") {
+            Some(c) => limits.max_connections = c,
+            None => ok = false,
+        }
+    }
+    ok.then_some(limits)
 }
 
 fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {

@@ -699,3 +699,48 @@ fn a_misspelt_field_gets_the_nearest_name() {
     assert_eq!(super::parse::edits("", "ab"), 2);
     assert_eq!(super::parse::edits("kitten", "sitting"), 3);
 }
+
+/// `limits`: the contract's defaults, each field settable, a bad value
+/// named by its field (before: `limits` was an unknown field, and a file
+/// written to the contract failed `check`).
+#[test]
+fn limits_have_defaults_and_are_checked() {
+    let l = ok(UP).limits;
+    assert_eq!(l.header_timeout, Duration::from_secs(10));
+    assert_eq!(l.idle_timeout, Duration::from_secs(60));
+    assert_eq!(l.body_timeout, Duration::from_secs(30));
+    assert_eq!(l.max_connections.get(), 10_000);
+    let l = ok(&format!(
+        "{UP}limits:\n  header_timeout: 2s\n  idle_timeout: 75s\n  body_timeout: 500ms\n  max_connections: 64\n"
+    ))
+    .limits;
+    assert_eq!(
+        (
+            l.header_timeout,
+            l.idle_timeout,
+            l.body_timeout,
+            l.max_connections.get()
+        ),
+        (
+            Duration::from_secs(2),
+            Duration::from_secs(75),
+            Duration::from_millis(500),
+            64
+        )
+    );
+    assert_one(
+        &format!("{UP}limits:\n  idle_timeout: 60\n"),
+        "3:17 limits.idle_timeout",
+        "no unit",
+    );
+    assert_one(
+        &format!("{UP}limits:\n  max_connections: 0\n"),
+        "3:20 limits.max_connections",
+        "whole number",
+    );
+    assert_one(
+        &format!("{UP}limits:\n  keepalive: 5s\n"),
+        "3:3 limits.keepalive",
+        "",
+    );
+}

@@ -213,6 +213,8 @@ pub struct Gateway {
     /// still waiting then ends as an unknown outcome (see [`super::run`]).
     pub(super) stopping: CancellationToken,
     pub(super) store_url: StoreUrl,
+    /// What a client connection may hold (read at start).
+    pub(super) limits: crate::config::Limits,
     pub(super) metrics: Option<PrometheusHandle>,
 }
 
@@ -257,6 +259,7 @@ impl Gateway {
             detached,
             stopping,
             store_url: config.store.clone(),
+            limits: config.limits,
             metrics,
         })
     }

@@ -35,6 +35,7 @@
 //! does.
 
 mod caller;
+mod connection;
 mod count;
 mod forward;
 mod gateway;

@@ -5,7 +5,6 @@ use super::own;
 
 use crate::config::Config;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +29,7 @@ pub async fn serve(
     file: Option<PathBuf>,
 ) -> std::io::Result<()> {
     let gateway = Arc::new(gateway);
+    let limits = gateway.limits;
     let app = own::router(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
@@ -39,11 +39,7 @@ pub async fn serve(
     // When the stop was asked: the grace counts from there.
     let (tx, mut rx) = tokio::sync::watch::channel(None);
     let asked = rx.clone();
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
+    let server = super::connection::serve(listener, app, limits, async move {
         stop_signal().await;
         let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
     });
@@ -54,7 +50,7 @@ pub async fn serve(
             _ => std::future::pending().await,
         }
     };
-    let mut server = std::pin::pin!(server.into_future());
+    let mut server = std::pin::pin!(server);
     let served = tokio::select! {
         r = &mut server => r,
         () = grace => {

@@ -1,0 +1,331 @@
+//! Client connections: accepted up to `limits.max_connections`, each held
+//! to the file's `limits`, so a connection costs the gateway nothing it
+//! cannot take back.
+//!
+//! A connection is in one of three phases, which its socket's reads time:
+//! - **head**: from its accept, or from the first byte after an idle
+//!   spell, until a request head has been read: at most `header_timeout`
+//!   (a head sent a line every few seconds is cut there, as NGINX's
+//!   `client_header_timeout` does);
+//! - **busy**: a request is in flight (its answer not yet sent whole): no
+//!   socket timer, as the upstream may take its route's `timeout`; the
+//!   request body is held to `body_timeout` between two pieces;
+//! - **idle**: nothing in flight: closed after `idle_timeout` without a
+//!   byte.
+//!
+//! Past `max_connections` new connections wait in the listen queue until
+//! one closes; an `accept` that fails for lack of descriptors (`EMFILE`)
+//! backs off and keeps serving the connections that are open.
+
+use crate::config::Limits;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+
+const HEAD: u8 = 0;
+const BUSY: u8 = 1;
+const IDLE: u8 = 2;
+
+/// Serves `app` on `listener` until `shutdown` resolves, then lets every
+/// connection finish the request it serves (the caller bounds that wait).
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(
+        usize::try_from(limits.max_connections.get()).unwrap_or(usize::MAX),
+    ));
+    let graceful = GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http2().enable_connect_protocol();
+    let builder = Arc::new(builder);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut pause = ACCEPT_PAUSE;
+    loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => {
+                    pause = ACCEPT_PAUSE;
+                    a
+                }
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of descriptors (`EMFILE`, `ENFILE`) or memory:
+                    // wait for connections to close, keep serving them.
+                    tracing::error!(error = %e, "accept failed; trying again in {pause:?}");
+                    metrics::counter!("norepeat_gateway_accept_errors_total").increment(1);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_ACCEPT_PAUSE);
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let watch = Arc::new(Watch::new());
+        let io = TokioIo::new(Timed::new(stream, Arc::clone(&watch), limits));
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let in_flight = InFlight::start(&watch);
+            let mut req = req.map(|b| {
+                Body::new(tower_http::timeout::TimeoutBody::new(
+                    limits.body_timeout,
+                    b,
+                ))
+            });
+            req.extensions_mut().insert(ConnectInfo(peer));
+            let app = app.clone();
+            async move {
+                let res = app.oneshot(req).await?;
+                // The request is in flight until its answer is sent whole
+                // (or dropped): the guard goes with the body.
+                Ok::<_, std::convert::Infallible>(res.map(|b| Body::new(Tracked(b, in_flight))))
+            }
+        });
+        let builder = Arc::clone(&builder);
+        let conn = graceful.watch(
+            builder
+                .serve_connection_with_upgrades(io, service)
+                .into_owned(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "connection ended");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The first pause after a failed `accept`, doubled up to [`MAX_ACCEPT_PAUSE`].
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+const MAX_ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// A client that went away before its connection was accepted.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// A connection's phase and since when (see the module docs).
+struct Watch {
+    phase: AtomicU8,
+    in_flight: AtomicUsize,
+    since: Mutex<Instant>,
+    /// The socket's reader, when it last waited: woken when the phase
+    /// changes, to arm the new phase's timer (hyper does not read again
+    /// on its own once an answer is sent).
+    reader: Mutex<Option<std::task::Waker>>,
+}
+
+impl Watch {
+    fn new() -> Self {
+        Self {
+            phase: AtomicU8::new(HEAD),
+            in_flight: AtomicUsize::new(0),
+            since: Mutex::new(Instant::now()),
+            reader: Mutex::new(None),
+        }
+    }
+
+    /// Keeps `waker` to wake when the phase changes.
+    fn waiting(&self, waker: &std::task::Waker) {
+        let mut reader = self
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !reader.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *reader = Some(waker.clone());
+        }
+    }
+
+    fn enter(&self, phase: u8) {
+        *self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        self.phase.store(phase, Ordering::Release);
+    }
+
+    fn since(&self) -> Instant {
+        *self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One request in flight on its connection; the connection is idle again
+/// once the last one's answer is sent (or dropped).
+struct InFlight(Arc<Watch>);
+
+impl InFlight {
+    fn start(watch: &Arc<Watch>) -> Self {
+        watch.in_flight.fetch_add(1, Ordering::AcqRel);
+        watch.phase.store(BUSY, Ordering::Release);
+        Self(Arc::clone(watch))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.enter(IDLE);
+            let reader = self
+                .0
+                .reader
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(w) = reader {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it is dropped.
+struct Tracked(Body, #[allow(dead_code)] InFlight);
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}
+
+/// The client's socket, its reads timed by its connection's phase.
+struct Timed {
+    stream: TcpStream,
+    watch: Arc<Watch>,
+    limits: Limits,
+    timer: Pin<Box<Sleep>>,
+    armed: Option<Instant>,
+}
+
+impl Timed {
+    fn new(stream: TcpStream, watch: Arc<Watch>, limits: Limits) -> Self {
+        Self {
+            stream,
+            watch,
+            limits,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed: None,
+        }
+    }
+}
+
+impl AsyncRead for Timed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before && this.watch.phase.load(Ordering::Acquire) == IDLE {
+                    // The first byte of a next request: its head is timed.
+                    this.watch.enter(HEAD);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                this.watch.waiting(cx.waker());
+                let (limit, what) = match this.watch.phase.load(Ordering::Acquire) {
+                    HEAD => (this.limits.header_timeout, "request head"),
+                    IDLE => (this.limits.idle_timeout, "idle connection"),
+                    _ => return Poll::Pending,
+                };
+                let deadline = this.watch.since() + limit;
+                if this.armed != Some(deadline) {
+                    this.timer.as_mut().reset(deadline);
+                    this.armed = Some(deadline);
+                }
+                if this.timer.as_mut().poll(cx).is_ready() {
+                    metrics::counter!("norepeat_gateway_connections_timed_out_total", "phase" => if what == "request head" { "head" } else { "idle" }).increment(1);
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{what} past its limit of {limit:?}"),
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Timed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
