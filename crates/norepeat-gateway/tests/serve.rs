@@ -2243,3 +2243,61 @@ async fn past_max_connections_a_new_one_waits_for_a_free_slot() {
     assert!(answered, "never served");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }
+
+/// Issue 37, item 1: a route's upstream `timeout` counts from the
+/// request's last body byte (a slow upload is not the backend's fault:
+/// before, a 2.5 s upload on a 1 s route was 504), and a client body that
+/// breaks (a malformed chunk) is the client's 400, never 504, and does not
+/// use up a token (before: 504 `upstream_timeout`, and the token spent).
+#[tokio::test]
+async fn a_slow_upload_is_not_the_backends_time_and_a_broken_chunk_is_400() {
+    use tokio::io::AsyncWriteExt;
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /upload
+    rate_limit: {rate: 1000/s}
+    timeout: 1s
+  - match: POST /orders
+    guard: token
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", g.port));
+    let mut slow = connect().await.unwrap();
+    slow.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: x\r\nx-user-id: u1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    for _ in 0..5 {
+        slow.write_all(b"4\r\nslow\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    slow.write_all(b"0\r\n\r\n").await.unwrap();
+    let (_, text) = closed_within(&mut slow, Duration::from_secs(15)).await;
+    assert!(text.starts_with("HTTP/1.1 201"), "{text}");
+
+    let token = token_for(&g, "u1").await;
+    let token = token["repeatToken"].as_str().unwrap();
+    let mut broken = connect().await.unwrap();
+    broken
+        .write_all(
+            format!(
+                "POST /orders HTTP/1.1\r\nhost: x\r\nx-user-id: u1\r\nrepeat-token: {token}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\nabcd\r\nZZ\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (_, text) = closed_within(&mut broken, Duration::from_secs(15)).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("invalid_request"), "{text}");
+    let again = Client::new()
+        .post(url(&g, "/orders"))
+        .header("x-user-id", "u1")
+        .header("repeat-token", token)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 201, "the broken request used up the token");
+}

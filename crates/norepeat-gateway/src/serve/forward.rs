@@ -52,6 +52,90 @@ pub(crate) enum Failure {
     /// No answer within the timeout, or the connection broke after the
     /// request was sent: the outcome is unknown.
     Timeout,
+    /// The client's own body broke off (a malformed chunk, a stall past
+    /// `body_timeout`): the backend never got a whole request. The
+    /// client's 400, not the upstream's fault.
+    ClientBody,
+}
+
+/// What became of a request body on its way to the upstream.
+struct Sent {
+    /// When its last piece went (or the request started): the upstream's
+    /// `timeout` counts from here, so a slow upload is the client's time,
+    /// not the backend's.
+    last: std::sync::Mutex<tokio::time::Instant>,
+    /// The client's body failed while it was read.
+    broke: std::sync::atomic::AtomicBool,
+}
+
+impl Sent {
+    fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(tokio::time::Instant::now()),
+            broke: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn progress(&self) {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Resolves once `timeout` has passed since the body last moved.
+    async fn quiet_for(&self, timeout: Duration) {
+        loop {
+            let until = self.last() + timeout;
+            tokio::time::sleep_until(until).await;
+            if self.last() + timeout <= tokio::time::Instant::now() {
+                return;
+            }
+        }
+    }
+}
+
+/// A request body that tells [`Sent`] when it ends or breaks.
+struct Watched {
+    inner: Body,
+    sent: std::sync::Arc<Sent>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Err(_))) => {
+                self.sent
+                    .broke
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            Poll::Ready(_) => self.sent.progress(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
@@ -172,11 +256,27 @@ pub(crate) async fn forward(
     if let Some(h) = host {
         headers.insert(header::HOST, h);
     }
-    let res = match tokio::time::timeout(timeout, client.request(req)).await {
+    // The upstream's `timeout` counts from the request's last body byte (or
+    // its start): a slow upload is the client's time, not the backend's
+    // (each of its pauses is bounded by `limits.body_timeout`).
+    let sent = std::sync::Arc::new(Sent::new());
+    let req = req.map(|inner| {
+        Body::new(Watched {
+            inner,
+            sent: std::sync::Arc::clone(&sent),
+        })
+    });
+    let deadline = sent.quiet_for(timeout);
+    let res = tokio::select! {
+        res = client.request(req) => res,
+        () = deadline => return Err(Failure::Timeout),
+    };
+    let broke = || sent.broke.load(std::sync::atomic::Ordering::Acquire);
+    let res = match res {
+        Err(e) if e.is_connect() => return Err(Failure::Unavailable),
+        Err(_) if broke() => return Err(Failure::ClientBody),
         Err(_) => return Err(Failure::Timeout),
-        Ok(Err(e)) if e.is_connect() => return Err(Failure::Unavailable),
-        Ok(Err(_)) => return Err(Failure::Timeout),
-        Ok(Ok(res)) => res,
+        Ok(res) => res,
     };
     let (mut parts, body) = res.into_parts();
     strip_hop_by_hop(&mut parts.headers);

@@ -6,7 +6,9 @@ use super::caller::with_peer;
 use super::count::{Counted, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
-use super::stack::{outcome_unknown, stack, upstream_timeout, upstream_unavailable};
+use super::stack::{
+    client_body_broke, outcome_unknown, stack, upstream_timeout, upstream_unavailable,
+};
 use crate::config::{
     Config, Guard, OnStoreFailure, StoreUrl, normalize_path, route_spelling, with_slashes_decoded,
     without_format_suffix,
@@ -461,6 +463,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
             Ok(res) => res,
             Err(Failure::Unavailable) => upstream_unavailable(),
+            Err(Failure::ClientBody) => client_body_broke(),
             Err(Failure::Timeout) => upstream_timeout(),
         };
     };

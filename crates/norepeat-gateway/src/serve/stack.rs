@@ -282,6 +282,7 @@ impl UpstreamStage {
                 res
             }
             Err(Failure::Unavailable) => upstream_unavailable(),
+            Err(Failure::ClientBody) => client_body_broke(),
             Err(Failure::Timeout) if self.keep => {
                 // Stored by the idempotency layer as the key's record.
                 let mut res = Response::new(Body::empty());
@@ -329,6 +330,17 @@ pub(super) fn upstream_unavailable() -> Response<Body> {
     .detail("The upstream refused the connection or could not be reached; nothing reached it.");
     let mut res = problem_response(&p);
     // Nothing was sent: a token route gives the token back for the retry.
+    res.extensions_mut().insert(NotReached);
+    res
+}
+
+/// 400 `invalid_request`: the client's body broke off on its way (a
+/// malformed chunk, a stall past `body_timeout`). The backend never got a
+/// whole request: a token route gives the token back.
+pub(super) fn client_body_broke() -> Response<Body> {
+    let p = Problem::custom(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request")
+        .detail("The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.");
+    let mut res = problem_response(&p);
     res.extensions_mut().insert(NotReached);
     res
 }
