@@ -602,16 +602,9 @@ async fn stale_completion_is_fenced_out<G: Store + Clone>(store: G) {
         .lease_renewal(false)
         .abandoned(Abandoned::Retry);
     let app = app(layer, &runs);
-    let hold = Hold::new();
-    let stale = {
-        let app = app.clone();
-        let h = hold.header();
-        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
-    };
-    // Once the first runs (so it has claimed), its 50 ms lease and the
-    // second allowed for clocks that disagree: its claim is abandoned, this
-    // one takes it over and completes.
-    running(&runs).await;
+    let (stale, hold) = held_first(&app, &runs).await;
+    // Its 50 ms lease and the second allowed for clocks that disagree: its
+    // claim is abandoned, this one takes it over and completes.
     tokio::time::sleep(Duration::from_millis(1_250)).await;
     a_retry_takes_over_from(&app, &runs, stale, &hold).await;
 }
@@ -630,13 +623,7 @@ async fn a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers<
         .lease(Duration::from_millis(50))
         .lease_renewal(false);
     let app = app(layer, &runs);
-    let hold = Hold::new();
-    let slow = {
-        let app = app.clone();
-        let h = hold.header();
-        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
-    };
-    running(&runs).await;
+    let (slow, hold) = held_first(&app, &runs).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..3 {
         let repeat = pay_with(&app, "u1", "k", BODY).await;
@@ -651,6 +638,19 @@ async fn a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers<
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Sends a payment with key `k` that its handler holds until the returned
+/// [`Hold`] is released, once that handler runs (its claim is taken).
+async fn held_first(app: &Router, runs: &Runs) -> (JoinHandle<Answer>, Hold) {
+    let hold = Hold::new();
+    let first = {
+        let app = app.clone();
+        let h = hold.header();
+        tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
+    };
+    running(runs).await;
+    (first, hold)
 }
 
 /// Waits until the handler has started (so its request holds its claim),

@@ -793,9 +793,7 @@ fn legacy_fingerprint<G>(
     {
         return None;
     }
-    let fp = legacy.fingerprint_http(user, parts, path, body).ok()?;
-    let mut out = [0; 16];
-    out.copy_from_slice(&fp.0[..16]);
+    let out = kept(&legacy.fingerprint_http(user, parts, path, body).ok()?);
     (out != *fingerprint).then_some(out)
 }
 
@@ -813,9 +811,14 @@ fn fingerprint_of<G>(
     let fp = cfg
         .fingerprinter
         .fingerprint_http(user, parts, route, body)?;
+    Ok(kept(&fp))
+}
+
+/// The 128 bits of a fingerprint a record keeps.
+fn kept(fp: &crate::fingerprint::Digest) -> Digest {
     let mut out = [0; 16];
     out.copy_from_slice(&fp.0[..16]);
-    Ok(out)
+    out
 }
 
 impl From<IdempotencyError> for Problem {
