@@ -466,23 +466,19 @@ impl<S: KeyValueStore + Clone> Claim<S> {
 
     /// Replaces the claim's value (whichever of its values the store
     /// holds) with `done` for `ttl`; whether it did.
+    /// (The claim is settled after it: the fence is not told of `done`.)
     async fn replace_with(&self, done: &[u8], ttl: Duration) -> Result<bool, StoreError> {
-        let mut values = self.fence.lock().await;
-        let mut stored = false;
+        let values = self.fence.lock().await;
         for v in values.newest_first() {
             if self
                 .store
                 .replace_if_equals(&self.key, v, done, ttl)
                 .await?
             {
-                stored = true;
-                break;
+                return Ok(true);
             }
         }
-        if stored {
-            values.replaced_by(Bytes::copy_from_slice(done));
-        }
-        Ok(stored)
+        Ok(false)
     }
 
     async fn delete(&self) {

@@ -227,11 +227,7 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -358,13 +354,13 @@ mod sqlite {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_owner_is_an_unknown_outcome() {
-        let db = TempFile::new("db");
-        a_killed_owner_is_an_unknown_outcome(StoreAt::Sqlite(db.0.clone())).await;
+        let db = norepeat_testkit::SqliteFile::new();
+        a_killed_owner_is_an_unknown_outcome(StoreAt::Sqlite(db.path())).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_owner_is_taken_over_as_attempt_2() {
-        let db = TempFile::new("db");
-        a_killed_owner_is_taken_over_as_attempt_2(StoreAt::Sqlite(db.0.clone())).await;
+        let db = norepeat_testkit::SqliteFile::new();
+        a_killed_owner_is_taken_over_as_attempt_2(StoreAt::Sqlite(db.path())).await;
     }
 }

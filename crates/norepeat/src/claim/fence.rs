@@ -31,12 +31,36 @@ pub(crate) type Restamp = fn(&[u8], u64) -> Option<Vec<u8>>;
 /// oldest is forgotten.
 const MAX_VALUES: usize = 4;
 
+/// What the store may hold for a claim.
+struct Values {
+    /// The value last known to be written.
+    known: Bytes,
+    /// The values of renewals whose answer did not come, oldest first
+    /// (empty, and so not allocated, for nearly every claim).
+    unsure: Vec<Bytes>,
+}
+
+impl Values {
+    fn new(known: Bytes) -> tokio::sync::Mutex<Self> {
+        tokio::sync::Mutex::new(Self {
+            known,
+            unsure: Vec::new(),
+        })
+    }
+
+    fn newest_first(&self) -> impl Iterator<Item = &Bytes> {
+        self.unsure
+            .iter()
+            .rev()
+            .chain(std::iter::once(&self.known))
+    }
+}
+
 /// A claim's value, shared by the claim, its renewal and a transaction
 /// that completes it.
 pub(crate) struct Fence {
-    /// What the store may hold for this claim, oldest first: one value,
-    /// and one more per renewal whose answer did not come.
-    values: tokio::sync::Mutex<Vec<Bytes>>,
+    /// What the store may hold for this claim.
+    values: tokio::sync::Mutex<Values>,
     /// How a renewal rewrites the value (`None`: it only extends the TTL).
     restamp: Option<Restamp>,
     /// The lease a renewal grants, counted from the renewal.
@@ -56,7 +80,7 @@ impl Fence {
     /// A claim whose value never changes: renewal extends its TTL.
     pub(crate) fn fixed(value: Bytes, lease: Duration) -> Arc<Self> {
         Arc::new(Self {
-            values: tokio::sync::Mutex::new(vec![value]),
+            values: Values::new(value),
             restamp: None,
             lease,
         })
@@ -66,7 +90,7 @@ impl Fence {
     /// with `restamp`, `lease` from the renewal.
     pub(crate) fn stamped(value: Bytes, restamp: Restamp, lease: Duration) -> Arc<Self> {
         Arc::new(Self {
-            values: tokio::sync::Mutex::new(vec![value]),
+            values: Values::new(value),
             restamp: Some(restamp),
             lease,
         })
@@ -98,7 +122,7 @@ impl Fence {
             }
         };
         let Some(restamp) = self.restamp else {
-            for v in values.iter().rev() {
+            for v in values.newest_first() {
                 if store.expire_if_equals(key, v, ttl).await? {
                     return Ok(true);
                 }
@@ -107,44 +131,39 @@ impl Fence {
         };
         let deadline = crate::clock::now_ms()
             .saturating_add(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX));
-        let newest = values.last().cloned().unwrap_or_default();
+        let newest = values.newest_first().next().cloned().unwrap_or_default();
         let Some(next) = restamp(&newest, deadline) else {
             return Ok(false);
         };
         let next = Bytes::from(next);
-        let tried: Vec<Bytes> = values.iter().rev().cloned().collect();
+        let tried: Vec<Bytes> = values.newest_first().cloned().collect();
         // Until the store answers, it may hold the new value: if this
         // future is dropped (its budget ran out) the value stays known.
-        values.push(next.clone());
-        if values.len() > MAX_VALUES {
-            values.remove(0);
+        values.unsure.push(next.clone());
+        if values.unsure.len() >= MAX_VALUES {
+            values.unsure.remove(0);
         }
         for v in &tried {
             if store.replace_if_equals(key, v, &next, ttl).await? {
-                *values = vec![next];
+                values.known = next;
+                values.unsure.clear();
                 return Ok(true);
             }
         }
         // None of them is in the store: the new value was not written.
-        values.pop();
+        values.unsure.pop();
         Ok(false)
     }
 }
 
 /// The values a claim's key may hold, locked against renewal (see
 /// [`Fence::lock`]).
-pub(crate) struct FenceGuard<'a>(tokio::sync::MutexGuard<'a, Vec<Bytes>>);
+pub(crate) struct FenceGuard<'a>(tokio::sync::MutexGuard<'a, Values>);
 
 impl FenceGuard<'_> {
     /// Newest first.
     pub(crate) fn newest_first(&self) -> impl Iterator<Item = &Bytes> {
-        self.0.iter().rev()
-    }
-
-    /// After a change that replaced the claim's value with `value` (a
-    /// completion): the store holds it now.
-    pub(crate) fn replaced_by(&mut self, value: Bytes) {
-        *self.0 = vec![value];
+        self.0.newest_first()
     }
 }
 
@@ -219,7 +238,7 @@ mod tests {
                     .await
                     .unwrap()
             );
-            values.push(landed);
+            values.unsure.push(landed);
         }
         assert!(fence.renew(&store, "k", ttl, true).await.unwrap());
         assert_eq!(fence.lock().await.newest_first().count(), 1);
