@@ -456,8 +456,13 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         return p.to_response().map(Body::new);
     }
     if found.is_some() {
-        let key = route_spelling(keyed.as_deref().unwrap_or(path)).into_owned();
-        set_path(&mut req, normalized.as_deref(), &key);
+        let key = route_spelling(keyed.as_deref().unwrap_or(path));
+        // The common request, already in the route's one spelling, keeps
+        // its URI as it is: no copy.
+        if normalized.is_some() || *key != *req.uri().path() {
+            let key = key.into_owned();
+            set_path(&mut req, normalized.as_deref(), &key);
+        }
     }
     let Some(route) = found else {
         return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
