@@ -7,7 +7,8 @@ use super::count::{Counted, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
 use super::stack::{
-    client_body_broke, outcome_unknown, stack, upstream_timeout, upstream_unavailable,
+    client_body_broke, invalid_request, outcome_unknown, stack, upstream_timeout,
+    upstream_unavailable,
 };
 use crate::config::{
     Config, Guard, OnStoreFailure, StoreUrl, normalize_path, route_spelling, with_slashes_decoded,
@@ -410,13 +411,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // to match, and no upstream URL to make of it. The client's request,
     // so a 400 of the gateway's, not a 502.
     if let Some(why) = not_forwarded(&req) {
-        let p = Problem::custom(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "Invalid request",
-        )
-        .detail(why);
-        return p.to_response().map(Body::new);
+        return invalid_request(why);
     }
     let live = gw.live.load_full();
     if !live.caller.peer_is_trusted(req.extensions()) {
@@ -447,13 +442,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     if found.is_none()
         && let Some(why) = other_spelling(&live, method, path)
     {
-        let p = Problem::custom(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "Invalid request",
-        )
-        .detail(why);
-        return p.to_response().map(Body::new);
+        return invalid_request(why);
     }
     if found.is_some() {
         let key = route_spelling(keyed.as_deref().unwrap_or(path));

@@ -334,13 +334,18 @@ pub(super) fn upstream_unavailable() -> Response<Body> {
     res
 }
 
+/// 400 `invalid_request`: the client's request, refused for `why`.
+pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
+    problem_response(&Problem::new(norepeat::problem::Code::InvalidRequest).detail(why))
+}
+
 /// 400 `invalid_request`: the client's body broke off on its way (a
 /// malformed chunk, a stall past `body_timeout`). The backend never got a
 /// whole request: a token route gives the token back.
 pub(super) fn client_body_broke() -> Response<Body> {
-    let p = Problem::custom(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request")
-        .detail("The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.");
-    let mut res = problem_response(&p);
+    let mut res = invalid_request(
+        "The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.",
+    );
     res.extensions_mut().insert(NotReached);
     res
 }

@@ -49,10 +49,7 @@ impl Values {
     }
 
     fn newest_first(&self) -> impl Iterator<Item = &Bytes> {
-        self.unsure
-            .iter()
-            .rev()
-            .chain(std::iter::once(&self.known))
+        self.unsure.iter().rev().chain(std::iter::once(&self.known))
     }
 }
 
