@@ -40,7 +40,7 @@ use tower::util::BoxCloneSyncService;
 
 /// The store every route shares: the file's store behind the library's
 /// time budget and circuit breaker, and, for the routes that fail open, a
-/// bounded local memory behind that ([`Fallback`], 100,000 keys that
+/// bounded local memory behind that ([`Fallback`] over a 64 MiB [`MemoryStore`], keys that
 /// expire with their TTL): while the store is down such a route still
 /// catches the repeats that reach this instance. A fail-closed route gets
 /// the same store without the memory ([`closed`](Self::closed)): a failure
@@ -473,7 +473,9 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // Before `finish`, which may answer with a response of its own.
     let store_failed = super::shadow::count(&route.metrics, &res);
     // Let through by the local memory, the store down: failed open.
-    let (res, counted) = finish(res, store_failed || decided_locally);
+    // A replay is a replay, whatever decided it (the local memory too).
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
     route.metrics.count(counted);
     res
 }

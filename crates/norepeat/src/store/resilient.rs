@@ -111,7 +111,11 @@ impl Silence {
     /// The store answered (a call in time, an error of its own, or a call
     /// whose caller had given up): it is not silent.
     fn answered(&self) {
-        self.timeouts.store(0, Ordering::Relaxed);
+        // Read first: every answered call comes here, and a store to a
+        // shared line on each would bounce it between threads.
+        if self.timeouts.load(Ordering::Relaxed) != 0 {
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
     }
 
     /// A call sent at `sent` timed out. Whether the store is to reconnect:
@@ -402,7 +406,10 @@ fn late_to<S: KeyValueStore>(
     let late: Arc<dyn Fn(Duration) + Send + Sync> = Arc::new(move |took| {
         silence.answered();
         budget.observe(took);
-        if took <= budget.ceiling {
+        // Only once the budget now waits that long: a lone late answer
+        // among fast ones (below the p99) raises nothing, and closing the
+        // breaker then would only reopen it at the old budget.
+        if took <= budget.current() {
             breaker.record_late_answer();
         }
     });

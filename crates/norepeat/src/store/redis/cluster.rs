@@ -131,7 +131,7 @@ impl ClusterStore {
         };
         let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
             .connection_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(2))
+            .response_timeout(super::single::RESPONSE_TIMEOUT)
             .retries(6)
             .min_retry_wait(10)
             .max_retry_wait(500)
