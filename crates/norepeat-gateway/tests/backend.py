@@ -3,7 +3,7 @@ not ours, for tests/serve.rs.
 
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
-count, with the headers `X-Order: <count>`, `X-Backend: py` and a
+count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backend: py` and a
 `Set-Cookie` (with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
@@ -92,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("X-Big"):
             self.answer(201, BIG, extra)
             return
-        body = json.dumps({"path": path, "effect": n, "at": time.time()}).encode()
+        body = json.dumps({"path": path, "effect": n, "host": self.headers.get("Host"), "at": time.time()}).encode()
         self.answer(int(self.headers.get("X-Status") or 201), body, extra)
 
     def broken(self):

@@ -103,7 +103,7 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         (
             "neither_guard_nor_rate_limit",
             route("    shadow: true\n"),
-            ":3:5: routes[0]: a route needs a guard or a rate_limit",
+            ":3:5: routes[0]: a route needs a guard, a rate_limit or an upstream of its own",
         ),
         (
             "yaml_syntax_error",

@@ -2301,3 +2301,115 @@ async fn a_slow_upload_is_not_the_backends_time_and_a_broken_chunk_is_400() {
         .unwrap();
     assert_eq!(again.status(), 201, "the broken request used up the token");
 }
+
+/// Issue 37, item 3: keys are scoped by the site (`Host`) as well as the
+/// caller. Before, user `42` with key `checkout-7` on `b.shop.example` got
+/// `a.shop.example`'s stored answer, and b's payment never ran; and the
+/// same order from user 42 on two sites was one fingerprint. Spellings of
+/// one site (case, a trailing dot, its default port) stay one scope.
+#[tokio::test]
+async fn keys_are_scoped_by_host_as_well_as_by_caller() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /pay
+    guard: idempotency
+  - match: POST /orders/quick
+    guard: fingerprint
+    window: 1m
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let pay = |host: &'static str| {
+        Client::new()
+            .post(url(&g, "/pay"))
+            .header("host", host)
+            .header("x-user-id", "42")
+            .header("idempotency-key", "checkout-7")
+            .body("{}")
+            .send()
+    };
+    let seen_host = |v: &Value| v["host"].as_str().unwrap_or_default().to_owned();
+    let a: Value = pay("a.shop.example").await.unwrap().json().await.unwrap();
+    assert_eq!(seen_host(&a), "a.shop.example", "{a}");
+    let first_b = pay("b.shop.example").await.unwrap();
+    assert!(
+        first_b.headers().get("idempotent-replayed").is_none(),
+        "b got a's stored answer"
+    );
+    let first_b: Value = first_b.json().await.unwrap();
+    assert_eq!(seen_host(&first_b), "b.shop.example", "{first_b}");
+    for (spelling, site) in [
+        ("B.Shop.Example.", "b.shop.example"),
+        ("b.shop.example:80", "b.shop.example"),
+        ("A.SHOP.EXAMPLE", "a.shop.example"),
+    ] {
+        let res = pay(spelling).await.unwrap();
+        assert_eq!(res.headers()["idempotent-replayed"], "true", "{spelling}");
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(seen_host(&v), site, "{spelling} got another site's answer");
+    }
+    assert_eq!(effects(&b).await["/pay"], 2, "one payment per site");
+
+    let order = |host: &'static str| {
+        Client::new()
+            .post(url(&g, "/orders/quick"))
+            .header("host", host)
+            .header("x-user-id", "42")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"s1"}"#)
+            .send()
+    };
+    assert_eq!(order("a.shop.example").await.unwrap().status(), 201);
+    assert_eq!(order("b.shop.example").await.unwrap().status(), 201);
+    assert_eq!(order("a.shop.example.").await.unwrap().status(), 409);
+}
+
+/// Issue 38, item 1: a route may only route (its own `upstream`, no
+/// guard), a `match` may end in a prefix (`ANY /api/{*rest}`) and a route
+/// may name a `host`. Requests for other sites, and paths outside the
+/// prefix, go to the file's upstream; a routing route is no guard, so
+/// another spelling of its path is forwarded, not refused; its bodies are
+/// not capped at the guards' 64 KiB.
+#[tokio::test]
+async fn a_route_may_route_a_prefix_of_one_host_to_its_own_upstream() {
+    let main = backend(0).await;
+    let api = backend(0).await;
+    let routes = format!(
+        "
+  - match: ANY /api/{{*rest}}
+    host: api.example.com
+    upstream: http://127.0.0.1:{}
+",
+        api.port
+    );
+    let g = gateway(&file(&main, "memory", &routes)).await;
+    let send = |method: reqwest::Method, host: &'static str, path: &'static str, body: Vec<u8>| {
+        Client::new()
+            .request(method, url(&g, path))
+            .header("host", host)
+            .body(body)
+            .send()
+    };
+    let big = vec![b'x'; 200 * 1024];
+    for (method, path) in [
+        (reqwest::Method::POST, "/api/orders"),
+        (reqwest::Method::POST, "/api/v1/users/7"),
+        (reqwest::Method::POST, "/api"),
+    ] {
+        let res = send(method, "API.example.com", path, big.clone()).await.unwrap();
+        assert_eq!(res.status(), 201, "{path}");
+    }
+    assert_eq!(effects(&api).await["/api/orders"], 1);
+    assert_eq!(effects(&api).await["/api/v1/users/7"], 1);
+    assert_eq!(effects(&api).await["/api"], 1);
+    // Another site, and a path outside the prefix: the file's upstream.
+    let other = send(reqwest::Method::POST, "www.example.com", "/api/orders", Vec::new());
+    assert_eq!(other.await.unwrap().status(), 201);
+    let outside = send(reqwest::Method::POST, "api.example.com", "/apis", Vec::new());
+    assert_eq!(outside.await.unwrap().status(), 201);
+    let folded = send(reqwest::Method::POST, "api.example.com", "/API/orders", Vec::new());
+    assert_eq!(folded.await.unwrap().status(), 201, "no guard to pass by");
+    assert_eq!(effects(&main).await["/api/orders"], 1);
+    assert_eq!(effects(&main).await["/apis"], 1);
+    assert_eq!(effects(&main).await["/API/orders"], 1);
+    assert_eq!(effects(&api).await["/api/orders"], 1, "only its site");
+}

@@ -91,7 +91,9 @@ use std::time::Duration;
 
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
-pub use path::{normalize_path, route_spelling, with_slashes_decoded, without_format_suffix};
+pub use path::{
+    normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
+};
 pub use route_match::{METHODS, RouteMatch};
 
 /// The environment variable that gives the token secret when the file
@@ -166,6 +168,9 @@ impl Default for Limits {
 pub struct Route {
     /// `match`: the requests this route takes.
     pub matcher: RouteMatch,
+    /// `host`: the one site (`Host`, in [`normalize_host`]'s spelling)
+    /// whose requests this route takes; `None` takes every site's.
+    pub host: Option<String>,
     /// `guard`, with its own fields.
     pub guard: Option<Guard>,
     /// `rate_limit`.

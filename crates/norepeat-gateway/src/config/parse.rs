@@ -17,7 +17,7 @@ use super::{
     Ambiguous, Config, DEFAULT_LISTEN, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE,
     DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet,
     LimitBy, Limits, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
-    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream,
+    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
 use norepeat::ratelimit::Algorithm;
 
@@ -40,6 +40,7 @@ const LIMITS: &[&str] = &[
 ];
 const ROUTE: &[&str] = &[
     "match",
+    "host",
     "guard",
     "rate_limit",
     "shadow",
@@ -186,7 +187,7 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         match w.sequence(n, "routes") {
             None => routes = None,
             Some(items) => {
-                let mut seen: Vec<(usize, RouteMatch)> = Vec::new();
+                let mut seen: Vec<(usize, RouteMatch, Option<String>)> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     let r = route(w, item, i, upstream.as_ref(), &mut seen);
                     match (r, routes.as_mut()) {
@@ -216,7 +217,7 @@ fn route(
     node: &Node,
     index: usize,
     upstream_default: Option<&Upstream>,
-    seen: &mut Vec<(usize, RouteMatch)>,
+    seen: &mut Vec<(usize, RouteMatch, Option<String>)>,
 ) -> Option<Route> {
     let path = &format!("routes[{index}]");
     let f = w.mapping(node, path, ROUTE)?;
@@ -232,8 +233,27 @@ fn route(
         }
         Some(n) => w.parse(n, &p("match"), RouteMatch::parse),
     };
-    if let (Some(m), Some(n)) = (&matcher, f.get("match")) {
-        if let Some((i, earlier)) = seen.iter().find(|(_, e)| e.covers(m)) {
+    let host = match f.get("host") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, &p("host"), |s| {
+                if s.contains(['/', '*', ' ']) {
+                    return Err(format!(
+                        "expected a host name (api.example.com, or with a port), not {s:?}"
+                    ));
+                }
+                normalize_host(s)
+                    .ok_or_else(|| "expected a host name, not an empty one".to_owned())
+            })
+            .map(Some),
+    };
+    if let (Some(m), Some(n), Some(h)) = (&matcher, f.get("match"), &host) {
+        // An earlier route takes every request of this one when its match
+        // covers this match and it is for every site or for this one.
+        let covering = seen
+            .iter()
+            .find(|(_, e, eh)| e.covers(m) && (eh.is_none() || eh == h));
+        if let Some((i, earlier, _)) = covering {
             w.at(
                 n,
                 &p("match"),
@@ -242,7 +262,7 @@ fn route(
                 ),
             );
         }
-        seen.push((index, m.clone()));
+        seen.push((index, m.clone(), h.clone()));
     }
     let guard_name = match f.get("guard") {
         None => Some(None),
@@ -259,11 +279,12 @@ fn route(
         None => Some(None),
         Some(n) => rate_limit(w, n, &p("rate_limit")).map(Some),
     };
-    if f.get("guard").is_none() && f.get("rate_limit").is_none() {
+    let routing_only = f.get("guard").is_none() && f.get("rate_limit").is_none();
+    if routing_only && f.get("upstream").is_none() {
         w.at(
             node,
             path,
-            "a route needs a guard or a rate_limit (an unguarded request passes through without a route)",
+            "a route needs a guard, a rate_limit or an upstream of its own (an unguarded request passes through to the file's upstream without a route)",
         );
     }
     // The fields of one guard, refused on the others.
@@ -383,18 +404,26 @@ fn route(
         None => Some(default),
         Some(n) => w.size(n, &p(field)),
     };
-    let max_request_body = size(w, "max_request_body", DEFAULT_MAX_REQUEST_BODY);
+    // A route that only routes streams bodies of any size, as the
+    // pass-through does, unless the file caps them.
+    let body_default = if routing_only {
+        u64::MAX
+    } else {
+        DEFAULT_MAX_REQUEST_BODY
+    };
+    let max_request_body = size(w, "max_request_body", body_default);
     let max_stored_response = size(w, "max_stored_response", DEFAULT_MAX_STORED_RESPONSE);
     let timeout = match f.get("timeout") {
         None => Some(DEFAULT_TIMEOUT),
         Some(n) => w.duration(n, &p("timeout")),
     };
     let (guard, rate_limit) = (guard?, rate_limit?);
-    if guard.is_none() && rate_limit.is_none() {
+    if routing_only && f.get("upstream").is_none() {
         return None;
     }
     Some(Route {
         matcher: matcher?,
+        host: host?,
         guard,
         rate_limit,
         shadow: shadow?,

@@ -2,12 +2,18 @@
 
 use std::fmt;
 
-/// The methods a route may name. `CONNECT` and `TRACE` are left out: a
-/// guard has nothing to do with either.
-pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+/// The methods a route may name: `ANY` is every method. `CONNECT` and
+/// `TRACE` are left out: a guard has nothing to do with either (`ANY`
+/// takes them, to route them).
+pub const METHODS: [&str; 8] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "ANY",
+];
 
-/// A route's `match`: one method and a path template whose `{name}`
-/// segments match any one non-empty segment.
+/// A route's `match`: one method (or `ANY`) and a path template whose
+/// `{name}` segments match any one non-empty segment, and whose last
+/// segment may be `{*name}`: the rest of the path, any number of segments
+/// (none too), so `ANY /api/{*rest}` takes `/api`, `/api/` and everything
+/// under it.
 ///
 /// The gateway matches a request's path once it is normalized
 /// ([`normalize_path`](super::normalize_path)), and a match ignores a
@@ -30,6 +36,11 @@ pub const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE",
 /// assert!(m.matches("POST", "/flash-sale/42;v=1"));
 /// assert_eq!(m.params(), vec!["sku"]);
 /// assert_eq!(m.to_string(), "POST /flash-sale/{sku}");
+///
+/// let api: RouteMatch = "ANY /api/{*rest}".parse()?;
+/// assert!(api.matches("DELETE", "/api/v1/users/7"));
+/// assert!(api.matches("GET", "/api"));
+/// assert!(!api.matches("GET", "/apis"));
 /// # Ok::<(), String>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +54,8 @@ pub struct RouteMatch {
 enum Segment {
     Literal(String),
     Param(String),
+    /// `{*name}`, the last segment: the rest of the path.
+    Rest(String),
 }
 
 impl RouteMatch {
@@ -53,7 +66,9 @@ impl RouteMatch {
     /// [`METHODS`] (they are upper case, as HTTP writes them), a path not
     /// starting with `/`, an empty segment inside the path, a query, a
     /// brace outside a whole `{name}` segment, a name that is not an
-    /// identifier, or a name used twice.
+    /// identifier, a name used twice, a `{*name}` that is not the last
+    /// segment, or another router's syntax (`:id`, `*`: the message says
+    /// to write `{id}` or `{*rest}`).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut words = text.split_whitespace();
         let (Some(method), Some(template), None) = (words.next(), words.next(), words.next())
@@ -88,7 +103,7 @@ impl RouteMatch {
         }
         let mut names: Vec<&str> = Vec::new();
         for s in &segments {
-            if let Segment::Param(name) = s {
+            if let Segment::Param(name) | Segment::Rest(name) = s {
                 if names.contains(&name.as_str()) {
                     return Err(format!("{{{name}}} is used twice in {template:?}"));
                 }
@@ -120,21 +135,20 @@ impl RouteMatch {
     }
 
     fn matches_with(&self, method: &str, path: &str, same: impl Fn(&str, &str) -> bool) -> bool {
-        if method != self.method {
+        if method != self.method && self.method != "ANY" {
             return false;
         }
         let Some(rest) = path.strip_prefix('/') else {
             return false;
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.is_empty() {
-            return self.segments.is_empty();
-        }
         let mut parts = rest
             .split('/')
-            .map(|p| p.split_once(';').map_or(p, |(name, _)| name));
+            .map(|p| p.split_once(';').map_or(p, |(name, _)| name))
+            .filter(|_| !rest.is_empty());
         for s in &self.segments {
             match (s, parts.next()) {
+                (Segment::Rest(_), _) => return true,
                 (Segment::Literal(l), Some(p)) if same(l, p) => {}
                 (Segment::Param(_), Some(p)) if !p.is_empty() => {}
                 _ => return false,
@@ -157,21 +171,23 @@ impl RouteMatch {
     /// ```
     #[must_use]
     pub fn covers(&self, other: &RouteMatch) -> bool {
-        self.method == other.method
-            && self.segments.len() == other.segments.len()
-            && self
-                .segments
-                .iter()
-                .zip(&other.segments)
-                .all(|pair| match pair {
-                    (Segment::Param(_), Segment::Literal(l)) => !l.is_empty(),
-                    (Segment::Param(_), Segment::Param(_)) => true,
-                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
-                    (Segment::Literal(_), Segment::Param(_)) => false,
-                })
+        if self.method != other.method && self.method != "ANY" {
+            return false;
+        }
+        let mut theirs = other.segments.iter();
+        for mine in &self.segments {
+            match (mine, theirs.next()) {
+                (Segment::Rest(_), _) => return true,
+                (Segment::Param(_), Some(Segment::Literal(l))) if !l.is_empty() => {}
+                (Segment::Param(_), Some(Segment::Param(_))) => {}
+                (Segment::Literal(a), Some(Segment::Literal(b))) if a == b => {}
+                _ => return false,
+            }
+        }
+        theirs.next().is_none()
     }
 
-    /// The method, upper case.
+    /// The method, upper case (`ANY` for every method).
     #[must_use]
     pub fn method(&self) -> &str {
         &self.method
@@ -183,13 +199,13 @@ impl RouteMatch {
         &self.template
     }
 
-    /// The names of the `{name}` segments, in order.
+    /// The names of the `{name}` and `{*name}` segments, in order.
     #[must_use]
     pub fn params(&self) -> Vec<&str> {
         self.segments
             .iter()
             .filter_map(|s| match s {
-                Segment::Param(n) => Some(n.as_str()),
+                Segment::Param(n) | Segment::Rest(n) => Some(n.as_str()),
                 Segment::Literal(_) => None,
             })
             .collect()
@@ -198,17 +214,38 @@ impl RouteMatch {
 
 /// One segment of a template (never empty: a trailing slash was taken
 /// off before).
-fn segment(part: &str, _last: bool, template: &str) -> Result<Segment, String> {
+fn segment(part: &str, last: bool, template: &str) -> Result<Segment, String> {
     if part.is_empty() {
         return Err(format!("the path {template:?} has an empty segment (//)"));
     }
+    // Other routers' syntax, which would otherwise be a literal that no
+    // request is ever spelled as: say what to write instead.
+    if let Some(name) = part.strip_prefix(':') {
+        return Err(format!(
+            "{part:?} in {template:?}: write {{{name}}} for a segment that matches anything (not Express's :name)"
+        ));
+    }
+    if part == "*" || part == "**" {
+        return Err(format!(
+            "{part:?} in {template:?}: write {{*rest}} as the last segment for the rest of the path"
+        ));
+    }
+    let rest = part.strip_prefix("{*").and_then(|p| p.strip_suffix('}'));
+    if let Some(name) = rest {
+        if !last {
+            return Err(format!(
+                "{part:?} in {template:?}: {{*{name}}} takes the rest of the path, so it must be the last segment"
+            ));
+        }
+        if !is_ident(name) {
+            return Err(format!(
+                "{{*{name}}} in {template:?}: a segment's name is letters, digits and '_', not starting with a digit"
+            ));
+        }
+        return Ok(Segment::Rest(name.to_owned()));
+    }
     if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-        let mut chars = name.chars();
-        let ident = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !ident {
+        if !is_ident(name) {
             return Err(format!(
                 "{{{name}}} in {template:?}: a segment's name is letters, digits and '_', not starting with a digit"
             ));
@@ -231,6 +268,15 @@ fn segment(part: &str, _last: bool, template: &str) -> Result<Segment, String> {
         ));
     }
     Ok(Segment::Literal(part.to_owned()))
+}
+
+/// Whether `name` is letters, digits and `_`, not starting with a digit.
+fn is_ident(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 impl std::str::FromStr for RouteMatch {
@@ -324,6 +370,12 @@ mod tests {
             ("POST /a/../b", "dot segment"),
             ("POST /./b", "dot segment"),
             ("POST /a;v=1", "without ';'"),
+            ("POST /orders/:id", "write {id}"),
+            ("GET /api/*", "write {*rest}"),
+            ("GET /api/{*rest}/x", "must be the last segment"),
+            ("GET /api/{*1}", "a segment's name"),
+            ("GET /{*a}/{*a}", "last segment"),
+            ("any /a", "unknown method"),
             ("POST /pay%6Dents", "decoded"),
         ] {
             let err = RouteMatch::parse(text).expect_err(text);
@@ -340,6 +392,42 @@ mod tests {
         assert!(!m("POST /a/{x}").covers(&m("POST /a/")));
         assert!(!m("POST /a").covers(&m("POST /b")));
         assert!(!m("POST /a").covers(&m("GET /a")));
+    }
+
+    #[test]
+    fn a_rest_segment_takes_the_rest_of_the_path() {
+        let r = m("GET /api/{*rest}");
+        for p in ["/api", "/api/", "/api/a", "/api/a/b/c", "/api;v=1/x"] {
+            assert!(r.matches("GET", p), "{p}");
+        }
+        assert!(!r.matches("GET", "/apis"));
+        assert!(!r.matches("GET", "/"));
+        assert!(!r.matches("POST", "/api/a"));
+        let all = m("ANY /{*all}");
+        assert!(all.matches("PATCH", "/"));
+        assert!(all.matches("GET", "/x/y"));
+        assert_eq!(r.params(), vec!["rest"]);
+    }
+
+    #[test]
+    fn any_is_every_method() {
+        let r = m("ANY /a");
+        for method in ["GET", "POST", "DELETE", "PROPFIND", "CONNECT"] {
+            assert!(r.matches(method, "/a"), "{method}");
+        }
+        assert!(!r.matches("GET", "/b"));
+    }
+
+    #[test]
+    fn covers_knows_any_and_the_rest() {
+        assert!(m("ANY /a").covers(&m("POST /a")));
+        assert!(!m("POST /a").covers(&m("ANY /a")));
+        assert!(m("GET /api/{*r}").covers(&m("GET /api/x/{y}")));
+        assert!(m("GET /api/{*r}").covers(&m("GET /api")));
+        assert!(m("GET /api/{*r}").covers(&m("GET /api/{*s}")));
+        assert!(!m("GET /api/{x}").covers(&m("GET /api/{*s}")));
+        assert!(!m("GET /api/x/{*r}").covers(&m("GET /api/{*s}")));
+        assert!(m("ANY /{*all}").covers(&m("DELETE /a/b")));
     }
 
     #[test]

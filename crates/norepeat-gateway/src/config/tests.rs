@@ -134,6 +134,35 @@ fn route_overrides() {
     assert_eq!(r.timeout, Duration::from_secs(2));
 }
 
+/// Issue 38: a route may only route (its own `upstream`, no guard), a
+/// `match` may end in `{*rest}` and take `ANY` method, and a route may
+/// name a `host`.
+#[test]
+fn a_route_may_only_route_and_name_its_host() {
+    let config = ok(&format!(
+        "{UP}routes:\n  - match: ANY /api/{{*rest}}\n    host: API.Example.com.\n    upstream: http://10.0.0.7:8000\n  - match: ANY /api/{{*rest}}\n    guard: fingerprint\n"
+    ));
+    let r = &config.routes[0];
+    assert_eq!(r.guard, None);
+    assert_eq!(r.rate_limit, None);
+    assert_eq!(r.host.as_deref(), Some("api.example.com"));
+    assert_eq!(r.upstream.as_str(), "http://10.0.0.7:8000");
+    assert_eq!(r.max_request_body, u64::MAX, "a routing route streams any body");
+    // The same match for every other site is reachable after it.
+    assert_eq!(config.routes[1].host, None);
+    assert_eq!(config.routes[1].max_request_body, 64 * 1024);
+    // One for every site hides a later one for a site.
+    let hidden = format!(
+        "{UP}routes:\n  - match: ANY /api/{{*rest}}\n    upstream: http://10.0.0.7:8000\n  - match: POST /api/x\n    host: a.example\n    guard: token\n"
+    );
+    assert_one(&hidden, "5:12 routes[1].match:", "never reached: routes[0]");
+    assert_one(
+        &one_route("    host: a/b\n    guard: token\n"),
+        "4:11 routes[0].host:",
+        "a host name",
+    );
+}
+
 #[test]
 fn rate_limits() {
     let r = route("    rate_limit: { rate: 5/s }\n");
@@ -443,11 +472,11 @@ fn fields_that_belong_to_another_guard() {
 #[test]
 fn route_problems() {
     let r = |f: &str| one_route(f);
-    assert_one(&r(""), "3:5 routes[0]:", "a guard or a rate_limit");
+    assert_one(&r(""), "3:5 routes[0]:", "a guard, a rate_limit or an upstream");
     assert_one(
         &r("    shadow: true\n"),
         "3:5 routes[0]:",
-        "a guard or a rate_limit",
+        "a guard, a rate_limit or an upstream",
     );
     assert_one(
         &r("    guard: captcha\n"),

@@ -232,10 +232,17 @@ pub(super) struct Routes {
     /// of the fail-closed token routes.
     pub(super) closed_tokens: Option<TokenGuard<SharedStore>>,
     pub(super) all_fail_open: bool,
+    /// Whether any route names a `host` (the request's site is read then).
+    pub(super) by_host: bool,
 }
 
 pub(super) struct Compiled {
     pub(super) matcher: crate::config::RouteMatch,
+    /// `host`: the one site whose requests the route takes.
+    pub(super) host: Option<String>,
+    /// A guard or a rate limit: a spelling of its path that a back end
+    /// would take alike must not pass it by.
+    pub(super) guarded: bool,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
@@ -344,6 +351,8 @@ impl Routes {
                 };
                 Compiled {
                     matcher: r.matcher.clone(),
+                    host: r.host.clone(),
+                    guarded: r.guard.is_some() || r.rate_limit.is_some(),
                     service: stack(
                         r,
                         &store.for_route(r.on_store_failure),
@@ -362,6 +371,7 @@ impl Routes {
             caller,
             tokens,
             closed_tokens,
+            by_host: config.routes.iter().any(|r| r.host.is_some()),
             all_fail_open: config
                 .routes
                 .iter()
@@ -426,9 +436,17 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         std::borrow::Cow::Borrowed(_) => None,
         std::borrow::Cow::Owned(p) => Some(p),
     };
+    let site = live
+        .by_host
+        .then(|| super::scope::site(req.headers(), req.uri()))
+        .flatten();
     let path = normalized.as_deref().unwrap_or(req.uri().path());
     let method = req.method().as_str();
-    let find = |p: &str| live.list.iter().find(|r| r.matcher.matches(method, p));
+    let find = |p: &str| {
+        live.list.iter().find(|r| {
+            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
+        })
+    };
     // A format suffix the back end drops (`/payments.json`) is the route
     // too, keyed as its spelling without it.
     let mut keyed = None;
@@ -539,11 +557,8 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
 fn other_spelling(live: &Routes, method: &str, path: &str) -> Option<&'static str> {
     const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
     const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
-    let folded = |p: &str| {
-        live.list
-            .iter()
-            .any(|r| r.matcher.matches_ignoring_case(method, p))
-    };
+    let guarded = || live.list.iter().filter(|r| r.guarded);
+    let folded = |p: &str| guarded().any(|r| r.matcher.matches_ignoring_case(method, p));
     // The common case, a path that is no route's in any spelling, costs no
     // allocation: one look per route, and the rest only for a path with a
     // suffix or an encoded slash.
@@ -558,7 +573,7 @@ fn other_spelling(live: &Routes, method: &str, path: &str) -> Option<&'static st
     let decoded = with_slashes_decoded(path)?;
     let plain = without_format_suffix(&decoded);
     for p in std::iter::once(decoded.as_str()).chain(plain.as_deref()) {
-        if live.list.iter().any(|r| r.matcher.matches(method, p)) {
+        if guarded().any(|r| r.matcher.matches(method, p)) {
             return Some(SLASH);
         }
         if folded(p) {

@@ -41,6 +41,7 @@ mod forward;
 mod gateway;
 mod own;
 mod run;
+mod scope;
 mod shadow;
 mod stack;
 
@@ -48,3 +49,4 @@ pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
 pub use gateway::{Gateway, OUTCOME_HEADER, SharedStore};
 pub use run::serve;
+pub use scope::HostScoped;

@@ -1,7 +1,7 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
-use super::Caller;
+use super::{Caller, HostScoped};
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
@@ -125,7 +125,7 @@ pub(super) fn stack(
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
-                    .identity(caller.clone())
+                    .identity(HostScoped::new(caller.clone()))
                     .max_body(max_body)
                     .shadow(route.shadow)
                     .layer(base),
@@ -151,7 +151,7 @@ pub(super) fn stack(
                     .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
                     .max_request_body(max_body)
                     .on_store_failure(on_failure)
-                    .identity(caller.clone())
+                    .identity(HostScoped::new(caller.clone()))
                     .route(name.clone())
                     // The first answer's headers, but hop-by-hop and
                     // Set-Cookie (and with them the upstream stage's
