@@ -131,7 +131,12 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on http://{local}");
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let _ = writeln!(out, "listening on {scheme}://{local}");
             let _ = out.flush();
         }
         serve(gateway, listener, Some(file))

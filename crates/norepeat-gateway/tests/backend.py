@@ -9,7 +9,8 @@ count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backen
 same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /echo the request's headers (and two hop-by-hop headers
-of its own), GET /big 2 MiB, GET /break a broken answer. It prints
+of its own), GET /upgrade 101 to the protocol of its `Upgrade` and then an
+echo of every byte (426 without `Upgrade`), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -106,6 +107,26 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
 
+    def upgraded(self):
+        """101 to the protocol asked in Upgrade, then every byte echoed
+        until the client closes; 426 without Upgrade."""
+        protocol = self.headers.get("Upgrade")
+        if not protocol:
+            self.answer(426, b'{"error":"upgrade required"}', [("Upgrade", "echo")])
+            return
+        self.send_response(101)
+        self.send_header("Upgrade", protocol)
+        self.send_header("Connection", "Upgrade")
+        self.end_headers()
+        self.wfile.flush()
+        while True:
+            data = self.rfile.read1(4096)
+            if not data:
+                break
+            self.wfile.write(data)
+            self.wfile.flush()
+        self.close_connection = True
+
     def do_GET(self):
         if self.path == "/effects":
             with LOCK:
@@ -120,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
         elif self.path == "/spoof":
             self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
+        elif self.path == "/upgrade":
+            self.upgraded()
         elif self.path == "/break":
             self.broken()
         elif self.path == "/big":

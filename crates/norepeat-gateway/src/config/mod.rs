@@ -70,6 +70,8 @@
 //! | `rate_limit.algorithm` | `gcra` |
 //! | `rate_limit.burst` (gcra only) | the rate's count |
 //! | `rate_limit.by` | `identity` |
+//! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
+//! | `upstream_ca` | none: an `https://` upstream is checked against the system's roots |
 //!
 //! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
 //! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
@@ -83,6 +85,7 @@
 mod parse;
 mod path;
 mod route_match;
+mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -95,6 +98,8 @@ pub use path::{
     normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
 };
 pub use route_match::{METHODS, RouteMatch};
+pub(crate) use tls::certified_key;
+pub use tls::{Tls, UpstreamCa};
 
 /// The environment variable that gives the token secret when the file
 /// does not.
@@ -126,6 +131,13 @@ pub struct Config {
     /// every route is refused unless the file says so (`routes: []`): a
     /// file caught half-written, or cut short, has no routes either.
     pub routes_given: bool,
+    /// `tls: { cert, key }`: HTTPS on the listener (HTTP/2 offered by
+    /// ALPN); `None` serves plain HTTP. Read at start; the two files are
+    /// read again when they change.
+    pub tls: Option<Tls>,
+    /// `upstream_ca`: the PEM file of the certificate authorities an
+    /// `https://` upstream is checked against, instead of the system's.
+    pub upstream_ca: Option<UpstreamCa>,
 }
 
 /// `limits:`: what a client connection may hold of the gateway, so a

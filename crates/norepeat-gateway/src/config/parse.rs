@@ -31,7 +31,10 @@ const TOP: &[&str] = &[
     "token_secret",
     "limits",
     "routes",
+    "tls",
+    "upstream_ca",
 ];
+const TLS: &[&str] = &["cert", "key"];
 const LIMITS: &[&str] = &[
     "header_timeout",
     "idle_timeout",
@@ -64,7 +67,11 @@ pub(super) fn parse(
     env_secret: Option<&[u8]>,
 ) -> Result<Config, Problems> {
     let mut w = Walker::default();
-    let config = read(&mut w, bytes, env_secret);
+    let base = std::path::Path::new(file)
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let config = read(&mut w, bytes, env_secret, &base);
     // In the order of the file; the environment's (no line) last.
     w.problems
         .sort_by_key(|p| (p.line.unwrap_or(usize::MAX), p.column.unwrap_or(0)));
@@ -77,7 +84,12 @@ pub(super) fn parse(
     }
 }
 
-fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Config> {
+fn read(
+    w: &mut Walker,
+    bytes: &[u8],
+    env_secret: Option<&[u8]>,
+    base: &std::path::Path,
+) -> Option<Config> {
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
@@ -198,7 +210,21 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
             }
         }
     }
+    // Transport: the listener's certificate and the upstreams' roots, their
+    // files read now so a bad one is a problem of `check`.
+    let tls = match top.get("tls") {
+        None => Some(None),
+        Some(n) => tls(w, n, base).map(Some),
+    };
+    let upstream_ca = match top.get("upstream_ca") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, "upstream_ca", |s| super::UpstreamCa::load(base.join(s)))
+            .map(Some),
+    };
     Some(Config {
+        tls: tls?,
+        upstream_ca: upstream_ca?,
         listen: listen?,
         upstream: upstream?,
         store: store?,
@@ -242,8 +268,7 @@ fn route(
                         "expected a host name (api.example.com, or with a port), not {s:?}"
                     ));
                 }
-                normalize_host(s)
-                    .ok_or_else(|| "expected a host name, not an empty one".to_owned())
+                normalize_host(s).ok_or_else(|| "expected a host name, not an empty one".to_owned())
             })
             .map(Some),
     };
@@ -501,6 +526,43 @@ fn rate_limit(w: &mut Walker, node: &Node, path: &str) -> Option<RateLimit> {
     })
 }
 
+/// `tls: { cert, key }`: both files read, parsed and checked to match.
+fn tls(w: &mut Walker, node: &Node, base: &std::path::Path) -> Option<super::Tls> {
+    let f = w.mapping(node, "tls", TLS)?;
+    let mut paths = Vec::new();
+    for name in TLS {
+        let field = format!("tls.{name}");
+        match f.get(name) {
+            None => {
+                w.at(
+                    node,
+                    &field,
+                    "missing; tls needs a cert and a key (PEM files)",
+                );
+            }
+            Some(n) => {
+                if let Some(p) = w.parse(n, &field, |s| Ok(base.join(s))) {
+                    paths.push((n, p));
+                }
+            }
+        }
+    }
+    let [(cert_node, cert), (key_node, key)] = <[_; 2]>::try_from(paths).ok()?;
+    let tls = super::Tls { cert, key };
+    match super::certified_key(&tls) {
+        Ok(_) => Some(tls),
+        Err((field, message)) => {
+            let at = if field == "tls.cert" {
+                cert_node
+            } else {
+                key_node
+            };
+            w.at(at, field, &message);
+            None
+        }
+    }
+}
+
 fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
     let f = w.mapping(node, "limits", LIMITS)?;
     let mut limits = Limits::default();
@@ -630,12 +692,15 @@ fn secret(bytes: &[u8]) -> Result<TokenSecret, String> {
     }
 }
 
-/// `http://host[:port][/base]`: the scheme, a host, a port if any, no
+/// `http://host[:port][/base]` (or `https://`): the scheme, a host, a port if any, no
 /// credentials, query or fragment.
 pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
     let bad = |why: &str| format!("{why} (expected http://host:port, not {s:?})");
-    let Some(rest) = s.strip_prefix("http://") else {
-        return Err(bad("the upstream must be an http:// URL"));
+    let Some(rest) = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+    else {
+        return Err(bad("the upstream must be an http:// or https:// URL"));
     };
     if rest.contains(['?', '#']) {
         return Err(bad("an upstream has no query or fragment"));

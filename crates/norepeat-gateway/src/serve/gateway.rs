@@ -218,6 +218,9 @@ pub struct Gateway {
     pub(super) store_url: StoreUrl,
     /// What a client connection may hold (read at start).
     pub(super) limits: crate::config::Limits,
+    /// `tls`: the listener's certificate files (read at start, then on
+    /// change).
+    pub(super) tls: Option<crate::config::Tls>,
     pub(super) metrics: Option<PrometheusHandle>,
 }
 
@@ -258,6 +261,8 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, StoreError> {
         let store = SharedStore::new(AnyStore::from_url(config.store.as_url()).await?);
+        // Before any client is made: `upstream_ca` is read at start.
+        super::forward::use_upstream_ca(config.upstream_ca.as_ref());
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
@@ -270,6 +275,7 @@ impl Gateway {
             stopping,
             store_url: config.store.clone(),
             limits: config.limits,
+            tls: config.tls.clone(),
             metrics,
         })
     }
@@ -461,6 +467,13 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         && let Some(why) = other_spelling(&live, method, path)
     {
         return invalid_request(why);
+    }
+    // A guarded route decides on one request and its one answer: a
+    // connection that switches protocols is neither (GATEWAY.md).
+    if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
+        return invalid_request(
+            "A guarded route does not switch protocols: a request with Upgrade (a WebSocket) is refused here.",
+        );
     }
     if found.is_some() {
         let key = route_spelling(keyed.as_deref().unwrap_or(path));

@@ -44,6 +44,7 @@ mod run;
 mod scope;
 mod shadow;
 mod stack;
+mod tls;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;

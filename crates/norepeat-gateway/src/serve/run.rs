@@ -30,6 +30,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let gateway = Arc::new(gateway);
     let limits = gateway.limits;
+    let tls = gateway.tls.clone();
     let app = own::router(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
@@ -39,7 +40,7 @@ pub async fn serve(
     // When the stop was asked: the grace counts from there.
     let (tx, mut rx) = tokio::sync::watch::channel(None);
     let asked = rx.clone();
-    let server = super::connection::serve(listener, app, limits, async move {
+    let server = super::connection::serve(listener, app, limits, tls, async move {
         stop_signal().await;
         let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
     });
@@ -150,7 +151,11 @@ const SETTLED: Duration = Duration::from_millis(300);
 /// Waits until `path` looks the same twice, [`SETTLED`] apart (for at most
 /// 5 s: a file rewritten without end is read as it is then); what it
 /// looked like last.
-async fn settled<T: PartialEq>(path: &Path, mut last: T, stat: impl Fn(&Path) -> T) -> T {
+pub(super) async fn settled<T: PartialEq>(
+    path: &Path,
+    mut last: T,
+    stat: impl Fn(&Path) -> T,
+) -> T {
     for _ in 0..(5_000 / SETTLED.as_millis()) {
         tokio::time::sleep(SETTLED).await;
         let now = stat(path);
