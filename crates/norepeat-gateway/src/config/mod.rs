@@ -75,7 +75,7 @@
 //!
 //! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
 //! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
-//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]`.
+//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]` or `https://...`.
 //! A misspelt field gets the nearest known name (`did you mean window?`). Durations
 //! are the library's grammar ([`norepeat::attribute::parse_duration`]:
 //! `250ms`, `3s`, `5m`, `24h`, `7d`), rates its [`Quota::parse`] (`5/s`,
@@ -327,7 +327,7 @@ impl StoreUrl {
     }
 }
 
-/// An `http://host:port[/base]` upstream.
+/// An `http://host:port[/base]` (or `https://`) upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream(String);
 
