@@ -9,7 +9,7 @@ count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backen
 same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /echo the request's headers (and two hop-by-hop headers
-of its own), GET /upgrade 101 to the protocol of its `Upgrade` and then an
+of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
 echo of every byte (426 without `Upgrade`), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
@@ -141,7 +141,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
         elif self.path == "/spoof":
             self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
-        elif self.path == "/upgrade":
+        elif self.path.endswith("/upgrade"):
             self.upgraded()
         elif self.path == "/break":
             self.broken()

@@ -307,7 +307,7 @@ async fn an_upgrade_passes_through_and_lives_while_bytes_flow_and_a_guarded_rout
     let g = gateway(
         &dir,
         &format!(
-            "upstream: http://127.0.0.1:{bport}\nlimits: {{ header_timeout: 1s, idle_timeout: 3s }}\nroutes:\n  - match: POST /orders\n    guard: token\n"
+            "upstream: http://127.0.0.1:{bport}\nlimits: {{ header_timeout: 1s, idle_timeout: 3s }}\nroutes:\n  - match: POST /orders\n    guard: token\n  - match: GET /routed/{{*rest}}\n    upstream: http://127.0.0.1:{bport}\n"
         ),
     )
     .await;
@@ -332,6 +332,16 @@ async fn an_upgrade_passes_through_and_lives_while_bytes_flow_and_a_guarded_rout
         .await
         .expect("a silent upgraded connection is closed after idle_timeout");
     assert!(closed.is_err() || rest.is_empty(), "{rest:?}");
+
+    // Through a route that only routes, too.
+    let (mut s, head) = raw_head(
+        g.port,
+        "GET /routed/upgrade HTTP/1.1\r\nHost: localhost\r\nUpgrade: echo\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    echoed(&mut s, b"routed").await;
+    drop(s);
 
     // A guarded route: 400 invalid_request, nothing switched.
     let (mut s, head) = raw_head(
