@@ -221,6 +221,8 @@ pub struct Gateway {
     /// `tls`: the listener's certificate files (read at start, then on
     /// change).
     pub(super) tls: Option<crate::config::Tls>,
+    /// `upstream_ca` (read at start).
+    pub(super) upstream_ca: Option<crate::config::UpstreamCa>,
     pub(super) metrics: Option<PrometheusHandle>,
 }
 
@@ -276,6 +278,7 @@ impl Gateway {
             store_url: config.store.clone(),
             limits: config.limits,
             tls: config.tls.clone(),
+            upstream_ca: config.upstream_ca.clone(),
             metrics,
         })
     }
@@ -293,6 +296,11 @@ impl Gateway {
     pub async fn reload(&self, config: &Config) -> Result<usize, String> {
         if config.store != self.store_url {
             return Err("`store` changed: a new store needs a restart".to_owned());
+        }
+        if config.tls != self.tls || config.upstream_ca != self.upstream_ca {
+            // The rest of the file applies; these wait for a restart (the
+            // certificate files themselves are read again on change).
+            tracing::warn!("`tls` or `upstream_ca` changed: the new value needs a restart");
         }
         let old = self.live.load();
         if config.routes.is_empty() && !config.routes_given && !old.list.is_empty() {
