@@ -2752,3 +2752,106 @@ async fn help_names_the_environment_and_a_memory_store_warns() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// Issue 38, item 4: with an admin token, an operator reads one key's
+/// record on the admin listener and clears it once the backend's side is
+/// checked: here a payment whose backend timed out (an unknown outcome,
+/// 409 to every retry) is read as `outcome_unknown`, cleared, and its
+/// retry then runs. Without the token, or with another, nothing is shown.
+#[tokio::test]
+async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
+    let b = backend(0).await;
+    let admin = free_port();
+    let token = "an-admin-token-of-some-length";
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}\n{}",
+        file(&b, "memory", ROUTES)
+    );
+    let conf = config_file(&yaml);
+    let process = ShopProcess::spawn(
+        env!("CARGO_BIN_EXE_norepeat-gateway"),
+        [
+            "--config",
+            &conf.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .into(),
+        vec![("NOREPEAT_GATEWAY_ADMIN_TOKEN".into(), token.into())],
+    )
+    .await;
+    let port = process
+        .base_url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let g = Process {
+        process,
+        port,
+        file: Some(conf),
+    };
+    let c = Client::new();
+    let pay = |delay: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-op")
+            .header("x-delay", delay)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(code(pay("1.5").await.unwrap()).await.1, "upstream_timeout");
+    assert_eq!(
+        code(pay("0").await.unwrap()).await.1,
+        "idempotency_outcome_unknown"
+    );
+
+    let record = format!(
+        "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/payments&key=k-op&host=127.0.0.1"
+    );
+    let ask = |m: reqwest::Method, t: &str| {
+        c.request(m, &record)
+            .header("norepeat-admin-token", t.to_owned())
+            .header("x-user-id", "u1")
+            .send()
+    };
+    assert_eq!(
+        ask(reqwest::Method::GET, "wrong").await.unwrap().status(),
+        401
+    );
+    let read: Value = ask(reqwest::Method::GET, token)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["state"], "outcome_unknown", "{read}");
+    let other = c
+        .get(&record)
+        .header("norepeat-admin-token", token)
+        .header("x-user-id", "u2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "another caller has no record under k-op"
+    );
+    // The operator checked the backend: the charge did not happen.
+    let cleared = ask(reqwest::Method::DELETE, token).await.unwrap();
+    assert_eq!(cleared.status(), 200);
+    assert_eq!(cleared.json::<Value>().await.unwrap()["cleared"], true);
+    assert_eq!(
+        ask(reqwest::Method::GET, token).await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        pay("0").await.unwrap().status(),
+        201,
+        "the cleared key runs"
+    );
+    assert_eq!(effects(&b).await["/payments"], 2);
+}

@@ -238,6 +238,8 @@ pub struct Gateway {
     pub(super) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
     pub(super) admin: Option<std::net::SocketAddr>,
+    /// The hash of the admin token (from `admin.token_env`, read at start).
+    pub(super) admin_token: Option<blake3::Hash>,
 }
 
 /// Why [`Gateway::build`] failed.
@@ -248,6 +250,8 @@ pub enum BuildError {
     Store(StoreError),
     /// The access log's file cannot be opened.
     AccessLog(std::io::Error),
+    /// `admin.token_env` names a variable that is not set, or too short.
+    AdminToken(String),
 }
 
 impl std::fmt::Display for BuildError {
@@ -255,6 +259,7 @@ impl std::fmt::Display for BuildError {
         match self {
             Self::Store(e) => write!(f, "store: {e}"),
             Self::AccessLog(e) => write!(f, "access_log: cannot open the file: {e}"),
+            Self::AdminToken(e) => write!(f, "admin.token_env: {e}"),
         }
     }
 }
@@ -264,6 +269,7 @@ impl std::error::Error for BuildError {
         match self {
             Self::Store(e) => Some(e),
             Self::AccessLog(e) => Some(e),
+            Self::AdminToken(_) => None,
         }
     }
 }
@@ -271,6 +277,20 @@ impl std::error::Error for BuildError {
 impl From<StoreError> for BuildError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
+    }
+}
+
+/// The admin token's hash, from the variable `admin.token_env` names.
+fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
+    let Some(name) = config.admin.as_ref().and_then(|a| a.token_env.as_deref()) else {
+        return Ok(None);
+    };
+    match std::env::var(name) {
+        Ok(t) if t.len() >= 16 => Ok(Some(blake3::hash(t.as_bytes()))),
+        Ok(_) => Err(BuildError::AdminToken(format!(
+            "{name} holds fewer than 16 characters"
+        ))),
+        Err(_) => Err(BuildError::AdminToken(format!("{name} is not set"))),
     }
 }
 
@@ -300,6 +320,9 @@ pub(super) struct Compiled {
     pub(super) guarded: bool,
     /// A guarded route that refuses while the store does not answer.
     pub(super) fails_closed: bool,
+    /// An idempotency route's layer: the admin routes read and clear its
+    /// records.
+    pub(super) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
@@ -335,6 +358,7 @@ impl Gateway {
             last_reload: std::sync::Mutex::new(None),
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
             admin: config.admin.as_ref().map(|a| a.listen),
+            admin_token: admin_token(config)?,
         })
     }
 
@@ -426,6 +450,14 @@ impl Routes {
                     OnStoreFailure::Open => tokens.as_ref(),
                     OnStoreFailure::Closed => closed_tokens.as_ref(),
                 };
+                let (service, records) = stack(
+                    r,
+                    &store.for_route(r.on_store_failure),
+                    &caller,
+                    (detached, stopping),
+                    tokens,
+                    &metrics,
+                );
                 Compiled {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
@@ -433,14 +465,8 @@ impl Routes {
                     fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
                         && r.on_store_failure == OnStoreFailure::Closed
                         && !r.shadow,
-                    service: stack(
-                        r,
-                        &store.for_route(r.on_store_failure),
-                        &caller,
-                        (detached, stopping),
-                        tokens,
-                        &metrics,
-                    ),
+                    service,
+                    records,
                     metrics,
                 }
             })

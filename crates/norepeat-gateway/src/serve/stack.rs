@@ -49,7 +49,8 @@ where
 
 /// A route's stack: rate limit, guard, upstream. `detached` tracks the
 /// upstream calls of clients that left; `stopping` ends every call still
-/// waiting when a shutdown's grace is over.
+/// waiting when a shutdown's grace is over. With it, an idempotency
+/// route's layer, whose records the admin routes read and clear.
 pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
@@ -57,7 +58,8 @@ pub(super) fn stack(
     (detached, stopping): (&DetachedTasks, &CancellationToken),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
-) -> RouteService {
+) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
+    let mut records = None;
     let keep = matches!(
         route.guard,
         Some(Guard::Idempotency {
@@ -161,28 +163,27 @@ pub(super) fn stack(
                 Ambiguous::Keep => Abandoned::OutcomeUnknown,
                 Ambiguous::Release => Abandoned::Retry,
             };
-            boxed(
-                IdempotencyLayer::new(store.clone())
-                    .required(*required)
-                    .retention(*retention)
-                    .abandoned(abandoned)
-                    .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
-                    .max_request_body(max_body)
-                    .on_store_failure(on_failure)
-                    .identity(HostScoped::new(caller.clone()))
-                    .route(name.clone())
-                    // The first answer's headers, but hop-by-hop and
-                    // Set-Cookie (and with them the upstream stage's
-                    // OUTCOME_HEADER, which the backend cannot send).
-                    .stored_headers(StoredHeaders::AllButHopByHop)
-                    .detached_tasks_in(detached)
-                    .shadow(route.shadow)
-                    .layer(base),
-            )
+            let layer = IdempotencyLayer::new(store.clone())
+                .required(*required)
+                .retention(*retention)
+                .abandoned(abandoned)
+                .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+                .max_request_body(max_body)
+                .on_store_failure(on_failure)
+                .identity(HostScoped::new(caller.clone()))
+                .route(name.clone())
+                // The first answer's headers, but hop-by-hop and
+                // Set-Cookie (and with them the upstream stage's
+                // OUTCOME_HEADER, which the backend cannot send).
+                .stored_headers(StoredHeaders::AllButHopByHop)
+                .detached_tasks_in(detached)
+                .shadow(route.shadow);
+            records = Some(layer.clone());
+            boxed(layer.layer(base))
         }
     };
     let Some(rl) = route.rate_limit else {
-        return guarded;
+        return (guarded, records);
     };
     let limiter = RateLimiter::new(store.clone(), rl.quota)
         .algorithm(rl.algorithm)
@@ -192,7 +193,10 @@ pub(super) fn stack(
         LimitBy::Identity => RateLimitLayer::new(limiter, caller.clone()),
         LimitBy::Address => RateLimitLayer::new(limiter, caller.address()),
     };
-    boxed(layer.route(name).shadow(route.shadow).layer(guarded))
+    (
+        boxed(layer.route(name).shadow(route.shadow).layer(guarded)),
+        records,
+    )
 }
 
 /// The innermost stage of a route: the upstream, its timeout, its metric.
