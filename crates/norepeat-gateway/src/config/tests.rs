@@ -147,7 +147,11 @@ fn a_route_may_only_route_and_name_its_host() {
     assert_eq!(r.rate_limit, None);
     assert_eq!(r.host.as_deref(), Some("api.example.com"));
     assert_eq!(r.upstream.as_str(), "http://10.0.0.7:8000");
-    assert_eq!(r.max_request_body, u64::MAX, "a routing route streams any body");
+    assert_eq!(
+        r.max_request_body,
+        u64::MAX,
+        "a routing route streams any body"
+    );
     // The same match for every other site is reachable after it.
     assert_eq!(config.routes[1].host, None);
     assert_eq!(config.routes[1].max_request_body, 64 * 1024);
@@ -472,7 +476,11 @@ fn fields_that_belong_to_another_guard() {
 #[test]
 fn route_problems() {
     let r = |f: &str| one_route(f);
-    assert_one(&r(""), "3:5 routes[0]:", "a guard, a rate_limit or an upstream");
+    assert_one(
+        &r(""),
+        "3:5 routes[0]:",
+        "a guard, a rate_limit or an upstream",
+    );
     assert_one(
         &r("    shadow: true\n"),
         "3:5 routes[0]:",

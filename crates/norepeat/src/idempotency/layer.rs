@@ -15,7 +15,7 @@ use crate::degrade::FailurePolicy;
 use crate::fingerprinter::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
-use crate::keys::{KeyBuilder, Namespace};
+use crate::keys::KeyBuilder;
 use crate::middleware::{
     self, GUARD_UNAVAILABLE, Handle, Middleware, mark, reject, shadowed, unauthenticated, would,
 };
@@ -32,7 +32,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
+mod inspect;
 mod run;
+
+pub use inspect::{Inspected, RecordState};
 use run::{replay, run_claimed};
 
 /// The response body of an idempotent service: the handler's body passed
@@ -693,15 +696,7 @@ where
     // and `/orders/2/pay` are different resources. The template is a label.
     let path = crate::request::client_path(&parts);
     let route = cfg.route.as_deref().unwrap_or(path);
-    let key = cfg.keys.key(
-        Namespace::Idempotency,
-        &[
-            user.as_bytes(),
-            parts.method.as_str().as_bytes(),
-            path.as_bytes(),
-            client_key.as_bytes(),
-        ],
-    );
+    let key = cfg.record_key(user, &parts.method, path, client_key);
     // A body declared JSON that does not parse is the client's error: 400
     // before any claim, as the fingerprint guard answers (one rule for both
     // layers; the key stays free for the corrected request).
