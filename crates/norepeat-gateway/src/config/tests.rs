@@ -381,7 +381,7 @@ fn listen_upstream_and_store_problems() {
         "1:9 listen:",
         "expected a string",
     );
-    assert_one("upstream: ftp://a:1\n", "1:11 upstream:", "http:// or https://");
+    assert_one("upstream: ftp://a:1\n", "1:11 upstream:", "or https://");
     assert_one("upstream: http://a:x\n", "1:11 upstream:", "not a port");
     assert_one("upstream: http://a:0\n", "1:11 upstream:", "not a port");
     assert_one("upstream: http://\n", "1:11 upstream:", "not a host");

@@ -45,8 +45,8 @@ mod run;
 mod scope;
 mod shadow;
 mod stack;
-mod tls;
 mod store;
+mod tls;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
