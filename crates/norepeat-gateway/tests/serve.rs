@@ -2855,3 +2855,67 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
     );
     assert_eq!(effects(&b).await["/payments"], 2);
 }
+
+/// Issue 37, item 3, the upgrade: a payment made through a release that
+/// keyed records by the caller alone, retried through this one (which
+/// scopes them by site too), is replayed, not run again. The old record
+/// is made here by the library's layer with the gateway's `Caller` as its
+/// identity, exactly as that release made it; the new gateway finds it by
+/// its one lookup under the caller alone, which lasts a retention from the
+/// first start of a site-scoping release on the store.
+#[tokio::test]
+async fn a_retry_across_the_upgrade_to_site_scoped_keys_is_replayed() {
+    use http_body_util::Full;
+    use tower::{Layer, ServiceExt};
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(
+        &b,
+        &redis.url(),
+        "  - match: POST /payments\n    guard: idempotency\n",
+    );
+    let config = norepeat_gateway::config::Config::parse("g.yaml", yaml.as_bytes()).unwrap();
+    let before = norepeat::idempotency::IdempotencyLayer::new(
+        norepeat::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    )
+    .identity(norepeat_gateway::serve::Caller::new(&config.identity))
+    .layer(tower::service_fn(
+        |_req: http::Request<Full<bytes::Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(Full::new(bytes::Bytes::from_static(
+                        b"paid before the upgrade",
+                    )))
+                    .unwrap(),
+            )
+        },
+    ));
+    let first = http::Request::post("/payments")
+        .header("host", "shop.example")
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-upgrade")
+        .body(Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(before.oneshot(first).await.unwrap().status(), 201);
+
+    let g = gateway(&yaml).await;
+    let pay = |key: &'static str| {
+        Client::new()
+            .post(url(&g, "/payments"))
+            .header("host", "shop.example")
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    let retry = pay("k-upgrade").await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), "paid before the upgrade");
+    assert_eq!(effects(&b).await["/payments"], Value::Null, "run again");
+    // A new key runs, under the site-scoped key.
+    assert_eq!(pay("k-new").await.unwrap().status(), 201);
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
