@@ -3061,3 +3061,43 @@ async fn idempotency_keys_are_per_caller_checked_capped_and_end_with_retention()
         "run again once the retention ended"
     );
 }
+
+/// Issue 40, item 4: a fingerprint route leaves the library's four default
+/// fields (`traceId`, `timestamp`, `random`, `sign`) out of the
+/// fingerprint, as documented, and `ignore_default_fields: false` makes
+/// them count (two bodies differing only in `sign` are two orders).
+#[tokio::test]
+async fn the_library_default_fields_are_left_out_unless_the_file_makes_them_count() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /quick
+    guard: fingerprint
+    window: 1m
+  - match: POST /signed
+    guard: fingerprint
+    window: 1m
+    ignore_default_fields: false
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let order = |path: &'static str, sign: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"s1","sign":"{sign}"}}"#))
+            .send()
+    };
+    assert_eq!(order("/quick", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/quick", "b").await.unwrap().status(),
+        409,
+        "sign is left out"
+    );
+    assert_eq!(order("/signed", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/signed", "b").await.unwrap().status(),
+        201,
+        "sign counts"
+    );
+    assert_eq!(order("/signed", "b").await.unwrap().status(), 409);
+}

@@ -12,9 +12,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::{BodyError, declares_over};
 use norepeat::degrade::FailurePolicy;
-use norepeat::fingerprint::{
-    DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
-};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
@@ -135,14 +133,10 @@ pub(super) fn stack(
             window,
             ignore_fields,
         }) => {
-            let fields = DEFAULT_IGNORED_FIELDS
-                .iter()
-                .map(|f| (*f).to_owned())
-                .chain(ignore_fields.iter().cloned());
             let guard = FingerprintGuard::new(store.clone())
                 .window(*window)
                 .on_store_failure(on_failure)
-                .fingerprinter(Fingerprinter::ignoring(fields));
+                .fingerprinter(Fingerprinter::ignoring(ignore_fields.iter().cloned()));
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
