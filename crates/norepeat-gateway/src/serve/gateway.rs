@@ -245,6 +245,9 @@ pub struct Gateway {
     pub(super) admin: Option<std::net::SocketAddr>,
     /// The hash of the admin token (from `admin.token_env`, read at start).
     pub(super) admin_token: Option<blake3::Hash>,
+    /// Since when (Unix ms) this store's keys are scoped by site: records
+    /// older than that are under the caller alone ([`site_scoped_since`]).
+    pub(super) site_scoped_since: Option<u64>,
 }
 
 /// Why [`Gateway::build`] failed.
@@ -283,6 +286,37 @@ impl From<StoreError> for BuildError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
     }
+}
+
+/// Where the store keeps when its keys began to be scoped by site.
+const SITE_SCOPED_KEY: &str = "norepeat:gateway:site-scoped-since";
+
+/// Since when (Unix ms) the store's idempotency keys are scoped by site as
+/// well as by caller (issue 37): the first instance of a release that does
+/// so writes the time (one `SET NX`, kept 400 days); every instance reads
+/// it. Until a route's `retention` has passed since then, a key with no
+/// record under its site-scoped id is looked up under the caller alone,
+/// where the release before wrote it, so a retry across the upgrade is
+/// replayed, never run again. A store that does not answer gives this
+/// start's time (the lookups then last a retention from now: the safe
+/// side); a memory store has nothing from before (`None`).
+async fn site_scoped_since(store: &SharedStore) -> Option<u64> {
+    if store.kind() == "memory" {
+        return None;
+    }
+    let now = super::scope::now_ms();
+    let ttl = Duration::from_secs(400 * 24 * 3600);
+    let held = store
+        .closed()
+        .put_if_absent(SITE_SCOPED_KEY, now.to_string().as_bytes(), ttl)
+        .await;
+    Some(match held {
+        Ok(Some(v)) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(now),
+        _ => now,
+    })
 }
 
 /// The admin token's hash, from the variable `admin.token_env` names.
@@ -350,7 +384,14 @@ impl Gateway {
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
-        let routes = Routes::build(config, &store, &detached, &stopping, None).await?;
+        let site_scoped_since = site_scoped_since(&store).await;
+        let routes = Routes::build(
+            config,
+            &store,
+            (&detached, &stopping, site_scoped_since),
+            None,
+        )
+        .await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
             client,
@@ -368,6 +409,7 @@ impl Gateway {
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
             admin: config.admin.as_ref().map(|a| a.listen),
             admin_token: admin_token(config)?,
+            site_scoped_since,
         })
     }
 
@@ -398,7 +440,8 @@ impl Gateway {
             ));
         }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
-        let routes = Routes::build(config, &self.store, &self.detached, &self.stopping, tokens)
+        let shared = (&self.detached, &self.stopping, self.site_scoped_since);
+        let routes = Routes::build(config, &self.store, shared, tokens)
             .await
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
@@ -417,8 +460,7 @@ impl Routes {
     async fn build(
         config: &Config,
         store: &SharedStore,
-        detached: &DetachedTasks,
-        stopping: &CancellationToken,
+        (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -468,7 +510,7 @@ impl Routes {
                     r,
                     &store.for_route(r.on_store_failure),
                     &caller,
-                    (detached, stopping),
+                    (detached, stopping, site_scoped_since),
                     tokens,
                     &metrics,
                 );

@@ -4,6 +4,7 @@
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
+use super::scope::Unscoped;
 use super::{Caller, HostScoped};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
@@ -11,9 +12,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::{BodyError, declares_over};
 use norepeat::degrade::FailurePolicy;
-use norepeat::fingerprint::{
-    DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
-};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
@@ -55,7 +54,7 @@ pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
     caller: &Caller,
-    (detached, stopping): (&DetachedTasks, &CancellationToken),
+    (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
 ) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
@@ -134,14 +133,10 @@ pub(super) fn stack(
             window,
             ignore_fields,
         }) => {
-            let fields = DEFAULT_IGNORED_FIELDS
-                .iter()
-                .map(|f| (*f).to_owned())
-                .chain(ignore_fields.iter().cloned());
             let guard = FingerprintGuard::new(store.clone())
                 .window(*window)
                 .on_store_failure(on_failure)
-                .fingerprinter(Fingerprinter::ignoring(fields));
+                .fingerprinter(Fingerprinter::ignoring(ignore_fields.iter().cloned()));
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
@@ -163,7 +158,12 @@ pub(super) fn stack(
                 Ambiguous::Keep => Abandoned::OutcomeUnknown,
                 Ambiguous::Release => Abandoned::Retry,
             };
-            let layer = IdempotencyLayer::new(store.clone())
+            // Records from before keys were scoped by site, looked up for
+            // one retention after (see `site_scoped_since`).
+            let until = site_scoped_since.map(|since| {
+                since.saturating_add(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
+            });
+            let mut layer = IdempotencyLayer::new(store.clone())
                 .required(*required)
                 .retention(*retention)
                 .abandoned(abandoned)
@@ -178,6 +178,9 @@ pub(super) fn stack(
                 .stored_headers(StoredHeaders::AllButHopByHop)
                 .detached_tasks_in(detached)
                 .shadow(route.shadow);
+            if let Some(until) = until.filter(|u| *u > super::scope::now_ms()) {
+                layer = layer.previous_identity(Unscoped::until(caller.clone(), until));
+            }
             records = Some(layer.clone());
             boxed(layer.layer(base))
         }

@@ -238,3 +238,63 @@ mod tests {
         assert_eq!(runs.load(Ordering::SeqCst), 2, "the cleared key runs again");
     }
 }
+
+#[cfg(test)]
+mod previous {
+    use super::*;
+    use crate::identity::UserHeader;
+    use crate::store::MemoryStore;
+    use http_body_util::Full;
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt};
+
+    /// A changed identity (here from `X-User-Id` to `X-Account`) keeps the
+    /// records made under the old one: their retries are replayed, never
+    /// run again. Before `previous_identity`, the change made every key new
+    /// and the retry ran the payment a second time.
+    #[tokio::test]
+    async fn a_retry_across_an_identity_change_is_replayed_not_run() {
+        let store = MemoryStore::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = |runs: Arc<AtomicUsize>| {
+            tower::service_fn(move |_req: http::Request<Full<Bytes>>| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"paid"))))
+                }
+            })
+        };
+        let req = |key: &str| {
+            http::Request::post("/payments")
+                .header("x-user-id", "u1")
+                .header("x-account", "acct-1")
+                .header("idempotency-key", key)
+                .body(Full::new(Bytes::new()))
+                .expect("a request")
+        };
+        let before = IdempotencyLayer::new(store.clone()).layer(handler(Arc::clone(&runs)));
+        before.oneshot(req("k1")).await.expect("served");
+        let now = IdempotencyLayer::new(store.clone())
+            .identity(UserHeader::new(http::HeaderName::from_static("x-account")))
+            .previous_identity(UserHeader::default());
+        let after = now.clone().layer(handler(Arc::clone(&runs)));
+        let retry = after.clone().oneshot(req("k1")).await.expect("served");
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "run again across the change"
+        );
+        // A new key is the new identity's.
+        after.oneshot(req("k2")).await.expect("served");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        let under_new = now
+            .inspect("acct-1", &Method::POST, "/payments", "k2")
+            .await;
+        assert!(under_new.expect("read").is_some());
+        let under_old = now.inspect("u1", &Method::POST, "/payments", "k2").await;
+        assert_eq!(under_old.expect("read"), None);
+    }
+}
