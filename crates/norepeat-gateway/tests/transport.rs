@@ -268,6 +268,36 @@ async fn h2c_prior_knowledge_is_served_and_a_split_cookie_names_the_caller() {
     assert_eq!(seen["x-forwarded-proto"], "http", "{seen}");
 }
 
+/// HTTP/2's extended CONNECT (RFC 8441) is not offered: a browser then
+/// opens its WebSockets over HTTP/1.1, which the gateway splices through
+/// (an extended CONNECT would reach the HTTP/1.1 upstream as `CONNECT
+/// /path`, which no backend takes for a WebSocket).
+#[tokio::test]
+async fn h2_does_not_offer_websockets_over_extended_connect() {
+    let dir = Dir::new();
+    let (_b, bport) = backend().await;
+    let g = gateway(&dir, &format!("upstream: http://127.0.0.1:{bport}\n")).await;
+    let tcp = TcpStream::connect(("127.0.0.1", g.port)).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    // A first request: the server's settings have come once it is answered.
+    let first = http::Request::get("http://localhost/echo")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    assert_eq!(send.send_request(first).await.unwrap().status(), 200);
+    let mut connect = http::Request::connect("http://localhost/upgrade")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    connect
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let sent = send.send_request(connect).await;
+    assert!(sent.is_err(), "an extended CONNECT was let through: {sent:?}");
+}
+
 /// Writes `head` on a new connection to `port`; the connection and the
 /// answer's head.
 async fn raw_head(port: u16, head: &str) -> (TcpStream, String) {

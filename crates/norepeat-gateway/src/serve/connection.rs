@@ -76,9 +76,11 @@ pub(super) async fn serve(
         usize::try_from(limits.max_connections.get()).unwrap_or(usize::MAX),
     ));
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder.http2().enable_connect_protocol();
-    let builder = Arc::new(builder);
+    // HTTP/2's extended CONNECT (RFC 8441, a WebSocket over an HTTP/2
+    // stream) is not offered: upstreams are spoken to in HTTP/1.1, so a
+    // browser opens its WebSockets over HTTP/1.1 connections, whose
+    // `Upgrade` is spliced through (see `forward`).
+    let builder = Arc::new(Builder::new(TokioExecutor::new()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut pause = ACCEPT_PAUSE;
     loop {
