@@ -295,7 +295,10 @@ async fn h2_does_not_offer_websockets_over_extended_connect() {
         .extensions_mut()
         .insert(hyper::ext::Protocol::from_static("websocket"));
     let sent = send.send_request(connect).await;
-    assert!(sent.is_err(), "an extended CONNECT was let through: {sent:?}");
+    assert!(
+        sent.is_err(),
+        "an extended CONNECT was let through: {sent:?}"
+    );
 }
 
 /// Writes `head` on a new connection to `port`; the connection and the
