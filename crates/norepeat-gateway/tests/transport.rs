@@ -301,6 +301,47 @@ async fn h2_does_not_offer_websockets_over_extended_connect() {
     );
 }
 
+/// An idle HTTP/2 connection's pings are not a request head: the
+/// connection lives past `header_timeout` while idle, and is closed
+/// `idle_timeout` after its last stream, pings or not (before, the first
+/// ping after a stream started a head, cut at `header_timeout`).
+#[tokio::test]
+async fn an_idle_h2_connection_is_held_to_the_idle_timeout_not_the_header_timeout() {
+    let dir = Dir::new();
+    let (_b, bport) = backend().await;
+    let g = gateway(
+        &dir,
+        &format!(
+            "upstream: http://127.0.0.1:{bport}\nlimits: {{ header_timeout: 1s, idle_timeout: 4s }}\n"
+        ),
+    )
+    .await;
+    let tcp = TcpStream::connect(("127.0.0.1", g.port)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Duration::from_millis(200))
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let get = || {
+        http::Request::get("http://localhost/echo")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    assert_eq!(send.send_request(get()).await.unwrap().status(), 200);
+    // Idle, pinging, past header_timeout (not idle_timeout).
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert_eq!(send.send_request(get()).await.unwrap().status(), 200);
+    // Then closed once idle_timeout has passed, pings or not.
+    tokio::time::timeout(Duration::from_secs(30), conn)
+        .await
+        .expect("an idle HTTP/2 connection is closed after idle_timeout")
+        .unwrap()
+        .ok();
+}
+
 /// Writes `head` on a new connection to `port`; the connection and the
 /// answer's head.
 async fn raw_head(port: u16, head: &str) -> (TcpStream, String) {
