@@ -101,15 +101,7 @@ impl UpstreamCa {
         let mut roots = RootCertStore::empty();
         let certs = match ca {
             Some(ca) => ca.certs.clone(),
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                if found.certs.is_empty() {
-                    tracing::warn!(
-                        "no system root certificates found: an https:// upstream cannot be checked (give upstream_ca)"
-                    );
-                }
-                found.certs
-            }
+            None => rustls_native_certs::load_native_certs().certs,
         };
         roots.add_parsable_certificates(certs);
         roots

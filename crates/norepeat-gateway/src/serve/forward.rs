@@ -30,10 +30,13 @@ static UPSTREAM_TLS: std::sync::Mutex<Option<std::sync::Arc<rustls::ClientConfig
 
 /// Checks `https://` upstreams against `ca`'s roots (the system's for
 /// `None`) in every client made from now on.
-pub(crate) fn use_upstream_ca(ca: Option<&crate::config::UpstreamCa>) {
+/// `https`: the file names an `https://` upstream (a missing root store is
+/// then worth a warning).
+pub(crate) fn use_upstream_ca(ca: Option<&crate::config::UpstreamCa>, https: bool) {
     *UPSTREAM_TLS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(super::tls::client_config(ca));
+        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+        Some(super::tls::client_config(ca, https));
 }
 
 /// A request that came over TLS: forwarded with `proto=https`.
@@ -65,7 +68,7 @@ pub(crate) fn client(connect: Duration) -> HttpClient {
     let tls = UPSTREAM_TLS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get_or_insert_with(|| super::tls::client_config(None))
+        .get_or_insert_with(|| super::tls::client_config(None, false))
         .clone();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(std::sync::Arc::unwrap_or_clone(tls))

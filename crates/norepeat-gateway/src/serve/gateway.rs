@@ -380,7 +380,10 @@ impl Gateway {
     ) -> Result<Self, BuildError> {
         let store = SharedStore::over(Connecting::connect(config.store.as_url()).await?);
         // Before any client is made: `upstream_ca` is read at start.
-        super::forward::use_upstream_ca(config.upstream_ca.as_ref());
+        let https = std::iter::once(&config.upstream)
+            .chain(config.routes.iter().map(|r| &r.upstream))
+            .any(|u| u.as_str().starts_with("https://"));
+        super::forward::use_upstream_ca(config.upstream_ca.as_ref(), https);
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();

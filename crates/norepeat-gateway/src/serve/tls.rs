@@ -88,9 +88,16 @@ pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
 
 /// The client side of an `https://` upstream: checked against
 /// `upstream_ca`'s roots, or the system's; HTTP/1.1 by ALPN.
-pub(super) fn client_config(ca: Option<&UpstreamCa>) -> Arc<rustls::ClientConfig> {
+/// With `https` (an upstream of the file is `https://`), says so when no
+/// root is found (a system without its CA certificates installed).
+pub(super) fn client_config(ca: Option<&UpstreamCa>, https: bool) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let roots = UpstreamCa::roots(ca);
+    if https && roots.is_empty() {
+        tracing::warn!(
+            "no root certificate found: every https:// upstream will be refused (install the system's CA certificates, or give upstream_ca)"
+        );
+    }
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap_or_else(|_| {
