@@ -36,6 +36,7 @@
 
 mod caller;
 mod connection;
+mod cors;
 mod count;
 mod forward;
 mod gateway;
