@@ -246,10 +246,11 @@ fn pem_key(label: &str, block: &[u8]) -> Result<Key, String> {
     }
     let key = DecodingKey::from_ec_pem(block)
         .map_err(|_| format!("a {label} that is neither RSA nor EC (RS256, ES256)"))?;
-    // The P-256 curve's OID (1.2.840.10045.3.1.7) in the key's DER.
-    const P256: [u8; 8] = [0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
-    let der = key.try_get_as_bytes().unwrap_or_default();
-    if !der.windows(P256.len()).any(|w| w == P256) {
+    // The key's point (SEC1): a P-256 one is 65 bytes uncompressed, 33
+    // compressed; P-384's and P-521's are longer.
+    let point = key.try_get_as_bytes().unwrap_or_default();
+    let p256 = matches!((point.len(), point.first()), (65, Some(4)) | (33, Some(2 | 3)));
+    if !p256 {
         return Err("an EC key that is not on P-256: ES256 is supported, ES384 and ES512 are not".into());
     }
     Ok(Key {
