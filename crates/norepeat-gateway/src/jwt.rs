@@ -100,7 +100,10 @@ impl KeySet {
         let mut rest = text;
         while let Some(start) = rest.find("-----BEGIN ") {
             let block = &rest[start..];
-            let label_end = block[11..].find("-----").ok_or("a PEM block without its end")? + 11;
+            let label_end = block[11..]
+                .find("-----")
+                .ok_or("a PEM block without its end")?
+                + 11;
             let label = &block[11..label_end];
             let end_marker = format!("-----END {label}-----");
             let end = block
@@ -134,9 +137,7 @@ impl KeySet {
             }
             let given = jwk.common.key_algorithm;
             let alg = match (&jwk.algorithm, given) {
-                (AlgorithmParameters::RSA(_), None | Some(KeyAlgorithm::RS256)) => {
-                    Algorithm::RS256
-                }
+                (AlgorithmParameters::RSA(_), None | Some(KeyAlgorithm::RS256)) => Algorithm::RS256,
                 (AlgorithmParameters::EllipticCurve(ec), None | Some(KeyAlgorithm::ES256))
                     if ec.curve == EllipticCurve::P256 =>
                 {
@@ -185,9 +186,9 @@ impl KeySet {
         // A token that names its key is verified by that key alone (or by
         // the keys without a name, a PEM file's).
         let named: Vec<&Key> = match &header.kid {
-            Some(kid) if same_alg().any(|k| k.kid.as_ref() == Some(kid)) => same_alg()
-                .filter(|k| k.kid.as_ref() == Some(kid))
-                .collect(),
+            Some(kid) if same_alg().any(|k| k.kid.as_ref() == Some(kid)) => {
+                same_alg().filter(|k| k.kid.as_ref() == Some(kid)).collect()
+            }
             Some(_) => same_alg().filter(|k| k.kid.is_none()).collect(),
             None => same_alg().collect(),
         };
@@ -249,9 +250,14 @@ fn pem_key(label: &str, block: &[u8]) -> Result<Key, String> {
     // The key's point (SEC1): a P-256 one is 65 bytes uncompressed, 33
     // compressed; P-384's and P-521's are longer.
     let point = key.try_get_as_bytes().unwrap_or_default();
-    let p256 = matches!((point.len(), point.first()), (65, Some(4)) | (33, Some(2 | 3)));
+    let p256 = matches!(
+        (point.len(), point.first()),
+        (65, Some(4)) | (33, Some(2 | 3))
+    );
     if !p256 {
-        return Err("an EC key that is not on P-256: ES256 is supported, ES384 and ES512 are not".into());
+        return Err(
+            "an EC key that is not on P-256: ES256 is supported, ES384 and ES512 are not".into(),
+        );
     }
     Ok(Key {
         kid: None,

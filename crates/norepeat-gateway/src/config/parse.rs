@@ -287,8 +287,7 @@ fn route(
                         "expected a host name (api.example.com, or with a port), not {s:?}"
                     ));
                 }
-                normalize_host(s)
-                    .ok_or_else(|| "expected a host name, not an empty one".to_owned())
+                normalize_host(s).ok_or_else(|| "expected a host name, not an empty one".to_owned())
             })
             .map(Some),
     };
@@ -662,12 +661,7 @@ fn identity(
 
 /// The one source a mapping names (`header`, `cookie`, `jwt`, `ip: true`
 /// or `any_of`); none is the peer address.
-fn source_of(
-    w: &mut Walker,
-    f: &Fields,
-    path: &str,
-    ctx: &Ctx,
-) -> Option<IdentitySource> {
+fn source_of(w: &mut Walker, f: &Fields, path: &str, ctx: &Ctx) -> Option<IdentitySource> {
     let given: Vec<(&str, &Node)> = f
         .entries
         .iter()
@@ -718,7 +712,11 @@ fn source_of(
         }),
         "jwt" => jwt(w, n, &at, ctx).map(IdentitySource::Jwt),
         _ if path.contains("any_of[") => {
-            w.at(n, &at, "an any_of inside an any_of: list the sources in one");
+            w.at(
+                n,
+                &at,
+                "an any_of inside an any_of: list the sources in one",
+            );
             None
         }
         _ => {
@@ -732,7 +730,11 @@ fn source_of(
                 let item_path = format!("{at}[{i}]");
                 let one = w.mapping(item, &item_path, SOURCES).and_then(|g| {
                     if g.entries.is_empty() {
-                        w.at(item, &item_path, "expected one source: header, cookie, jwt or ip");
+                        w.at(
+                            item,
+                            &item_path,
+                            "expected one source: header, cookie, jwt or ip",
+                        );
                         return None;
                     }
                     source_of(w, &g, &item_path, ctx)
@@ -880,7 +882,11 @@ fn origin(s: &str) -> Result<String, String> {
         .or_else(|| lower.strip_prefix("http://"))
         .ok_or_else(|| format!("an origin is http:// or https:// and a host, not {s:?}"))?;
     if rest.contains(['/', '?', '#', '@']) {
-        let scheme = if lower.starts_with("https") { "https" } else { "http" };
+        let scheme = if lower.starts_with("https") {
+            "https"
+        } else {
+            "http"
+        };
         let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
         return Err(format!(
             "an origin has no path, query or credentials; write {scheme}://{host}"

@@ -147,7 +147,11 @@ fn a_route_may_only_route_and_name_its_host() {
     assert_eq!(r.rate_limit, None);
     assert_eq!(r.host.as_deref(), Some("api.example.com"));
     assert_eq!(r.upstream.as_str(), "http://10.0.0.7:8000");
-    assert_eq!(r.max_request_body, u64::MAX, "a routing route streams any body");
+    assert_eq!(
+        r.max_request_body,
+        u64::MAX,
+        "a routing route streams any body"
+    );
     // The same match for every other site is reachable after it.
     assert_eq!(config.routes[1].host, None);
     assert_eq!(config.routes[1].max_request_body, 64 * 1024);
@@ -358,7 +362,9 @@ fn in_env(text: &str, env: &[(&str, &[u8])]) -> Result<Config, Problems> {
 
 #[test]
 fn cookie_jwt_and_any_of_identities() {
-    let c = ok(&format!("{UP}identity: {{ cookie: sid, required: true }}\n"));
+    let c = ok(&format!(
+        "{UP}identity: {{ cookie: sid, required: true }}\n"
+    ));
     assert_eq!(c.identity.source, IdentitySource::Cookie("sid".into()));
     let c = in_env(
         &format!("{UP}identity:\n  any_of:\n    - {{ jwt: {{ claim: uid, secret_env: S }} }}\n    - cookie: sid\n    - header: X-User-Id\n    - ip: true\n"),
@@ -368,12 +374,17 @@ fn cookie_jwt_and_any_of_identities() {
     let IdentitySource::AnyOf(list) = &c.identity.source else {
         panic!("{:?}", c.identity.source)
     };
-    assert!(matches!(&list[0], IdentitySource::Jwt(j) if j.claim == "uid"
-        && matches!(&j.keys, JwtKeys::Secret { env, secret } if env == "S" && secret.as_bytes() == [b'k'; 32])));
+    assert!(
+        matches!(&list[0], IdentitySource::Jwt(j) if j.claim == "uid"
+        && matches!(&j.keys, JwtKeys::Secret { env, secret } if env == "S" && secret.as_bytes() == [b'k'; 32]))
+    );
     assert_eq!(list[1], IdentitySource::Cookie("sid".into()));
     assert_eq!(list[2], IdentitySource::Header("x-user-id".into()));
     assert_eq!(list[3], IdentitySource::PeerAddress);
-    assert!(!format!("{c:?}").contains("kkkk"), "the secret is never shown");
+    assert!(
+        !format!("{c:?}").contains("kkkk"),
+        "the secret is never shown"
+    );
     for file in ["tests/files/jwt/jwks.json", "tests/files/jwt/ec1.pub.pem"] {
         let c = in_env(
             &format!("{UP}identity: {{ jwt: {{ public_keys: {file}, issuer: https://id.example, audiences: [shop] }} }}\n"),
@@ -397,20 +408,80 @@ fn jwt_and_any_of_problems() {
         assert_eq!(got.lines().count(), 1, "{got}");
         assert!(got.contains(prefix) && got.contains(contains), "{got}");
     };
-    one(&jwt("{ secret_env: JWT_SECRET }"), &[], ":3:22: identity.jwt.secret_env:", "JWT_SECRET is not set");
-    one(&jwt("{ secret_env: S }"), &[("S", b"short")], "identity.jwt.secret_env:", "5 bytes; an HS256 secret needs at least 32");
-    one(&jwt("{ claim: sub }"), &[], "identity.jwt:", "missing secret_env");
-    one(&jwt("{ secret_env: S, public_keys: k.pem }"), &[("S", &[1; 32])], "identity.jwt.public_keys:", "keep one");
-    one(&jwt("{ public_keys: nowhere.pem }"), &[], "identity.jwt.public_keys:", "cannot read");
-    one(&jwt("{ public_keys: tests/files/jwt/ec1.key }"), &[], "identity.jwt.public_keys:", "give the public key");
-    one(&jwt("{ public_keys: tests/files/jwt/ec1.pub.pem, alg: HS256 }"), &[], "identity.jwt.alg:", "unknown field");
+    one(
+        &jwt("{ secret_env: JWT_SECRET }"),
+        &[],
+        ":3:22: identity.jwt.secret_env:",
+        "JWT_SECRET is not set",
+    );
+    one(
+        &jwt("{ secret_env: S }"),
+        &[("S", b"short")],
+        "identity.jwt.secret_env:",
+        "5 bytes; an HS256 secret needs at least 32",
+    );
+    one(
+        &jwt("{ claim: sub }"),
+        &[],
+        "identity.jwt:",
+        "missing secret_env",
+    );
+    one(
+        &jwt("{ secret_env: S, public_keys: k.pem }"),
+        &[("S", &[1; 32])],
+        "identity.jwt.public_keys:",
+        "keep one",
+    );
+    one(
+        &jwt("{ public_keys: nowhere.pem }"),
+        &[],
+        "identity.jwt.public_keys:",
+        "cannot read",
+    );
+    one(
+        &jwt("{ public_keys: tests/files/jwt/ec1.key }"),
+        &[],
+        "identity.jwt.public_keys:",
+        "give the public key",
+    );
+    one(
+        &jwt("{ public_keys: tests/files/jwt/ec1.pub.pem, alg: HS256 }"),
+        &[],
+        "identity.jwt.alg:",
+        "unknown field",
+    );
     let any = |items: &str| format!("{UP}identity:\n  any_of: {items}\n");
     one(&any("[]"), &[], "identity.any_of:", "names no caller");
-    one(&any("[{ ip: true }, { cookie: sid }]"), &[], "identity.any_of[0]:", "put ip last");
-    one(&any("[{ any_of: [{ cookie: a }] }]"), &[], "identity.any_of[0].any_of:", "inside an any_of");
-    one(&any("[{ cookie: a, header: B }]"), &[], "identity.any_of[0].header:", "twice");
-    one(&any("[{ ip: true }]\n  required: true"), &[], "identity.required:", "always known");
-    one(&any("[{ header: ip }]"), &[], "identity.any_of[0].header:", "ip: true");
+    one(
+        &any("[{ ip: true }, { cookie: sid }]"),
+        &[],
+        "identity.any_of[0]:",
+        "put ip last",
+    );
+    one(
+        &any("[{ any_of: [{ cookie: a }] }]"),
+        &[],
+        "identity.any_of[0].any_of:",
+        "inside an any_of",
+    );
+    one(
+        &any("[{ cookie: a, header: B }]"),
+        &[],
+        "identity.any_of[0].header:",
+        "twice",
+    );
+    one(
+        &any("[{ ip: true }]\n  required: true"),
+        &[],
+        "identity.required:",
+        "always known",
+    );
+    one(
+        &any("[{ header: ip }]"),
+        &[],
+        "identity.any_of[0].header:",
+        "ip: true",
+    );
 }
 
 #[test]
@@ -421,7 +492,10 @@ fn a_route_may_name_its_own_identity() {
     let own = c.routes[0].identity.as_ref().unwrap();
     assert_eq!(own.source, IdentitySource::Cookie("sid".into()));
     assert!(own.required);
-    assert_eq!(own.trusted_proxies, c.identity.trusted_proxies, "the file's proxies");
+    assert_eq!(
+        own.trusted_proxies, c.identity.trusted_proxies,
+        "the file's proxies"
+    );
     assert_eq!(c.routes[1].identity, None);
     assert_one(
         &one_route("    guard: token\n    identity: { cookie: sid }\n"),
@@ -429,7 +503,9 @@ fn a_route_may_name_its_own_identity() {
         "a token route takes the file's identity",
     );
     assert_one(
-        &one_route("    guard: fingerprint\n    identity: { cookie: sid, trusted_proxies: [10.0.0.0/8] }\n"),
+        &one_route(
+            "    guard: fingerprint\n    identity: { cookie: sid, trusted_proxies: [10.0.0.0/8] }\n",
+        ),
         "5:47 routes[0].identity.trusted_proxies:",
         "the file's",
     );
@@ -448,7 +524,11 @@ fn token_ttl_and_cors() {
         c.cors.allow_origins,
         ["https://shop.example", "http://localhost:3000"]
     );
-    assert_one(&format!("{UP}token_ttl: 60\n"), "2:12 token_ttl:", "has no unit");
+    assert_one(
+        &format!("{UP}token_ttl: 60\n"),
+        "2:12 token_ttl:",
+        "has no unit",
+    );
     assert_one(
         &format!("{UP}cors: {{ allow_origins: [\"*\"] }}\n"),
         "2:25 cors.allow_origins[0]:",
@@ -605,7 +685,11 @@ fn fields_that_belong_to_another_guard() {
 #[test]
 fn route_problems() {
     let r = |f: &str| one_route(f);
-    assert_one(&r(""), "3:5 routes[0]:", "a guard, a rate_limit or an upstream");
+    assert_one(
+        &r(""),
+        "3:5 routes[0]:",
+        "a guard, a rate_limit or an upstream",
+    );
     assert_one(
         &r("    shadow: true\n"),
         "3:5 routes[0]:",

@@ -147,8 +147,9 @@ impl Source {
         match source {
             IdentitySource::PeerAddress => Source::Peer,
             // Checked by the file's parser: a header name.
-            IdentitySource::Header(h) => HeaderName::from_bytes(h.as_bytes())
-                .map_or(Source::Peer, Source::Header),
+            IdentitySource::Header(h) => {
+                HeaderName::from_bytes(h.as_bytes()).map_or(Source::Peer, Source::Header)
+            }
             IdentitySource::Cookie(name) => Source::Cookie(name.clone()),
             IdentitySource::Jwt(jwt) => Source::Jwt(Bearer::new(jwt)),
             IdentitySource::AnyOf(list) => Source::AnyOf(list.iter().map(Source::new).collect()),
@@ -377,7 +378,11 @@ impl KeyFile {
     fn new(path: PathBuf) -> Self {
         let seen = stat(&path);
         let keys = KeySet::read(&path)
-            .inspect_err(|e| tracing::error!("identity.jwt.public_keys: {e}; every token is refused until it is fixed"))
+            .inspect_err(|e| {
+                tracing::error!(
+                    "identity.jwt.public_keys: {e}; every token is refused until it is fixed"
+                )
+            })
             .ok()
             .map(Arc::new);
         Self {
@@ -406,7 +411,9 @@ impl KeyFile {
                         tracing::info!(file = %self.path.display(), "identity.jwt.public_keys read again");
                         self.keys.store(Some(Arc::new(set)));
                     }
-                    Err(e) => tracing::error!("identity.jwt.public_keys: {e}; the keys read before stay"),
+                    Err(e) => {
+                        tracing::error!("identity.jwt.public_keys: {e}; the keys read before stay")
+                    }
                 }
             }
         }

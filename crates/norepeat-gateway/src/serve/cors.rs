@@ -101,7 +101,10 @@ mod tests {
         let mut h = HeaderMap::new();
         let o = HeaderValue::from_static("https://shop.example");
         allow(&allowed, Some(&o), &mut h);
-        assert_eq!(h[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://shop.example");
+        assert_eq!(
+            h[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://shop.example"
+        );
         assert_eq!(h[header::ACCESS_CONTROL_ALLOW_CREDENTIALS], "true");
         assert_eq!(h[header::VARY], "Origin");
         let mut h = HeaderMap::new();
@@ -128,7 +131,10 @@ mod tests {
         .unwrap();
         assert_eq!(res.status(), 204);
         let h = res.headers();
-        assert_eq!(h[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://shop.example");
+        assert_eq!(
+            h[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://shop.example"
+        );
         assert_eq!(h[header::ACCESS_CONTROL_ALLOW_HEADERS], "x-user-id");
         assert_eq!(h[header::ACCESS_CONTROL_ALLOW_METHODS], "GET");
         let post = preflight(
@@ -139,7 +145,11 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert!(!post.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN));
+        assert!(
+            !post
+                .headers()
+                .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+        );
         assert!(preflight(&[], &HeaderMap::new()).is_none());
     }
 }

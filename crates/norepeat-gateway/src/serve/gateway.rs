@@ -355,7 +355,10 @@ impl Routes {
                     OnStoreFailure::Closed => closed_tokens.as_ref(),
                 };
                 // A route's own identity, else the file's.
-                let caller = r.identity.as_ref().map_or_else(|| caller.clone(), Caller::new);
+                let caller = r
+                    .identity
+                    .as_ref()
+                    .map_or_else(|| caller.clone(), Caller::new);
                 Compiled {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),

@@ -59,7 +59,9 @@ async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Bod
             "invalid_request",
             "Method not allowed",
         )
-        .detail("The gateway's own routes take GET; the Allow header says so (no cors in the file).")
+        .detail(
+            "The gateway's own routes take GET; the Allow header says so (no cors in the file).",
+        )
         .to_response()
         .map(Body::new)
     })

@@ -3,12 +3,12 @@
 
 use super::guard::Used;
 use super::{TokenGuard, TokenGuardError};
+use crate::body::{self, BodyError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
     GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
     unauthenticated, would,
 };
-use crate::body::{self, BodyError};
 use crate::problem::{Code, Problem};
 use crate::store::Store;
 use bytes::Bytes;
@@ -388,7 +388,10 @@ fn is_form(headers: &http::HeaderMap) -> bool {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .is_some_and(|e| e.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+        .is_some_and(|e| {
+            e.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
 }
 
 /// The first `repeatToken` field of a form body, decoded.
@@ -424,7 +427,10 @@ mod tests {
 
     #[test]
     fn a_form_names_its_token_in_any_spelling_of_the_field() {
-        assert_eq!(form_token(b"a=1&repeatToken=t.k-1&b=2").as_deref(), Some("t.k-1"));
+        assert_eq!(
+            form_token(b"a=1&repeatToken=t.k-1&b=2").as_deref(),
+            Some("t.k-1")
+        );
         assert_eq!(form_token(b"repeatToken=a%2Bb+c").as_deref(), Some("a+b c"));
         assert_eq!(form_token(b"repeattoken=x&RepeatToken=y"), None);
         assert_eq!(form_token(b""), None);
