@@ -2395,35 +2395,18 @@ async fn a_route_may_route_a_prefix_of_one_host_to_its_own_upstream() {
         (reqwest::Method::POST, "/api/v1/users/7"),
         (reqwest::Method::POST, "/api"),
     ] {
-        let res = send(method, "API.example.com", path, big.clone())
-            .await
-            .unwrap();
+        let res = send(method, "API.example.com", path, big.clone()).await.unwrap();
         assert_eq!(res.status(), 201, "{path}");
     }
     assert_eq!(effects(&api).await["/api/orders"], 1);
     assert_eq!(effects(&api).await["/api/v1/users/7"], 1);
     assert_eq!(effects(&api).await["/api"], 1);
     // Another site, and a path outside the prefix: the file's upstream.
-    let other = send(
-        reqwest::Method::POST,
-        "www.example.com",
-        "/api/orders",
-        Vec::new(),
-    );
+    let other = send(reqwest::Method::POST, "www.example.com", "/api/orders", Vec::new());
     assert_eq!(other.await.unwrap().status(), 201);
-    let outside = send(
-        reqwest::Method::POST,
-        "api.example.com",
-        "/apis",
-        Vec::new(),
-    );
+    let outside = send(reqwest::Method::POST, "api.example.com", "/apis", Vec::new());
     assert_eq!(outside.await.unwrap().status(), 201);
-    let folded = send(
-        reqwest::Method::POST,
-        "api.example.com",
-        "/API/orders",
-        Vec::new(),
-    );
+    let folded = send(reqwest::Method::POST, "api.example.com", "/API/orders", Vec::new());
     assert_eq!(folded.await.unwrap().status(), 201, "no guard to pass by");
     assert_eq!(effects(&main).await["/api/orders"], 1);
     assert_eq!(effects(&main).await["/apis"], 1);

@@ -92,10 +92,7 @@ mod tests {
     use super::*;
 
     fn site_of(host: &str) -> Option<String> {
-        let req = http::Request::get("/")
-            .header("host", host)
-            .body(())
-            .unwrap();
+        let req = http::Request::get("/").header("host", host).body(()).unwrap();
         site(req.headers(), req.uri())
     }
 
@@ -109,16 +106,9 @@ mod tests {
             "SHOP.EXAMPLE.:443",
             " shop.example ",
         ] {
-            assert_eq!(
-                site_of(spelling).as_deref(),
-                Some("shop.example"),
-                "{spelling}"
-            );
+            assert_eq!(site_of(spelling).as_deref(), Some("shop.example"), "{spelling}");
         }
-        assert_eq!(
-            site_of("shop.example:8080").as_deref(),
-            Some("shop.example:8080")
-        );
+        assert_eq!(site_of("shop.example:8080").as_deref(), Some("shop.example:8080"));
         assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]:8080"));
         assert_eq!(site_of("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(site_of(""), None);
@@ -126,12 +116,7 @@ mod tests {
 
     #[test]
     fn an_h2_request_names_its_site_in_the_uri() {
-        let req = http::Request::get("https://Shop.Example/pay")
-            .body(())
-            .unwrap();
-        assert_eq!(
-            site(req.headers(), req.uri()).as_deref(),
-            Some("shop.example")
-        );
+        let req = http::Request::get("https://Shop.Example/pay").body(()).unwrap();
+        assert_eq!(site(req.headers(), req.uri()).as_deref(), Some("shop.example"));
     }
 }

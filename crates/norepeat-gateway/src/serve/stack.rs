@@ -1,10 +1,10 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
+use super::{Caller, HostScoped};
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
-use super::{Caller, HostScoped};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
