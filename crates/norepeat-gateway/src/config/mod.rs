@@ -133,6 +133,47 @@ pub struct Config {
     /// every route is refused unless the file says so (`routes: []`): a
     /// file caught half-written, or cut short, has no routes either.
     pub routes_given: bool,
+    /// `drain_delay` (5 s): after `SIGTERM`, how long readiness answers
+    /// 503 while the listener still accepts, so a load balancer takes the
+    /// instance out before it stops accepting.
+    pub drain_delay: Duration,
+    /// `access_log` (off): where one JSON line per request goes.
+    pub access_log: AccessLog,
+    /// `admin`: a second listener for the gateway's own routes and the
+    /// key records, if any.
+    pub admin: Option<Admin>,
+}
+
+/// How long readiness answers 503 before the listener stops accepting.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
+
+/// `access_log`: where one JSON line per request is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AccessLog {
+    /// `off` (the default).
+    Off,
+    /// `stdout`.
+    Stdout,
+    /// `stderr`.
+    Stderr,
+    /// A file's path, appended to (created if missing).
+    File(std::path::PathBuf),
+}
+
+/// `admin: { listen, token_env }`: a second listener that serves the
+/// gateway's own routes (`/.norepeat/healthz`, `readyz`, `metrics`) apart
+/// from the traffic, and, to a caller with the token, one key's record
+/// (`GET` and `DELETE /.norepeat/admin/records/...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Admin {
+    /// `listen`: where the admin listener listens.
+    pub listen: SocketAddr,
+    /// `token_env`: the environment variable holding the admin token
+    /// (sent as `Authorization: Bearer TOKEN`); unset, the record routes
+    /// are not served.
+    pub token_env: Option<String>,
 }
 
 /// `limits:`: what a client connection may hold of the gateway, so a

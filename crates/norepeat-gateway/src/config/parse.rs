@@ -14,10 +14,11 @@ use std::time::Duration;
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
 use super::{
-    Ambiguous, Config, DEFAULT_LISTEN, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE,
-    DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet,
-    LimitBy, Limits, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
-    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
+    AccessLog, Admin, Ambiguous, Config, DEFAULT_DRAIN_DELAY, DEFAULT_LISTEN,
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_RETENTION, DEFAULT_TIMEOUT,
+    DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet, LimitBy, Limits, MIN_TOKEN_SECRET,
+    OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
+    TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
 use norepeat::ratelimit::Algorithm;
 
@@ -31,9 +32,13 @@ const TOP: &[&str] = &[
     "token_secret",
     "limits",
     "routes",
+    "drain_delay",
+    "access_log",
+    "admin",
     "token_ttl",
     "cors",
 ];
+const ADMIN: &[&str] = &["listen", "token_env"];
 const LIMITS: &[&str] = &[
     "header_timeout",
     "idle_timeout",
@@ -209,6 +214,26 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         None => Some(Limits::default()),
         Some(n) => limits(w, n),
     };
+    let drain_delay = match top.get("drain_delay") {
+        None => Some(DEFAULT_DRAIN_DELAY),
+        Some(n) => w.duration(n, "drain_delay"),
+    };
+    let access_log = match top.get("access_log") {
+        None => Some(AccessLog::Off),
+        Some(n) => w.parse(n, "access_log", |s| {
+            Ok(match s {
+                "off" => AccessLog::Off,
+                "stdout" => AccessLog::Stdout,
+                "stderr" => AccessLog::Stderr,
+                "" => return Err("expected stdout, stderr, off or a file's path".to_owned()),
+                path => AccessLog::File(path.into()),
+            })
+        }),
+    };
+    let admin = match top.get("admin") {
+        None => Some(None),
+        Some(n) => admin(w, n).map(Some),
+    };
     let mut routes = Some(Vec::new());
     if let Some(n) = top.get("routes") {
         match w.sequence(n, "routes") {
@@ -252,6 +277,46 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         limits: limits?,
         routes: routes?,
         routes_given: top.get("routes").is_some(),
+        drain_delay: drain_delay?,
+        access_log: access_log?,
+        admin: admin?,
+    })
+}
+
+/// `admin: { listen, token_env }`.
+fn admin(w: &mut Walker, node: &Node) -> Option<Admin> {
+    let f = w.mapping(node, "admin", ADMIN)?;
+    let listen = match f.get("listen") {
+        None => {
+            w.at(
+                node,
+                "admin.listen",
+                "missing; the admin listener needs an address (127.0.0.1:9091)",
+            );
+            None
+        }
+        Some(n) => w.parse(n, "admin.listen", |s| {
+            s.parse::<SocketAddr>()
+                .map_err(|_| format!("expected an address such as 127.0.0.1:9091, not {s:?}"))
+        }),
+    };
+    let token_env = match f.get("token_env") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, "admin.token_env", |s| {
+                if s.is_empty() || s.contains(['=', '\0']) {
+                    Err(format!(
+                        "expected an environment variable's name, not {s:?}"
+                    ))
+                } else {
+                    Ok(s.to_owned())
+                }
+            })
+            .map(Some),
+    };
+    Some(Admin {
+        listen: listen?,
+        token_env: token_env?,
     })
 }
 
@@ -284,7 +349,7 @@ fn route(
             .parse(n, &p("host"), |s| {
                 if s.contains(['/', '*', ' ']) {
                     return Err(format!(
-                        "expected a host name (api.example.com, or with a port), not {s:?}"
+                        "expected a host name (api.example.com; a port, if given, is not matched), not {s:?}"
                     ));
                 }
                 normalize_host(s).ok_or_else(|| "expected a host name, not an empty one".to_owned())

@@ -2,14 +2,16 @@
 //! and the dispatch of each request to its route.
 
 use super::Caller;
+use super::access;
 use super::caller::with_peer;
-use super::count::{Counted, Outcome, RouteMetrics, of_code};
+use super::count::{Counted, INVALID, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
 use super::stack::{
     client_body_broke, invalid_request, outcome_unknown, stack, upstream_timeout,
     upstream_unavailable,
 };
+use super::store::Connecting;
 use crate::config::{
     Config, Guard, OnStoreFailure, StoreUrl, normalize_path, route_spelling, with_slashes_decoded,
     without_format_suffix,
@@ -52,10 +54,10 @@ use tower::util::BoxCloneSyncService;
 /// let open = SharedStore::new(AnyStore::Memory(Default::default()));
 /// let closed = open.closed();
 /// assert_eq!(closed.circuit().state(), BreakerState::Closed);
-/// assert_eq!(open.inner().kind(), "memory");
+/// assert_eq!(open.kind(), "memory");
 /// ```
 #[derive(Debug, Clone)]
-pub struct SharedStore(Fallback<Noted<Resilient<AnyStore>>>);
+pub struct SharedStore(Fallback<Noted<Resilient<Connecting>>>);
 
 tokio::task_local! {
     /// Set while a request is dispatched when the store failed one of its
@@ -70,7 +72,7 @@ tokio::task_local! {
 #[derive(Debug, Clone)]
 struct Noted<S>(S);
 
-fn note_failure() {
+pub(super) fn note_failure() {
     // Outside a dispatch (a task of its own): nothing to count.
     let _ = STORE_FAILED.try_with(|failed| failed.set(true));
 }
@@ -110,7 +112,11 @@ impl SharedStore {
     /// memory (none over a memory store: it does not fail).
     #[must_use]
     pub fn new(store: AnyStore) -> Self {
-        let memory = matches!(store, AnyStore::Memory(_));
+        Self::over(Connecting::ready(store))
+    }
+
+    fn over(store: Connecting) -> Self {
+        let memory = store.kind() == "memory";
         let primary = Noted(Resilient::new(store));
         Self(if memory {
             Fallback::disabled(primary)
@@ -140,10 +146,11 @@ impl SharedStore {
         self.0.primary().0.circuit()
     }
 
-    /// The file's store.
+    /// Whether the file's store has been connected to (one that was down
+    /// at start is connected to in the background).
     #[must_use]
-    pub fn inner(&self) -> &AnyStore {
-        self.0.primary().0.inner()
+    pub fn is_connected(&self) -> bool {
+        self.0.primary().0.inner().is_connected()
     }
 }
 
@@ -219,6 +226,52 @@ pub struct Gateway {
     /// What a client connection may hold (read at start).
     pub(super) limits: crate::config::Limits,
     pub(super) metrics: Option<PrometheusHandle>,
+    /// Cancelled on `SIGTERM`: readiness answers 503 from then on.
+    pub(super) draining: CancellationToken,
+    /// How long readiness answers 503 before the listener stops accepting
+    /// (read at start).
+    pub(super) drain_delay: Duration,
+    /// The last reload's result: `None` before any, else `Ok(routes)` or
+    /// the reason it was not applied (shown by `healthz`).
+    pub(super) last_reload: std::sync::Mutex<Option<Result<usize, String>>>,
+    /// Where the access log goes (read at start); `None`: off.
+    pub(super) access: Option<access::Sink>,
+    /// The admin listener's address (read at start).
+    pub(super) admin: Option<std::net::SocketAddr>,
+}
+
+/// Why [`Gateway::build`] failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The store: its URL cannot be used.
+    Store(StoreError),
+    /// The access log's file cannot be opened.
+    AccessLog(std::io::Error),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(e) => write!(f, "store: {e}"),
+            Self::AccessLog(e) => write!(f, "access_log: cannot open the file: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Store(e) => Some(e),
+            Self::AccessLog(e) => Some(e),
+        }
+    }
+}
+
+impl From<StoreError> for BuildError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
 }
 
 /// The part of the gateway a reload replaces.
@@ -233,9 +286,11 @@ pub(super) struct Routes {
     /// The same signer over the store without its local memory: the guard
     /// of the fail-closed token routes.
     pub(super) closed_tokens: Option<TokenGuard<SharedStore>>,
-    pub(super) all_fail_open: bool,
     /// Whether any route names a `host` (the request's site is read then).
     pub(super) by_host: bool,
+    /// Token routes wait for the secret the store keeps (it was down when
+    /// they were built): they follow their failure policy meanwhile.
+    pub(super) tokens_pending: bool,
 }
 
 pub(super) struct Compiled {
@@ -245,21 +300,25 @@ pub(super) struct Compiled {
     /// A guard or a rate limit: a spelling of its path that a back end
     /// would take alike must not pass it by.
     pub(super) guarded: bool,
+    /// A guarded route that refuses while the store does not answer.
+    pub(super) fails_closed: bool,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
 
 impl Gateway {
-    /// Connects to the file's store and builds every route.
+    /// Connects to the file's store (in the background when it does not
+    /// answer yet: the gateway serves meanwhile, each route following its
+    /// `on_store_failure`) and builds every route.
     ///
     /// # Errors
-    /// The store cannot be reached, or the token secret cannot be read
-    /// from it.
+    /// The store's URL cannot be used, or the access log's file cannot be
+    /// opened.
     pub async fn build(
         config: &Config,
         metrics: Option<PrometheusHandle>,
-    ) -> Result<Self, StoreError> {
-        let store = SharedStore::new(AnyStore::from_url(config.store.as_url()).await?);
+    ) -> Result<Self, BuildError> {
+        let store = SharedStore::over(Connecting::connect(config.store.as_url()).await?);
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
@@ -273,6 +332,11 @@ impl Gateway {
             store_url: config.store.clone(),
             limits: config.limits,
             metrics,
+            draining: CancellationToken::new(),
+            drain_delay: config.drain_delay,
+            last_reload: std::sync::Mutex::new(None),
+            access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
+            admin: config.admin.as_ref().map(|a| a.listen),
         })
     }
 
@@ -335,14 +399,30 @@ impl Routes {
                 // From the store itself, never from the local memory: an
                 // instance that made up its own secret would refuse every
                 // other instance's tokens.
-                let signer = TokenSigner::new(token_secret(config, &store.closed()).await?);
-                (
-                    Some(TokenGuard::new(store.clone(), signer.clone()).ttl(config.token_ttl)),
-                    Some(TokenGuard::new(store.closed(), signer).ttl(config.token_ttl)),
-                )
+                match token_secret(config, &store.closed()).await {
+                    Ok(secret) => {
+                        let signer = TokenSigner::new(secret);
+                        (
+                            Some(
+                                TokenGuard::new(store.clone(), signer.clone())
+                                    .ttl(config.token_ttl),
+                            ),
+                            Some(TokenGuard::new(store.closed(), signer).ttl(config.token_ttl)),
+                        )
+                    }
+                    // The store is down (at start, or before any secret
+                    // was read): the token routes follow their failure
+                    // policy, and the file's watcher builds them again
+                    // until the secret is read.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the token secret cannot be read from the store: token routes follow their on_store_failure until it can (or set token_secret)");
+                        (None, None)
+                    }
+                }
             }
             _ => (None, None),
         };
+        let tokens_pending = wants_tokens && tokens.is_none();
         let list = config
             .routes
             .iter()
@@ -363,6 +443,9 @@ impl Routes {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
+                    fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
+                        && r.on_store_failure == OnStoreFailure::Closed
+                        && !r.shadow,
                     service: stack(
                         r,
                         &store.for_route(r.on_store_failure),
@@ -383,10 +466,7 @@ impl Routes {
             tokens,
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),
-            all_fail_open: config
-                .routes
-                .iter()
-                .all(|r| r.on_store_failure == OnStoreFailure::Open),
+            tokens_pending,
         })
     }
 }
@@ -427,12 +507,46 @@ pub(super) async fn token_secret(
 /// with that path (its guard's key and the backend see it), an unmatched
 /// one is forwarded untouched.
 pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+    let id = access::request_id(req.headers_mut());
+    let Some(sink) = &gw.access else {
+        let mut res = route_request(&gw, req).await.0;
+        res.headers_mut().insert(access::REQUEST_ID, id);
+        return res;
+    };
+    let started = std::time::Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let ((mut res, route, outcome), upstream) = access::UPSTREAM
+        .scope(Cell::new(None), async {
+            let answer = route_request(&gw, req).await;
+            (answer, access::UPSTREAM.with(Cell::get))
+        })
+        .await;
+    sink.write(&access::Entry {
+        request_id: id.to_str().unwrap_or_default(),
+        route: route.as_deref().map(RouteMetrics::label),
+        method: method.as_str(),
+        path: &path,
+        status: res.status().as_u16(),
+        outcome,
+        upstream,
+        took: started.elapsed(),
+    });
+    res.headers_mut().insert(access::REQUEST_ID, id);
+    res
+}
+
+/// A request through its route (or straight through): the answer, the
+/// route that took it, and its outcome as the access log names it.
+async fn route_request(
+    gw: &Gateway,
+    mut req: Request<Body>,
+) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     with_peer(req.extensions_mut());
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
     // so a 400 of the gateway's, not a 502.
     if let Some(why) = not_forwarded(&req) {
-        return invalid_request(why);
+        return (invalid_request(why), None, "invalid_request");
     }
     let live = gw.live.load_full();
     if !live.caller.peer_is_trusted(req.extensions()) {
@@ -471,7 +585,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     if found.is_none()
         && let Some(why) = other_spelling(&live, method, path)
     {
-        return invalid_request(why);
+        return (invalid_request(why), None, "invalid_request");
     }
     if found.is_some() {
         let key = route_spelling(keyed.as_deref().unwrap_or(path));
@@ -483,11 +597,14 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         }
     }
     let Some(route) = found else {
-        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
-            Ok(res) => res,
-            Err(Failure::Unavailable) => upstream_unavailable(),
-            Err(Failure::ClientBody) => client_body_broke(),
-            Err(Failure::Timeout) => upstream_timeout(),
+        let start = std::time::Instant::now();
+        let answer = forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await;
+        access::note_upstream(start.elapsed());
+        return match answer {
+            Ok(res) => (res, None, "passthrough"),
+            Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
+            Err(Failure::ClientBody) => (client_body_broke(), None, "invalid_request"),
+            Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
         };
     };
     let (res, decided_locally) = STORE_FAILED
@@ -506,7 +623,11 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
     let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
     route.metrics.count(counted);
-    res
+    let outcome = match counted {
+        Counted::Request(o) => o.as_str(),
+        Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),
+    };
+    (res, Some(Arc::clone(&route.metrics)), outcome)
 }
 
 /// The forwarding headers a client outside `trusted_proxies` may not set.

@@ -34,6 +34,7 @@
 //! 504, which frees the key; a 502 (nothing reached the backend) always
 //! does.
 
+mod access;
 mod caller;
 mod connection;
 mod cors;
@@ -45,9 +46,10 @@ mod run;
 mod scope;
 mod shadow;
 mod stack;
+mod store;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
-pub use gateway::{Gateway, OUTCOME_HEADER, SharedStore};
+pub use gateway::{BuildError, Gateway, OUTCOME_HEADER, SharedStore};
 pub use run::serve;
 pub use scope::HostScoped;

