@@ -628,4 +628,135 @@ mod tests {
             MissingKey::Caller(_)
         ));
     }
+
+    fn caller_of(yaml: &str) -> Caller {
+        let text = format!("upstream: http://127.0.0.1:9\n{yaml}");
+        let env = |name: &str| (name == "S").then(|| vec![b's'; 32]);
+        let config = crate::config::Config::parse_in("g.yaml", text.as_bytes(), &env)
+            .unwrap_or_else(|p| panic!("{p}"));
+        Caller::new(&config.identity)
+    }
+
+    fn with_headers(caller: &Caller, headers: &[(&str, &str)]) -> Option<String> {
+        let mut req = http::Request::get("/");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        caller.identify(&req.body(()).unwrap().into_parts().0)
+    }
+
+    #[test]
+    fn one_named_cookie_across_every_cookie_header() {
+        let caller = caller_of("identity: { cookie: sid, required: true }\n");
+        let id = |lines: &[&str]| {
+            let h: Vec<(&str, &str)> = lines.iter().map(|l| ("cookie", *l)).collect();
+            with_headers(&caller, &h)
+        };
+        let abc = id(&["sid=abc"]).unwrap();
+        assert!(abc.starts_with("c:") && !abc.contains("abc"));
+        for lines in [
+            &["_ga=1; sid=abc"][..],
+            &["sid=abc;_ga=2"],
+            &["_ga=3", "sid=abc"],
+            &[" sid = abc ; theme=dark"],
+            &["sid=\"abc\""],
+            &["sid=abc", "sid=abc"],
+        ] {
+            assert_eq!(id(lines).as_ref(), Some(&abc), "{lines:?}");
+        }
+        for lines in [
+            &["sid=abc; sid=xyz"][..],
+            &["sid=abc", "sid=xyz"],
+            &["sid="],
+            &["sids=abc"],
+            &["SID=abc"],
+            &["_ga=1"],
+            &[],
+        ] {
+            assert_eq!(id(lines), None, "{lines:?}");
+        }
+        let long = format!("sid={}", "a".repeat(4097));
+        assert_eq!(id(&[&long]), None);
+    }
+
+    #[test]
+    fn each_kind_of_source_is_its_own_space() {
+        let cookie = caller_of("identity: { cookie: sid }\n");
+        let header = caller_of("identity: { header: X-User-Id }\n");
+        let c = with_headers(&cookie, &[("cookie", "sid=42")]).unwrap();
+        let h = with_headers(&header, &[("x-user-id", "42")]).unwrap();
+        assert_ne!(c, h);
+        assert_eq!(
+            c[2..],
+            h[2..],
+            "the same hash of the same value, apart by kind"
+        );
+        let any = caller_of("identity: { any_of: [{ cookie: sid }, { header: X-User-Id }] }\n");
+        assert_eq!(
+            with_headers(&any, &[("cookie", "sid=42"), ("x-user-id", "7")]),
+            Some(c)
+        );
+        assert_eq!(with_headers(&any, &[("x-user-id", "42")]), Some(h));
+        // Neither, not required: the address (none here: no peer).
+        assert_eq!(with_headers(&any, &[]), None);
+    }
+
+    fn hs256(claims: &serde_json::Value) -> String {
+        let key = jsonwebtoken::EncodingKey::from_secret(&[b's'; 32]).unwrap();
+        let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        format!(
+            "Bearer {}",
+            jsonwebtoken::encode(&header, claims, &key).unwrap()
+        )
+    }
+
+    #[test]
+    fn a_jwt_that_does_not_verify_ends_the_search() {
+        let caller = caller_of(
+            "identity:\n  any_of: [{ jwt: { secret_env: S } }, { cookie: sid }, { ip: true }]\n",
+        );
+        let exp = jsonwebtoken::get_current_timestamp() + 60;
+        let good = hs256(&serde_json::json!({"sub": "u1", "exp": exp}));
+        let refreshed = hs256(&serde_json::json!({"sub": "u1", "exp": exp + 60}));
+        let numeric = hs256(&serde_json::json!({"sub": 42, "exp": exp}));
+        let other_iss = hs256(&serde_json::json!({"sub": "u1", "iss": "b", "exp": exp}));
+        let j = with_headers(&caller, &[("authorization", &good)]).unwrap();
+        assert!(j.starts_with("j:"));
+        assert_eq!(
+            with_headers(&caller, &[("authorization", &refreshed)]),
+            Some(j.clone())
+        );
+        assert!(with_headers(&caller, &[("authorization", &numeric)]).is_some());
+        assert_ne!(
+            with_headers(&caller, &[("authorization", &other_iss)]),
+            Some(j)
+        );
+        let cookie = ("cookie", "sid=abc");
+        for bad in [
+            "Bearer not-a-jwt",
+            "Bearer",
+            "Bearer a b",
+            &hs256(&serde_json::json!({"sub": "u1", "exp": 1})),
+            &hs256(&serde_json::json!({"sub": ["u1"], "exp": exp})),
+        ] {
+            assert_eq!(
+                with_headers(&caller, &[("authorization", bad), cookie]),
+                None,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            with_headers(
+                &caller,
+                &[("authorization", &good), ("authorization", &good)]
+            ),
+            None,
+            "two credentials"
+        );
+        // Another scheme is no JWT: the cookie is read.
+        assert!(
+            with_headers(&caller, &[("authorization", "Basic dTox"), cookie])
+                .is_some_and(|id| id.starts_with("c:"))
+        );
+    }
 }
