@@ -54,6 +54,8 @@
 //! | `listen` | `127.0.0.1:8090` |
 //! | `store` | `memory` |
 //! | `identity` | the peer address (`ip`), no trusted proxies, not required |
+//! | `identity.jwt.claim` | `sub` |
+//! | `identity.jwt.issuer`, `audiences` | not checked |
 //! | `token_secret` | `NOREPEAT_GATEWAY_TOKEN_SECRET`, else a random one kept in the store |
 //! | `token_ttl` | `60s` |
 //! | `cors.allow_origins` | none (no page of another origin may ask for a token) |
