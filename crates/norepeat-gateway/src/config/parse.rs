@@ -958,7 +958,15 @@ fn origin(s: &str) -> Result<String, String> {
         ));
     }
     host_port(rest, true).map_err(|e| format!("{e} (expected https://host[:port])"))?;
-    Ok(lower)
+    // A browser's `Origin` leaves the scheme's own port out.
+    let default_port = if lower.starts_with("https") {
+        ":443"
+    } else {
+        ":80"
+    };
+    Ok(lower
+        .strip_suffix(default_port)
+        .map_or_else(|| lower.clone(), str::to_owned))
 }
 
 fn cidr(s: &str) -> Result<IpNet, String> {

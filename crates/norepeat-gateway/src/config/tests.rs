@@ -517,12 +517,16 @@ fn token_ttl_and_cors() {
     assert_eq!(c.token_ttl, Duration::from_secs(60));
     assert!(c.cors.allow_origins.is_empty());
     let c = ok(&format!(
-        "{UP}token_ttl: 5m\ncors: {{ allow_origins: [https://Shop.Example, \"http://localhost:3000\"] }}\n"
+        "{UP}token_ttl: 5m\ncors: {{ allow_origins: [https://Shop.Example, \"http://localhost:3000\", \"https://b.example:443\"] }}\n"
     ));
     assert_eq!(c.token_ttl, Duration::from_secs(300));
     assert_eq!(
         c.cors.allow_origins,
-        ["https://shop.example", "http://localhost:3000"]
+        [
+            "https://shop.example",
+            "http://localhost:3000",
+            "https://b.example"
+        ]
     );
     assert_one(
         &format!("{UP}token_ttl: 60\n"),
