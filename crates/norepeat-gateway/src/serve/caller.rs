@@ -393,12 +393,18 @@ impl Bearer {
         if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
             let until = exp.saturating_add(crate::jwt::LEEWAY_SECS);
             let id = Arc::from(id.as_str());
-            self.verified.insert(hash, Verified { id, until, generation });
+            self.verified.insert(
+                hash,
+                Verified {
+                    id,
+                    until,
+                    generation,
+                },
+            );
         }
         Read::Found(id)
     }
 }
-
 
 /// How often, at most, the key file is looked at (its modification time
 /// and length): a rotated key is taken within about this long.
@@ -464,7 +470,8 @@ impl KeyFile {
                     Ok(set) => {
                         tracing::info!(file = %self.path.display(), "identity.jwt.public_keys read again");
                         self.keys.store(Some(Arc::new(set)));
-                        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        self.generation
+                            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     Err(e) => {
                         tracing::error!("identity.jwt.public_keys: {e}; the keys read before stay")
