@@ -2752,3 +2752,352 @@ async fn help_names_the_environment_and_a_memory_store_warns() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// Issue 38, item 4: with an admin token, an operator reads one key's
+/// record on the admin listener and clears it once the backend's side is
+/// checked: here a payment whose backend timed out (an unknown outcome,
+/// 409 to every retry) is read as `outcome_unknown`, cleared, and its
+/// retry then runs. Without the token, or with another, nothing is shown.
+#[tokio::test]
+async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
+    let b = backend(0).await;
+    let admin = free_port();
+    let token = "an-admin-token-of-some-length";
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}\n{}",
+        file(&b, "memory", ROUTES)
+    );
+    let conf = config_file(&yaml);
+    let process = ShopProcess::spawn(
+        env!("CARGO_BIN_EXE_norepeat-gateway"),
+        [
+            "--config",
+            &conf.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .into(),
+        vec![("NOREPEAT_GATEWAY_ADMIN_TOKEN".into(), token.into())],
+    )
+    .await;
+    let port = process
+        .base_url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let g = Process {
+        process,
+        port,
+        file: Some(conf),
+    };
+    let c = Client::new();
+    let pay = |delay: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-op")
+            .header("x-delay", delay)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(code(pay("1.5").await.unwrap()).await.1, "upstream_timeout");
+    assert_eq!(
+        code(pay("0").await.unwrap()).await.1,
+        "idempotency_outcome_unknown"
+    );
+
+    let record = format!(
+        "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/payments&key=k-op&host=127.0.0.1"
+    );
+    let ask = |m: reqwest::Method, t: &str| {
+        c.request(m, &record)
+            .header("norepeat-admin-token", t.to_owned())
+            .header("x-user-id", "u1")
+            .send()
+    };
+    assert_eq!(
+        ask(reqwest::Method::GET, "wrong").await.unwrap().status(),
+        401
+    );
+    let read: Value = ask(reqwest::Method::GET, token)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["state"], "outcome_unknown", "{read}");
+    let other = c
+        .get(&record)
+        .header("norepeat-admin-token", token)
+        .header("x-user-id", "u2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "another caller has no record under k-op"
+    );
+    // The operator checked the backend: the charge did not happen.
+    let cleared = ask(reqwest::Method::DELETE, token).await.unwrap();
+    assert_eq!(cleared.status(), 200);
+    assert_eq!(cleared.json::<Value>().await.unwrap()["cleared"], true);
+    assert_eq!(
+        ask(reqwest::Method::GET, token).await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        pay("0").await.unwrap().status(),
+        201,
+        "the cleared key runs"
+    );
+    assert_eq!(effects(&b).await["/payments"], 2);
+}
+
+/// Issue 37, item 3, the upgrade: a payment made through a release that
+/// keyed records by the caller alone, retried through this one (which
+/// scopes them by site too), is replayed, not run again. The old record
+/// is made here by the library's layer with the gateway's `Caller` as its
+/// identity, exactly as that release made it; the new gateway finds it by
+/// its one lookup under the caller alone, which lasts a retention from the
+/// first start of a site-scoping release on the store.
+#[tokio::test]
+async fn a_retry_across_the_upgrade_to_site_scoped_keys_is_replayed() {
+    use http_body_util::Full;
+    use tower::{Layer, ServiceExt};
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(
+        &b,
+        &redis.url(),
+        "  - match: POST /payments\n    guard: idempotency\n",
+    );
+    let config = norepeat_gateway::config::Config::parse("g.yaml", yaml.as_bytes()).unwrap();
+    let before = norepeat::idempotency::IdempotencyLayer::new(
+        norepeat::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    )
+    .identity(norepeat_gateway::serve::Caller::new(&config.identity))
+    .layer(tower::service_fn(
+        |_req: http::Request<Full<bytes::Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(Full::new(bytes::Bytes::from_static(
+                        b"paid before the upgrade",
+                    )))
+                    .unwrap(),
+            )
+        },
+    ));
+    let first = http::Request::post("/payments")
+        .header("host", "shop.example")
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-upgrade")
+        .body(Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(before.oneshot(first).await.unwrap().status(), 201);
+
+    let g = gateway(&yaml).await;
+    let pay = |key: &'static str| {
+        Client::new()
+            .post(url(&g, "/payments"))
+            .header("host", "shop.example")
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    let retry = pay("k-upgrade").await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), "paid before the upgrade");
+    assert_eq!(effects(&b).await["/payments"], Value::Null, "run again");
+    // A new key runs, under the site-scoped key.
+    assert_eq!(pay("k-new").await.unwrap().status(), 201);
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+/// Issue 40, item 4: contract points that had no test through the binary.
+/// Fixed and sliding windows (the README credited them to a test that
+/// serves only GCRA), `by: address` (two callers from one address share a
+/// budget), and per-caller keys (one key, two callers, two effects).
+#[tokio::test]
+async fn every_rate_limit_algorithm_and_address_budgets_hold_through_the_gateway() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /fixed
+    rate_limit: { algorithm: fixed_window, rate: 2/m }
+  - match: POST /sliding
+    rate_limit: { algorithm: sliding_window, rate: 2/m }
+  - match: POST /by-address
+    rate_limit: { algorithm: gcra, rate: 2/m, burst: 2, by: address }
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let send = |path: &'static str, user: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", user)
+            .body("{}")
+            .send()
+    };
+    for path in ["/fixed", "/sliding"] {
+        assert_eq!(send(path, "u1").await.unwrap().status(), 201, "{path}");
+        assert_eq!(send(path, "u1").await.unwrap().status(), 201, "{path}");
+        let third = send(path, "u1").await.unwrap();
+        assert!(third.headers().contains_key("retry-after"), "{path}");
+        assert_eq!(
+            code(third).await,
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into()),
+            "{path}"
+        );
+        assert_eq!(
+            send(path, "u2").await.unwrap().status(),
+            201,
+            "{path}: another caller"
+        );
+        assert_eq!(effects(&b).await[path], 3, "{path}");
+    }
+    // One address: u1 and u2 spend one budget.
+    assert_eq!(send("/by-address", "u1").await.unwrap().status(), 201);
+    assert_eq!(send("/by-address", "u2").await.unwrap().status(), 201);
+    assert_eq!(
+        code(send("/by-address", "u3").await.unwrap()).await.1,
+        "rate_limited"
+    );
+}
+
+/// Issue 40, item 4: an idempotency key is the caller's (u1 and u2 with
+/// one key are two payments), a key that is not one is 400
+/// `invalid_idempotency_key` and reaches nothing, a route's own
+/// `max_stored_response` holds (an answer over it replays without its
+/// body, `Idempotent-Body: omitted`), and the 409 of an unknown outcome
+/// ends when `retention` ends (the record is gone; the key runs again).
+#[tokio::test]
+async fn idempotency_keys_are_per_caller_checked_capped_and_end_with_retention() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /payments
+    guard: idempotency
+    max_stored_response: 32
+  - match: POST /short
+    guard: idempotency
+    retention: 2s
+    timeout: 500ms
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let pay = |path: &'static str, user: &'static str, key: &str, delay: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", user)
+            .header("idempotency-key", key.to_owned())
+            .header("x-delay", delay)
+            .body("{}")
+            .send()
+    };
+    let first = pay("/payments", "u1", "k1", "0").await.unwrap();
+    assert_eq!(first.status(), 201);
+    let whole = first.text().await.unwrap();
+    assert!(
+        whole.len() > 32,
+        "the backend's answer is over the cap: {whole}"
+    );
+    assert_eq!(
+        pay("/payments", "u2", "k1", "0").await.unwrap().status(),
+        201
+    );
+    assert_eq!(
+        effects(&b).await["/payments"],
+        2,
+        "one key, two callers, two payments"
+    );
+    let replay = pay("/payments", "u1", "k1", "0").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["idempotent-body"], "omitted");
+    assert_eq!(replay.text().await.unwrap(), "", "stored without its body");
+    for bad in [&"k".repeat(300), "has space", "ünïcode"] {
+        let res = c
+            .post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", bad.as_bytes())
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_idempotency_key".into()),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(effects(&b).await["/payments"], 2);
+
+    assert_eq!(
+        code(pay("/short", "u1", "k2", "1").await.unwrap()).await.1,
+        "upstream_timeout"
+    );
+    assert_eq!(
+        code(pay("/short", "u1", "k2", "0").await.unwrap()).await.1,
+        "idempotency_outcome_unknown"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let res = pay("/short", "u1", "k2", "0").await.unwrap();
+        if res.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(code(res).await.1, "idempotency_outcome_unknown");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the 409 never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        effects(&b).await["/short"],
+        2,
+        "run again once the retention ended"
+    );
+}
+
+/// Issue 40, item 4: a fingerprint route leaves the library's four default
+/// fields (`traceId`, `timestamp`, `random`, `sign`) out of the
+/// fingerprint, as documented, and `ignore_default_fields: false` makes
+/// them count (two bodies differing only in `sign` are two orders).
+#[tokio::test]
+async fn the_library_default_fields_are_left_out_unless_the_file_makes_them_count() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /quick
+    guard: fingerprint
+    window: 1m
+  - match: POST /signed
+    guard: fingerprint
+    window: 1m
+    ignore_default_fields: false
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let order = |path: &'static str, sign: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"s1","sign":"{sign}"}}"#))
+            .send()
+    };
+    assert_eq!(order("/quick", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/quick", "b").await.unwrap().status(),
+        409,
+        "sign is left out"
+    );
+    assert_eq!(order("/signed", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/signed", "b").await.unwrap().status(),
+        201,
+        "sign counts"
+    );
+    assert_eq!(order("/signed", "b").await.unwrap().status(), 409);
+}

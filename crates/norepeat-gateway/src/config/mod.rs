@@ -65,7 +65,8 @@
 //! | `routes[].on_store_failure` | `closed` for idempotency, `open` otherwise |
 //! | `routes[].shadow` | `false` |
 //! | `routes[].window` (fingerprint) | `3s`, the library's |
-//! | `routes[].ignore_fields` (fingerprint) | none |
+//! | `routes[].ignore_fields` (fingerprint) | none of the file's; the library's four are left out too (below) |
+//! | `routes[].ignore_default_fields` (fingerprint) | `true`: `traceId`, `timestamp`, `random` and `sign` are left out of the fingerprint; `false` makes them count |
 //! | `routes[].required` (idempotency) | `true` |
 //! | `routes[].retention` (idempotency) | `24h` |
 //! | `routes[].ambiguous` (idempotency) | `keep` |
@@ -254,7 +255,10 @@ pub enum Guard {
     Fingerprint {
         /// How long a fingerprint is held.
         window: Duration,
-        /// JSON fields left out of the fingerprint.
+        /// JSON fields left out of the fingerprint: the library's
+        /// [`DEFAULT_IGNORED_FIELDS`](norepeat::fingerprint::DEFAULT_IGNORED_FIELDS)
+        /// (unless `ignore_default_fields: false`), then the file's
+        /// `ignore_fields`.
         ignore_fields: Vec<String>,
     },
     /// `guard: idempotency`: the `Idempotency-Key` header.

@@ -20,6 +20,7 @@ use super::{
     OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
     TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
+use norepeat::fingerprint::DEFAULT_IGNORED_FIELDS;
 use norepeat::ratelimit::Algorithm;
 
 type Node<'a> = MarkedYaml<'a>;
@@ -58,6 +59,7 @@ const ROUTE: &[&str] = &[
     "timeout",
     "window",
     "ignore_fields",
+    "ignore_default_fields",
     "required",
     "retention",
     "ambiguous",
@@ -411,6 +413,7 @@ fn route(
         let what = match field {
             "window" => "a window",
             "ignore_fields" => "ignore_fields",
+            "ignore_default_fields" => "ignore_default_fields",
             "required" => "required",
             "retention" => "a retention",
             _ => "ambiguous",
@@ -424,6 +427,7 @@ fn route(
     };
     let window = only(w, "window", "fingerprint");
     let ignore = only(w, "ignore_fields", "fingerprint");
+    let ignore_defaults = only(w, "ignore_default_fields", "fingerprint");
     let required = only(w, "required", "idempotency");
     let retention = only(w, "retention", "idempotency");
     let ambiguous = only(w, "ambiguous", "idempotency");
@@ -439,12 +443,33 @@ fn route(
                 } else {
                     Some(DEFAULT_WINDOW)
                 };
-                let ignore_fields = if ignore {
+                let listed = if ignore {
                     f.get("ignore_fields")
                         .and_then(|n| w.strings(n, &p("ignore_fields")))
                 } else {
                     Some(Vec::new())
                 };
+                let defaults = if ignore_defaults {
+                    f.get("ignore_default_fields")
+                        .and_then(|n| w.bool(n, &p("ignore_default_fields")))
+                } else {
+                    Some(true)
+                };
+                // The library's defaults first (unless the file makes them
+                // count), then the file's.
+                let ignore_fields = listed.zip(defaults).map(|(listed, defaults)| {
+                    let defaults = DEFAULT_IGNORED_FIELDS
+                        .iter()
+                        .filter(|_| defaults)
+                        .map(|f| (*f).to_owned());
+                    let mut all: Vec<String> = defaults.collect();
+                    for f in listed {
+                        if !all.contains(&f) {
+                            all.push(f);
+                        }
+                    }
+                    all
+                });
                 // Combined, not `?`: a return here would leave the route's
                 // later fields unchecked, one problem hiding the others.
                 window.zip(ignore_fields).map(|(window, ignore_fields)| {

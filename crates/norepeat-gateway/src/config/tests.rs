@@ -76,22 +76,45 @@ fn a_route_takes_every_default() {
 
 #[test]
 fn fingerprint_defaults_and_fields() {
+    let defaults = || -> Vec<String> {
+        ["traceId", "timestamp", "random", "sign"]
+            .map(String::from)
+            .into()
+    };
     let r = route("    guard: fingerprint\n");
     assert_eq!(
         r.guard,
         Some(Guard::Fingerprint {
             window: Duration::from_secs(3),
-            ignore_fields: vec![]
+            ignore_fields: defaults(),
         })
     );
     assert_eq!(r.on_store_failure, OnStoreFailure::Open);
     let r = route("    guard: fingerprint\n    window: 250ms\n    ignore_fields: [traceId, ts]\n");
+    let mut with_ts = defaults();
+    with_ts.push("ts".into());
     assert_eq!(
         r.guard,
         Some(Guard::Fingerprint {
             window: Duration::from_millis(250),
-            ignore_fields: vec!["traceId".into(), "ts".into()]
+            ignore_fields: with_ts,
         })
+    );
+    // Issue 40: a file can make the library's default fields count.
+    let r = route(
+        "    guard: fingerprint\n    ignore_default_fields: false\n    ignore_fields: [ts]\n",
+    );
+    assert_eq!(
+        r.guard,
+        Some(Guard::Fingerprint {
+            window: Duration::from_secs(3),
+            ignore_fields: vec!["ts".into()],
+        })
+    );
+    assert_one(
+        &one_route("    guard: token\n    ignore_default_fields: false\n"),
+        "5:28 routes[0].ignore_default_fields:",
+        "only a fingerprint route",
     );
 }
 

@@ -238,6 +238,11 @@ pub struct Gateway {
     pub(super) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
     pub(super) admin: Option<std::net::SocketAddr>,
+    /// The hash of the admin token (from `admin.token_env`, read at start).
+    pub(super) admin_token: Option<blake3::Hash>,
+    /// Since when (Unix ms) this store's keys are scoped by site: records
+    /// older than that are under the caller alone ([`site_scoped_since`]).
+    pub(super) site_scoped_since: Option<u64>,
 }
 
 /// Why [`Gateway::build`] failed.
@@ -248,6 +253,8 @@ pub enum BuildError {
     Store(StoreError),
     /// The access log's file cannot be opened.
     AccessLog(std::io::Error),
+    /// `admin.token_env` names a variable that is not set, or too short.
+    AdminToken(String),
 }
 
 impl std::fmt::Display for BuildError {
@@ -255,6 +262,7 @@ impl std::fmt::Display for BuildError {
         match self {
             Self::Store(e) => write!(f, "store: {e}"),
             Self::AccessLog(e) => write!(f, "access_log: cannot open the file: {e}"),
+            Self::AdminToken(e) => write!(f, "admin.token_env: {e}"),
         }
     }
 }
@@ -264,6 +272,7 @@ impl std::error::Error for BuildError {
         match self {
             Self::Store(e) => Some(e),
             Self::AccessLog(e) => Some(e),
+            Self::AdminToken(_) => None,
         }
     }
 }
@@ -271,6 +280,51 @@ impl std::error::Error for BuildError {
 impl From<StoreError> for BuildError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
+    }
+}
+
+/// Where the store keeps when its keys began to be scoped by site.
+const SITE_SCOPED_KEY: &str = "norepeat:gateway:site-scoped-since";
+
+/// Since when (Unix ms) the store's idempotency keys are scoped by site as
+/// well as by caller (issue 37): the first instance of a release that does
+/// so writes the time (one `SET NX`, kept 400 days); every instance reads
+/// it. Until a route's `retention` has passed since then, a key with no
+/// record under its site-scoped id is looked up under the caller alone,
+/// where the release before wrote it, so a retry across the upgrade is
+/// replayed, never run again. A store that does not answer gives this
+/// start's time (the lookups then last a retention from now: the safe
+/// side); a memory store has nothing from before (`None`).
+async fn site_scoped_since(store: &SharedStore) -> Option<u64> {
+    if store.kind() == "memory" {
+        return None;
+    }
+    let now = super::scope::now_ms();
+    let ttl = Duration::from_secs(400 * 24 * 3600);
+    let held = store
+        .closed()
+        .put_if_absent(SITE_SCOPED_KEY, now.to_string().as_bytes(), ttl)
+        .await;
+    Some(match held {
+        Ok(Some(v)) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(now),
+        _ => now,
+    })
+}
+
+/// The admin token's hash, from the variable `admin.token_env` names.
+fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
+    let Some(name) = config.admin.as_ref().and_then(|a| a.token_env.as_deref()) else {
+        return Ok(None);
+    };
+    match std::env::var(name) {
+        Ok(t) if t.len() >= 16 => Ok(Some(blake3::hash(t.as_bytes()))),
+        Ok(_) => Err(BuildError::AdminToken(format!(
+            "{name} holds fewer than 16 characters"
+        ))),
+        Err(_) => Err(BuildError::AdminToken(format!("{name} is not set"))),
     }
 }
 
@@ -302,6 +356,9 @@ pub(super) struct Compiled {
     pub(super) guarded: bool,
     /// A guarded route that refuses while the store does not answer.
     pub(super) fails_closed: bool,
+    /// An idempotency route's layer: the admin routes read and clear its
+    /// records.
+    pub(super) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
@@ -322,7 +379,14 @@ impl Gateway {
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
-        let routes = Routes::build(config, &store, &detached, &stopping, None).await?;
+        let site_scoped_since = site_scoped_since(&store).await;
+        let routes = Routes::build(
+            config,
+            &store,
+            (&detached, &stopping, site_scoped_since),
+            None,
+        )
+        .await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
             client,
@@ -337,6 +401,8 @@ impl Gateway {
             last_reload: std::sync::Mutex::new(None),
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
             admin: config.admin.as_ref().map(|a| a.listen),
+            admin_token: admin_token(config)?,
+            site_scoped_since,
         })
     }
 
@@ -362,7 +428,8 @@ impl Gateway {
             ));
         }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
-        let routes = Routes::build(config, &self.store, &self.detached, &self.stopping, tokens)
+        let shared = (&self.detached, &self.stopping, self.site_scoped_since);
+        let routes = Routes::build(config, &self.store, shared, tokens)
             .await
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
@@ -381,8 +448,7 @@ impl Routes {
     async fn build(
         config: &Config,
         store: &SharedStore,
-        detached: &DetachedTasks,
-        stopping: &CancellationToken,
+        (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -439,6 +505,14 @@ impl Routes {
                     .identity
                     .as_ref()
                     .map_or_else(|| caller.clone(), Caller::new);
+                let (service, records) = stack(
+                    r,
+                    &store.for_route(r.on_store_failure),
+                    &caller,
+                    (detached, stopping, site_scoped_since),
+                    tokens,
+                    &metrics,
+                );
                 Compiled {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
@@ -446,14 +520,8 @@ impl Routes {
                     fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
                         && r.on_store_failure == OnStoreFailure::Closed
                         && !r.shadow,
-                    service: stack(
-                        r,
-                        &store.for_route(r.on_store_failure),
-                        &caller,
-                        (detached, stopping),
-                        tokens,
-                        &metrics,
-                    ),
+                    service,
+                    records,
                     metrics,
                 }
             })

@@ -4,6 +4,7 @@
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
+use super::scope::Unscoped;
 use super::{Caller, HostScoped};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
@@ -11,9 +12,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::{BodyError, declares_over};
 use norepeat::degrade::FailurePolicy;
-use norepeat::fingerprint::{
-    DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
-};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
@@ -49,15 +48,17 @@ where
 
 /// A route's stack: rate limit, guard, upstream. `detached` tracks the
 /// upstream calls of clients that left; `stopping` ends every call still
-/// waiting when a shutdown's grace is over.
+/// waiting when a shutdown's grace is over. With it, an idempotency
+/// route's layer, whose records the admin routes read and clear.
 pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
     caller: &Caller,
-    (detached, stopping): (&DetachedTasks, &CancellationToken),
+    (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
-) -> RouteService {
+) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
+    let mut records = None;
     let keep = matches!(
         route.guard,
         Some(Guard::Idempotency {
@@ -134,14 +135,10 @@ pub(super) fn stack(
             window,
             ignore_fields,
         }) => {
-            let fields = DEFAULT_IGNORED_FIELDS
-                .iter()
-                .map(|f| (*f).to_owned())
-                .chain(ignore_fields.iter().cloned());
             let guard = FingerprintGuard::new(store.clone())
                 .window(*window)
                 .on_store_failure(on_failure)
-                .fingerprinter(Fingerprinter::ignoring(fields));
+                .fingerprinter(Fingerprinter::ignoring(ignore_fields.iter().cloned()));
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
@@ -163,28 +160,35 @@ pub(super) fn stack(
                 Ambiguous::Keep => Abandoned::OutcomeUnknown,
                 Ambiguous::Release => Abandoned::Retry,
             };
-            boxed(
-                IdempotencyLayer::new(store.clone())
-                    .required(*required)
-                    .retention(*retention)
-                    .abandoned(abandoned)
-                    .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
-                    .max_request_body(max_body)
-                    .on_store_failure(on_failure)
-                    .identity(HostScoped::new(caller.clone()))
-                    .route(name.clone())
-                    // The first answer's headers, but hop-by-hop and
-                    // Set-Cookie (and with them the upstream stage's
-                    // OUTCOME_HEADER, which the backend cannot send).
-                    .stored_headers(StoredHeaders::AllButHopByHop)
-                    .detached_tasks_in(detached)
-                    .shadow(route.shadow)
-                    .layer(base),
-            )
+            // Records from before keys were scoped by site, looked up for
+            // one retention after (see `site_scoped_since`).
+            let until = site_scoped_since.map(|since| {
+                since.saturating_add(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
+            });
+            let mut layer = IdempotencyLayer::new(store.clone())
+                .required(*required)
+                .retention(*retention)
+                .abandoned(abandoned)
+                .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+                .max_request_body(max_body)
+                .on_store_failure(on_failure)
+                .identity(HostScoped::new(caller.clone()))
+                .route(name.clone())
+                // The first answer's headers, but hop-by-hop and
+                // Set-Cookie (and with them the upstream stage's
+                // OUTCOME_HEADER, which the backend cannot send).
+                .stored_headers(StoredHeaders::AllButHopByHop)
+                .detached_tasks_in(detached)
+                .shadow(route.shadow);
+            if let Some(until) = until.filter(|u| *u > super::scope::now_ms()) {
+                layer = layer.previous_identity(Unscoped::until(caller.clone(), until));
+            }
+            records = Some(layer.clone());
+            boxed(layer.layer(base))
         }
     };
     let Some(rl) = route.rate_limit else {
-        return guarded;
+        return (guarded, records);
     };
     let limiter = RateLimiter::new(store.clone(), rl.quota)
         .algorithm(rl.algorithm)
@@ -194,7 +198,10 @@ pub(super) fn stack(
         LimitBy::Identity => RateLimitLayer::new(limiter, caller.clone()),
         LimitBy::Address => RateLimitLayer::new(limiter, caller.address()),
     };
-    boxed(layer.route(name).shadow(route.shadow).layer(guarded))
+    (
+        boxed(layer.route(name).shadow(route.shadow).layer(guarded)),
+        records,
+    )
 }
 
 /// The innermost stage of a route: the upstream, its timeout, its metric.
