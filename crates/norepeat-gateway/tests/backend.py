@@ -4,7 +4,7 @@ not ours, for tests/serve.rs.
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
 count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backend: py` and a
-`Set-Cookie` (with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
+`Set-Cookie` (with X-Echo-Body, the request body as received, in `body`; with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
@@ -58,7 +58,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         try:
-            self.read_body()
+            received = self.read_body()
         except (ValueError, ConnectionError):
             # A body cut off half-way: nothing was asked of this service.
             self.close_connection = True
@@ -93,7 +93,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("X-Big"):
             self.answer(201, BIG, extra)
             return
-        body = json.dumps({"path": path, "effect": n, "host": self.headers.get("Host"), "at": time.time()}).encode()
+        answer = {"path": path, "effect": n, "host": self.headers.get("Host"), "at": time.time()}
+        if self.headers.get("X-Echo-Body"):
+            answer["body"] = received.decode("latin-1")
+        body = json.dumps(answer).encode()
         self.answer(int(self.headers.get("X-Status") or 201), body, extra)
 
     def broken(self):

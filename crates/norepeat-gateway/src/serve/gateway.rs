@@ -338,6 +338,8 @@ pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
     pub(super) upstream: Arc<str>,
     pub(super) caller: Caller,
+    /// `cors.allow_origins`: the pages that may ask for a token.
+    pub(super) cors: Arc<[String]>,
     /// Issues the tokens; the guard of the fail-open token routes.
     pub(super) tokens: Option<TokenGuard<SharedStore>>,
     /// The same signer over the store without its local memory: the guard
@@ -472,7 +474,10 @@ impl Routes {
             .iter()
             .any(|r| matches!(r.guard, Some(Guard::Token)));
         let (tokens, closed_tokens) = match tokens {
-            Some((open, closed)) if config.token_secret.is_none() => (Some(open), Some(closed)),
+            Some((open, closed)) if config.token_secret.is_none() => (
+                Some(open.ttl(config.token_ttl)),
+                Some(closed.ttl(config.token_ttl)),
+            ),
             _ if wants_tokens => {
                 // From the store itself, never from the local memory: an
                 // instance that made up its own secret would refuse every
@@ -481,8 +486,11 @@ impl Routes {
                     Ok(secret) => {
                         let signer = TokenSigner::new(secret);
                         (
-                            Some(TokenGuard::new(store.clone(), signer.clone())),
-                            Some(TokenGuard::new(store.closed(), signer)),
+                            Some(
+                                TokenGuard::new(store.clone(), signer.clone())
+                                    .ttl(config.token_ttl),
+                            ),
+                            Some(TokenGuard::new(store.closed(), signer).ttl(config.token_ttl)),
                         )
                     }
                     // The store is down (at start, or before any secret
@@ -509,6 +517,11 @@ impl Routes {
                     OnStoreFailure::Open => tokens.as_ref(),
                     OnStoreFailure::Closed => closed_tokens.as_ref(),
                 };
+                // A route's own identity, else the file's.
+                let caller = r
+                    .identity
+                    .as_ref()
+                    .map_or_else(|| caller.clone(), Caller::new);
                 let (service, records) = stack(
                     r,
                     &store.for_route(r.on_store_failure),
@@ -534,6 +547,7 @@ impl Routes {
             list,
             upstream: config.upstream.as_str().into(),
             caller,
+            cors: config.cors.allow_origins.clone().into(),
             tokens,
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),

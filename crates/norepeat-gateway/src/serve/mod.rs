@@ -37,6 +37,7 @@
 mod access;
 mod caller;
 mod connection;
+mod cors;
 mod count;
 mod forward;
 mod gateway;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 pub(super) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/.norepeat/token", get(token))
+        .route("/.norepeat/token", get(token).options(preflight))
         .route("/.norepeat/healthz", get(healthz))
         .route("/.norepeat/readyz", get(readyz))
         .route("/.norepeat/metrics", get(metrics))
@@ -219,6 +219,31 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 }
 
 async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let cors = Arc::clone(&gw.live.load().cors);
+    let mut res = issue(&gw, req);
+    super::cors::allow(&cors, origin.as_ref(), res.headers_mut());
+    res
+}
+
+/// `OPTIONS /.norepeat/token`: a page's preflight (`cors`).
+async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
+    let cors = Arc::clone(&gw.live.load().cors);
+    super::cors::preflight(&cors, req.headers()).unwrap_or_else(|| {
+        Problem::custom(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request",
+            "Method not allowed",
+        )
+        .detail(
+            "The gateway's own routes take GET; the Allow header says so (no cors in the file).",
+        )
+        .to_response()
+        .map(Body::new)
+    })
+}
+
+fn issue(gw: &Gateway, req: Request) -> Response<Body> {
     let live = gw.live.load();
     if live.tokens_pending {
         let p = Problem::new(Code::GuardUnavailable)

@@ -125,6 +125,8 @@ pub(super) fn stack(
                 TokenLayer::new(guard)
                     .route(name.clone())
                     .identity(caller.clone())
+                    // A plain HTML form sends its token as a field.
+                    .form_field(max_body)
                     .shadow(route.shadow)
                     .layer(base),
             )
