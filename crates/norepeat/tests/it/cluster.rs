@@ -13,8 +13,7 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::{counting_route, node};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -22,7 +21,6 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use common::{counting_route, node};
 use futures_util::future::join_all;
 use norepeat::fingerprint::{Digest, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -239,7 +237,8 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
     let fp = Digest([9; 32]);
     assert_eq!(guard.key_of(&fp), next.key_of(&fp));
     let a = guard.acquire(&fp).await.unwrap();
-    let b = common::eventually("A's key expires", || async { next.acquire(&fp).await.ok() }).await;
+    let b = crate::common::eventually("A's key expires", || async { next.acquire(&fp).await.ok() })
+        .await;
     a.finish(true).await;
     assert!(
         next.acquire(&fp).await.is_err(),
@@ -402,7 +401,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     };
     // Past two leases since the handler started (polled: it has claimed),
     // still held: renewed. (The handler runs until the test lets it go.)
-    common::eventually("the slow handler runs", || async {
+    crate::common::eventually("the slow handler runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -436,7 +435,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
         let app = app.clone();
         tokio::spawn(async move { send(&app, payment("abandoned", BODY, 1_500)).await })
     };
-    common::eventually("the unrenewed handler runs", || async {
+    crate::common::eventually("the unrenewed handler runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -729,9 +728,9 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     // The scripts are on the promoted master now: loaded by the client after
     // its NOSCRIPT (the flush above removed every copy).
     for script in [
-        include_str!("../src/store/redis/lua/release.lua"),
-        include_str!("../src/store/redis/lua/renew.lua"),
-        include_str!("../src/store/redis/lua/replace.lua"),
+        include_str!("../../src/store/redis/lua/release.lua"),
+        include_str!("../../src/store/redis/lua/renew.lua"),
+        include_str!("../../src/store/redis/lua/replace.lua"),
     ] {
         let exists: Vec<bool> = redis::cmd("SCRIPT")
             .arg("EXISTS")

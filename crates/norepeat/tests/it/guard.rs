@@ -8,14 +8,12 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::{counting_route, panicking_route, send_and_panic};
+use crate::common::{eventually, eventually_within, with_stores};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use common::{counting_route, panicking_route, send_and_panic};
-use common::{eventually, eventually_within, with_stores};
 use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
