@@ -39,6 +39,15 @@ pub trait SqlBackend: Sized + Send + Sync + 'static {
     /// Where to connect: a URL for [`pool`](Self::pool).
     fn url(&self) -> String;
 
+    /// [`fresh`](Self::fresh), and its [`url`](Self::url): a test keeps the
+    /// database (its guard) and hands the URL to what it tests.
+    fn fresh_with_url() -> impl Future<Output = (String, Self)> + Send {
+        async {
+            let db = Self::fresh().await;
+            (db.url(), db)
+        }
+    }
+
     /// A new pool on the database at `url` (this backend's), as the tests
     /// use it: PostgreSQL up to 8 connections; SQLite up to 4, in WAL mode
     /// with a 30 s busy timeout (several writers wait for each other rather

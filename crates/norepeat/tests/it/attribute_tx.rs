@@ -43,12 +43,6 @@ macro_rules! cases {
 
         type Db = <$backend as SqlBackend>::Database;
 
-        /// A new empty database: its URL, and the guard that removes it.
-        async fn fresh() -> (String, $backend) {
-            let db = <$backend as SqlBackend>::fresh().await;
-            (SqlBackend::url(&db), db)
-        }
-
         struct Consumer {
             store: $store,
             /// When set, the body stops after its write (not committed) and
@@ -103,7 +97,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn three_deliveries_write_one_row_and_give_one_result() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (pool, store) = setup(&url).await;
             let consumer = Consumer {
                 store,
@@ -119,7 +113,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn a_delivery_dropped_before_its_commit_leaves_no_row() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (pool, store) = setup(&url).await;
             let stalling = Consumer {
                 store: store.clone(),

@@ -53,40 +53,10 @@ async fn connect(cluster: &RedisCluster) -> ClusterStore {
     ClusterStore::connect(&cluster.node_urls()).await.unwrap()
 }
 
-/// Every key on every current master, with its PTTL (SCAN, never KEYS).
-async fn keys_with_pttl(cluster: &RedisCluster) -> Vec<(u16, String, i64)> {
-    let mut out = Vec::new();
-    for port in cluster.masters().await {
-        let mut con = node(port).await;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            for key in keys {
-                let pttl: i64 = redis::cmd("PTTL")
-                    .arg(&key)
-                    .query_async(&mut con)
-                    .await
-                    .unwrap();
-                out.push((port, key, pttl));
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-    }
-    out
-}
-
 /// Keys that would never expire (PTTL -1), on any master.
 async fn keys_without_ttl(cluster: &RedisCluster) -> Vec<String> {
-    keys_with_pttl(cluster)
+    cluster
+        .keys_with_pttl()
         .await
         .into_iter()
         .filter(|(_, _, pttl)| *pttl == -1)
@@ -508,7 +478,7 @@ async fn cluster_rate_limits_share_one_quota_exactly() {
         );
     }
 
-    let keys = keys_with_pttl(&cluster).await;
+    let keys = cluster.keys_with_pttl().await;
     assert_eq!(keys.len(), 3 * (2 + 60) + 3, "{keys:?}");
     for (port, key, pttl) in &keys {
         assert!(

@@ -107,12 +107,8 @@ async fn post_order(app: &Router, n: u64) -> Answer {
 }
 
 async fn redis_keys(redis: &RedisServer) -> Vec<String> {
-    let mut con = redis.connection().await;
-    redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut con)
-        .await
-        .expect("KEYS")
+    let keys = redis.keys_with_pttl().await;
+    keys.into_iter().map(|(key, _)| key).collect()
 }
 
 async fn pttl(redis: &RedisServer, key: &str) -> i64 {

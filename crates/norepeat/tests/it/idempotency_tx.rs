@@ -41,12 +41,6 @@ macro_rules! cases {
         use norepeat_testkit::SqlBackend;
 
         type Db = <$backend as SqlBackend>::Database;
-
-        /// A new empty database: its URL, and the guard that removes it.
-        async fn fresh() -> (String, $backend) {
-            let db = <$backend as SqlBackend>::fresh().await;
-            (SqlBackend::url(&db), db)
-        }
         use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
         use norepeat::store::KeyValueStoreExt;
 
@@ -134,7 +128,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn the_effect_and_the_record_commit_together_and_replay() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (router, app, _) = setup(&url, Duration::from_secs(10)).await;
             let first = send(&router, request("u1", "k1", "\"a\"", &[])).await;
             assert_eq!(first.status, StatusCode::CREATED);
@@ -155,7 +149,7 @@ macro_rules! cases {
         /// the key over: its commit finds the claim gone and rolls back.
         #[tokio::test]
         async fn a_lost_lease_rolls_the_effect_back() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (router, app, _) = setup(&url, Duration::from_millis(150)).await;
             let slow = tokio::spawn({
                 let router = router.clone();
@@ -220,7 +214,7 @@ macro_rules! cases {
         /// claim stays until its lease ends, then a retry runs once.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_crash_before_commit_leaves_no_effect_and_the_retry_runs_once() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let lease = Duration::from_millis(1500);
             let (tell, written) = std::sync::mpsc::channel();
             let (die, dying) = tokio::sync::oneshot::channel::<()>();
@@ -291,7 +285,7 @@ macro_rules! cases {
         #[tokio::test]
         async fn guarded_once_in_tx_awards_once() {
             use norepeat::attribute::{Guarded, Rejected};
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let pool = app.pool.clone();
             // Long enough that the "still open" check below cannot outlast
@@ -350,7 +344,7 @@ macro_rules! cases {
         /// cannot commit.
         #[tokio::test]
         async fn a_consumer_records_the_message_with_its_effect() {
-            let (url, _db) = fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let ttl = Duration::from_secs(60);
             async fn consume(
