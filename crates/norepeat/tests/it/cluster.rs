@@ -31,7 +31,7 @@ use norepeat::store::{Fallback, Resilient};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, RateStoreExt};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::{RedisCluster, send};
+use norepeat_testkit::{RedisCluster, post_with_token, send};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -183,9 +183,7 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
         ),
     ];
     let statuses = storm(&apps, 1000, |i| {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", token.as_str())
+        post_with_token("/orders", "u1", token.as_str())
             .body(Body::from(format!(r#"{{"quantity":{}}}"#, i % 100)))
             .unwrap()
     })

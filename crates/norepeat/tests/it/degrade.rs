@@ -20,7 +20,7 @@ use norepeat::store::{BreakerState, Fallback, Resilient};
 use norepeat::store::{MemoryStore, RedisStore, Store, StoreError};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::{Answer, ProxyMode, Recorded, RedisServer, TcpProxy, send};
+use norepeat_testkit::{Answer, ProxyMode, Recorded, RedisServer, TcpProxy, post_with_token, send};
 use std::time::{Duration, Instant};
 use tower::ServiceExt as _;
 
@@ -400,9 +400,7 @@ async fn tokens_are_consumed_once_during_an_outage() {
     let guard = TokenGuard::new(store.clone(), TokenSigner::random());
     let app = token_app(guard.clone());
     let submit = |token: &str| {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", token)
+        post_with_token("/orders", "u1", token)
             .body(Body::empty())
             .expect("valid request")
     };

@@ -30,7 +30,7 @@ use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
 use norepeat::shadow::{Shadowed, ShadowedBy};
 use norepeat::store::{KeyValueStore, Store};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
-use norepeat_testkit::{Answer, Labels, Recorded, send};
+use norepeat_testkit::{Answer, Labels, Recorded, post_with_token, send};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -637,9 +637,7 @@ async fn switching_shadow_off_keeps_what_shadow_decided<G: Store + Clone>(store:
         ]
     };
     let request = || {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", &token)
+        post_with_token("/orders", "u1", &token)
             .header("idempotency-key", "k1")
             .body(Body::empty())
             .unwrap()
@@ -711,9 +709,7 @@ async fn a_fail_closed_store_that_fails_passes_and_is_counted() {
         ]
     };
     let request = || {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", &token)
+        post_with_token("/orders", "u1", &token)
             .header("idempotency-key", "k1")
             .body(Body::empty())
             .unwrap()
