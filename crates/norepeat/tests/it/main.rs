@@ -4,14 +4,16 @@
 //! `cargo nextest run -p norepeat -E 'test(/^idempotency_tx::/)'` runs one
 //! former file.
 //!
-//! Process-wide state: nextest runs each test in a process of its own, and
-//! the tests are written to pass when they share one too (`cargo test`):
-//! the global metrics recorder is one for the process
-//! (`norepeat_testkit::Recorded::global`, each test reading counters no
-//! other test writes), and the default store of `#[norepeat::guard]` is set
-//! to the same kind by every test that sets it. The one test that needs the
-//! default store never set is `tests/attribute_no_store.rs`, a binary of its
-//! own for that reason.
+//! Process-wide state: nextest (the project's runner) runs each test in a
+//! process of its own; under `cargo test` the modules share one, which the
+//! tests that touch process-wide state allow for: the global metrics
+//! recorder is one for the process (`norepeat_testkit::Recorded::global`,
+//! each test reading counters or names no other test's checks depend on),
+//! and every test that sets the default store of `#[norepeat::guard]` sets
+//! the same kind. (Those modules, `attribute*`, `degrade`, `*_lost` and
+//! `shadow`, pass together under `cargo test --test it`.) The one test that
+//! needs the default store never set is `tests/attribute_no_store.rs`, a
+//! binary of its own for that reason.
 //!
 //! Helpers the modules share are in [`common`]; the services they run
 //! against, the metrics recorder and the SQL backends are the test kit's
