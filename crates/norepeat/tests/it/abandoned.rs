@@ -2,8 +2,8 @@
 //! claim it leaves is an unknown outcome, never a free key.
 //!
 //! The layer runs in a child process (this test binary run again, as its
-//! ignored test `child_server`), on a real Redis, PostgreSQL database or
-//! SQLite file. Its handler writes the effect (a line in a file, written
+//! ignored test `abandoned::child_server`), on a real Redis, PostgreSQL
+//! database or SQLite file. Its handler writes the effect (a line in a file, written
 //! and synced before it waits) and then hangs; the test kills the child
 //! with `SIGKILL`, and retries the same request through a layer of its own
 //! on the same store:
@@ -22,8 +22,6 @@
 // helper that cannot do its part fails the test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Extension;
@@ -31,7 +29,7 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use norepeat::idempotency::{Abandoned, Attempt, IdempotencyLayer};
 use norepeat::store::KeyValueStore;
-use norepeat_testkit::{Answer, RedisServer, free_port, send};
+use norepeat_testkit::{Answer, PgDatabase, RedisServer, SqlBackend, SqliteFile, free_port, send};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,7 +47,7 @@ const EFFECTS_ENV: &str = "NOREPEAT_CHILD_EFFECTS";
 enum StoreAt {
     Redis(String),
     Postgres(String),
-    Sqlite(PathBuf),
+    Sqlite(String),
 }
 
 impl StoreAt {
@@ -57,7 +55,7 @@ impl StoreAt {
         match self {
             StoreAt::Redis(url) => format!("redis {url}"),
             StoreAt::Postgres(url) => format!("postgres {url}"),
-            StoreAt::Sqlite(path) => format!("sqlite {}", path.display()),
+            StoreAt::Sqlite(url) => format!("sqlite {url}"),
         }
     }
 
@@ -66,7 +64,7 @@ impl StoreAt {
         match kind {
             "redis" => StoreAt::Redis(at.to_owned()),
             "postgres" => StoreAt::Postgres(at.to_owned()),
-            "sqlite" => StoreAt::Sqlite(PathBuf::from(at)),
+            "sqlite" => StoreAt::Sqlite(at.to_owned()),
             other => panic!("no store kind {other}"),
         }
     }
@@ -118,29 +116,23 @@ async fn with_store(store: StoreAt, abandoned: Abandoned, effects: PathBuf) -> R
             app(s, abandoned, effects)
         }
         StoreAt::Postgres(url) => {
-            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            let pool = <PgDatabase as SqlBackend>::pool(&url).await;
             let s = norepeat::store::PgStore::new(pool);
             s.migrate().await.unwrap();
             app(s, abandoned, effects)
         }
-        StoreAt::Sqlite(path) => {
-            use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-            let options = SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(30));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(4)
-                .connect_with(options)
-                .await
-                .unwrap();
+        StoreAt::Sqlite(url) => {
+            let pool = SqliteFile::pool(&url).await;
             let s = norepeat::store::SqliteStore::new(pool);
             s.migrate().await.unwrap();
             app(s, abandoned, effects)
         }
     }
 }
+
+/// [`child_server`]'s name in this test binary: its module path (without
+/// the binary's own name) and the function's.
+const CHILD_TEST: &str = "abandoned::child_server";
 
 /// The child's entry: this test binary, run again by the tests below with
 /// this test's name, `--ignored` and the environment that says where to
@@ -161,14 +153,14 @@ impl Child {
     async fn start(store: &StoreAt, effects: &Path) -> Child {
         let port = free_port();
         let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["child_server", "--exact", "--ignored", "--nocapture"])
+            .args([CHILD_TEST, "--exact", "--ignored", "--nocapture"])
             .env(STORE_ENV, store.to_env())
             .env(PORT_ENV, port.to_string())
             .env(EFFECTS_ENV, effects)
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        common::eventually("the child listens", || async {
+        crate::common::eventually("the child listens", || async {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .ok()
@@ -253,7 +245,7 @@ async fn killed_mid_handler(store: StoreAt, abandoned: Abandoned) -> (Router, Te
         let _ = conn.read_to_end(&mut answer).await;
         answer
     });
-    common::eventually("the child's handler wrote its effect", || async {
+    crate::common::eventually("the child's handler wrote its effect", || async {
         (effects(&file.0).len() == 1).then_some(())
     })
     .await;
@@ -296,7 +288,7 @@ async fn a_killed_owner_is_taken_over_as_attempt_2(store: StoreAt) {
     let (router, file) = killed_mid_handler(store, Abandoned::Retry).await;
     let early = send(&router, pay(false)).await;
     assert_eq!(code(&early), "idempotency_key_in_use");
-    let retry = common::eventually("the abandoned claim is taken over", || async {
+    let retry = crate::common::eventually("the abandoned claim is taken over", || async {
         let a = send(&router, pay(false)).await;
         (a.status != StatusCode::CONFLICT).then_some(a)
     })
@@ -355,12 +347,12 @@ mod sqlite {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_owner_is_an_unknown_outcome() {
         let db = norepeat_testkit::SqliteFile::new();
-        a_killed_owner_is_an_unknown_outcome(StoreAt::Sqlite(db.path())).await;
+        a_killed_owner_is_an_unknown_outcome(StoreAt::Sqlite(db.url())).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_owner_is_taken_over_as_attempt_2() {
         let db = norepeat_testkit::SqliteFile::new();
-        a_killed_owner_is_taken_over_as_attempt_2(StoreAt::Sqlite(db.path())).await;
+        a_killed_owner_is_taken_over_as_attempt_2(StoreAt::Sqlite(db.url())).await;
     }
 }

@@ -20,7 +20,7 @@ use norepeat::store::{BreakerState, Fallback, Resilient};
 use norepeat::store::{MemoryStore, RedisStore, Store, StoreError};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::{Answer, ProxyMode, RedisServer, TcpProxy, send};
+use norepeat_testkit::{Answer, ProxyMode, Recorded, RedisServer, TcpProxy, post_with_token, send};
 use std::time::{Duration, Instant};
 use tower::ServiceExt as _;
 
@@ -107,12 +107,8 @@ async fn post_order(app: &Router, n: u64) -> Answer {
 }
 
 async fn redis_keys(redis: &RedisServer) -> Vec<String> {
-    let mut con = redis.connection().await;
-    redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut con)
-        .await
-        .expect("KEYS")
+    let keys = redis.keys_with_pttl().await;
+    keys.into_iter().map(|(key, _)| key).collect()
 }
 
 async fn pttl(redis: &RedisServer, key: &str) -> i64 {
@@ -147,97 +143,6 @@ where
     }
 }
 
-// ---------------------------------------------------------------- metrics --
-
-mod recorder {
-    //! A recorder that remembers which metric names were registered.
-
-    use metrics::{
-        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
-        Recorder, SharedString, Unit,
-    };
-    use std::collections::BTreeSet;
-    use std::sync::{Arc, Mutex, OnceLock};
-
-    struct Nop;
-    impl CounterFn for Nop {
-        fn increment(&self, _: u64) {}
-        fn absolute(&self, _: u64) {}
-    }
-    impl GaugeFn for Nop {
-        fn increment(&self, _: f64) {}
-        fn decrement(&self, _: f64) {}
-        fn set(&self, _: f64) {}
-    }
-    impl HistogramFn for Nop {
-        fn record(&self, _: f64) {}
-    }
-
-    #[derive(Default)]
-    pub struct Names(Mutex<BTreeSet<String>>);
-
-    impl Names {
-        fn add(&self, key: &Key) {
-            let mut label = String::new();
-            for l in key.labels() {
-                if l.key() == "outcome" {
-                    label = format!("{{outcome={}}}", l.value());
-                }
-            }
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .insert(format!("{}{label}", key.name()));
-        }
-
-        pub fn contains(&self, name: &str) -> bool {
-            self.0.lock().expect("not poisoned").contains(name)
-        }
-
-        pub fn all(&self) -> Vec<String> {
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .cloned()
-                .collect()
-        }
-    }
-
-    struct Rec(Arc<Names>);
-
-    impl Recorder for Rec {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            self.0.add(key);
-            Counter::from_arc(Arc::new(Nop))
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            self.0.add(key);
-            Gauge::from_arc(Arc::new(Nop))
-        }
-        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-            self.0.add(key);
-            Histogram::from_arc(Arc::new(Nop))
-        }
-    }
-
-    /// The names registered since the first call (one recorder per process).
-    pub fn names() -> Arc<Names> {
-        static NAMES: OnceLock<Arc<Names>> = OnceLock::new();
-        NAMES
-            .get_or_init(|| {
-                let names = Arc::new(Names::default());
-                // Another test in this process may have installed it first.
-                let _ = metrics::set_global_recorder(Rec(Arc::clone(&names)));
-                names
-            })
-            .clone()
-    }
-}
-
 // ------------------------------------------------------------------ tests --
 
 /// Redis killed mid-run: a fail-open route keeps answering 2xx/409, never
@@ -245,7 +150,7 @@ mod recorder {
 /// opens; after a restart the guard uses Redis again within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_run_fail_open_keeps_deciding() {
-    let names = recorder::names();
+    let names = Recorded::global();
     let mut redis = RedisServer::start().await;
     let store = fail_open_store(&redis.url(), Duration::from_millis(500)).await;
     let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
@@ -312,9 +217,9 @@ async fn redis_killed_mid_run_fail_open_keeps_deciding() {
         "norepeat_store_errors_total",
     ] {
         assert!(
-            names.contains(name),
+            names.registered(name, &[]),
             "{name} not registered: {:?}",
-            names.all()
+            names.registered_names()
         );
     }
 }
@@ -495,9 +400,7 @@ async fn tokens_are_consumed_once_during_an_outage() {
     let guard = TokenGuard::new(store.clone(), TokenSigner::random());
     let app = token_app(guard.clone());
     let submit = |token: &str| {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", token)
+        post_with_token("/orders", "u1", token)
             .body(Body::empty())
             .expect("valid request")
     };
@@ -552,7 +455,7 @@ async fn tokens_are_consumed_once_during_an_outage() {
 /// once after a 5xx.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_is_renewed_while_the_handler_runs() {
-    let names = recorder::names();
+    let names = Recorded::global();
     let redis = RedisServer::start().await;
     let window = Duration::from_millis(900);
     // A roomy budget: this test is about renewal, not about timeouts.
@@ -622,7 +525,7 @@ async fn lease_is_renewed_while_the_handler_runs() {
             assert_eq!(ttl, -2, "released at once after a failure");
         }
     }
-    assert!(names.contains("norepeat_lease_renewals_total"));
+    assert!(names.registered("norepeat_lease_renewals_total", &[]));
     assert_every_key_expires(&redis).await;
 }
 
@@ -676,7 +579,7 @@ async fn dropped_request_holds_its_key_for_the_window_and_leaves_no_task() {
 /// fail-open admits (against the fallback), fail-closed answers 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_out_of_memory_is_a_failure_not_a_duplicate() {
-    let names = recorder::names();
+    let names = Recorded::global();
     let redis = RedisServer::start().await;
     let url = redis.url();
     let open_store = fail_open_store(&url, Duration::from_secs(30)).await;
@@ -710,8 +613,14 @@ async fn redis_out_of_memory_is_a_failure_not_a_duplicate() {
     let lease = plain_guard.acquire(&fp).await.expect("fail-open admits");
     assert!(!lease.is_held());
     lease.finish(true).await;
-    let degraded = "norepeat_decisions_total{outcome=admitted_degraded}";
-    assert!(names.contains(degraded), "{:?}", names.all());
+    assert!(
+        names.registered(
+            "norepeat_decisions_total",
+            &[("outcome", "admitted_degraded")]
+        ),
+        "{:?}",
+        names.registered_names()
+    );
 
     // Fail-open: admitted (decided locally), not taken for a duplicate.
     for n in 1..=5 {

@@ -6,7 +6,7 @@
 //! through the same layer without shadow mode is refused (or replayed)
 //! exactly where shadow mode counted.
 //!
-//! The counter is read with a recorder of this file set as the thread's
+//! The counter is read with the test kit's recorder set as the thread's
 //! local recorder (`metrics::set_default_local_recorder`): each test runs
 //! on tokio's current-thread runtime, so the layers' futures, and the tasks
 //! they spawn, run on the test's thread and count into that test's
@@ -17,13 +17,11 @@
 // A test that cannot build its request or read its answer cannot go on.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::{counting_route, each_store};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
-use common::{counting_route, each_store};
 use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
@@ -32,8 +30,7 @@ use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
 use norepeat::shadow::{Shadowed, ShadowedBy};
 use norepeat::store::{KeyValueStore, Store};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
-use norepeat_testkit::{Answer, send};
-use recorder::Counts;
+use norepeat_testkit::{Answer, Labels, Recorded, post_with_token, send};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,81 +38,40 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-mod recorder {
-    //! A recorder that keeps every counter's value by name and labels.
+/// What these tests read of the test kit's recorder.
+trait ShadowCounts {
+    /// `norepeat_shadow_total` of `guard`, by `would` (only the ones
+    /// counted at least once).
+    fn shadow(&self, guard: &str) -> BTreeMap<String, u64>;
+    /// Every `norepeat_decisions_total` series counted at least once, by
+    /// its labels.
+    fn decisions(&self) -> BTreeMap<Labels, u64>;
+}
 
-    use metrics::{
-        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
-    use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    /// A counter's name and its labels, sorted.
-    type Name = (String, Vec<(String, String)>);
-
-    #[derive(Default)]
-    pub struct Counts(Mutex<BTreeMap<Name, Arc<AtomicU64>>>);
-
-    impl Counts {
-        /// `norepeat_shadow_total` of `guard`, by `would` (only the ones
-        /// counted at least once).
-        pub fn shadow(&self, guard: &str) -> BTreeMap<String, u64> {
-            let counters = self.0.lock().expect("not poisoned");
-            let mut out = BTreeMap::new();
-            for ((name, labels), value) in counters.iter() {
-                if name != "norepeat_shadow_total" {
-                    continue;
-                }
-                let label = |k: &str| {
-                    labels
-                        .iter()
-                        .find(|(key, _)| key == k)
-                        .map(|(_, v)| v.clone())
-                };
-                assert_eq!(labels.len(), 2, "exactly the labels guard and would");
-                if label("guard").as_deref() == Some(guard) {
-                    let would = label("would").expect("a would label");
-                    *out.entry(would).or_default() += value.load(Ordering::SeqCst);
-                }
+impl ShadowCounts for Recorded {
+    fn shadow(&self, guard: &str) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (labels, value) in self.series("norepeat_shadow_total") {
+            let label = |k: &str| {
+                labels
+                    .iter()
+                    .find(|(key, _)| key == k)
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(labels.len(), 2, "exactly the labels guard and would");
+            if label("guard").as_deref() == Some(guard) {
+                let would = label("would").expect("a would label");
+                *out.entry(would).or_default() += value;
             }
-            out.retain(|_, n| *n > 0);
-            out
         }
-
-        /// Every `norepeat_decisions_total` series counted at least once,
-        /// by its labels.
-        pub fn decisions(&self) -> BTreeMap<Vec<(String, String)>, u64> {
-            let counters = self.0.lock().expect("not poisoned");
-            counters
-                .iter()
-                .filter(|((name, _), _)| name == "norepeat_decisions_total")
-                .map(|((_, labels), value)| (labels.clone(), value.load(Ordering::SeqCst)))
-                .filter(|(_, n)| *n > 0)
-                .collect()
-        }
+        out.retain(|_, n| *n > 0);
+        out
     }
 
-    impl Recorder for Counts {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            let mut labels: Vec<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            let mut counters = self.0.lock().expect("not poisoned");
-            let value = counters.entry((key.name().to_owned(), labels)).or_default();
-            Counter::from_arc(Arc::clone(value))
-        }
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
+    fn decisions(&self) -> BTreeMap<Labels, u64> {
+        let mut out = self.series("norepeat_decisions_total");
+        out.retain(|_, n| *n > 0);
+        out
     }
 }
 
@@ -142,7 +98,7 @@ fn enforced(a: &Answer) -> Option<String> {
 async fn send_shadowed(
     app: &Router,
     req: Request<Body>,
-    counts: &Counts,
+    counts: &Recorded,
     guard: &str,
 ) -> (Answer, Option<String>) {
     let before = counts.shadow(guard);
@@ -185,7 +141,7 @@ where
     A: Fn(bool, Arc<AtomicUsize>) -> Router,
     T: Fn(bool) -> Vec<Request<Body>>,
 {
-    let counts = Counts::default();
+    let counts = Recorded::default();
     let _local = metrics::set_default_local_recorder(&counts);
     let expected: Vec<Option<String>> = expected.iter().map(|w| w.map(str::to_owned)).collect();
 
@@ -328,7 +284,7 @@ async fn fingerprint_an_announced_large_body_passes_whole<G: Store + Clone>(stor
             .body(Body::from(vec![b'x'; 32]))
             .unwrap()
     };
-    let counts = Counts::default();
+    let counts = Recorded::default();
     let _local = metrics::set_default_local_recorder(&counts);
     let (answer, would) = send_shadowed(&app(true), big(), &counts, "fingerprint").await;
     assert_eq!(answer.status, StatusCode::CREATED);
@@ -451,7 +407,7 @@ async fn idempotency_a_repeat_of_a_running_request_runs<G: KeyValueStore + Clone
         let _permit = g.gate.acquire().await.expect("never closed");
         (StatusCode::CREATED, format!("run {run}"))
     }
-    let counts = Counts::default();
+    let counts = Recorded::default();
     let _local = metrics::set_default_local_recorder(&counts);
     for shadow in [true, false] {
         let gate = Gate {
@@ -543,7 +499,7 @@ async fn idempotency_a_shadowed_repeat_takes_no_slot<G: KeyValueStore + Clone>(s
         let _permit = g.gate.acquire().await.expect("never closed");
         (StatusCode::CREATED, format!("run {run}"))
     }
-    let counts = Counts::default();
+    let counts = Recorded::default();
     let _local = metrics::set_default_local_recorder(&counts);
     let gate = Gate {
         runs: Arc::new(AtomicUsize::new(0)),
@@ -681,9 +637,7 @@ async fn switching_shadow_off_keeps_what_shadow_decided<G: Store + Clone>(store:
         ]
     };
     let request = || {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", &token)
+        post_with_token("/orders", "u1", &token)
             .header("idempotency-key", "k1")
             .body(Body::empty())
             .unwrap()
@@ -755,16 +709,14 @@ async fn a_fail_closed_store_that_fails_passes_and_is_counted() {
         ]
     };
     let request = || {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", &token)
+        post_with_token("/orders", "u1", &token)
             .header("idempotency-key", "k1")
             .body(Body::empty())
             .unwrap()
     };
     redis.kill();
 
-    let counts = Counts::default();
+    let counts = Recorded::default();
     let _local = metrics::set_default_local_recorder(&counts);
     let runs = Arc::new(AtomicUsize::new(0));
     for (guard, app) in apps(true, &runs) {

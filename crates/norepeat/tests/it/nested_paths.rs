@@ -5,14 +5,12 @@
 //! real Redis and the memory store.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::RouteLayer;
+use crate::common::each_store;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use axum::routing::post;
-use common::RouteLayer;
-use common::each_store;
 use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;

@@ -34,12 +34,14 @@ struct Msg {
     points: i64,
 }
 
-/// Stamps the cases for one backend: `$db` the sqlx database, `$store` the
-/// norepeat store type, `$fresh` an async fn giving `(url, guard)` of a new
-/// empty database, `$pool` an async fn connecting a pool to a url.
+/// Stamps the cases for one backend: `$store` the norepeat store type,
+/// `$backend` the test kit's database of that backend (`SqlBackend`).
 macro_rules! cases {
-    ($db:ty, $store:ty, $fresh:path, $pool:path) => {
+    ($store:ty, $backend:ty) => {
         use super::*;
+        use norepeat_testkit::SqlBackend;
+
+        type Db = <$backend as SqlBackend>::Database;
 
         struct Consumer {
             store: $store,
@@ -67,8 +69,8 @@ macro_rules! cases {
             }
         }
 
-        async fn setup(url: &str) -> (sqlx::Pool<$db>, $store) {
-            let pool: sqlx::Pool<$db> = $pool(url).await;
+        async fn setup(url: &str) -> (sqlx::Pool<Db>, $store) {
+            let pool: sqlx::Pool<Db> = <$backend as SqlBackend>::pool(url).await;
             let store = <$store>::new(pool.clone());
             store.migrate().await.unwrap();
             sqlx::query("CREATE TABLE points (user_id TEXT NOT NULL, n BIGINT NOT NULL)")
@@ -78,7 +80,7 @@ macro_rules! cases {
             (pool, store)
         }
 
-        async fn rows(pool: &sqlx::Pool<$db>) -> i64 {
+        async fn rows(pool: &sqlx::Pool<Db>) -> i64 {
             sqlx::query_scalar("SELECT COUNT(*) FROM points")
                 .fetch_one(pool)
                 .await
@@ -95,7 +97,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn three_deliveries_write_one_row_and_give_one_result() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (pool, store) = setup(&url).await;
             let consumer = Consumer {
                 store,
@@ -111,7 +113,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn a_delivery_dropped_before_its_commit_leaves_no_row() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (pool, store) = setup(&url).await;
             let stalling = Consumer {
                 store: store.clone(),
@@ -152,55 +154,12 @@ macro_rules! cases {
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    async fn fresh() -> (String, norepeat_testkit::PgDatabase) {
-        let db = norepeat_testkit::PgDatabase::fresh().await;
-        (db.url(), db)
-    }
-    async fn pool(url: &str) -> sqlx::PgPool {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(url)
-            .await
-            .unwrap()
-    }
-    cases!(sqlx::Postgres, norepeat::store::PgStore, fresh, pool);
+    cases!(norepeat::store::PgStore, norepeat_testkit::PgDatabase);
 }
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    /// A SQLite file, removed on drop.
-    pub struct TempDb(std::path::PathBuf);
-    impl Drop for TempDb {
-        fn drop(&mut self) {
-            for suffix in ["", "-wal", "-shm", "-journal"] {
-                let mut p = self.0.clone().into_os_string();
-                p.push(suffix);
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    async fn fresh() -> (String, TempDb) {
-        let path = std::env::temp_dir().join(format!(
-            "norepeat-attr-tx-{}-{:016x}.db",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        (path.display().to_string(), TempDb(path))
-    }
-    async fn pool(path: &str) -> sqlx::SqlitePool {
-        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(std::time::Duration::from_secs(30));
-        SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap()
-    }
-    cases!(sqlx::Sqlite, norepeat::store::SqliteStore, fresh, pool);
+    cases!(norepeat::store::SqliteStore, norepeat_testkit::SqliteFile);
 }
 
 /// The documented `run_once_in_tx` example (a one-connection SQLite pool)

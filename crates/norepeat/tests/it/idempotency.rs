@@ -7,15 +7,13 @@
 //! the steered payment handler at the top.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::each_store;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use common::each_store;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
@@ -271,14 +269,14 @@ async fn a_panicking_handler_releases_the_key<G: Store + Clone>(store: G) {
     let layer = IdempotencyLayer::new(store.clone())
         .route("/payments")
         .lease(Duration::from_secs(60));
-    let app = common::panicking_route("/payments", layer, Arc::clone(&runs), panic_next);
+    let app = crate::common::panicking_route("/payments", layer, Arc::clone(&runs), panic_next);
     let req = || payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap();
-    common::send_and_panic(&app, req()).await;
+    crate::common::send_and_panic(&app, req()).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The release runs in a short task: poll the store until the claim is
     // gone (a probe that finds the key free takes it, then gives it back).
     let key = record_key("u1", "k");
-    common::eventually_within(Duration::from_secs(5), "the panic's release", || async {
+    crate::common::eventually_within(Duration::from_secs(5), "the panic's release", || async {
         let free = store
             .put_if_absent(&key, b"probe", Duration::from_secs(60))
             .await
@@ -554,7 +552,7 @@ async fn concurrent(app: &Router, n: usize, answered_first: usize) -> Vec<Answer
             tokio::spawn(async move { pay_steered(&app, "hot", (h.0, &h.1)).await })
         })
         .collect();
-    common::eventually("the others have answered", || async {
+    crate::common::eventually("the others have answered", || async {
         (tasks.iter().filter(|t| t.is_finished()).count() >= answered_first).then_some(())
     })
     .await;
@@ -656,7 +654,7 @@ async fn held_first(app: &Router, runs: &Runs) -> (JoinHandle<Answer>, Hold) {
 /// Waits until the handler has started (so its request holds its claim),
 /// polled rather than assumed after a fixed delay.
 async fn running(runs: &Runs) {
-    common::eventually("the handler runs", || async {
+    crate::common::eventually("the handler runs", || async {
         (runs.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await;
@@ -969,7 +967,7 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         let h = hold.header();
         tokio::spawn(async move { pay_steered(&app, "k", (h.0, &h.1)).await })
     };
-    common::eventually("the first runs", || async {
+    crate::common::eventually("the first runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -979,7 +977,7 @@ async fn flushall_mid_run_the_retry_runs_and_the_first_cannot_overwrite_it() {
         .await
         .unwrap();
     let flushed = scripts_run(&redis).await;
-    common::eventually("a renewal after the flush", || async {
+    crate::common::eventually("a renewal after the flush", || async {
         (scripts_run(&redis).await > flushed).then_some(())
     })
     .await;

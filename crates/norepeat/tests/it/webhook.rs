@@ -3,13 +3,11 @@
 //! against a real Redis and the memory store.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::each_store;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Extension;
 use axum::routing::post;
-use common::each_store;
 use http::{HeaderName, Request};
 use norepeat::store::KeyValueStore;
 use norepeat::webhook::{OnReplay, Repeated, SIGNATURE_HEADER, WebhookLayer, WebhookVerifier};

@@ -385,15 +385,15 @@ behaviour!(
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql {
-    // Only the SQLite helpers read from above (`Duration`).
-    #[cfg(feature = "sqlite")]
-    use super::*;
     #[cfg(feature = "sqlite")]
     use norepeat::store::SqliteStore;
     #[cfg(feature = "postgres")]
     use norepeat::store::{PgStore, sql::DEFAULT_REAP_BATCH};
     #[cfg(feature = "postgres")]
     use norepeat_testkit::PgDatabase;
+    use norepeat_testkit::SqlBackend;
+    #[cfg(feature = "sqlite")]
+    use norepeat_testkit::SqliteFile;
 
     /// A store on a fresh PostgreSQL database, migrated.
     #[cfg(feature = "postgres")]
@@ -404,52 +404,18 @@ mod sql {
     #[cfg(feature = "postgres")]
     pub async fn postgres_with(batch: u32) -> (PgStore, PgDatabase) {
         let db = PgDatabase::fresh().await;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&db.url())
-            .await
-            .unwrap();
+        let pool = <PgDatabase as SqlBackend>::pool(&db.url()).await;
         let store = PgStore::builder(pool).reap_batch(batch).build().unwrap();
         store.migrate().await.unwrap();
         (store, db)
     }
 
-    /// A SQLite file in the temporary directory, removed on drop.
-    #[cfg(feature = "sqlite")]
-    pub struct TempDb(std::path::PathBuf);
-
-    #[cfg(feature = "sqlite")]
-    impl Drop for TempDb {
-        fn drop(&mut self) {
-            for suffix in ["", "-wal", "-shm", "-journal"] {
-                let mut p = self.0.clone().into_os_string();
-                p.push(suffix);
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-
     /// A store on a new SQLite file (WAL, a pool of several connections),
     /// migrated.
     #[cfg(feature = "sqlite")]
-    pub async fn sqlite(batch: u32) -> (SqliteStore, TempDb) {
-        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-        let path = std::env::temp_dir().join(format!(
-            "norepeat-kv-{}-{:016x}.db",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        let file = TempDb(path.clone());
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(30));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap();
+    pub async fn sqlite(batch: u32) -> (SqliteStore, SqliteFile) {
+        let file = SqliteFile::new();
+        let pool = SqliteFile::pool(&file.url()).await;
         let store = SqliteStore::builder(pool)
             .reap_batch(batch)
             .build()

@@ -26,23 +26,8 @@ async fn instance(
 
 /// The milliseconds left on every key in `redis`.
 async fn pttls(redis: &RedisServer) -> Vec<i64> {
-    let mut con = redis.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for k in keys {
-        out.push(
-            redis::cmd("PTTL")
-                .arg(&k)
-                .query_async(&mut con)
-                .await
-                .unwrap(),
-        );
-    }
-    out
+    let keys = redis.keys_with_pttl().await;
+    keys.into_iter().map(|(_, pttl)| pttl).collect()
 }
 
 #[tokio::test]

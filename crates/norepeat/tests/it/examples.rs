@@ -12,7 +12,7 @@ use std::time::Duration;
 /// plain run builds every example); built here when a filtered run did not.
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    // <target>/<profile>/deps/examples-<hash>
+    // <target>/<profile>/deps/it-<hash>
     let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
     let path = profile_dir.join("examples").join(name);
     if !path.exists() {

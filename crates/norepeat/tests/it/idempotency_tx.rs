@@ -10,8 +10,6 @@
 #![cfg(any(feature = "postgres", feature = "sqlite"))]
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
@@ -35,16 +33,18 @@ fn request(user: &str, key: &str, body: &str, steer: &[(&str, &str)]) -> Request
     b.body(Body::from(body.to_owned())).unwrap()
 }
 
-/// Stamps the cases for one backend: `$db` the sqlx database, `$store` the
-/// norepeat store type, `$fresh` an async fn giving `(url, guard)` of a new
-/// empty database, `$pool` an async fn connecting a pool to a url.
+/// Stamps the cases for one backend: `$store` the norepeat store type,
+/// `$backend` the test kit's database of that backend (`SqlBackend`).
 macro_rules! cases {
-    ($db:ty, $store:ty, $fresh:path, $pool:path) => {
+    ($store:ty, $backend:ty) => {
         use super::*;
+        use norepeat_testkit::SqlBackend;
+
+        type Db = <$backend as SqlBackend>::Database;
         use norepeat::idempotency::{IdempotencyLayer, IdempotentTx, TxError};
         use norepeat::store::KeyValueStoreExt;
 
-        type Pool = sqlx::Pool<$db>;
+        type Pool = sqlx::Pool<Db>;
 
         #[derive(Clone)]
         struct App {
@@ -94,7 +94,7 @@ macro_rules! cases {
         }
 
         async fn setup(url: &str, lease: Duration) -> (Router, App, $store) {
-            let pool: Pool = $pool(url).await;
+            let pool: Pool = <$backend as SqlBackend>::pool(url).await;
             let store = <$store>::new(pool.clone());
             store.migrate().await.unwrap();
             sqlx::query("CREATE TABLE IF NOT EXISTS effects (note TEXT NOT NULL)")
@@ -128,7 +128,7 @@ macro_rules! cases {
 
         #[tokio::test]
         async fn the_effect_and_the_record_commit_together_and_replay() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (router, app, _) = setup(&url, Duration::from_secs(10)).await;
             let first = send(&router, request("u1", "k1", "\"a\"", &[])).await;
             assert_eq!(first.status, StatusCode::CREATED);
@@ -149,7 +149,7 @@ macro_rules! cases {
         /// the key over: its commit finds the claim gone and rolls back.
         #[tokio::test]
         async fn a_lost_lease_rolls_the_effect_back() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (router, app, _) = setup(&url, Duration::from_millis(150)).await;
             let slow = tokio::spawn({
                 let router = router.clone();
@@ -167,11 +167,11 @@ macro_rules! cases {
             // (before the first, 2.5 s long, tries to commit). (On SQLite the retry's claim waits for the
             // first's open write to roll back.) Polled: no fixed delay can
             // tell a busy machine's "has claimed" and "has lost its lease".
-            common::eventually("the first has claimed", || async {
+            crate::common::eventually("the first has claimed", || async {
                 (app.runs.load(Ordering::SeqCst) == 1).then_some(())
             })
             .await;
-            let retry = common::eventually("the first's lease ends", || async {
+            let retry = crate::common::eventually("the first's lease ends", || async {
                 let a = send(&router, request("u1", "k", "\"x\"", &[])).await;
                 (a.status != StatusCode::CONFLICT).then_some(a)
             })
@@ -214,7 +214,7 @@ macro_rules! cases {
         /// claim stays until its lease ends, then a retry runs once.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_crash_before_commit_leaves_no_effect_and_the_retry_runs_once() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let lease = Duration::from_millis(1500);
             let (tell, written) = std::sync::mpsc::channel();
             let (die, dying) = tokio::sync::oneshot::channel::<()>();
@@ -285,7 +285,7 @@ macro_rules! cases {
         #[tokio::test]
         async fn guarded_once_in_tx_awards_once() {
             use norepeat::attribute::{Guarded, Rejected};
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let pool = app.pool.clone();
             // Long enough that the "still open" check below cannot outlast
@@ -312,7 +312,7 @@ macro_rules! cases {
             };
             // A delivery dropped after its write (seen, not assumed after a
             // fixed delay), before its commit.
-            common::drop_when(
+            crate::common::drop_when(
                 award("dropped", Duration::from_secs(5)),
                 "the write",
                 || wrote.load(Ordering::SeqCst),
@@ -324,7 +324,7 @@ macro_rules! cases {
                 award("early", Duration::ZERO).await,
                 Err(ConsumerError::Rejected(Rejected::InProgress))
             ));
-            let first = common::eventually("the dropped claim's lease ends", || async {
+            let first = crate::common::eventually("the dropped claim's lease ends", || async {
                 match award("first", Duration::ZERO).await {
                     Err(ConsumerError::Rejected(Rejected::InProgress)) => None,
                     other => Some(other),
@@ -344,7 +344,7 @@ macro_rules! cases {
         /// cannot commit.
         #[tokio::test]
         async fn a_consumer_records_the_message_with_its_effect() {
-            let (url, _db) = $fresh().await;
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
             let (_, app, store) = setup(&url, Duration::from_secs(10)).await;
             let ttl = Duration::from_secs(60);
             async fn consume(
@@ -405,11 +405,11 @@ macro_rules! cases {
                 &a_claimed,
             );
             let other = async {
-                common::eventually("`a` claims", || async {
+                crate::common::eventually("`a` claims", || async {
                     a_claimed.load(Ordering::SeqCst).then_some(())
                 })
                 .await;
-                common::eventually("`a`'s lease ends", || async {
+                crate::common::eventually("`a`'s lease ends", || async {
                     match consume(&store, pool, "m2", b"b", ttl, Duration::ZERO, &no).await {
                         Ok(false) => None,
                         other => Some(other),
@@ -427,53 +427,10 @@ macro_rules! cases {
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    async fn fresh() -> (String, norepeat_testkit::PgDatabase) {
-        let db = norepeat_testkit::PgDatabase::fresh().await;
-        (db.url(), db)
-    }
-    async fn pool(url: &str) -> sqlx::PgPool {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(url)
-            .await
-            .unwrap()
-    }
-    cases!(sqlx::Postgres, norepeat::store::PgStore, fresh, pool);
+    cases!(norepeat::store::PgStore, norepeat_testkit::PgDatabase);
 }
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    /// A SQLite file, removed on drop.
-    pub struct TempDb(std::path::PathBuf);
-    impl Drop for TempDb {
-        fn drop(&mut self) {
-            for suffix in ["", "-wal", "-shm", "-journal"] {
-                let mut p = self.0.clone().into_os_string();
-                p.push(suffix);
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    async fn fresh() -> (String, TempDb) {
-        let path = std::env::temp_dir().join(format!(
-            "norepeat-tx-{}-{:016x}.db",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        (path.display().to_string(), TempDb(path))
-    }
-    async fn pool(path: &str) -> sqlx::SqlitePool {
-        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(std::time::Duration::from_secs(30));
-        SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap()
-    }
-    cases!(sqlx::Sqlite, norepeat::store::SqliteStore, fresh, pool);
+    cases!(norepeat::store::SqliteStore, norepeat_testkit::SqliteFile);
 }

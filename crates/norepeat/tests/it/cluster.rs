@@ -13,8 +13,7 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::{counting_route, node};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -22,7 +21,6 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use common::{counting_route, node};
 use futures_util::future::join_all;
 use norepeat::fingerprint::{Digest, Fingerprinter, RequestParts};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
@@ -33,7 +31,7 @@ use norepeat::store::{Fallback, Resilient};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, RateStoreExt};
 use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
-use norepeat_testkit::{RedisCluster, send};
+use norepeat_testkit::{RedisCluster, post_with_token, send};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,40 +53,10 @@ async fn connect(cluster: &RedisCluster) -> ClusterStore {
     ClusterStore::connect(&cluster.node_urls()).await.unwrap()
 }
 
-/// Every key on every current master, with its PTTL (SCAN, never KEYS).
-async fn keys_with_pttl(cluster: &RedisCluster) -> Vec<(u16, String, i64)> {
-    let mut out = Vec::new();
-    for port in cluster.masters().await {
-        let mut con = node(port).await;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            for key in keys {
-                let pttl: i64 = redis::cmd("PTTL")
-                    .arg(&key)
-                    .query_async(&mut con)
-                    .await
-                    .unwrap();
-                out.push((port, key, pttl));
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-    }
-    out
-}
-
 /// Keys that would never expire (PTTL -1), on any master.
 async fn keys_without_ttl(cluster: &RedisCluster) -> Vec<String> {
-    keys_with_pttl(cluster)
+    cluster
+        .keys_with_pttl()
         .await
         .into_iter()
         .filter(|(_, _, pttl)| *pttl == -1)
@@ -215,9 +183,7 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
         ),
     ];
     let statuses = storm(&apps, 1000, |i| {
-        Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", token.as_str())
+        post_with_token("/orders", "u1", token.as_str())
             .body(Body::from(format!(r#"{{"quantity":{}}}"#, i % 100)))
             .unwrap()
     })
@@ -239,7 +205,8 @@ async fn cluster_tokens_and_fingerprints_run_the_handler_once() {
     let fp = Digest([9; 32]);
     assert_eq!(guard.key_of(&fp), next.key_of(&fp));
     let a = guard.acquire(&fp).await.unwrap();
-    let b = common::eventually("A's key expires", || async { next.acquire(&fp).await.ok() }).await;
+    let b = crate::common::eventually("A's key expires", || async { next.acquire(&fp).await.ok() })
+        .await;
     a.finish(true).await;
     assert!(
         next.acquire(&fp).await.is_err(),
@@ -402,7 +369,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
     };
     // Past two leases since the handler started (polled: it has claimed),
     // still held: renewed. (The handler runs until the test lets it go.)
-    common::eventually("the slow handler runs", || async {
+    crate::common::eventually("the slow handler runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -436,7 +403,7 @@ async fn cluster_idempotency_replays_byte_for_byte() {
         let app = app.clone();
         tokio::spawn(async move { send(&app, payment("abandoned", BODY, 1_500)).await })
     };
-    common::eventually("the unrenewed handler runs", || async {
+    crate::common::eventually("the unrenewed handler runs", || async {
         (runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -509,7 +476,7 @@ async fn cluster_rate_limits_share_one_quota_exactly() {
         );
     }
 
-    let keys = keys_with_pttl(&cluster).await;
+    let keys = cluster.keys_with_pttl().await;
     assert_eq!(keys.len(), 3 * (2 + 60) + 3, "{keys:?}");
     for (port, key, pttl) in &keys {
         assert!(
@@ -729,9 +696,9 @@ async fn cluster_master_failover_costs_no_5xx_and_repeats_are_caught_again() {
     // The scripts are on the promoted master now: loaded by the client after
     // its NOSCRIPT (the flush above removed every copy).
     for script in [
-        include_str!("../src/store/redis/lua/release.lua"),
-        include_str!("../src/store/redis/lua/renew.lua"),
-        include_str!("../src/store/redis/lua/replace.lua"),
+        include_str!("../../src/store/redis/lua/release.lua"),
+        include_str!("../../src/store/redis/lua/renew.lua"),
+        include_str!("../../src/store/redis/lua/replace.lua"),
     ] {
         let exists: Vec<bool> = redis::cmd("SCRIPT")
             .arg("EXISTS")

@@ -4,14 +4,11 @@
 //! claim then ends with its lease, a retry runs the handler again, and the
 //! loss is counted in `norepeat_idempotency_completion_lost_total`.
 //!
-//! A file of its own: the test installs a global metrics recorder
-//! (`common::Counters`), which a process can hold only once (nextest runs
-//! each test in its own process; this file has one test, so `cargo test`
-//! is safe too).
+//! The test reads the process's global metrics recorder
+//! (`norepeat_testkit::Recorded::global`); no other test counts this
+//! counter, so it holds whether the tests share a process or not.
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
-
-mod common;
 
 use axum::Router;
 use axum::body::Body;
@@ -20,7 +17,7 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::store::RedisStore;
-use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy, send};
+use norepeat_testkit::{ProxyMode, Recorded, RedisServer, TcpProxy, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -72,7 +69,7 @@ fn payment() -> Request<Body> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_is_an_unknown_outcome() {
-    let counters = common::Counters::install();
+    let counters = Recorded::global();
 
     let redis = RedisServer::start().await;
     let proxy = TcpProxy::start(redis.addr()).await;
@@ -92,7 +89,7 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_is_an_un
     };
     // Once the claim is in Redis (and the handler runs), the store refuses
     // every connection: the completion cannot land.
-    common::eventually("the claim is written", || async {
+    crate::common::eventually("the claim is written", || async {
         (redis.dbsize().await == 1 && runs.load(Ordering::SeqCst) == 1).then_some(())
     })
     .await;
@@ -106,8 +103,8 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_is_an_un
     // The completion is tried again for up to the lease, then given up:
     // counted once. The claim, unrenewed, passes its lease deadline, but
     // its record stays (it lives for the retention).
-    common::eventually("the completion is given up", || async {
-        (counters.get(LOST) == 1).then_some(())
+    crate::common::eventually("the completion is given up", || async {
+        (counters.counter(LOST) == 1).then_some(())
     })
     .await;
 
@@ -116,7 +113,7 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_is_an_un
     // never a second run (before: the claim had ended with its lease and
     // the retry ran the handler again).
     proxy.set_mode(ProxyMode::Pass);
-    let retry = common::eventually("the store is back", || async {
+    let retry = crate::common::eventually("the store is back", || async {
         let a = send(&app, payment()).await;
         (a.status != StatusCode::SERVICE_UNAVAILABLE).then_some(a)
     })
@@ -129,6 +126,6 @@ async fn a_completion_lost_for_the_whole_lease_is_counted_and_the_retry_is_an_un
         assert_eq!(again.json()["code"], "idempotency_outcome_unknown");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran again");
-    assert_eq!(counters.get(LOST), 1, "counted once");
+    assert_eq!(counters.counter(LOST), 1, "counted once");
     assert!(redis.keys_without_ttl().await.is_empty());
 }

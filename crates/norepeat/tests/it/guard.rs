@@ -8,14 +8,12 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::{counting_route, panicking_route, send_and_panic};
+use crate::common::{eventually, eventually_within, with_stores};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use common::{counting_route, panicking_route, send_and_panic};
-use common::{eventually, eventually_within, with_stores};
 use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, ReleasePolicy};
 use norepeat::problem::Problem;
@@ -28,7 +26,7 @@ use norepeat::token::TokenSigner;
 use norepeat::token::{TokenGuard, TokenLayer};
 #[cfg(feature = "redis")]
 use norepeat_testkit::RedisServer;
-use norepeat_testkit::{Answer, send};
+use norepeat_testkit::{Answer, post_with_token, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -90,9 +88,7 @@ async fn a_thousand_uses_of_one_token_run_the_handler_once() {
                 tokio::spawn(async move {
                     // Different bodies: only the token makes them repeats.
                     let body = format!(r#"{{"sku":"SKU-1","quantity":{}}}"#, i % 100 + 1);
-                    let req = Request::post("/orders")
-                        .header("x-user-id", "u1")
-                        .header("repeat-token", token)
+                    let req = post_with_token("/orders", "u1", token)
                         .body(Body::from(body))
                         .unwrap();
                     app.oneshot(req).await.unwrap().status()
@@ -370,9 +366,7 @@ async fn bad_input_gets_the_contracts_4xx() {
         (400, Some("missing_token"))
     );
 
-    let req = Request::post("/orders")
-        .header("x-user-id", "u1")
-        .header("repeat-token", "t".repeat(10 * 1024))
+    let req = post_with_token("/orders", "u1", "t".repeat(10 * 1024))
         .body(Body::from("{}"))
         .unwrap();
     let (s, p) = problem(send(&tk, req).await);
@@ -381,14 +375,13 @@ async fn bad_input_gets_the_contracts_4xx() {
         (409, Some("duplicate_submission"))
     );
 
-    let req = Request::post("/orders")
-        .header("x-user-id", "u1")
-        .header(
-            "repeat-token",
-            axum::http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
-        )
-        .body(Body::from("{}"))
-        .unwrap();
+    let req = post_with_token(
+        "/orders",
+        "u1",
+        axum::http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+    )
+    .body(Body::from("{}"))
+    .unwrap();
     let (s, _) = problem(send(&tk, req).await);
     assert_eq!(s.as_u16(), 409);
 
@@ -511,9 +504,7 @@ async fn an_expired_token_answers_token_expired() {
             "/orders",
             post(|| async { StatusCode::CREATED }).layer(TokenLayer::new(tokens)),
         );
-        let req = Request::post("/orders")
-            .header("x-user-id", "u1")
-            .header("repeat-token", token)
+        let req = post_with_token("/orders", "u1", token)
             .body(Body::empty())
             .unwrap();
         let (status, body) = problem(send(&app, req).await);
@@ -556,9 +547,7 @@ async fn a_request_that_never_reached_its_effect_does_not_use_up_its_token() {
             post(handler).layer(TokenLayer::new(tokens.clone())),
         );
         let req = |token: &str| {
-            Request::post("/orders")
-                .header("x-user-id", "u1")
-                .header("repeat-token", token)
+            post_with_token("/orders", "u1", token)
                 .body(Body::empty())
                 .unwrap()
         };

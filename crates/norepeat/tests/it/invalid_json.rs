@@ -4,12 +4,10 @@
 //! store and a real Redis.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::RouteLayer;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use common::RouteLayer;
 use http::{Request, StatusCode};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;

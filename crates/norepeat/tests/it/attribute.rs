@@ -5,10 +5,8 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::Error;
-use common::{drop_when, eventually, eventually_within, with_stores};
+use crate::common::Error;
+use crate::common::{drop_when, eventually, eventually_within, with_stores};
 use norepeat::attribute::Rejected;
 use norepeat::store::KeyValueStoreExt;
 #[cfg(feature = "redis")]

@@ -5,13 +5,12 @@
 //!
 //! Every test sets the same process-wide memory store (the first set wins,
 //! the others get `AlreadySet`), so the file works whether its tests share
-//! one process or not. `attribute_no_store.rs` covers the unset case.
+//! one process or not. `tests/attribute_no_store.rs` (a binary of its own)
+//! covers the unset case.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::Error;
-use common::{eventually, with_stores};
+use crate::common::Error;
+use crate::common::{eventually, with_stores};
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::store::KeyValueStore;
 use norepeat::store::MemoryStore;

@@ -5,13 +5,11 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::with_stores;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
-use common::with_stores;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat_testkit::send;

@@ -1,9 +1,7 @@
-//! Helpers the integration tests share (tower-sessions' `tests/common`):
-//! each test file that needs one says `mod common;`. The HTTP helper
-//! (`send`, `Answer`) is the test kit's, so the shop's tests can use it too.
-
-// Each test file is its own crate and uses only some of these helpers.
-#![allow(dead_code, unused_imports, unused_macros)]
+//! Helpers the test modules share, for the library's own tests. What
+//! other crates' tests use too is the test kit's (`norepeat-testkit`): the
+//! HTTP helper (`send`, `Answer`), the metrics recorder (`Recorded`), the SQL
+//! backends (`SqlBackend`).
 
 use axum::Router;
 use axum::body::Body;
@@ -253,74 +251,4 @@ pub async fn node(port: u16) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap()
-}
-
-/// A metrics recorder that keeps each counter, by name (labels ignored),
-/// for a test to read; gauges and histograms are dropped. A process holds
-/// one global recorder: install it with [`Counters::install`] from a test
-/// file with one test (nextest runs each test in its own process).
-#[derive(Default)]
-pub struct Counters(
-    std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
-);
-
-impl Counters {
-    /// A recorder installed as the process's global one, for its life.
-    pub fn install() -> &'static Counters {
-        let counters: &'static Counters = Box::leak(Box::default());
-        metrics::set_global_recorder(SharedCounters(counters)).expect("one recorder a process");
-        counters
-    }
-
-    fn handle(&self, name: &str) -> Arc<std::sync::atomic::AtomicU64> {
-        let mut map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(map.entry(name.to_owned()).or_default())
-    }
-
-    /// The counter `name`, summed over its labels.
-    pub fn get(&self, name: &str) -> u64 {
-        self.handle(name).load(Ordering::SeqCst)
-    }
-}
-
-struct SharedCounters(&'static Counters);
-
-impl metrics::Recorder for SharedCounters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(self.0.handle(key.name()))
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
 }

@@ -8,19 +8,16 @@
 //! A store that forgets (FLUSHALL) while the body runs: nothing is written
 //! back, and the loss is counted too.
 //!
-//! A file of its own: the test installs a global metrics recorder
-//! (`common::Counters`), which a process can hold only once (nextest runs
-//! each test in its own process; this file has one test, so `cargo test`
-//! is safe too).
+//! The test reads the process's global metrics recorder
+//! (`norepeat_testkit::Recorded::global`); no other test counts this
+//! counter, so it holds whether the tests share a process or not.
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
-
-mod common;
 
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::degrade::FailurePolicy;
 use norepeat::store::RedisStore;
-use norepeat_testkit::{ProxyMode, RedisServer, TcpProxy};
+use norepeat_testkit::{ProxyMode, Recorded, RedisServer, TcpProxy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -104,7 +101,7 @@ async fn tag(redis: &RedisServer, once: &Guarded, key: &str) -> Option<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again() {
-    let counters = common::Counters::install();
+    let counters = Recorded::global();
 
     let redis = RedisServer::start().await;
     let proxy = TcpProxy::start(redis.addr()).await;
@@ -121,7 +118,7 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
         let (once, store, runs) = (once.clone(), store.clone(), runs.clone());
         tokio::spawn(async move { runs.call(&once, &store, "order-1", true).await })
     };
-    common::eventually("the claim is written", || async {
+    crate::common::eventually("the claim is written", || async {
         (tag(&redis, &once, "order-1").await == Some(b'L') && runs.count() == 1).then_some(())
     })
     .await;
@@ -134,18 +131,18 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
     assert_eq!(tag(&redis, &once, "order-1").await, Some(b'L'));
     proxy.set_mode(ProxyMode::Pass);
     // Stored once the store is back, well before the claim's lease ends.
-    common::eventually_within(Duration::from_secs(3), "the result is stored", || async {
+    crate::common::eventually_within(Duration::from_secs(3), "the result is stored", || async {
         (tag(&redis, &once, "order-1").await == Some(b'D')).then_some(())
     })
     .await;
     // A repeat gets the first call's result; the body does not run again.
-    let again = common::eventually("the client reconnected", || async {
+    let again = crate::common::eventually("the client reconnected", || async {
         answered(runs.call(&once, &store, "order-1", false).await)
     })
     .await;
     assert_eq!(again, 1);
     assert_eq!(runs.count(), 1, "the body ran again");
-    assert_eq!(counters.get(LOST), 0);
+    assert_eq!(counters.counter(LOST), 0);
 
     // 2. The store is away for the whole lease: the loss is counted, and
     // the claim, its lease passed, stays: a repeat is an unknown outcome,
@@ -158,19 +155,19 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
         let (once, store, runs) = (once.clone(), store.clone(), runs.clone());
         tokio::spawn(async move { runs.call(&once, &store, "order-2", true).await })
     };
-    common::eventually("the second claim is written", || async {
+    crate::common::eventually("the second claim is written", || async {
         (tag(&redis, &once, "order-2").await == Some(b'L') && runs.count() == 2).then_some(())
     })
     .await;
     proxy.set_mode(ProxyMode::Refuse);
     runs.gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap(), 2);
-    common::eventually("the completion is given up", || async {
-        (counters.get(LOST) == 1).then_some(())
+    crate::common::eventually("the completion is given up", || async {
+        (counters.counter(LOST) == 1).then_some(())
     })
     .await;
     proxy.set_mode(ProxyMode::Pass);
-    let retry = common::eventually("the client reconnected", || async {
+    let retry = crate::common::eventually("the client reconnected", || async {
         match runs.call(&once, &store, "order-2", false).await {
             Err(Error::Rejected(Rejected::Unavailable(_))) => None,
             other => Some(other),
@@ -183,7 +180,7 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
     );
     assert_eq!(runs.count(), 2, "the repeat ran the body again");
     assert_eq!(tag(&redis, &once, "order-2").await, Some(b'L'));
-    assert_eq!(counters.get(LOST), 1, "counted once");
+    assert_eq!(counters.counter(LOST), 1, "counted once");
 
     // 3. The store forgets (FLUSHALL) while the body runs: the result finds
     // no claim to replace. Nothing is written back (no key, none without a
@@ -204,7 +201,7 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
             }
         })
     };
-    common::eventually("the third claim is written", || async {
+    crate::common::eventually("the third claim is written", || async {
         (tag(&redis, &once, "order-3").await == Some(b'L') && runs.count() == 3).then_some(())
     })
     .await;
@@ -214,8 +211,8 @@ async fn a_result_the_store_would_not_take_is_stored_later_and_never_run_again()
         .unwrap();
     runs.gate.add_permits(1);
     assert_eq!(first.await.unwrap(), 3);
-    common::eventually("the forgotten claim's result is counted lost", || async {
-        (counters.get(LOST) == 2).then_some(())
+    crate::common::eventually("the forgotten claim's result is counted lost", || async {
+        (counters.counter(LOST) == 2).then_some(())
     })
     .await;
     assert_eq!(tag(&redis, &once, "order-3").await, None, "written back");

@@ -12,14 +12,12 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common::Error;
+use crate::common::{drop_when, eventually, with_stores};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
-use common::Error;
-use common::{drop_when, eventually, with_stores};
 use http::{Request, StatusCode};
 use norepeat::attribute::{Guarded, Rejected};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};

@@ -11,9 +11,7 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::node;
+use crate::common::node;
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use norepeat::store::{ClusterStore, KeyValueStoreExt, StoreError};
