@@ -35,22 +35,38 @@
 //! does.
 
 mod access;
+mod admin;
+mod answers;
 mod caller;
 mod connection;
 mod cors;
-mod count;
+mod files;
 mod forward;
 mod gateway;
-mod own;
+mod metrics;
+mod request;
 mod run;
 mod scope;
-mod shadow;
 mod stack;
 mod store;
 mod tls;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
-pub use gateway::{BuildError, Gateway, OUTCOME_HEADER, SharedStore};
+pub use gateway::{BuildError, Gateway};
 pub use run::serve;
 pub use scope::HostScoped;
+pub use store::SharedStore;
+
+use axum::body::Body;
+use http::{HeaderName, Request, Response};
+use std::convert::Infallible;
+use tower::util::BoxCloneSyncService;
+
+/// A route's whole stack.
+pub(super) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
+
+/// The header by which the upstream stage tells an idempotency layer's
+/// record that the outcome is unknown (see the module docs). Never sent
+/// to a client.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("norepeat-gateway-outcome");

@@ -1,7 +1,7 @@
 //! Serving on a listener: graceful shutdown, reload on change and SIGHUP.
 
+use super::admin;
 use super::gateway::Gateway;
-use super::own;
 
 use crate::config::Config;
 
@@ -35,7 +35,7 @@ pub async fn serve(
     let tls = gateway.tls.clone();
     let draining = gateway.draining.clone();
     let drain_delay = gateway.drain_delay;
-    let app = own::router(Arc::clone(&gateway));
+    let app = admin::router(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
     if let Some(addr) = gateway.admin {
@@ -43,7 +43,7 @@ pub async fn serve(
             std::io::Error::new(e.kind(), format!("admin: cannot listen on {addr}: {e}"))
         })?;
         tracing::info!(addr = %admin.local_addr()?, "admin listener");
-        let app = own::admin_router(Arc::clone(&gateway));
+        let app = admin::admin_router(Arc::clone(&gateway));
         tokio::spawn(async move {
             if let Err(e) = axum::serve(admin, app).await {
                 tracing::error!(error = %e, "the admin listener failed");
@@ -121,7 +121,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 /// Reloads `path` when its modification time changes or on `SIGHUP`,
 /// once the file has stopped changing: it is read only after two looks
-/// [`SETTLED`] apart find the same modification time and length, so a file
+/// `files::SETTLED` apart find the same modification time and length, so a file
 /// being written is never read half-way (a file written in two goes, with
 /// a pause longer than that between, can still be: write the new file
 /// beside the old and rename it into place, which is atomic). Counts
@@ -158,7 +158,7 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
         if !by_signal && now == seen && !retry_tokens {
             continue;
         }
-        seen = settled(&path, now, stat).await;
+        seen = super::files::settled(&path, now, stat).await;
         let result = match Config::load(&path) {
             Ok(config) => gw.reload(&config).await.map_err(|e| e.to_string()),
             Err(problems) => Err(format!("\n{problems}")),
@@ -177,28 +177,6 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             }
         }
     }
-}
-
-/// How long a file must stay unchanged before it is read.
-const SETTLED: Duration = Duration::from_millis(300);
-
-/// Waits until `path` looks the same twice, [`SETTLED`] apart (for at most
-/// 5 s: a file rewritten without end is read as it is then); what it
-/// looked like last.
-pub(super) async fn settled<T: PartialEq>(
-    path: &Path,
-    mut last: T,
-    stat: impl Fn(&Path) -> T,
-) -> T {
-    for _ in 0..(5_000 / SETTLED.as_millis()) {
-        tokio::time::sleep(SETTLED).await;
-        let now = stat(path);
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
 }
 
 pub(super) async fn stop_signal() {

@@ -1,22 +1,26 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
-use super::count::RouteMetrics;
+use super::answers::{
+    client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
+};
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
-use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
+use super::metrics::RouteMetrics;
 use super::scope::Unscoped;
+use super::store::{SharedStore, note_failure};
 use super::{Caller, HostScoped};
+use super::{OUTCOME_HEADER, RouteService};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use norepeat::body::{BodyError, declares_over};
+use norepeat::body::declares_over;
 use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
-use norepeat::token::{NotReached, TokenGuard, TokenLayer};
+use norepeat::token::{TokenGuard, TokenLayer};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,7 +110,7 @@ pub(super) fn stack(
                 let base = base.clone();
                 async move {
                     if open {
-                        super::gateway::note_failure();
+                        note_failure();
                         return base.oneshot(req).await;
                     }
                     let p = Problem::new(Code::GuardUnavailable)
@@ -338,55 +342,4 @@ fn cap_body(req: Request<Body>, max: usize) -> (Request<Body>, Arc<AtomicBool>) 
         }))
     });
     (req, over)
-}
-
-fn payload_too_large(max: usize) -> Response<Body> {
-    problem_response(&Problem::from(BodyError::TooLarge { max }))
-}
-
-/// `p` as a response; its code (in the `Problem` the response carries)
-/// names the request's outcome.
-fn problem_response(p: &Problem) -> Response<Body> {
-    p.to_response().map(Body::new)
-}
-
-pub(super) fn upstream_unavailable() -> Response<Body> {
-    let p = Problem::custom(
-        StatusCode::BAD_GATEWAY,
-        "upstream_unavailable",
-        "Upstream unavailable",
-    )
-    .detail("The upstream refused the connection or could not be reached; nothing reached it.");
-    let mut res = problem_response(&p);
-    // Nothing was sent: a token route gives the token back for the retry.
-    res.extensions_mut().insert(NotReached);
-    res
-}
-
-/// 400 `invalid_request`: the client's request, refused for `why`.
-pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
-    problem_response(&Problem::new(norepeat::problem::Code::InvalidRequest).detail(why))
-}
-
-/// 400 `invalid_request`: the client's body broke off on its way (a
-/// malformed chunk, a stall past `body_timeout`). The backend never got a
-/// whole request: a token route gives the token back.
-pub(super) fn client_body_broke() -> Response<Body> {
-    let mut res = invalid_request(
-        "The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.",
-    );
-    res.extensions_mut().insert(NotReached);
-    res
-}
-
-pub(super) fn upstream_timeout() -> Response<Body> {
-    let p = Problem::custom(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", "Upstream timeout")
-        .detail("The upstream did not answer in time, or the connection broke after the request was sent: the outcome is unknown.");
-    problem_response(&p)
-}
-
-pub(super) fn outcome_unknown() -> Response<Body> {
-    let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
-        .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
-    problem_response(&p)
 }

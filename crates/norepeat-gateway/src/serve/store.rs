@@ -1,12 +1,16 @@
-//! The file's store, connected in the background when it is down at start:
-//! the gateway starts and serves either way (a rollout must not wait on
-//! Redis), and its routes follow their `on_store_failure` until the store
-//! answers.
+//! The store every route shares ([`SharedStore`]): the file's store,
+//! connected in the background when it is down at start (the gateway
+//! starts and serves either way: a rollout must not wait on Redis, and the
+//! routes follow their `on_store_failure` until the store answers), behind
+//! the library's budget and breaker, with a bounded local memory for the
+//! routes that fail open.
 
+use crate::config::OnStoreFailure;
 use norepeat::store::{
-    AnyStore, KeyOp, KeyReply, KeyValueStore, LateAnswers, RateDecision, RateOp, RateStore,
-    StoreError,
+    AnyStore, Breaker, Fallback, KeyOp, KeyReply, KeyValueStore, LateAnswers, MemoryStore,
+    RateDecision, RateOp, RateStore, Resilient, StoreError,
 };
+use std::cell::Cell;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -120,5 +124,143 @@ fn pass_late(store: &OnceLock<AnyStore>, late: &Mutex<Option<LateAnswers>>) {
 impl RateStore for Connecting {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
         self.get()?.rate(op).await
+    }
+}
+
+/// The store every route shares: the file's store behind the library's
+/// time budget and circuit breaker, and, for the routes that fail open, a
+/// bounded local memory behind that ([`Fallback`] over a 64 MiB [`MemoryStore`], keys that
+/// expire with their TTL): while the store is down such a route still
+/// catches the repeats that reach this instance. A fail-closed route gets
+/// the same store without the memory ([`closed`](Self::closed)): a failure
+/// stays a failure, and the route refuses.
+///
+/// ```
+/// use norepeat::store::{AnyStore, BreakerState, KeyValueStore};
+/// use norepeat_gateway::serve::SharedStore;
+/// let open = SharedStore::new(AnyStore::Memory(Default::default()));
+/// let closed = open.closed();
+/// assert_eq!(closed.circuit().state(), BreakerState::Closed);
+/// assert_eq!(open.kind(), "memory");
+/// ```
+#[derive(Debug, Clone)]
+pub struct SharedStore(Fallback<Noted<Resilient<Connecting>>>);
+
+tokio::task_local! {
+    /// Set while a request is dispatched when the store failed one of its
+    /// decisions (a claim, a rate): a fail-open route then decided against
+    /// the local memory, and a request it let through is counted as failed
+    /// open, not as passed (see `request::dispatch`).
+    pub(super) static STORE_FAILED: Cell<bool>;
+}
+
+/// The file's store as the local memory's [`Fallback`] sees it: a decision
+/// it fails is noted for the request being dispatched ([`STORE_FAILED`]).
+#[derive(Debug, Clone)]
+struct Noted<S>(S);
+
+pub(super) fn note_failure() {
+    // Outside a dispatch (a task of its own): nothing to count.
+    let _ = STORE_FAILED.try_with(|failed| failed.set(true));
+}
+
+impl<S: KeyValueStore> KeyValueStore for Noted<S> {
+    async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        let decision = matches!(op, KeyOp::PutIfAbsent { .. });
+        let answer = self.0.execute(op).await;
+        if decision && answer.is_err() {
+            note_failure();
+        }
+        answer
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.0.report_late_answers(to);
+    }
+}
+
+impl<S: RateStore> RateStore for Noted<S> {
+    async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        let answer = self.0.rate(op).await;
+        if answer.is_err() {
+            note_failure();
+        }
+        answer
+    }
+}
+
+impl SharedStore {
+    /// `store` behind the default budget and breaker, with the local
+    /// memory (none over a memory store: it does not fail).
+    #[must_use]
+    pub fn new(store: AnyStore) -> Self {
+        Self::over(Connecting::ready(store))
+    }
+
+    pub(super) fn over(store: Connecting) -> Self {
+        let memory = store.kind() == "memory";
+        let primary = Noted(Resilient::new(store));
+        Self(if memory {
+            Fallback::disabled(primary)
+        } else {
+            Fallback::new(primary, MemoryStore::default())
+        })
+    }
+
+    /// The same store (its budget, breaker and connections) without the
+    /// local memory: for a fail-closed route.
+    #[must_use]
+    pub fn closed(&self) -> Self {
+        Self(Fallback::disabled(self.0.primary().clone()))
+    }
+
+    /// This store for a route that follows `policy`.
+    pub(super) fn for_route(&self, policy: OnStoreFailure) -> Self {
+        match policy {
+            OnStoreFailure::Open => self.clone(),
+            OnStoreFailure::Closed => self.closed(),
+        }
+    }
+
+    /// The breaker in front of the file's store.
+    #[must_use]
+    pub fn circuit(&self) -> &Breaker {
+        self.0.primary().0.circuit()
+    }
+
+    /// Whether the file's store has been connected to (one that was down
+    /// at start is connected to in the background).
+    #[must_use]
+    pub fn is_connected(&self) -> bool {
+        self.0.primary().0.inner().is_connected()
+    }
+}
+
+impl KeyValueStore for SharedStore {
+    fn execute(&self, op: KeyOp<'_>) -> impl Future<Output = Result<KeyReply, StoreError>> + Send {
+        self.0.execute(op)
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn reconnect(&self) {
+        self.0.reconnect();
+    }
+    fn report_late_answers(&self, to: LateAnswers) {
+        self.0.report_late_answers(to);
+    }
+}
+
+impl RateStore for SharedStore {
+    fn rate(
+        &self,
+        op: RateOp<'_>,
+    ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
+        self.0.rate(op)
     }
 }

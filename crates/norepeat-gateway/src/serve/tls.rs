@@ -69,7 +69,7 @@ pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
         if now == seen {
             continue;
         }
-        seen = super::run::settled(&tls.cert, now, both).await;
+        seen = super::files::settled(&tls.cert, now, both).await;
         match certified_key(&tls) {
             Ok(key) => {
                 certs.0.store(key);

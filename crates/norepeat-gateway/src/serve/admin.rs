@@ -1,7 +1,11 @@
-//! The gateway's own routes under `/.norepeat/`.
+//! The gateway's own routes under `/.norepeat/`: the token, health,
+//! readiness and metrics on the traffic's listener, and the admin
+//! listener's (the same, and one key's record).
 
 use super::HostScoped;
-use super::gateway::{Gateway, OUTCOME_HEADER, dispatch};
+use super::OUTCOME_HEADER;
+use super::gateway::Gateway;
+use super::request::dispatch;
 use crate::config::{normalize_host, normalize_path, route_spelling};
 use axum::Router;
 use axum::body::Body;
@@ -15,6 +19,14 @@ use norepeat::problem::{Code, Problem};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+impl Gateway {
+    /// The axum app: the own routes under `/.norepeat/`, every other
+    /// request through the first route that matches, or straight through.
+    pub fn into_router(self) -> axum::Router {
+        router(Arc::new(self))
+    }
+}
 
 pub(super) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()

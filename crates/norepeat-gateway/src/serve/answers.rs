@@ -1,0 +1,61 @@
+//! The gateway's own answers (RFC 9457 problem+json, each with its
+//! `code`): what it says itself, as opposed to what a backend or a
+//! library layer says.
+
+use axum::body::Body;
+use http::{Response, StatusCode};
+use norepeat::body::BodyError;
+use norepeat::problem::Problem;
+use norepeat::token::NotReached;
+
+/// 413 `payload_too_large`: a body over the route's `max_request_body`.
+pub(super) fn payload_too_large(max: usize) -> Response<Body> {
+    problem_response(&Problem::from(BodyError::TooLarge { max }))
+}
+
+/// `p` as a response; its code (in the `Problem` the response carries)
+/// names the request's outcome.
+pub(super) fn problem_response(p: &Problem) -> Response<Body> {
+    p.to_response().map(Body::new)
+}
+
+pub(super) fn upstream_unavailable() -> Response<Body> {
+    let p = Problem::custom(
+        StatusCode::BAD_GATEWAY,
+        "upstream_unavailable",
+        "Upstream unavailable",
+    )
+    .detail("The upstream refused the connection or could not be reached; nothing reached it.");
+    let mut res = problem_response(&p);
+    // Nothing was sent: a token route gives the token back for the retry.
+    res.extensions_mut().insert(NotReached);
+    res
+}
+
+/// 400 `invalid_request`: the client's request, refused for `why`.
+pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
+    problem_response(&Problem::new(norepeat::problem::Code::InvalidRequest).detail(why))
+}
+
+/// 400 `invalid_request`: the client's body broke off on its way (a
+/// malformed chunk, a stall past `body_timeout`). The backend never got a
+/// whole request: a token route gives the token back.
+pub(super) fn client_body_broke() -> Response<Body> {
+    let mut res = invalid_request(
+        "The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.",
+    );
+    res.extensions_mut().insert(NotReached);
+    res
+}
+
+pub(super) fn upstream_timeout() -> Response<Body> {
+    let p = Problem::custom(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", "Upstream timeout")
+        .detail("The upstream did not answer in time, or the connection broke after the request was sent: the outcome is unknown.");
+    problem_response(&p)
+}
+
+pub(super) fn outcome_unknown() -> Response<Body> {
+    let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
+        .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
+    problem_response(&p)
+}

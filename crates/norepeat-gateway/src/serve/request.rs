@@ -1,0 +1,327 @@
+//! One request's path, in call order (as Pingora's proxy phases read):
+//! [`dispatch`] names it (`X-Request-Id`) and logs it; [`route_request`]
+//! refuses what a backend could read otherwise ([`not_forwarded`]), matches
+//! the route on the normalized path (or refuses a spelling that would pass
+//! a guard by, [`other_spelling`]), keys it by the route's one spelling
+//! ([`set_path`]), and either forwards it untouched or sends it through its
+//! route's stack (rate limit, guard, upstream stage: `stack.rs`); then
+//! [`finish`] turns the upstream stage's unknown outcome into the client's
+//! answer and names the outcome the metrics count.
+
+use super::OUTCOME_HEADER;
+use super::access;
+use super::answers::{
+    client_body_broke, invalid_request, outcome_unknown, upstream_timeout, upstream_unavailable,
+};
+use super::caller::with_peer;
+use super::forward::{Failure, forward};
+use super::gateway::{Gateway, Routes};
+use super::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
+use super::store::STORE_FAILED;
+use crate::config::{normalize_path, route_spelling, with_slashes_decoded, without_format_suffix};
+use axum::body::Body;
+use axum::extract::OriginalUri;
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Uri};
+use norepeat::degrade::FailedOpen;
+use norepeat::idempotency::IDEMPOTENT_REPLAYED;
+use norepeat::problem::Problem;
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// How long an unmatched request's upstream has to answer.
+const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Any request not for the gateway's own routes. Routes are matched on
+/// the normalized path ([`normalize_path`]); a matched request goes on
+/// with that path (its guard's key and the backend see it), an unmatched
+/// one is forwarded untouched.
+pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+    let id = access::request_id(req.headers_mut());
+    let Some(sink) = &gw.access else {
+        let mut res = route_request(&gw, req).await.0;
+        res.headers_mut().insert(access::REQUEST_ID, id);
+        return res;
+    };
+    let started = std::time::Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let ((mut res, route, outcome), upstream) = access::UPSTREAM
+        .scope(Cell::new(None), async {
+            let answer = route_request(&gw, req).await;
+            (answer, access::UPSTREAM.with(Cell::get))
+        })
+        .await;
+    sink.write(&access::Entry {
+        request_id: id.to_str().unwrap_or_default(),
+        route: route.as_deref().map(RouteMetrics::label),
+        method: method.as_str(),
+        path: &path,
+        status: res.status().as_u16(),
+        outcome,
+        upstream,
+        took: started.elapsed(),
+    });
+    res.headers_mut().insert(access::REQUEST_ID, id);
+    res
+}
+
+/// A request through its route (or straight through): the answer, the
+/// route that took it, and its outcome as the access log names it.
+pub(super) async fn route_request(
+    gw: &Gateway,
+    mut req: Request<Body>,
+) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
+    with_peer(req.extensions_mut());
+    // The asterisk form (`OPTIONS *`) names no resource: there is no route
+    // to match, and no upstream URL to make of it. The client's request,
+    // so a 400 of the gateway's, not a 502.
+    if let Some(why) = not_forwarded(&req) {
+        return (invalid_request(why), None, "invalid_request");
+    }
+    let live = gw.live.load_full();
+    if !live.caller.peer_is_trusted(req.extensions()) {
+        // What a client wrote there is not what a proxy of ours saw: the
+        // gateway writes its own (in `forward`), never appends to theirs.
+        let h = req.headers_mut();
+        for name in FORWARDING {
+            h.remove(name);
+        }
+    }
+    let normalized = match normalize_path(req.uri().path()) {
+        std::borrow::Cow::Borrowed(_) => None,
+        std::borrow::Cow::Owned(p) => Some(p),
+    };
+    let site = live
+        .by_host
+        .then(|| super::scope::site(req.headers(), req.uri()))
+        .flatten();
+    let path = normalized.as_deref().unwrap_or(req.uri().path());
+    let method = req.method().as_str();
+    let find = |p: &str| {
+        live.list.iter().find(|r| {
+            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
+        })
+    };
+    // A format suffix the back end drops (`/payments.json`) is the route
+    // too, keyed as its spelling without it.
+    let mut keyed = None;
+    let mut found = find(path);
+    if found.is_none()
+        && let Some(plain) = without_format_suffix(path)
+    {
+        found = find(&plain);
+        keyed = found.is_some().then_some(plain);
+    }
+    if found.is_none()
+        && let Some(why) = other_spelling(&live, method, path)
+    {
+        return (invalid_request(why), None, "invalid_request");
+    }
+    // A guarded route decides on one request and its one answer: a
+    // connection that switches protocols is neither (GATEWAY.md).
+    if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
+        let why = "A guarded route does not switch protocols: a request with Upgrade (a WebSocket) is refused here.";
+        return (invalid_request(why), None, "invalid_request");
+    }
+    if found.is_some() {
+        let key = route_spelling(keyed.as_deref().unwrap_or(path));
+        // The common request, already in the route's one spelling, keeps
+        // its URI as it is: no copy.
+        if normalized.is_some() || *key != *req.uri().path() {
+            let key = key.into_owned();
+            set_path(&mut req, normalized.as_deref(), &key);
+        }
+    }
+    let Some(route) = found else {
+        let start = std::time::Instant::now();
+        let answer = forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await;
+        access::note_upstream(start.elapsed());
+        return match answer {
+            Ok(res) => (res, None, "passthrough"),
+            Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
+            Err(Failure::ClientBody) => (client_body_broke(), None, "invalid_request"),
+            Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
+        };
+    };
+    let (res, decided_locally) = STORE_FAILED
+        .scope(Cell::new(false), async {
+            let res = match route.service.clone().oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            };
+            (res, STORE_FAILED.with(Cell::get))
+        })
+        .await;
+    // Before `finish`, which may answer with a response of its own.
+    let store_failed = super::metrics::count_shadowed(&route.metrics, &res);
+    // Let through by the local memory, the store down: failed open.
+    // A replay is a replay, whatever decided it (the local memory too).
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
+    route.metrics.count(counted);
+    let outcome = match counted {
+        Counted::Request(o) => o.as_str(),
+        Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),
+    };
+    (res, Some(Arc::clone(&route.metrics)), outcome)
+}
+
+/// The forwarding headers a client outside `trusted_proxies` may not set.
+const FORWARDING: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+];
+
+/// Why `req` is not forwarded, if it is one a backend could read otherwise
+/// than the gateway did (RFC 9112 asks a server to answer these 400). Both
+/// `Content-Length` and `Transfer-Encoding` need no check here: hyper reads
+/// such a body by the latter and drops the former. A request without a
+/// `Host` is forwarded (the upstream's host is sent): a request built in
+/// process, as tests and embedders make them, has none.
+fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
+    let headers = req.headers();
+    let hosts = headers.get_all(http::header::HOST).iter().count();
+    if !req.uri().path().starts_with('/') {
+        Some(
+            "The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.",
+        )
+    } else if req
+        .method()
+        .as_str()
+        .bytes()
+        .any(|b| b.is_ascii_lowercase())
+    {
+        // Methods are case-sensitive (RFC 9110 §9.1), but the backends in
+        // front of which the gateway stands are not all so: werkzeug takes
+        // `post` for POST. A spelling the backend takes alike must not pass
+        // unguarded, so none but the upper case passes.
+        Some("The method must be in upper case (`POST`, not `post`).")
+    } else if hosts > 1 {
+        Some("The request carries more than one Host header.")
+    } else if hosts == 0
+        && req.version() == http::Version::HTTP_11
+        && req.uri().authority().is_none()
+        && req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .is_some()
+    {
+        // RFC 9112 §3.2: a server answers 400 to an HTTP/1.1 request
+        // without Host. (A request made in process, which has no peer,
+        // has none either, and goes on.)
+        Some("An HTTP/1.1 request must carry a Host header.")
+    } else {
+        None
+    }
+}
+
+/// Why a path that matches no route is refused: a spelling that a back
+/// end would take for a route's path, and so run unguarded. An encoded
+/// slash (`%2F`) that decodes onto a route (Flask and Express decode it;
+/// Envoy can be told to refuse these too), or a path that is a route's in
+/// another case (a back end that folds case serves it as the route).
+fn other_spelling(live: &Routes, method: &str, path: &str) -> Option<&'static str> {
+    const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
+    const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
+    let guarded = || live.list.iter().filter(|r| r.guarded);
+    let folded = |p: &str| guarded().any(|r| r.matcher.matches_ignoring_case(method, p));
+    // The common case, a path that is no route's in any spelling, costs no
+    // allocation: one look per route, and the rest only for a path with a
+    // suffix or an encoded slash.
+    if folded(path) {
+        return Some(CASE);
+    }
+    if let Some(plain) = without_format_suffix(path)
+        && folded(&plain)
+    {
+        return Some(CASE);
+    }
+    let decoded = with_slashes_decoded(path)?;
+    let plain = without_format_suffix(&decoded);
+    for p in std::iter::once(decoded.as_str()).chain(plain.as_deref()) {
+        if guarded().any(|r| r.matcher.matches(method, p)) {
+            return Some(SLASH);
+        }
+        if folded(p) {
+            return Some(CASE);
+        }
+    }
+    None
+}
+
+/// Puts `forwarded` (the normalized path, when it differs from the
+/// request's) in `req`'s URI, the query kept, and `key` (the route's one
+/// spelling, [`route_spelling`]) in axum's `OriginalUri`, which the layers
+/// read the concrete path from: the backend sees what was matched, and the
+/// guards key every spelling of the route as one.
+fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
+    let with_query = |path: &str| match req.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let uri_with = |uri: &Uri, path: String| {
+        let pq = PathAndQuery::from_maybe_shared(path).ok()?;
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).ok()
+    };
+    let keyed = uri_with(req.uri(), with_query(key));
+    if let Some(path) = forwarded
+        && let Some(uri) = uri_with(req.uri(), with_query(path))
+    {
+        *req.uri_mut() = uri;
+    }
+    if let Some(uri) = keyed {
+        req.extensions_mut().insert(OriginalUri(uri));
+    }
+}
+
+/// Turns the upstream stage's "unknown" record into the client's answer,
+/// and names the outcome. `store_failed`: the store failed the request's
+/// decision and it went through anyway (a shadowed guard would have
+/// refused it, or the local memory of a fail-open route admitted it).
+pub(super) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    if let Some(outcome) = res.headers_mut().remove(OUTCOME_HEADER) {
+        if replayed {
+            return (outcome_unknown(), Counted::Request(Outcome::Unknown));
+        }
+        // The backend's own 500 or 504 (its status in the header): the
+        // client gets the backend's answer as it was.
+        let backend = outcome
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok());
+        if let Some(status) = backend {
+            *res.status_mut() = status;
+            let open = res.extensions().get::<FailedOpen>().is_some() || store_failed;
+            let outcome = if open {
+                Outcome::FailOpen
+            } else {
+                Outcome::Passed
+            };
+            return (res, Counted::Request(outcome));
+        }
+        return (
+            upstream_timeout(),
+            Counted::Request(Outcome::UpstreamTimeout),
+        );
+    }
+    if let Some(p) = res.extensions().get::<Problem>() {
+        let counted = of_code(p.code.as_str());
+        return (res, counted);
+    }
+    let outcome = if res.extensions().get::<FailedOpen>().is_some() || store_failed {
+        Outcome::FailOpen
+    } else if replayed {
+        Outcome::Replayed
+    } else {
+        Outcome::Passed
+    };
+    (res, Counted::Request(outcome))
+}
