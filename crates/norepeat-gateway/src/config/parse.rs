@@ -221,6 +221,11 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
     };
     let drain_delay = match top.get("drain_delay") {
         None => Some(DEFAULT_DRAIN_DELAY),
+        // `0s` is a choice here (no drain: an instance behind no load
+        // balancer), not a mistake as a zero window would be.
+        Some(n) if node_str(n).is_some_and(|s| matches!(s.trim(), "0s" | "0ms")) => {
+            Some(Duration::ZERO)
+        }
         Some(n) => w.duration(n, "drain_delay"),
     };
     let access_log = match top.get("access_log") {

@@ -1017,3 +1017,17 @@ fn limits_have_defaults_and_are_checked() {
         "",
     );
 }
+
+/// `drain_delay: 0s` turns the drain off (an ops choice); any other zero
+/// duration in the file is still a problem.
+#[test]
+fn a_drain_delay_may_be_zero() {
+    let c = ok(&format!("drain_delay: 0s\n{UP}"));
+    assert_eq!(c.drain_delay, Duration::ZERO);
+    assert_eq!(ok(UP).drain_delay, Duration::from_secs(5));
+    assert_one(
+        &one_route("    guard: fingerprint\n    window: 0s\n"),
+        "5:13 routes[0].window:",
+        "above zero",
+    );
+}
