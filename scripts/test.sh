@@ -84,7 +84,7 @@ if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; the
   (cd tests/browser && npm ci --no-audit --no-fund)
 fi
 
-# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/schemathesis.rs),
+# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/it/schemathesis.rs),
 #    in the git-ignored .venv/.
 if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
   log "installing schemathesis into .venv/"

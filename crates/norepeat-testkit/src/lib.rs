@@ -8,6 +8,7 @@
 //! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
+//! * [`GatewayProcess`]: a `norepeat-gateway` on a file of its own ([`gateway_binary`] finds it).
 //! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole.
 //! * [`free_port`]: a currently free loopback TCP port.
 //!
@@ -29,6 +30,7 @@
 
 mod cluster;
 mod db;
+mod gateway;
 mod http;
 mod pg;
 mod proxy;
@@ -38,6 +40,7 @@ mod util;
 
 pub use cluster::RedisCluster;
 pub use db::{SqliteFile, TestDb};
+pub use gateway::{GATEWAY_BIN_ENV, GatewayProcess, gateway_binary};
 // `self::`: the module shares its name with the `http` crate.
 pub use self::http::{Answer, send, send_until_break};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};

@@ -42,12 +42,12 @@
 //! The parts: `args` (options), `scenarios` (how each scenario's repeats
 //! arrive), `harness` (a row's context, timed requests and deliveries, the
 //! driver), `shops` (the shops, their database, the damage counted back),
-//! `gateway` (the gateway processes and their file), `report` (rows and
+//! `gateway` (the gateway processes' file; the processes are the test kit's `GatewayProcess`), `report` (rows and
 //! table), `error`.
 
 mod args;
 mod error;
-pub(crate) mod gateway;
+mod gateway;
 mod harness;
 mod report;
 mod scenarios;
