@@ -193,6 +193,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
                 } else {
                     "/repeat/token"
                 },
+                host: shops.via_gateway().then_some("shop.storm.example"),
                 prefix: format!("st{run_id}-{d_index}{s_index}"),
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
                 logical,
