@@ -34,4 +34,5 @@
 //! serde's `deny_unknown_fields` would.
 
 pub mod config;
+mod jwt;
 pub mod serve;

@@ -21,7 +21,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "norepeat-gateway",
     version,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    after_help = ENVIRONMENT
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,6 +35,16 @@ struct Cli {
     #[arg(long, value_name = "ADDR", requires = "config")]
     listen: Option<SocketAddr>,
 }
+
+/// Every environment variable the binary reads, for `--help`.
+const ENVIRONMENT: &str = "\
+Environment:
+  NOREPEAT_GATEWAY_TOKEN_SECRET  the token secret (at least 32 bytes) when the file has no token_secret
+  RUST_LOG                       log filter (default: info), e.g. norepeat_gateway=debug
+  NOREPEAT_LOG_FORMAT            `json` for one JSON object per log line on stderr
+  NO_COLOR                       no ANSI colours in the logs (never used when stderr is not a terminal)
+  the file's admin.token_env     the admin listener's bearer token (its name is the file's to choose)
+  the file's identity.jwt.secret_env   an HS256 identity's secret (its name is the file's to choose)";
 
 #[derive(Subcommand)]
 enum Command {
@@ -81,9 +92,14 @@ fn logs() {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
     };
     let json = std::env::var("NOREPEAT_LOG_FORMAT").is_ok_and(|f| f == "json");
+    // Colours only for a person at a terminal: a log file or a
+    // collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let text = (!json).then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(ansi)
             .with_filter(filter())
     });
     let json = json.then(|| {
@@ -104,6 +120,11 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
         }
     };
     logs();
+    if config.store.as_url().is_none() {
+        tracing::warn!(
+            "store: memory: idempotency records, fingerprints and tokens live in this process only; they do not survive a restart and do not reach a second instance (use redis:// for more than one instance)"
+        );
+    }
     let result = runtime.block_on(async {
         let metrics = PrometheusBuilder::new()
             .set_buckets_for_metric(
@@ -116,7 +137,7 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
             .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
         let gateway = Gateway::build(config, Some(metrics))
             .await
-            .map_err(|e| format!("store: {e}"))?;
+            .map_err(|e| e.to_string())?;
         let addr = listen.unwrap_or(config.listen);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -131,7 +152,12 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on http://{local}");
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let _ = writeln!(out, "listening on {scheme}://{local}");
             let _ = out.flush();
         }
         serve(gateway, listener, Some(file))

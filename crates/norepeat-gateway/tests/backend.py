@@ -4,12 +4,13 @@ not ours, for tests/serve.rs.
 Every POST counts one effect for its path (before any delay), then waits
 X-Delay seconds if sent, then answers 201 with a JSON body naming the
 count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backend: py` and a
-`Set-Cookie` (with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
+`Set-Cookie` (with X-Echo-Body, the request body as received, in `body`; with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /echo the request's headers (and two hop-by-hop headers
-of its own), GET /big 2 MiB, GET /break a broken answer. It prints
+of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
+echo of every byte (426 without `Upgrade`), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -57,7 +58,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         try:
-            self.read_body()
+            received = self.read_body()
         except (ValueError, ConnectionError):
             # A body cut off half-way: nothing was asked of this service.
             self.close_connection = True
@@ -92,7 +93,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("X-Big"):
             self.answer(201, BIG, extra)
             return
-        body = json.dumps({"path": path, "effect": n, "host": self.headers.get("Host"), "at": time.time()}).encode()
+        answer = {"path": path, "effect": n, "host": self.headers.get("Host"), "at": time.time()}
+        if self.headers.get("X-Echo-Body"):
+            answer["body"] = received.decode("latin-1")
+        body = json.dumps(answer).encode()
         self.answer(int(self.headers.get("X-Status") or 201), body, extra)
 
     def broken(self):
@@ -104,6 +108,26 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b'{"broken":1')
         self.wfile.flush()
+        self.close_connection = True
+
+    def upgraded(self):
+        """101 to the protocol asked in Upgrade, then every byte echoed
+        until the client closes; 426 without Upgrade."""
+        protocol = self.headers.get("Upgrade")
+        if not protocol:
+            self.answer(426, b'{"error":"upgrade required"}', [("Upgrade", "echo")])
+            return
+        self.send_response(101)
+        self.send_header("Upgrade", protocol)
+        self.send_header("Connection", "Upgrade")
+        self.end_headers()
+        self.wfile.flush()
+        while True:
+            data = self.rfile.read1(4096)
+            if not data:
+                break
+            self.wfile.write(data)
+            self.wfile.flush()
         self.close_connection = True
 
     def do_GET(self):
@@ -120,6 +144,8 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
         elif self.path == "/spoof":
             self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
+        elif self.path.endswith("/upgrade"):
+            self.upgraded()
         elif self.path == "/break":
             self.broken()
         elif self.path == "/big":

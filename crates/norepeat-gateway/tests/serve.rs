@@ -473,7 +473,8 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
     let health = health(&g).await;
     assert_eq!(
         health,
-        serde_json::json!({"status":"ok","routes":7,"store":"memory","breaker":"Closed"})
+        serde_json::json!({"status":"ok","routes":7,"store":"memory","breaker":"Closed",
+            "store_answers":true,"refusing":[],"last_reload":null})
     );
     assert_eq!(
         c.get(url(&g, "/.norepeat/readyz"))
@@ -959,13 +960,23 @@ async fn redis_killed_fails_each_route_its_way_and_restarted_serves_again() {
         code(pay("k-r1").await.unwrap()).await,
         (StatusCode::SERVICE_UNAVAILABLE, "guard_unavailable".into())
     );
+    // Issue 38: a store every instance shares takes no instance out of the
+    // load balancer (before: 503 here, so every instance went unready at
+    // once); healthz says what refuses.
     assert_eq!(
         c.get(url(&g, "/.norepeat/readyz"))
             .send()
             .await
             .unwrap()
             .status(),
-        503
+        200
+    );
+    let h = health(&g).await;
+    assert_eq!(h["store_answers"], false, "{h}");
+    assert_eq!(
+        h["refusing"],
+        serde_json::json!(["POST /payments", "POST /refunds", "GET /spoof"]),
+        "{h}"
     );
     redis.restart().await;
     let mut last = StatusCode::OK;
@@ -1506,16 +1517,19 @@ async fn every_spelling_of_a_guarded_path_is_guarded() {
     assert_eq!(effects(&b).await["/other//./x"], 1);
 }
 
-/// Item 5 of issue 26: the readiness probe asks the store without writing
-/// to it: no key is left behind (it used to `SET NX` one per probe).
+/// Item 5 of issue 26: the health probe asks the store without writing
+/// to it: no key is left behind (it used to `SET NX` one per probe). (It
+/// was readiness's probe until issue 38 made readiness the process's.)
 #[tokio::test]
-async fn readyz_writes_nothing_to_the_store() {
+async fn the_health_probe_writes_nothing_to_the_store() {
     let redis = RedisServer::start().await;
     let b = backend(0).await;
     let routes = "  - match: POST /payments\n    guard: idempotency\n";
     let g = gateway(&file(&b, &redis.url(), routes)).await;
     let c = Client::new();
     for _ in 0..3 {
+        let res = c.get(url(&g, "/.norepeat/healthz")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
         let res = c.get(url(&g, "/.norepeat/readyz")).send().await.unwrap();
         assert_eq!(res.status(), 200);
     }
@@ -1525,7 +1539,13 @@ async fn readyz_writes_nothing_to_the_store() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(keys.is_empty(), "the probe wrote {keys:?}");
+    // The one key a start writes: since when keys are scoped by site
+    // (issue 37's upgrade), never by a probe.
+    assert_eq!(
+        keys,
+        ["norepeat:gateway:site-scoped-since"],
+        "the probe wrote {keys:?}"
+    );
 }
 
 /// Item 6 of issue 26: on a Redis Cluster, two gateway instances share the
@@ -2395,21 +2415,696 @@ async fn a_route_may_route_a_prefix_of_one_host_to_its_own_upstream() {
         (reqwest::Method::POST, "/api/v1/users/7"),
         (reqwest::Method::POST, "/api"),
     ] {
-        let res = send(method, "API.example.com", path, big.clone()).await.unwrap();
+        let res = send(method, "API.example.com", path, big.clone())
+            .await
+            .unwrap();
         assert_eq!(res.status(), 201, "{path}");
     }
     assert_eq!(effects(&api).await["/api/orders"], 1);
     assert_eq!(effects(&api).await["/api/v1/users/7"], 1);
     assert_eq!(effects(&api).await["/api"], 1);
     // Another site, and a path outside the prefix: the file's upstream.
-    let other = send(reqwest::Method::POST, "www.example.com", "/api/orders", Vec::new());
+    let other = send(
+        reqwest::Method::POST,
+        "www.example.com",
+        "/api/orders",
+        Vec::new(),
+    );
     assert_eq!(other.await.unwrap().status(), 201);
-    let outside = send(reqwest::Method::POST, "api.example.com", "/apis", Vec::new());
+    let outside = send(
+        reqwest::Method::POST,
+        "api.example.com",
+        "/apis",
+        Vec::new(),
+    );
     assert_eq!(outside.await.unwrap().status(), 201);
-    let folded = send(reqwest::Method::POST, "api.example.com", "/API/orders", Vec::new());
+    let folded = send(
+        reqwest::Method::POST,
+        "api.example.com",
+        "/API/orders",
+        Vec::new(),
+    );
     assert_eq!(folded.await.unwrap().status(), 201, "no guard to pass by");
     assert_eq!(effects(&main).await["/api/orders"], 1);
     assert_eq!(effects(&main).await["/apis"], 1);
     assert_eq!(effects(&main).await["/API/orders"], 1);
     assert_eq!(effects(&api).await["/api/orders"], 1, "only its site");
+}
+
+/// Issue 38, item 3: the gateway starts while its Redis is down (before:
+/// it exited, "store connection failed", and a rollout during a Redis
+/// restart took every new instance down). Meanwhile each route follows its
+/// failure policy (a fail-open token route passes, having no secret to
+/// check a token against; the token endpoint answers 503), readiness stays
+/// 200 and healthz says what refuses; once Redis answers, the store is
+/// connected in the background and tokens are issued and checked.
+#[tokio::test]
+async fn the_gateway_starts_with_its_store_down_and_connects_when_it_answers() {
+    let mut redis = RedisServer::start().await;
+    redis.kill();
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /orders
+    guard: token
+  - match: POST /payments
+    guard: idempotency
+";
+    let g = gateway(&file(&b, &redis.url(), routes)).await;
+    let c = Client::new();
+    let ready = c.get(url(&g, "/.norepeat/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let h = health(&g).await;
+    assert_eq!(h["store_answers"], false, "{h}");
+    assert_eq!(h["refusing"], serde_json::json!(["POST /payments"]), "{h}");
+    let order = || {
+        c.post(url(&g, "/orders"))
+            .header("x-user-id", "u1")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(
+        order().await.unwrap().status(),
+        201,
+        "the token route fails open"
+    );
+    let token = c
+        .get(url(&g, "/.norepeat/token"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        code(token).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "guard_unavailable".into())
+    );
+    let pay = c
+        .post(url(&g, "/payments"))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        code(pay).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "guard_unavailable".into())
+    );
+    assert_eq!(
+        effects(&b).await["/payments"],
+        Value::Null,
+        "refused, never run"
+    );
+
+    redis.restart().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let issued = loop {
+        let res = c
+            .get(url(&g, "/.norepeat/token"))
+            .header("x-user-id", "u1")
+            .send()
+            .await
+            .unwrap();
+        if res.status() == StatusCode::OK {
+            break res.json::<Value>().await.unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never connected");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let t = issued["repeatToken"].as_str().unwrap().to_owned();
+    let with = |t: &str| {
+        c.post(url(&g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", t.to_owned())
+            .body("{}")
+            .send()
+    };
+    assert_eq!(with(&t).await.unwrap().status(), 201);
+    assert_eq!(
+        code(with(&t).await.unwrap()).await.1,
+        "duplicate_submission"
+    );
+    assert_eq!(code(order().await.unwrap()).await.1, "missing_token");
+    assert_eq!(health(&g).await["store_answers"], true);
+}
+
+/// Issue 38, item 3: `SIGTERM` turns readiness to 503 first while the
+/// listener still accepts for `drain_delay` (a new connection is still
+/// served), then stops accepting and exits 0. Before, the listener closed
+/// at once and clients of an instance being replaced got "connection
+/// refused" before the load balancer had noticed.
+#[tokio::test]
+async fn sigterm_drains_readiness_first_while_still_accepting() {
+    let b = backend(0).await;
+    // Long enough that a loaded machine still sends its requests inside it.
+    let yaml = format!("drain_delay: 8s\n{}", file(&b, "memory", ROUTES));
+    let mut g = gateway(&yaml).await;
+    let fresh = || Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    assert_eq!(
+        fresh()
+            .get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    g.signal("-TERM").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let draining = loop {
+        let res = fresh()
+            .get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap();
+        if res.status() != StatusCode::OK || tokio::time::Instant::now() > deadline {
+            break res;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(draining.status(), 503);
+    assert_eq!(
+        draining.json::<Value>().await.unwrap()["status"],
+        "draining"
+    );
+    let during = fresh().post(url(&g, "/other")).body("{}").send().await;
+    assert_eq!(
+        during.unwrap().status(),
+        201,
+        "a new connection still served"
+    );
+    let exit = g
+        .process
+        .wait_exit(Duration::from_secs(25))
+        .await
+        .expect("exits");
+    assert_eq!(exit.code(), Some(0));
+    assert!(
+        fresh()
+            .get(url(&g, "/.norepeat/readyz"))
+            .send()
+            .await
+            .is_err()
+    );
+}
+
+/// Issue 38, item 4: the access log (one JSON line per request, to a file
+/// here), `X-Request-Id` forwarded when the client sent one and made when
+/// it did not (the backend and the client both see it), and the admin
+/// listener serving health, readiness and metrics apart from the traffic.
+#[tokio::test]
+async fn an_access_log_line_per_request_with_its_request_id_and_an_admin_listener() {
+    let b = backend(0).await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-log-{}", rand_n()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let admin = free_port();
+    let yaml = format!(
+        "access_log: {}\nadmin: {{ listen: 127.0.0.1:{admin} }}\n{}",
+        log.display(),
+        file(&b, "memory", ROUTES)
+    );
+    let g = gateway(&yaml).await;
+    let c = Client::new();
+    let echo = c
+        .get(url(&g, "/echo"))
+        .header("x-request-id", "req-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(echo.headers()["x-request-id"], "req-7");
+    let seen: Value = echo.json().await.unwrap();
+    assert_eq!(seen["x-request-id"], "req-7", "forwarded as sent");
+    let made = c.get(url(&g, "/echo")).send().await.unwrap();
+    let id = made.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32);
+    let seen: Value = made.json().await.unwrap();
+    assert_eq!(
+        seen["x-request-id"],
+        id.as_str(),
+        "the backend gets the one made"
+    );
+    let pay = || {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-log")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(pay().await.unwrap().status(), 201);
+    assert_eq!(pay().await.unwrap().status(), 201);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[0]["request_id"], "req-7");
+    assert_eq!(lines[0]["outcome"], "passthrough");
+    assert_eq!(lines[0]["route"], Value::Null);
+    assert_eq!(lines[0]["path"], "/echo");
+    assert_eq!(lines[0]["status"], 200);
+    assert!(lines[0]["upstream_ms"].is_number(), "{}", lines[0]);
+    assert_eq!(lines[1]["request_id"], id.as_str());
+    assert_eq!(lines[2]["route"], "POST /payments");
+    assert_eq!(lines[2]["outcome"], "passed");
+    assert_eq!(lines[2]["method"], "POST");
+    assert!(lines[2]["upstream_ms"].is_number());
+    assert_eq!(lines[3]["outcome"], "replayed");
+    assert_eq!(
+        lines[3]["upstream_ms"],
+        Value::Null,
+        "a replay reaches no backend"
+    );
+    for l in &lines {
+        assert!(l["time"].as_str().unwrap().ends_with('Z'), "{l}");
+    }
+
+    let on_admin = |path: &str| format!("http://127.0.0.1:{admin}{path}");
+    let h: Value = c
+        .get(on_admin("/.norepeat/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(
+        c.get(on_admin("/.norepeat/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let m = c
+        .get(on_admin("/.norepeat/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("norepeat_gateway_requests_total"), "{m}");
+    let traffic = c.get(on_admin("/echo")).send().await.unwrap();
+    assert_eq!(traffic.status(), 404, "no traffic on the admin listener");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 38, item 4: `--help` names every environment variable the binary
+/// reads, and `store: memory` warns at start that nothing survives a
+/// restart or reaches a second instance; logs to a pipe carry no ANSI
+/// colour codes.
+#[tokio::test]
+async fn help_names_the_environment_and_a_memory_store_warns() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(help.stdout).unwrap();
+    for var in [
+        "NOREPEAT_GATEWAY_TOKEN_SECRET",
+        "RUST_LOG",
+        "NOREPEAT_LOG_FORMAT",
+        "NO_COLOR",
+        "token_env",
+    ] {
+        assert!(text.contains(var), "--help lacks {var}: {text}");
+    }
+    let b = backend(0).await;
+    let path = config_file(&file(&b, "memory", ROUTES));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = out.next_line().await.unwrap().unwrap();
+    assert!(listening.starts_with("listening on"), "{listening}");
+    child.start_kill().unwrap();
+    let mut err = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut err)
+        .await
+        .unwrap();
+    assert!(err.contains("do not survive a restart"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI codes in a piped log: {err:?}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+/// Issue 38, item 4: with an admin token, an operator reads one key's
+/// record on the admin listener and clears it once the backend's side is
+/// checked: here a payment whose backend timed out (an unknown outcome,
+/// 409 to every retry) is read as `outcome_unknown`, cleared, and its
+/// retry then runs. Without the token, or with another, nothing is shown.
+#[tokio::test]
+async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
+    let b = backend(0).await;
+    let admin = free_port();
+    let token = "an-admin-token-of-some-length";
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}\n{}",
+        file(&b, "memory", ROUTES)
+    );
+    let conf = config_file(&yaml);
+    let process = ShopProcess::spawn(
+        env!("CARGO_BIN_EXE_norepeat-gateway"),
+        [
+            "--config",
+            &conf.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .into(),
+        vec![("NOREPEAT_GATEWAY_ADMIN_TOKEN".into(), token.into())],
+    )
+    .await;
+    let port = process
+        .base_url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let g = Process {
+        process,
+        port,
+        file: Some(conf),
+    };
+    let c = Client::new();
+    let pay = |delay: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-op")
+            .header("x-delay", delay)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(code(pay("1.5").await.unwrap()).await.1, "upstream_timeout");
+    assert_eq!(
+        code(pay("0").await.unwrap()).await.1,
+        "idempotency_outcome_unknown"
+    );
+
+    let record = format!(
+        "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/payments&key=k-op&host=127.0.0.1"
+    );
+    let ask = |m: reqwest::Method, t: &str| {
+        c.request(m, &record)
+            .header("norepeat-admin-token", t.to_owned())
+            .header("x-user-id", "u1")
+            .send()
+    };
+    assert_eq!(
+        ask(reqwest::Method::GET, "wrong").await.unwrap().status(),
+        401
+    );
+    let read: Value = ask(reqwest::Method::GET, token)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["state"], "outcome_unknown", "{read}");
+    let other = c
+        .get(&record)
+        .header("norepeat-admin-token", token)
+        .header("x-user-id", "u2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "another caller has no record under k-op"
+    );
+    // The operator checked the backend: the charge did not happen.
+    let cleared = ask(reqwest::Method::DELETE, token).await.unwrap();
+    assert_eq!(cleared.status(), 200);
+    assert_eq!(cleared.json::<Value>().await.unwrap()["cleared"], true);
+    assert_eq!(
+        ask(reqwest::Method::GET, token).await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        pay("0").await.unwrap().status(),
+        201,
+        "the cleared key runs"
+    );
+    assert_eq!(effects(&b).await["/payments"], 2);
+}
+
+/// Issue 37, item 3, the upgrade: a payment made through a release that
+/// keyed records by the caller alone, retried through this one (which
+/// scopes them by site too), is replayed, not run again. The old record
+/// is made here by the library's layer with the gateway's `Caller` as its
+/// identity, exactly as that release made it; the new gateway finds it by
+/// its one lookup under the caller alone, which lasts a retention from the
+/// first start of a site-scoping release on the store.
+#[tokio::test]
+async fn a_retry_across_the_upgrade_to_site_scoped_keys_is_replayed() {
+    use http_body_util::Full;
+    use tower::{Layer, ServiceExt};
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(
+        &b,
+        &redis.url(),
+        "  - match: POST /payments\n    guard: idempotency\n",
+    );
+    let config = norepeat_gateway::config::Config::parse("g.yaml", yaml.as_bytes()).unwrap();
+    let before = norepeat::idempotency::IdempotencyLayer::new(
+        norepeat::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    )
+    .identity(norepeat_gateway::serve::Caller::new(&config.identity))
+    .layer(tower::service_fn(
+        |_req: http::Request<Full<bytes::Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(Full::new(bytes::Bytes::from_static(
+                        b"paid before the upgrade",
+                    )))
+                    .unwrap(),
+            )
+        },
+    ));
+    let first = http::Request::post("/payments")
+        .header("host", "shop.example")
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-upgrade")
+        .body(Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(before.oneshot(first).await.unwrap().status(), 201);
+
+    let g = gateway(&yaml).await;
+    let pay = |key: &'static str| {
+        Client::new()
+            .post(url(&g, "/payments"))
+            .header("host", "shop.example")
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    let retry = pay("k-upgrade").await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), "paid before the upgrade");
+    assert_eq!(effects(&b).await["/payments"], Value::Null, "run again");
+    // A new key runs, under the site-scoped key.
+    assert_eq!(pay("k-new").await.unwrap().status(), 201);
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
+
+/// Issue 40, item 4: contract points that had no test through the binary.
+/// Fixed and sliding windows (the README credited them to a test that
+/// serves only GCRA), `by: address` (two callers from one address share a
+/// budget), and per-caller keys (one key, two callers, two effects).
+#[tokio::test]
+async fn every_rate_limit_algorithm_and_address_budgets_hold_through_the_gateway() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /fixed
+    rate_limit: { algorithm: fixed_window, rate: 2/m }
+  - match: POST /sliding
+    rate_limit: { algorithm: sliding_window, rate: 2/m }
+  - match: POST /by-address
+    rate_limit: { algorithm: gcra, rate: 2/m, burst: 2, by: address }
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let send = |path: &'static str, user: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", user)
+            .body("{}")
+            .send()
+    };
+    for path in ["/fixed", "/sliding"] {
+        assert_eq!(send(path, "u1").await.unwrap().status(), 201, "{path}");
+        assert_eq!(send(path, "u1").await.unwrap().status(), 201, "{path}");
+        let third = send(path, "u1").await.unwrap();
+        assert!(third.headers().contains_key("retry-after"), "{path}");
+        assert_eq!(
+            code(third).await,
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into()),
+            "{path}"
+        );
+        assert_eq!(
+            send(path, "u2").await.unwrap().status(),
+            201,
+            "{path}: another caller"
+        );
+        assert_eq!(effects(&b).await[path], 3, "{path}");
+    }
+    // One address: u1 and u2 spend one budget.
+    assert_eq!(send("/by-address", "u1").await.unwrap().status(), 201);
+    assert_eq!(send("/by-address", "u2").await.unwrap().status(), 201);
+    assert_eq!(
+        code(send("/by-address", "u3").await.unwrap()).await.1,
+        "rate_limited"
+    );
+}
+
+/// Issue 40, item 4: an idempotency key is the caller's (u1 and u2 with
+/// one key are two payments), a key that is not one is 400
+/// `invalid_idempotency_key` and reaches nothing, a route's own
+/// `max_stored_response` holds (an answer over it replays without its
+/// body, `Idempotent-Body: omitted`), and the 409 of an unknown outcome
+/// ends when `retention` ends (the record is gone; the key runs again).
+#[tokio::test]
+async fn idempotency_keys_are_per_caller_checked_capped_and_end_with_retention() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /payments
+    guard: idempotency
+    max_stored_response: 32
+  - match: POST /short
+    guard: idempotency
+    retention: 2s
+    timeout: 500ms
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let pay = |path: &'static str, user: &'static str, key: &str, delay: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", user)
+            .header("idempotency-key", key.to_owned())
+            .header("x-delay", delay)
+            .body("{}")
+            .send()
+    };
+    let first = pay("/payments", "u1", "k1", "0").await.unwrap();
+    assert_eq!(first.status(), 201);
+    let whole = first.text().await.unwrap();
+    assert!(
+        whole.len() > 32,
+        "the backend's answer is over the cap: {whole}"
+    );
+    assert_eq!(
+        pay("/payments", "u2", "k1", "0").await.unwrap().status(),
+        201
+    );
+    assert_eq!(
+        effects(&b).await["/payments"],
+        2,
+        "one key, two callers, two payments"
+    );
+    let replay = pay("/payments", "u1", "k1", "0").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["idempotent-body"], "omitted");
+    assert_eq!(replay.text().await.unwrap(), "", "stored without its body");
+    for bad in [&"k".repeat(300), "has space", "ünïcode"] {
+        let res = c
+            .post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", bad.as_bytes())
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_idempotency_key".into()),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(effects(&b).await["/payments"], 2);
+
+    assert_eq!(
+        code(pay("/short", "u1", "k2", "1").await.unwrap()).await.1,
+        "upstream_timeout"
+    );
+    assert_eq!(
+        code(pay("/short", "u1", "k2", "0").await.unwrap()).await.1,
+        "idempotency_outcome_unknown"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let res = pay("/short", "u1", "k2", "0").await.unwrap();
+        if res.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(code(res).await.1, "idempotency_outcome_unknown");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the 409 never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        effects(&b).await["/short"],
+        2,
+        "run again once the retention ended"
+    );
+}
+
+/// Issue 40, item 4: a fingerprint route leaves the library's four default
+/// fields (`traceId`, `timestamp`, `random`, `sign`) out of the
+/// fingerprint, as documented, and `ignore_default_fields: false` makes
+/// them count (two bodies differing only in `sign` are two orders).
+#[tokio::test]
+async fn the_library_default_fields_are_left_out_unless_the_file_makes_them_count() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /quick
+    guard: fingerprint
+    window: 1m
+  - match: POST /signed
+    guard: fingerprint
+    window: 1m
+    ignore_default_fields: false
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let c = Client::new();
+    let order = |path: &'static str, sign: &'static str| {
+        c.post(url(&g, path))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"sku":"s1","sign":"{sign}"}}"#))
+            .send()
+    };
+    assert_eq!(order("/quick", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/quick", "b").await.unwrap().status(),
+        409,
+        "sign is left out"
+    );
+    assert_eq!(order("/signed", "a").await.unwrap().status(), 201);
+    assert_eq!(
+        order("/signed", "b").await.unwrap().status(),
+        201,
+        "sign counts"
+    );
+    assert_eq!(order("/signed", "b").await.unwrap().status(), 409);
 }

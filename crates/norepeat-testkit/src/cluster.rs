@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::util::{
-    StartOutcome, TempDir, kill_and_reap, log_tail, query_port, redis_cli_bin, redis_server_bin,
-    wait_redis_up,
+    StartOutcome, TempDir, keys_with_pttl_on, kill_and_reap, log_tail, query_port, redis_cli_bin,
+    redis_server_bin, wait_redis_up,
 };
 
 /// Number of processes in the cluster.
@@ -327,6 +327,21 @@ impl RedisCluster {
     /// Panics when this does not happen within 30 seconds.
     pub async fn wait_for_failover(&self) {
         self.wait_healthy(false).await;
+    }
+
+    /// Every key on every current master, as `(port, key, PTTL)` (-1: no
+    /// expiry), found with `SCAN`.
+    ///
+    /// # Panics
+    ///
+    /// Panics when a master cannot be reached.
+    pub async fn keys_with_pttl(&self) -> Vec<(u16, String, i64)> {
+        let mut out = Vec::new();
+        for port in self.masters().await {
+            let keys = keys_with_pttl_on(port).await;
+            out.extend(keys.into_iter().map(|(key, pttl)| (port, key, pttl)));
+        }
+        out
     }
 
     /// `(port, DBSIZE)` for each current master.

@@ -31,10 +31,40 @@
 use std::fmt::{Debug, Display};
 
 use bytes::{BufMut as _, Bytes, BytesMut};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use tower::{Service, ServiceExt as _};
+
+/// The header the tests name their caller in (the identity the library's
+/// tests configure: `IdentityFrom::header("x-user-id")` and the like).
+pub const USER_HEADER: &str = "x-user-id";
+
+/// The header a one-time token travels in (`norepeat`'s default).
+pub const TOKEN_HEADER: &str = "repeat-token";
+
+/// `POST path` as `user` ([`USER_HEADER`]) with `token` in
+/// [`TOKEN_HEADER`]: a token-guarded request, to which the caller adds its
+/// other headers and its body. `token` is anything a header value is made
+/// from (a `&str`, a `String`, a [`HeaderValue`], even an invalid one).
+///
+/// ```
+/// let request = norepeat_testkit::post_with_token("/orders", "u1", "tok")
+///     .header("content-type", "application/json")
+///     .body(r#"{"sku":"a"}"#.to_owned())
+///     .expect("valid request");
+/// assert_eq!(request.headers()["x-user-id"], "u1");
+/// assert_eq!(request.headers()["repeat-token"], "tok");
+/// ```
+pub fn post_with_token<T>(path: &str, user: &str, token: T) -> http::request::Builder
+where
+    HeaderValue: TryFrom<T>,
+    <HeaderValue as TryFrom<T>>::Error: Into<http::Error>,
+{
+    Request::post(path)
+        .header(USER_HEADER, user)
+        .header(TOKEN_HEADER, token)
+}
 
 /// A response read whole: its status, its headers and its body's bytes
 /// (trailers are not kept).

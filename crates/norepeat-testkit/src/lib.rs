@@ -9,7 +9,10 @@
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
 //! * [`GatewayProcess`]: a `norepeat-gateway` on a file of its own ([`gateway_binary`] finds it).
-//! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole.
+//! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole;
+//!   [`post_with_token`]: a token-guarded request to send.
+//! * [`SqlBackend`]: [`PgDatabase`] or [`SqliteFile`] as a type, fresh and pooled alike, for tests stamped once per SQL backend.
+//! * [`Recorded`]: a metrics recorder that keeps the counters and the names the code under test recorded.
 //! * [`free_port`]: a currently free loopback TCP port.
 //!
 //! Helpers in this crate panic with a descriptive message when the test
@@ -32,19 +35,24 @@ mod cluster;
 mod db;
 mod gateway;
 mod http;
+mod metrics;
 mod pg;
 mod proxy;
 mod redis_server;
 mod shop;
+mod sql;
 mod util;
 
 pub use cluster::RedisCluster;
 pub use db::{SqliteFile, TestDb};
 pub use gateway::{GATEWAY_BIN_ENV, GatewayProcess, gateway_binary};
 // `self::`: the module shares its name with the `http` crate.
-pub use self::http::{Answer, send, send_until_break};
+pub use self::http::{Answer, TOKEN_HEADER, USER_HEADER, post_with_token, send, send_until_break};
+// `self::`: the module shares its name with the `metrics` crate.
+pub use self::metrics::{Labels, Recorded};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;
 pub use shop::{CALLBACK_SECRET_ENV, KEPT_ENV, ShopProcess, sign_callback, sign_callback_now};
+pub use sql::SqlBackend;
 pub use util::free_port;

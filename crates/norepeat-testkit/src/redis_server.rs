@@ -6,7 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    StartOutcome, TempDir, connect_port, kill_and_reap, log_tail, redis_server_bin, wait_redis_up,
+    StartOutcome, TempDir, connect_port, keys_with_pttl_on, kill_and_reap, log_tail,
+    redis_server_bin, wait_redis_up,
 };
 
 /// How long a freshly spawned server gets to answer PING.
@@ -169,6 +170,17 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("norepeat-testkit: CONFIG SET {name} {value}: {e}"));
     }
 
+    /// Every key with its `PTTL` in milliseconds (-1: no expiry), found
+    /// with `SCAN`, sorted by key: for a test that checks how long the
+    /// library keeps what it wrote.
+    ///
+    /// # Panics
+    ///
+    /// Panics when the server cannot be reached.
+    pub async fn keys_with_pttl(&self) -> Vec<(String, i64)> {
+        keys_with_pttl_on(self.port).await
+    }
+
     /// All keys whose `PTTL` is `-1` (exist, no expiry), found with `SCAN`.
     ///
     /// Useful to assert that a library never leaves keys behind forever.
@@ -177,35 +189,12 @@ impl RedisServer {
     ///
     /// Panics when the server cannot be reached.
     pub async fn keys_without_ttl(&self) -> Vec<String> {
-        let mut con = self.connection().await;
-        let mut cursor: u64 = 0;
-        let mut found = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut con)
-                .await
-                .unwrap_or_else(|e| panic!("norepeat-testkit: SCAN: {e}"));
-            for key in keys {
-                let pttl: i64 = redis::cmd("PTTL")
-                    .arg(&key)
-                    .query_async(&mut con)
-                    .await
-                    .unwrap_or_else(|e| panic!("norepeat-testkit: PTTL {key}: {e}"));
-                if pttl == -1 {
-                    found.push(key);
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        found.sort();
-        found.dedup();
-        found
+        self.keys_with_pttl()
+            .await
+            .into_iter()
+            .filter(|(_, pttl)| *pttl == -1)
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// `DBSIZE`: the number of keys in database 0.

@@ -140,6 +140,45 @@ pub(crate) async fn query_port<T: redis::FromRedisValue>(
     cmd.query_async(&mut con).await
 }
 
+/// Every key on the server at `port` with its `PTTL` (-1: no expiry), found
+/// with `SCAN` (never `KEYS`), sorted by key.
+///
+/// # Panics
+///
+/// Panics when the server cannot be reached.
+pub(crate) async fn keys_with_pttl_on(port: u16) -> Vec<(String, i64)> {
+    let mut con = connect_port(port, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("norepeat-testkit: cannot connect to port {port}: {e}"));
+    let mut cursor: u64 = 0;
+    let mut found = Vec::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .unwrap_or_else(|e| panic!("norepeat-testkit: SCAN on port {port}: {e}"));
+        for key in keys {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .unwrap_or_else(|e| panic!("norepeat-testkit: PTTL {key} on port {port}: {e}"));
+            found.push((key, pttl));
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    // SCAN may return a key twice.
+    found.sort();
+    found.dedup_by(|a, b| a.0 == b.0);
+    found
+}
+
 /// True when the node on `port` answers PING with PONG.
 pub(crate) async fn pings(port: u16) -> bool {
     let attempt = async {

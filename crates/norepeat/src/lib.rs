@@ -140,7 +140,7 @@
 //! (`sqlite`), and [`store::AnyStore`] to pick one from a URL at start-up.
 //!
 //! Minimum Rust: 1.94, what sqlx 0.9 needs (without the SQL features, the
-//! dependencies need 1.88). A test (`tests/packaging.rs`) checks it
+//! dependencies need 1.88). A test (`tests/it/packaging.rs`) checks it
 //! against every dependency's declared `rust-version`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,6 +1,11 @@
 //! A guarded function that names no store, called before
 //! `norepeat::attribute::set_default_store`: a clear error, the body not run,
-//! never a panic. (Its own test binary: nothing here sets the store.)
+//! never a panic.
+//!
+//! A test binary of its own, not a module of `tests/it`: the default store is
+//! set once for a process and never unset, and the tests there set it. Under
+//! nextest each test has its own process anyway, but `cargo test` runs a
+//! binary's tests in one, where this test would see their store.
 #![allow(clippy::unwrap_used)]
 
 use norepeat::attribute::Rejected;

@@ -54,13 +54,19 @@
 //! | `listen` | `127.0.0.1:8090` |
 //! | `store` | `memory` |
 //! | `identity` | the peer address (`ip`), no trusted proxies, not required |
+//! | `identity.jwt.claim` | `sub` |
+//! | `identity.jwt.issuer`, `audiences` | not checked |
 //! | `token_secret` | `NOREPEAT_GATEWAY_TOKEN_SECRET`, else a random one kept in the store |
+//! | `token_ttl` | `60s` |
+//! | `cors.allow_origins` | none (no page of another origin may ask for a token) |
+//! | `routes[].identity` | the file's `identity` |
 //! | `routes` | none (every request passes through) |
 //! | `routes[].upstream` | the file's `upstream` |
 //! | `routes[].on_store_failure` | `closed` for idempotency, `open` otherwise |
 //! | `routes[].shadow` | `false` |
 //! | `routes[].window` (fingerprint) | `3s`, the library's |
-//! | `routes[].ignore_fields` (fingerprint) | none |
+//! | `routes[].ignore_fields` (fingerprint) | none of the file's; the library's four are left out too (below) |
+//! | `routes[].ignore_default_fields` (fingerprint) | `true`: `traceId`, `timestamp`, `random` and `sign` are left out of the fingerprint; `false` makes them count |
 //! | `routes[].required` (idempotency) | `true` |
 //! | `routes[].retention` (idempotency) | `24h` |
 //! | `routes[].ambiguous` (idempotency) | `keep` |
@@ -70,10 +76,12 @@
 //! | `rate_limit.algorithm` | `gcra` |
 //! | `rate_limit.burst` (gcra only) | the rate's count |
 //! | `rate_limit.by` | `identity` |
+//! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
+//! | `upstream_ca` | none: an `https://` upstream is checked against the system's roots |
 //!
 //! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
 //! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
-//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]`.
+//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]` or `https://...`.
 //! A misspelt field gets the nearest known name (`did you mean window?`). Durations
 //! are the library's grammar ([`norepeat::attribute::parse_duration`]:
 //! `250ms`, `3s`, `5m`, `24h`, `7d`), rates its [`Quota::parse`] (`5/s`,
@@ -83,6 +91,7 @@
 mod parse;
 mod path;
 mod route_match;
+mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -95,6 +104,8 @@ pub use path::{
     normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
 };
 pub use route_match::{METHODS, RouteMatch};
+pub(crate) use tls::certified_key;
+pub use tls::{Tls, UpstreamCa};
 
 /// The environment variable that gives the token secret when the file
 /// does not.
@@ -120,12 +131,64 @@ pub struct Config {
     pub token_secret: Option<TokenSecret>,
     /// What one client connection may hold (`limits`).
     pub limits: Limits,
+    /// `token_ttl` (60 s): the life of a repeat token.
+    pub token_ttl: Duration,
+    /// `cors`: the pages that may ask `GET /.norepeat/token`.
+    pub cors: Cors,
     /// The routes, in order: the first that matches a request takes it.
     pub routes: Vec<Route>,
     /// Whether the file has a `routes` key. A reload that would remove
     /// every route is refused unless the file says so (`routes: []`): a
     /// file caught half-written, or cut short, has no routes either.
     pub routes_given: bool,
+    /// `tls: { cert, key }`: HTTPS on the listener (HTTP/2 offered by
+    /// ALPN); `None` serves plain HTTP. Read at start; the two files are
+    /// read again when they change.
+    pub tls: Option<Tls>,
+    /// `upstream_ca`: the PEM file of the certificate authorities an
+    /// `https://` upstream is checked against, instead of the system's.
+    pub upstream_ca: Option<UpstreamCa>,
+    /// `drain_delay` (5 s): after `SIGTERM`, how long readiness answers
+    /// 503 while the listener still accepts, so a load balancer takes the
+    /// instance out before it stops accepting.
+    pub drain_delay: Duration,
+    /// `access_log` (off): where one JSON line per request goes.
+    pub access_log: AccessLog,
+    /// `admin`: a second listener for the gateway's own routes and the
+    /// key records, if any.
+    pub admin: Option<Admin>,
+}
+
+/// How long readiness answers 503 before the listener stops accepting.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
+
+/// `access_log`: where one JSON line per request is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AccessLog {
+    /// `off` (the default).
+    Off,
+    /// `stdout`.
+    Stdout,
+    /// `stderr`.
+    Stderr,
+    /// A file's path, appended to (created if missing).
+    File(std::path::PathBuf),
+}
+
+/// `admin: { listen, token_env }`: a second listener that serves the
+/// gateway's own routes (`/.norepeat/healthz`, `readyz`, `metrics`) apart
+/// from the traffic, and, to a caller with the token, one key's record
+/// (`GET` and `DELETE /.norepeat/admin/records/...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Admin {
+    /// `listen`: where the admin listener listens.
+    pub listen: SocketAddr,
+    /// `token_env`: the environment variable holding the admin token
+    /// (sent as `Authorization: Bearer TOKEN`); unset, the record routes
+    /// are not served.
+    pub token_env: Option<String>,
 }
 
 /// `limits:`: what a client connection may hold of the gateway, so a
@@ -187,6 +250,9 @@ pub struct Route {
     pub max_stored_response: u64,
     /// How long the upstream has to answer.
     pub timeout: Duration,
+    /// The route's own `identity` (its `trusted_proxies` are the file's);
+    /// `None` takes the file's.
+    pub identity: Option<Identity>,
 }
 
 /// `guard:` and the fields that belong to it.
@@ -201,7 +267,10 @@ pub enum Guard {
     Fingerprint {
         /// How long a fingerprint is held.
         window: Duration,
-        /// JSON fields left out of the fingerprint.
+        /// JSON fields left out of the fingerprint: the library's
+        /// [`DEFAULT_IGNORED_FIELDS`](norepeat::fingerprint::DEFAULT_IGNORED_FIELDS)
+        /// (unless `ignore_default_fields: false`), then the file's
+        /// `ignore_fields`.
         ignore_fields: Vec<String>,
     },
     /// `guard: idempotency`: the `Idempotency-Key` header.
@@ -268,7 +337,7 @@ pub enum LimitBy {
     Address,
 }
 
-/// `identity:`.
+/// `identity:` (the file's, or a route's own).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Identity {
@@ -280,16 +349,86 @@ pub struct Identity {
     pub required: bool,
 }
 
-/// `identity.header` or `identity.ip`.
+/// Where the caller is read: `ip: true`, `header`, `cookie`, `jwt` or
+/// `any_of`. Each value is hashed with its kind, so a cookie's value and a
+/// header's never name one caller.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum IdentitySource {
-    /// The peer address (from `X-Forwarded-For` when the peer is a
-    /// trusted proxy).
+    /// `ip: true`: the peer address (from `X-Forwarded-For` when the peer
+    /// is a trusted proxy).
     #[default]
     PeerAddress,
-    /// A header's value, hashed (the header name, lower case).
+    /// `header: NAME`: a header's value, hashed (the header name, lower
+    /// case).
     Header(String),
+    /// `cookie: NAME`: one named cookie's value, hashed (every `Cookie`
+    /// header read as one list, as HTTP/2 splits them).
+    Cookie(String),
+    /// `jwt: {...}`: a claim of a bearer JWT whose signature verifies.
+    Jwt(Jwt),
+    /// `any_of: [...]`: the first of these sources the request carries.
+    AnyOf(Vec<IdentitySource>),
 }
+
+/// `identity.jwt`: a claim of a verified `Authorization: Bearer` JWT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Jwt {
+    /// `claim` (`sub`): the claim whose value names the caller.
+    pub claim: String,
+    /// What verifies the signature.
+    pub keys: JwtKeys,
+    /// `issuer`: when set, the `iss` the token must carry.
+    pub issuer: Option<String>,
+    /// `audiences`: when set, the token's `aud` must name one of them.
+    pub audiences: Vec<String>,
+}
+
+/// `secret_env` or `public_keys` of `identity.jwt`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwtKeys {
+    /// `secret_env: NAME`: HS256 with the variable's value (at least 32
+    /// bytes, RFC 7518 §3.2).
+    Secret {
+        /// The variable's name.
+        env: String,
+        /// Its value.
+        secret: JwtSecret,
+    },
+    /// `public_keys: FILE`: RS256 and ES256 public keys, PEM or JWKS
+    /// (a relative path is the file's directory's), re-read on change.
+    PublicKeys(std::path::PathBuf),
+}
+
+/// An HS256 secret; its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JwtSecret(Vec<u8>);
+
+impl JwtSecret {
+    /// The secret's bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for JwtSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JwtSecret({} bytes)", self.0.len())
+    }
+}
+
+/// `cors:`: the origins whose pages may call `GET /.norepeat/token`
+/// (with credentials, so a cookie identity works from them).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Cors {
+    /// `allow_origins`, each `scheme://host[:port]` in lower case.
+    pub allow_origins: Vec<String>,
+}
+
+/// The default `token_ttl`.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(60);
 
 /// `store:`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -315,7 +454,7 @@ impl StoreUrl {
     }
 }
 
-/// An `http://host:port[/base]` upstream.
+/// An `http://host:port[/base]` (or `https://`) upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream(String);
 
@@ -384,7 +523,39 @@ impl Config {
         bytes: &[u8],
         env_secret: Option<&[u8]>,
     ) -> Result<Self, Problems> {
-        parse::parse(file, bytes, env_secret)
+        Self::parse_in(file, bytes, &|name: &str| {
+            (name == TOKEN_SECRET_ENV)
+                .then(|| env_secret.map(<[u8]>::to_vec))
+                .flatten()
+        })
+    }
+
+    /// As [`Config::parse`], with the environment `env` (a variable's
+    /// value by name): [`TOKEN_SECRET_ENV`], and the variable an
+    /// `identity.jwt.secret_env` names. A relative `public_keys` path is
+    /// read from `file`'s directory.
+    ///
+    /// ```
+    /// use norepeat_gateway::config::{Config, IdentitySource};
+    ///
+    /// let file = b"upstream: http://127.0.0.1:9000\nidentity: { jwt: { claim: sub, secret_env: JWT_SECRET } }\n";
+    /// let env = |name: &str| (name == "JWT_SECRET").then(|| vec![b'k'; 32]);
+    /// let config = Config::parse_in("g.yaml", file, &env)?;
+    /// assert!(matches!(config.identity.source, IdentitySource::Jwt(_)));
+    /// let unset = Config::parse_in("g.yaml", file, &|_: &str| None).unwrap_err();
+    /// assert!(unset.to_string().contains("identity.jwt.secret_env: JWT_SECRET is not set"));
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Every problem found, in the order of the file, then the
+    /// environment's.
+    pub fn parse_in(
+        file: &str,
+        bytes: &[u8],
+        env: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<Self, Problems> {
+        parse::parse(file, bytes, env)
     }
 
     /// The route that takes a request: the first whose `match` matches
@@ -433,8 +604,9 @@ impl Config {
                 message: format!("cannot read the file: {e}"),
             }],
         })?;
-        let env = std::env::var_os(TOKEN_SECRET_ENV);
-        Self::parse_with_env(&file, &bytes, env.as_ref().map(|v| v.as_encoded_bytes()))
+        Self::parse_in(&file, &bytes, &|name: &str| {
+            std::env::var_os(name).map(|v| v.as_encoded_bytes().to_vec())
+        })
     }
 }
 

@@ -14,11 +14,13 @@ use std::time::Duration;
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
 use super::{
-    Ambiguous, Config, DEFAULT_LISTEN, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE,
-    DEFAULT_RETENTION, DEFAULT_TIMEOUT, DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet,
-    LimitBy, Limits, MIN_TOKEN_SECRET, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
-    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
+    AccessLog, Admin, Ambiguous, Config, DEFAULT_DRAIN_DELAY, DEFAULT_LISTEN,
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_RETENTION, DEFAULT_TIMEOUT,
+    DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet, LimitBy, Limits, MIN_TOKEN_SECRET,
+    OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
+    TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
+use norepeat::fingerprint::DEFAULT_IGNORED_FIELDS;
 use norepeat::ratelimit::Algorithm;
 
 type Node<'a> = MarkedYaml<'a>;
@@ -31,7 +33,16 @@ const TOP: &[&str] = &[
     "token_secret",
     "limits",
     "routes",
+    "tls",
+    "upstream_ca",
+    "drain_delay",
+    "access_log",
+    "admin",
+    "token_ttl",
+    "cors",
 ];
+const TLS: &[&str] = &["cert", "key"];
+const ADMIN: &[&str] = &["listen", "token_env"];
 const LIMITS: &[&str] = &[
     "header_timeout",
     "idle_timeout",
@@ -51,20 +62,38 @@ const ROUTE: &[&str] = &[
     "timeout",
     "window",
     "ignore_fields",
+    "ignore_default_fields",
     "required",
     "retention",
     "ambiguous",
+    "identity",
 ];
-const IDENTITY: &[&str] = &["header", "ip", "trusted_proxies", "required"];
+const IDENTITY: &[&str] = &[
+    "header",
+    "cookie",
+    "jwt",
+    "ip",
+    "any_of",
+    "trusted_proxies",
+    "required",
+];
+/// The fields of one source (`identity`'s, or one entry of `any_of`).
+const SOURCES: &[&str] = &["header", "cookie", "jwt", "ip", "any_of"];
+const JWT: &[&str] = &["claim", "secret_env", "public_keys", "issuer", "audiences"];
+const CORS: &[&str] = &["allow_origins"];
 const RATE_LIMIT: &[&str] = &["algorithm", "rate", "burst", "by"];
 
 pub(super) fn parse(
     file: &str,
     bytes: &[u8],
-    env_secret: Option<&[u8]>,
+    env: &dyn Fn(&str) -> Option<Vec<u8>>,
 ) -> Result<Config, Problems> {
     let mut w = Walker::default();
-    let config = read(&mut w, bytes, env_secret);
+    let dir = std::path::Path::new(file)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(|| ".".into(), std::path::Path::to_path_buf);
+    let config = read(&mut w, bytes, &Ctx { env, dir });
     // In the order of the file; the environment's (no line) last.
     w.problems
         .sort_by_key(|p| (p.line.unwrap_or(usize::MAX), p.column.unwrap_or(0)));
@@ -77,7 +106,15 @@ pub(super) fn parse(
     }
 }
 
-fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Config> {
+/// What reading the file needs besides its text: the environment (by a
+/// variable's name) and the directory a relative path is read from.
+struct Ctx<'e> {
+    env: &'e dyn Fn(&str) -> Option<Vec<u8>>,
+    dir: std::path::PathBuf,
+}
+
+fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
+    let env_secret = (ctx.env)(TOKEN_SECRET_ENV);
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
@@ -158,13 +195,13 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
     };
     let identity = match top.get("identity") {
         None => Some(Identity::default()),
-        Some(n) => identity(w, n),
+        Some(n) => identity(w, n, "identity", ctx, false),
     };
     let token_secret = match (top.get("token_secret"), env_secret) {
         (Some(n), _) => w
             .parse(n, "token_secret", |s| secret(s.as_bytes()))
             .map(Some),
-        (None, Some(env)) => match secret(env) {
+        (None, Some(env)) => match secret(&env) {
             Ok(s) => Some(Some(s)),
             Err(e) => {
                 w.problems.push(Problem {
@@ -182,6 +219,26 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         None => Some(Limits::default()),
         Some(n) => limits(w, n),
     };
+    let drain_delay = match top.get("drain_delay") {
+        None => Some(DEFAULT_DRAIN_DELAY),
+        Some(n) => w.duration(n, "drain_delay"),
+    };
+    let access_log = match top.get("access_log") {
+        None => Some(AccessLog::Off),
+        Some(n) => w.parse(n, "access_log", |s| {
+            Ok(match s {
+                "off" => AccessLog::Off,
+                "stdout" => AccessLog::Stdout,
+                "stderr" => AccessLog::Stderr,
+                "" => return Err("expected stdout, stderr, off or a file's path".to_owned()),
+                path => AccessLog::File(path.into()),
+            })
+        }),
+    };
+    let admin = match top.get("admin") {
+        None => Some(None),
+        Some(n) => admin(w, n).map(Some),
+    };
     let mut routes = Some(Vec::new());
     if let Some(n) = top.get("routes") {
         match w.sequence(n, "routes") {
@@ -189,7 +246,7 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
             Some(items) => {
                 let mut seen: Vec<(usize, RouteMatch, Option<String>)> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
-                    let r = route(w, item, i, upstream.as_ref(), &mut seen);
+                    let r = route(w, item, i, (upstream.as_ref(), ctx), &mut seen);
                     match (r, routes.as_mut()) {
                         (Some(r), Some(list)) => list.push(r),
                         _ => routes = None,
@@ -198,7 +255,41 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
             }
         }
     }
+    // Transport: the listener's certificate and the upstreams' roots, their
+    // files read now so a bad one is a problem of `check`.
+    let tls = match top.get("tls") {
+        None => Some(None),
+        Some(n) => tls(w, n, &ctx.dir).map(Some),
+    };
+    let upstream_ca = match top.get("upstream_ca") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, "upstream_ca", |s| {
+                super::UpstreamCa::load(ctx.dir.join(s))
+            })
+            .map(Some),
+    };
+    let token_ttl = match top.get("token_ttl") {
+        None => Some(super::DEFAULT_TOKEN_TTL),
+        Some(n) => w.duration(n, "token_ttl"),
+    };
+    let cors = match top.get("cors") {
+        None => Some(super::Cors::default()),
+        Some(n) => cors(w, n),
+    };
+    // A route's own identity trusts the file's proxies.
+    if let (Some(id), Some(list)) = (&identity, routes.as_mut()) {
+        for r in list {
+            if let Some(own) = &mut r.identity {
+                own.trusted_proxies.clone_from(&id.trusted_proxies);
+            }
+        }
+    }
     Some(Config {
+        tls: tls?,
+        upstream_ca: upstream_ca?,
+        token_ttl: token_ttl?,
+        cors: cors?,
         listen: listen?,
         upstream: upstream?,
         store: store?,
@@ -207,6 +298,46 @@ fn read(w: &mut Walker, bytes: &[u8], env_secret: Option<&[u8]>) -> Option<Confi
         limits: limits?,
         routes: routes?,
         routes_given: top.get("routes").is_some(),
+        drain_delay: drain_delay?,
+        access_log: access_log?,
+        admin: admin?,
+    })
+}
+
+/// `admin: { listen, token_env }`.
+fn admin(w: &mut Walker, node: &Node) -> Option<Admin> {
+    let f = w.mapping(node, "admin", ADMIN)?;
+    let listen = match f.get("listen") {
+        None => {
+            w.at(
+                node,
+                "admin.listen",
+                "missing; the admin listener needs an address (127.0.0.1:9091)",
+            );
+            None
+        }
+        Some(n) => w.parse(n, "admin.listen", |s| {
+            s.parse::<SocketAddr>()
+                .map_err(|_| format!("expected an address such as 127.0.0.1:9091, not {s:?}"))
+        }),
+    };
+    let token_env = match f.get("token_env") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, "admin.token_env", |s| {
+                if s.is_empty() || s.contains(['=', '\0']) {
+                    Err(format!(
+                        "expected an environment variable's name, not {s:?}"
+                    ))
+                } else {
+                    Ok(s.to_owned())
+                }
+            })
+            .map(Some),
+    };
+    Some(Admin {
+        listen: listen?,
+        token_env: token_env?,
     })
 }
 
@@ -216,7 +347,7 @@ fn route(
     w: &mut Walker,
     node: &Node,
     index: usize,
-    upstream_default: Option<&Upstream>,
+    (upstream_default, ctx): (Option<&Upstream>, &Ctx),
     seen: &mut Vec<(usize, RouteMatch, Option<String>)>,
 ) -> Option<Route> {
     let path = &format!("routes[{index}]");
@@ -239,11 +370,10 @@ fn route(
             .parse(n, &p("host"), |s| {
                 if s.contains(['/', '*', ' ']) {
                     return Err(format!(
-                        "expected a host name (api.example.com, or with a port), not {s:?}"
+                        "expected a host name (api.example.com; a port, if given, is not matched), not {s:?}"
                     ));
                 }
-                normalize_host(s)
-                    .ok_or_else(|| "expected a host name, not an empty one".to_owned())
+                normalize_host(s).ok_or_else(|| "expected a host name, not an empty one".to_owned())
             })
             .map(Some),
     };
@@ -302,6 +432,7 @@ fn route(
         let what = match field {
             "window" => "a window",
             "ignore_fields" => "ignore_fields",
+            "ignore_default_fields" => "ignore_default_fields",
             "required" => "required",
             "retention" => "a retention",
             _ => "ambiguous",
@@ -315,6 +446,7 @@ fn route(
     };
     let window = only(w, "window", "fingerprint");
     let ignore = only(w, "ignore_fields", "fingerprint");
+    let ignore_defaults = only(w, "ignore_default_fields", "fingerprint");
     let required = only(w, "required", "idempotency");
     let retention = only(w, "retention", "idempotency");
     let ambiguous = only(w, "ambiguous", "idempotency");
@@ -330,12 +462,33 @@ fn route(
                 } else {
                     Some(DEFAULT_WINDOW)
                 };
-                let ignore_fields = if ignore {
+                let listed = if ignore {
                     f.get("ignore_fields")
                         .and_then(|n| w.strings(n, &p("ignore_fields")))
                 } else {
                     Some(Vec::new())
                 };
+                let defaults = if ignore_defaults {
+                    f.get("ignore_default_fields")
+                        .and_then(|n| w.bool(n, &p("ignore_default_fields")))
+                } else {
+                    Some(true)
+                };
+                // The library's defaults first (unless the file makes them
+                // count), then the file's.
+                let ignore_fields = listed.zip(defaults).map(|(listed, defaults)| {
+                    let defaults = DEFAULT_IGNORED_FIELDS
+                        .iter()
+                        .filter(|_| defaults)
+                        .map(|f| (*f).to_owned());
+                    let mut all: Vec<String> = defaults.collect();
+                    for f in listed {
+                        if !all.contains(&f) {
+                            all.push(f);
+                        }
+                    }
+                    all
+                });
                 // Combined, not `?`: a return here would leave the route's
                 // later fields unchecked, one problem hiding the others.
                 window.zip(ignore_fields).map(|(window, ignore_fields)| {
@@ -417,7 +570,19 @@ fn route(
         None => Some(DEFAULT_TIMEOUT),
         Some(n) => w.duration(n, &p("timeout")),
     };
-    let (guard, rate_limit) = (guard?, rate_limit?);
+    let identity = match f.get("identity") {
+        None => Some(None),
+        Some(_) if named.as_deref() == Some("token") => {
+            w.at(
+                f.get("identity")?,
+                &p("identity"),
+                "a token route takes the file's identity, for which GET /.norepeat/token issues its tokens: set it there (any_of for several sources)",
+            );
+            None
+        }
+        Some(n) => identity(w, n, &p("identity"), ctx, true).map(Some),
+    };
+    let (guard, rate_limit, identity) = (guard?, rate_limit?, identity?);
     if routing_only && f.get("upstream").is_none() {
         return None;
     }
@@ -432,6 +597,7 @@ fn route(
         max_request_body: max_request_body?,
         max_stored_response: max_stored_response?,
         timeout: timeout?,
+        identity,
     })
 }
 
@@ -501,6 +667,43 @@ fn rate_limit(w: &mut Walker, node: &Node, path: &str) -> Option<RateLimit> {
     })
 }
 
+/// `tls: { cert, key }`: both files read, parsed and checked to match.
+fn tls(w: &mut Walker, node: &Node, base: &std::path::Path) -> Option<super::Tls> {
+    let f = w.mapping(node, "tls", TLS)?;
+    let mut paths = Vec::new();
+    for name in TLS {
+        let field = format!("tls.{name}");
+        match f.get(name) {
+            None => {
+                w.at(
+                    node,
+                    &field,
+                    "missing; tls needs a cert and a key (PEM files)",
+                );
+            }
+            Some(n) => {
+                if let Some(p) = w.parse(n, &field, |s| Ok(base.join(s))) {
+                    paths.push((n, p));
+                }
+            }
+        }
+    }
+    let [(cert_node, cert), (key_node, key)] = <[_; 2]>::try_from(paths).ok()?;
+    let tls = super::Tls { cert, key };
+    match super::certified_key(&tls) {
+        Ok(_) => Some(tls),
+        Err((field, message)) => {
+            let at = if field == "tls.cert" {
+                cert_node
+            } else {
+                key_node
+            };
+            w.at(at, field, &message);
+            None
+        }
+    }
+}
+
 fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
     let f = w.mapping(node, "limits", LIMITS)?;
     let mut limits = Limits::default();
@@ -526,7 +729,16 @@ fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
     ok.then_some(limits)
 }
 
-fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {
+/// An `identity` block at `path` (`identity`, or a route's own, whose
+/// `trusted_proxies` are the file's).
+fn identity(
+    w: &mut Walker,
+    node: &Node,
+    path: &str,
+    ctx: &Ctx,
+    of_route: bool,
+) -> Option<Identity> {
+    let p = |name: &str| format!("{path}.{name}");
     // `identity: ip` and `identity: { header: X-User-Id }` both read.
     if let Some(s) = node_str(node) {
         return if s == "ip" {
@@ -534,54 +746,28 @@ fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {
         } else {
             w.at(
                 node,
-                "identity",
+                path,
                 &format!("expected ip or a mapping such as {{ header: X-User-Id }}, not {s:?}"),
             );
             None
         };
     }
-    let f = w.mapping(node, "identity", IDENTITY)?;
-    let mut source = Some(IdentitySource::PeerAddress);
-    if let Some(n) = f.get("header") {
-        source = w.parse(n, "identity.header", |s| {
-            let ok = !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if ok {
-                Ok(IdentitySource::Header(s.to_ascii_lowercase()))
-            } else {
-                Err(format!("{s:?} is not a header name"))
-            }
-        });
-    }
-    if let Some(n) = f.get("ip") {
-        match w.bool(n, "identity.ip") {
-            Some(true) if f.get("header").is_some() => {
-                w.at(
-                    n,
-                    "identity.ip",
-                    "header and ip name the caller twice: keep one",
-                );
-                source = None;
-            }
-            Some(true) => {}
-            Some(false) => {
-                w.at(
-                    n,
-                    "identity.ip",
-                    "ip: false names no caller; give a header, or leave identity out",
-                );
-                source = None;
-            }
-            None => source = None,
-        }
-    }
+    let f = w.mapping(node, path, IDENTITY)?;
+    let source = source_of(w, &f, path, ctx);
     let trusted_proxies = match f.get("trusted_proxies") {
         None => Some(Vec::new()),
-        Some(n) => w.sequence(n, "identity.trusted_proxies").and_then(|items| {
+        Some(n) if of_route => {
+            w.at(
+                n,
+                &p("trusted_proxies"),
+                "the proxies are the file's: set trusted_proxies in the top-level identity",
+            );
+            None
+        }
+        Some(n) => w.sequence(n, &p("trusted_proxies")).and_then(|items| {
             let mut all = Some(Vec::new());
             for (i, item) in items.iter().enumerate() {
-                let net = w.parse(item, &format!("identity.trusted_proxies[{i}]"), cidr);
+                let net = w.parse(item, &format!("{path}.trusted_proxies[{i}]"), cidr);
                 match (net, all.as_mut()) {
                     (Some(n), Some(v)) => v.push(n),
                     _ => all = None,
@@ -593,12 +779,18 @@ fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {
     let required = match f.get("required") {
         None => Some(false),
         Some(n) => {
-            let r = w.bool(n, "identity.required");
-            if r == Some(true) && f.get("header").is_none() {
+            let r = w.bool(n, &p("required"));
+            let always = |s: &IdentitySource| matches!(s, IdentitySource::PeerAddress);
+            let always_known = match &source {
+                Some(IdentitySource::AnyOf(list)) => list.iter().any(always),
+                Some(s) => always(s),
+                None => false,
+            };
+            if r == Some(true) && always_known {
                 w.at(
                     n,
-                    "identity.required",
-                    "the peer address is always known: required needs a header",
+                    &p("required"),
+                    "the peer address is always known: required needs a header, a cookie or a jwt",
                 );
                 None
             } else {
@@ -611,6 +803,251 @@ fn identity(w: &mut Walker, node: &Node) -> Option<Identity> {
         trusted_proxies: trusted_proxies?,
         required: required?,
     })
+}
+
+/// The one source a mapping names (`header`, `cookie`, `jwt`, `ip: true`
+/// or `any_of`); none is the peer address.
+fn source_of(w: &mut Walker, f: &Fields, path: &str, ctx: &Ctx) -> Option<IdentitySource> {
+    let given: Vec<(&str, &Node)> = f
+        .entries
+        .iter()
+        .filter(|(k, _)| SOURCES.contains(k))
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    let Some(&(first, n)) = given.first() else {
+        return Some(IdentitySource::PeerAddress);
+    };
+    if let Some(&(second, m)) = given.get(1) {
+        w.at(
+            m,
+            &format!("{path}.{second}"),
+            &format!(
+                "{first} and {second} name the caller twice: keep one (or any_of: [...], the first present wins)"
+            ),
+        );
+        return None;
+    }
+    let at = format!("{path}.{first}");
+    match first {
+        "ip" => match w.bool(n, &at)? {
+            true => Some(IdentitySource::PeerAddress),
+            false => {
+                w.at(
+                    n,
+                    &at,
+                    "ip: false names no caller; give a header, a cookie or a jwt, or leave identity out",
+                );
+                None
+            }
+        },
+        "header" => w.parse(n, &at, |s| {
+            if s.eq_ignore_ascii_case("ip") {
+                return Err(
+                    "header: ip would read a header named ip; write `ip: true` for the peer address"
+                        .into(),
+                );
+            }
+            token(s)
+                .then(|| IdentitySource::Header(s.to_ascii_lowercase()))
+                .ok_or_else(|| format!("{s:?} is not a header name"))
+        }),
+        "cookie" => w.parse(n, &at, |s| {
+            token(s)
+                .then(|| IdentitySource::Cookie(s.to_owned()))
+                .ok_or_else(|| format!("{s:?} is not a cookie name"))
+        }),
+        "jwt" => jwt(w, n, &at, ctx).map(IdentitySource::Jwt),
+        _ if path.contains("any_of[") => {
+            w.at(
+                n,
+                &at,
+                "an any_of inside an any_of: list the sources in one",
+            );
+            None
+        }
+        _ => {
+            let items = w.sequence(n, &at)?;
+            if items.is_empty() {
+                w.at(n, &at, "an empty any_of names no caller");
+                return None;
+            }
+            let mut all = Some(Vec::new());
+            for (i, item) in items.iter().enumerate() {
+                let item_path = format!("{at}[{i}]");
+                let one = w.mapping(item, &item_path, SOURCES).and_then(|g| {
+                    if g.entries.is_empty() {
+                        w.at(
+                            item,
+                            &item_path,
+                            "expected one source: header, cookie, jwt or ip",
+                        );
+                        return None;
+                    }
+                    source_of(w, &g, &item_path, ctx)
+                });
+                if one == Some(IdentitySource::PeerAddress) && i + 1 < items.len() {
+                    w.at(
+                        item,
+                        &item_path,
+                        "the peer address is always present: put ip last (the sources after it are never read)",
+                    );
+                    all = None;
+                }
+                match (one, all.as_mut()) {
+                    (Some(s), Some(v)) => v.push(s),
+                    _ => all = None,
+                }
+            }
+            all.map(IdentitySource::AnyOf)
+        }
+    }
+}
+
+/// An RFC 9110 token: a header's or a cookie's name.
+fn token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// `jwt: { claim, secret_env | public_keys, issuer, audiences }`. The
+/// secret is read from the environment and the key file read and checked
+/// here, so `check` names a variable that is not set or a file that holds
+/// no usable key.
+fn jwt(w: &mut Walker, node: &Node, path: &str, ctx: &Ctx) -> Option<super::Jwt> {
+    use super::{JwtKeys, JwtSecret};
+    let f = w.mapping(node, path, JWT)?;
+    let p = |name: &str| format!("{path}.{name}");
+    let claim = match f.get("claim") {
+        None => Some("sub".to_owned()),
+        Some(n) => w.parse(n, &p("claim"), |s| {
+            if s.is_empty() {
+                Err("an empty claim name".to_owned())
+            } else {
+                Ok(s.to_owned())
+            }
+        }),
+    };
+    let keys = match (f.get("secret_env"), f.get("public_keys")) {
+        (Some(_), Some(n)) => {
+            w.at(
+                n,
+                &p("public_keys"),
+                "secret_env and public_keys both verify: keep one (secret_env for HS256, public_keys for RS256 and ES256)",
+            );
+            None
+        }
+        (None, None) => {
+            w.at(
+                node,
+                path,
+                "missing secret_env (an HS256 secret's variable) or public_keys (a PEM or JWKS file: RS256, ES256)",
+            );
+            None
+        }
+        (Some(n), None) => {
+            let name = w.parse(n, &p("secret_env"), |s| {
+                if s.is_empty() || s.contains(['=', '\0']) {
+                    Err(format!("{s:?} is not an environment variable's name"))
+                } else {
+                    Ok(s.to_owned())
+                }
+            })?;
+            match (ctx.env)(&name) {
+                None => {
+                    w.at(n, &p("secret_env"), &format!("{name} is not set"));
+                    None
+                }
+                Some(v) if v.len() < MIN_TOKEN_SECRET => {
+                    w.at(
+                        n,
+                        &p("secret_env"),
+                        &format!(
+                            "{name} has {} bytes; an HS256 secret needs at least {MIN_TOKEN_SECRET} (RFC 7518 §3.2)",
+                            v.len()
+                        ),
+                    );
+                    None
+                }
+                Some(v) => Some(JwtKeys::Secret {
+                    env: name,
+                    secret: JwtSecret(v),
+                }),
+            }
+        }
+        (None, Some(n)) => w.parse(n, &p("public_keys"), |s| {
+            let file = ctx.dir.join(s);
+            crate::jwt::KeySet::read(&file)?;
+            Ok(JwtKeys::PublicKeys(file))
+        }),
+    };
+    let issuer = match f.get("issuer") {
+        None => Some(None),
+        Some(n) => w.parse(n, &p("issuer"), |s| Ok(s.to_owned())).map(Some),
+    };
+    let audiences = match f.get("audiences") {
+        None => Some(Vec::new()),
+        Some(n) => w.strings(n, &p("audiences")),
+    };
+    Some(super::Jwt {
+        claim: claim?,
+        keys: keys?,
+        issuer: issuer?,
+        audiences: audiences?,
+    })
+}
+
+/// `cors: { allow_origins: [https://shop.example] }`.
+fn cors(w: &mut Walker, node: &Node) -> Option<super::Cors> {
+    let f = w.mapping(node, "cors", CORS)?;
+    let Some(n) = f.get("allow_origins") else {
+        return Some(super::Cors::default());
+    };
+    let items = w.sequence(n, "cors.allow_origins")?;
+    let mut all = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let origin = w.parse(item, &format!("cors.allow_origins[{i}]"), origin);
+        match (origin, all.as_mut()) {
+            (Some(o), Some(v)) => v.push(o),
+            _ => all = None,
+        }
+    }
+    all.map(|allow_origins| super::Cors { allow_origins })
+}
+
+/// An origin, `scheme://host[:port]` (RFC 6454), in lower case.
+fn origin(s: &str) -> Result<String, String> {
+    if s == "*" || s == "null" {
+        return Err(format!(
+            "{s:?} is not allowed: the answer carries credentials (the caller's cookie), which a browser refuses for a wildcard; list the origins"
+        ));
+    }
+    let lower = s.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("https://")
+        .or_else(|| lower.strip_prefix("http://"))
+        .ok_or_else(|| format!("an origin is http:// or https:// and a host, not {s:?}"))?;
+    if rest.contains(['/', '?', '#', '@']) {
+        let scheme = if lower.starts_with("https") {
+            "https"
+        } else {
+            "http"
+        };
+        let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        return Err(format!(
+            "an origin has no path, query or credentials; write {scheme}://{host}"
+        ));
+    }
+    host_port(rest, true).map_err(|e| format!("{e} (expected https://host[:port])"))?;
+    // A browser's `Origin` leaves the scheme's own port out.
+    let default_port = if lower.starts_with("https") {
+        ":443"
+    } else {
+        ":80"
+    };
+    Ok(lower
+        .strip_suffix(default_port)
+        .map_or_else(|| lower.clone(), str::to_owned))
 }
 
 fn cidr(s: &str) -> Result<IpNet, String> {
@@ -630,12 +1067,15 @@ fn secret(bytes: &[u8]) -> Result<TokenSecret, String> {
     }
 }
 
-/// `http://host[:port][/base]`: the scheme, a host, a port if any, no
+/// `http://host[:port][/base]` (or `https://`): the scheme, a host, a port if any, no
 /// credentials, query or fragment.
 pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
     let bad = |why: &str| format!("{why} (expected http://host:port, not {s:?})");
-    let Some(rest) = s.strip_prefix("http://") else {
-        return Err(bad("the upstream must be an http:// URL"));
+    let Some(rest) = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+    else {
+        return Err(bad("the upstream must be an http:// or https:// URL"));
     };
     if rest.contains(['?', '#']) {
         return Err(bad("an upstream has no query or fragment"));

@@ -164,34 +164,30 @@ pub fn with_slashes_decoded(path: &str) -> Option<String> {
 }
 
 /// A site (a `Host` header, an `:authority`, a route's `host`) in one
-/// spelling: ASCII lower case, a trailing dot and the scheme's default
-/// port (`:80`, `:443`) dropped, so `Shop.Example`, `shop.example.` and
-/// `shop.example:443` are one site. `None` when it names none.
+/// spelling: its name in ASCII lower case, a trailing dot and any port
+/// dropped, so `Shop.Example`, `shop.example.` and `shop.example:8443` are
+/// one site. The port is not the site's: instances of one gateway listen
+/// on ports of their own, and a client that reached one directly must
+/// meet the keys of another. `None` when it names none.
 ///
 /// ```
 /// use norepeat_gateway::config::normalize_host;
 /// assert_eq!(normalize_host("Shop.Example.:443").as_deref(), Some("shop.example"));
-/// assert_eq!(normalize_host("shop.example:8080").as_deref(), Some("shop.example:8080"));
-/// assert_eq!(normalize_host("[::1]").as_deref(), Some("[::1]"));
+/// assert_eq!(normalize_host("shop.example:8080").as_deref(), Some("shop.example"));
+/// assert_eq!(normalize_host("[::1]:8080").as_deref(), Some("[::1]"));
 /// assert_eq!(normalize_host(""), None);
 /// ```
 #[must_use]
 pub fn normalize_host(raw: &str) -> Option<String> {
     let lower = raw.trim().to_ascii_lowercase();
-    let (name, port) = match lower.rsplit_once(':') {
+    let name = match lower.rsplit_once(':') {
         // `[::1]:8080`, `shop.example:8080`; a bare IPv6 literal is
         // bracketed, so its colons are inside the brackets.
-        Some((name, port)) if !port.contains(']') => (name, Some(port)),
-        _ => (lower.as_str(), None),
+        Some((name, port)) if !port.contains(']') => name,
+        _ => lower.as_str(),
     };
     let name = name.strip_suffix('.').unwrap_or(name);
-    if name.is_empty() {
-        return None;
-    }
-    Some(match port {
-        None | Some("80" | "443" | "") => name.to_owned(),
-        Some(port) => format!("{name}:{port}"),
-    })
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 fn is_unreserved(b: u8) -> bool {

@@ -76,22 +76,45 @@ fn a_route_takes_every_default() {
 
 #[test]
 fn fingerprint_defaults_and_fields() {
+    let defaults = || -> Vec<String> {
+        ["traceId", "timestamp", "random", "sign"]
+            .map(String::from)
+            .into()
+    };
     let r = route("    guard: fingerprint\n");
     assert_eq!(
         r.guard,
         Some(Guard::Fingerprint {
             window: Duration::from_secs(3),
-            ignore_fields: vec![]
+            ignore_fields: defaults(),
         })
     );
     assert_eq!(r.on_store_failure, OnStoreFailure::Open);
     let r = route("    guard: fingerprint\n    window: 250ms\n    ignore_fields: [traceId, ts]\n");
+    let mut with_ts = defaults();
+    with_ts.push("ts".into());
     assert_eq!(
         r.guard,
         Some(Guard::Fingerprint {
             window: Duration::from_millis(250),
-            ignore_fields: vec!["traceId".into(), "ts".into()]
+            ignore_fields: with_ts,
         })
+    );
+    // Issue 40: a file can make the library's default fields count.
+    let r = route(
+        "    guard: fingerprint\n    ignore_default_fields: false\n    ignore_fields: [ts]\n",
+    );
+    assert_eq!(
+        r.guard,
+        Some(Guard::Fingerprint {
+            window: Duration::from_secs(3),
+            ignore_fields: vec!["ts".into()],
+        })
+    );
+    assert_one(
+        &one_route("    guard: token\n    ignore_default_fields: false\n"),
+        "5:28 routes[0].ignore_default_fields:",
+        "only a fingerprint route",
     );
 }
 
@@ -147,7 +170,11 @@ fn a_route_may_only_route_and_name_its_host() {
     assert_eq!(r.rate_limit, None);
     assert_eq!(r.host.as_deref(), Some("api.example.com"));
     assert_eq!(r.upstream.as_str(), "http://10.0.0.7:8000");
-    assert_eq!(r.max_request_body, u64::MAX, "a routing route streams any body");
+    assert_eq!(
+        r.max_request_body,
+        u64::MAX,
+        "a routing route streams any body"
+    );
     // The same match for every other site is reachable after it.
     assert_eq!(config.routes[1].host, None);
     assert_eq!(config.routes[1].max_request_body, 64 * 1024);
@@ -322,14 +349,227 @@ fn identity_problems() {
     );
     assert_one(&id("  ip: false\n"), "3:7 identity.ip:", "names no caller");
     assert_one(
-        &id("  cookie: sid\n"),
-        "3:3 identity.cookie:",
-        "unknown field; expected one of header, ip,",
+        &id("  user: sid\n"),
+        "3:3 identity.user:",
+        "unknown field; expected one of header, cookie, jwt, ip, any_of,",
+    );
+    assert_one(
+        &id("  header: IP\n"),
+        "3:11 identity.header:",
+        "write `ip: true` for the peer address",
+    );
+    assert_one(
+        &id("  cookie: sid\n  header: X-User-Id\n"),
+        "4:11 identity.header:",
+        "cookie and header name the caller twice",
     );
     assert_one(
         &format!("{UP}identity: user\n"),
         "2:11 identity:",
         "expected ip",
+    );
+}
+
+/// Parses `text` with `env` as the environment, in this crate's
+/// directory (so `tests/files/jwt/...` is found).
+fn in_env(text: &str, env: &[(&str, &[u8])]) -> Result<Config, Problems> {
+    let env: Vec<(String, Vec<u8>)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+        .collect();
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/g.yaml");
+    Config::parse_in(file, text.as_bytes(), &move |name: &str| {
+        env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+}
+
+#[test]
+fn cookie_jwt_and_any_of_identities() {
+    let c = ok(&format!(
+        "{UP}identity: {{ cookie: sid, required: true }}\n"
+    ));
+    assert_eq!(c.identity.source, IdentitySource::Cookie("sid".into()));
+    let c = in_env(
+        &format!("{UP}identity:\n  any_of:\n    - {{ jwt: {{ claim: uid, secret_env: S }} }}\n    - cookie: sid\n    - header: X-User-Id\n    - ip: true\n"),
+        &[("S", &[b'k'; 32])],
+    )
+    .unwrap();
+    let IdentitySource::AnyOf(list) = &c.identity.source else {
+        panic!("{:?}", c.identity.source)
+    };
+    assert!(
+        matches!(&list[0], IdentitySource::Jwt(j) if j.claim == "uid"
+        && matches!(&j.keys, JwtKeys::Secret { env, secret } if env == "S" && secret.as_bytes() == [b'k'; 32]))
+    );
+    assert_eq!(list[1], IdentitySource::Cookie("sid".into()));
+    assert_eq!(list[2], IdentitySource::Header("x-user-id".into()));
+    assert_eq!(list[3], IdentitySource::PeerAddress);
+    assert!(
+        !format!("{c:?}").contains("kkkk"),
+        "the secret is never shown"
+    );
+    for file in ["tests/files/jwt/jwks.json", "tests/files/jwt/ec1.pub.pem"] {
+        let c = in_env(
+            &format!("{UP}identity: {{ jwt: {{ public_keys: {file}, issuer: https://id.example, audiences: [shop] }} }}\n"),
+            &[],
+        )
+        .unwrap_or_else(|p| panic!("{p}"));
+        let IdentitySource::Jwt(j) = c.identity.source else {
+            panic!()
+        };
+        assert_eq!(j.claim, "sub", "the default claim");
+        assert_eq!(j.issuer.as_deref(), Some("https://id.example"));
+        assert!(matches!(j.keys, JwtKeys::PublicKeys(p) if p.is_absolute() && p.exists()));
+    }
+}
+
+#[test]
+fn jwt_and_any_of_problems() {
+    let jwt = |f: &str| format!("{UP}identity:\n  jwt: {f}\n");
+    let one = |text: &str, env: &[(&str, &[u8])], prefix: &str, contains: &str| {
+        let got = in_env(text, env).expect_err(text).to_string();
+        assert_eq!(got.lines().count(), 1, "{got}");
+        assert!(got.contains(prefix) && got.contains(contains), "{got}");
+    };
+    one(
+        &jwt("{ secret_env: JWT_SECRET }"),
+        &[],
+        ":3:22: identity.jwt.secret_env:",
+        "JWT_SECRET is not set",
+    );
+    one(
+        &jwt("{ secret_env: S }"),
+        &[("S", b"short")],
+        "identity.jwt.secret_env:",
+        "5 bytes; an HS256 secret needs at least 32",
+    );
+    one(
+        &jwt("{ claim: sub }"),
+        &[],
+        "identity.jwt:",
+        "missing secret_env",
+    );
+    one(
+        &jwt("{ secret_env: S, public_keys: k.pem }"),
+        &[("S", &[1; 32])],
+        "identity.jwt.public_keys:",
+        "keep one",
+    );
+    one(
+        &jwt("{ public_keys: nowhere.pem }"),
+        &[],
+        "identity.jwt.public_keys:",
+        "cannot read",
+    );
+    one(
+        &jwt("{ public_keys: tests/files/jwt/ec1.key }"),
+        &[],
+        "identity.jwt.public_keys:",
+        "give the public key",
+    );
+    one(
+        &jwt("{ public_keys: tests/files/jwt/ec1.pub.pem, alg: HS256 }"),
+        &[],
+        "identity.jwt.alg:",
+        "unknown field",
+    );
+    let any = |items: &str| format!("{UP}identity:\n  any_of: {items}\n");
+    one(&any("[]"), &[], "identity.any_of:", "names no caller");
+    one(
+        &any("[{ ip: true }, { cookie: sid }]"),
+        &[],
+        "identity.any_of[0]:",
+        "put ip last",
+    );
+    one(
+        &any("[{ any_of: [{ cookie: a }] }]"),
+        &[],
+        "identity.any_of[0].any_of:",
+        "inside an any_of",
+    );
+    one(
+        &any("[{ cookie: a, header: B }]"),
+        &[],
+        "identity.any_of[0].header:",
+        "twice",
+    );
+    one(
+        &any("[{ ip: true }]\n  required: true"),
+        &[],
+        "identity.required:",
+        "always known",
+    );
+    one(
+        &any("[{ header: ip }]"),
+        &[],
+        "identity.any_of[0].header:",
+        "ip: true",
+    );
+}
+
+#[test]
+fn a_route_may_name_its_own_identity() {
+    let c = ok(&format!(
+        "{UP}identity: {{ header: X-User-Id, trusted_proxies: [10.0.0.0/8] }}\nroutes:\n  - match: POST /pay\n    guard: idempotency\n    identity: {{ cookie: sid, required: true }}\n  - match: POST /b\n    guard: fingerprint\n"
+    ));
+    let own = c.routes[0].identity.as_ref().unwrap();
+    assert_eq!(own.source, IdentitySource::Cookie("sid".into()));
+    assert!(own.required);
+    assert_eq!(
+        own.trusted_proxies, c.identity.trusted_proxies,
+        "the file's proxies"
+    );
+    assert_eq!(c.routes[1].identity, None);
+    assert_one(
+        &one_route("    guard: token\n    identity: { cookie: sid }\n"),
+        "5:15 routes[0].identity:",
+        "a token route takes the file's identity",
+    );
+    assert_one(
+        &one_route(
+            "    guard: fingerprint\n    identity: { cookie: sid, trusted_proxies: [10.0.0.0/8] }\n",
+        ),
+        "5:47 routes[0].identity.trusted_proxies:",
+        "the file's",
+    );
+}
+
+#[test]
+fn token_ttl_and_cors() {
+    let c = ok(UP);
+    assert_eq!(c.token_ttl, Duration::from_secs(60));
+    assert!(c.cors.allow_origins.is_empty());
+    let c = ok(&format!(
+        "{UP}token_ttl: 5m\ncors: {{ allow_origins: [https://Shop.Example, \"http://localhost:3000\", \"https://b.example:443\"] }}\n"
+    ));
+    assert_eq!(c.token_ttl, Duration::from_secs(300));
+    assert_eq!(
+        c.cors.allow_origins,
+        [
+            "https://shop.example",
+            "http://localhost:3000",
+            "https://b.example"
+        ]
+    );
+    assert_one(
+        &format!("{UP}token_ttl: 60\n"),
+        "2:12 token_ttl:",
+        "has no unit",
+    );
+    assert_one(
+        &format!("{UP}cors: {{ allow_origins: [\"*\"] }}\n"),
+        "2:25 cors.allow_origins[0]:",
+        "list the origins",
+    );
+    assert_one(
+        &format!("{UP}cors: {{ allow_origins: [https://shop.example/] }}\n"),
+        "2:25 cors.allow_origins[0]:",
+        "write https://shop.example",
+    );
+    assert_one(
+        &format!("{UP}cors: {{ allow_origins: [shop.example] }}\n"),
+        "2:25 cors.allow_origins[0]:",
+        "http:// or https://",
     );
 }
 
@@ -377,7 +617,7 @@ fn listen_upstream_and_store_problems() {
         "1:9 listen:",
         "expected a string",
     );
-    assert_one("upstream: https://a:1\n", "1:11 upstream:", "http://");
+    assert_one("upstream: ftp://a:1\n", "1:11 upstream:", "or https://");
     assert_one("upstream: http://a:x\n", "1:11 upstream:", "not a port");
     assert_one("upstream: http://a:0\n", "1:11 upstream:", "not a port");
     assert_one("upstream: http://\n", "1:11 upstream:", "not a host");
@@ -472,7 +712,11 @@ fn fields_that_belong_to_another_guard() {
 #[test]
 fn route_problems() {
     let r = |f: &str| one_route(f);
-    assert_one(&r(""), "3:5 routes[0]:", "a guard, a rate_limit or an upstream");
+    assert_one(
+        &r(""),
+        "3:5 routes[0]:",
+        "a guard, a rate_limit or an upstream",
+    );
     assert_one(
         &r("    shadow: true\n"),
         "3:5 routes[0]:",

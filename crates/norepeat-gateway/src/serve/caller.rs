@@ -1,20 +1,29 @@
-//! Who the caller is: `identity.header` (hashed) or the peer address
+//! Who the caller is: the file's `identity` (or a route's own): a header,
+//! one named cookie or a verified bearer JWT's claim (each hashed, with its
+//! kind), the first of several present (`any_of`), or the peer address
 //! (`X-Forwarded-For` believed only from `trusted_proxies`), read by the
 //! library's [`ByClientIp`], the one implementation of that walk.
 
-use crate::config::{Identity, IdentitySource};
+use crate::config::{Identity, IdentitySource, JwtKeys};
+use crate::jwt::{KeySet, Refused, Rules};
+use arc_swap::ArcSwapOption;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
-use http::{Extensions, HeaderName};
+use http::{Extensions, HeaderMap, HeaderName};
 use norepeat::identity::Identify;
 use norepeat::ratelimit::{ByClientIp, ExtractKey, MissingKey, PeerAddr};
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The caller as the file's `identity` names it, for every guard. A
-/// header's value is hashed (BLAKE3) before any layer sees it, so a bearer
-/// token is never stored or logged as it is.
+/// header's or a cookie's value, or a JWT's claim, is hashed (BLAKE3)
+/// before any layer sees it, so a bearer token or a session id is never
+/// stored or logged as it is. Each kind hashes into its own space (`h:`,
+/// `c:`, `j:`, and `ip:` for the address), so a cookie's value and a
+/// header's never name one caller.
 ///
 /// ```
 /// use norepeat::identity::Identify;
@@ -31,23 +40,54 @@ use std::sync::Arc;
 /// assert!(id.starts_with("h:") && !id.contains("s3cret"));
 /// let anonymous = http::Request::get("/").body(()).unwrap();
 /// assert_eq!(caller.identify(&anonymous.into_parts().0), None);
+///
+/// // One named cookie: another cookie beside it does not change the caller.
+/// let config = Config::parse("g.yaml", b"
+/// upstream: http://127.0.0.1:9000
+/// identity: { cookie: sid }
+/// ")?;
+/// let caller = Caller::new(&config.identity);
+/// let with = |cookies: &str| {
+///     let req = http::Request::get("/").header("cookie", cookies).body(()).unwrap();
+///     caller.identify(&req.into_parts().0).unwrap()
+/// };
+/// assert_eq!(with("sid=abc; _ga=GA1.1"), with("_ga=GA1.2; sid=abc"));
+/// assert!(with("sid=abc").starts_with("c:"));
 /// # Ok::<(), norepeat_gateway::config::Problems>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Caller {
-    header: Option<HeaderName>,
+    source: Arc<Source>,
     ip: Arc<ByClientIp>,
     required: bool,
+}
+
+/// A source of the caller, ready to read.
+#[derive(Debug)]
+enum Source {
+    Peer,
+    Header(HeaderName),
+    Cookie(String),
+    Jwt(Bearer),
+    AnyOf(Vec<Source>),
+}
+
+/// What one source found in a request.
+#[derive(Debug, PartialEq, Eq)]
+enum Read {
+    /// The caller.
+    Found(String),
+    /// Nothing of this source's: the next source (or the fallback).
+    Absent,
+    /// A credential that does not hold (a JWT that does not verify): no
+    /// caller, whatever else the request carries.
+    Invalid,
 }
 
 impl Caller {
     /// The caller of `identity`.
     #[must_use]
     pub fn new(identity: &Identity) -> Self {
-        let header = match &identity.source {
-            IdentitySource::PeerAddress => None,
-            IdentitySource::Header(h) => HeaderName::from_bytes(h.as_bytes()).ok(),
-        };
         let ip = identity
             .trusted_proxies
             .iter()
@@ -55,7 +95,7 @@ impl Caller {
                 ip.trust_net(net.network(), net.prefix_len())
             });
         Self {
-            header,
+            source: Arc::new(Source::new(&identity.source)),
             ip: Arc::new(ip),
             required: identity.required,
         }
@@ -89,30 +129,360 @@ pub(crate) fn with_peer(extensions: &mut Extensions) {
 
 impl Identify for Caller {
     fn identify(&self, parts: &Parts) -> Option<String> {
-        if let Some(name) = &self.header {
-            let mut values = parts.headers.get_all(name).iter();
-            match (values.next(), values.next()) {
-                (Some(v), None) if !v.is_empty() && v.len() <= 8192 => {
-                    let value = if is_credentials(name) {
-                        credentials(v.as_bytes())
-                    } else {
-                        Cow::Borrowed(v.as_bytes())
-                    };
-                    let hash = blake3::keyed_hash(KEY, &value);
-                    return Some(format!("h:{}", &hash.to_hex()[..32]));
-                }
-                _ if self.required => return None,
-                _ => {}
-            }
+        match self.source.read(parts, &self.ip) {
+            Read::Found(id) => Some(id),
+            Read::Invalid => None,
+            Read::Absent if self.required => None,
+            Read::Absent => self.ip.client_ip(parts).map(|ip| format!("ip:{ip}")),
         }
-        self.ip.client_ip(parts).map(|ip| format!("ip:{ip}"))
     }
 
     fn missing(&self) -> Cow<'static, str> {
-        match &self.header {
-            Some(h) => Cow::Owned(format!("Exactly one {h} header is required.")),
-            None => Cow::Borrowed("The peer address is unknown."),
+        Cow::Owned(self.source.missing())
+    }
+}
+
+impl Source {
+    fn new(source: &IdentitySource) -> Self {
+        match source {
+            IdentitySource::PeerAddress => Source::Peer,
+            // Checked by the file's parser: a header name.
+            IdentitySource::Header(h) => {
+                HeaderName::from_bytes(h.as_bytes()).map_or(Source::Peer, Source::Header)
+            }
+            IdentitySource::Cookie(name) => Source::Cookie(name.clone()),
+            IdentitySource::Jwt(jwt) => Source::Jwt(Bearer::new(jwt)),
+            IdentitySource::AnyOf(list) => Source::AnyOf(list.iter().map(Source::new).collect()),
         }
+    }
+
+    fn read(&self, parts: &Parts, ip: &ByClientIp) -> Read {
+        match self {
+            Source::Peer => ip
+                .client_ip(parts)
+                .map_or(Read::Absent, |ip| Read::Found(format!("ip:{ip}"))),
+            Source::Header(name) => {
+                let mut values = parts.headers.get_all(name).iter();
+                match (values.next(), values.next()) {
+                    (Some(v), None) if !v.is_empty() && v.len() <= 8192 => {
+                        let value = if is_credentials(name) {
+                            credentials(v.as_bytes())
+                        } else {
+                            Cow::Borrowed(v.as_bytes())
+                        };
+                        Read::Found(hashed("h", &[&value]))
+                    }
+                    _ => Read::Absent,
+                }
+            }
+            Source::Cookie(name) => match cookie(&parts.headers, name) {
+                Some(v) => Read::Found(hashed("c", &[v])),
+                None => Read::Absent,
+            },
+            Source::Jwt(bearer) => bearer.read(&parts.headers),
+            Source::AnyOf(list) => list
+                .iter()
+                .map(|s| s.read(parts, ip))
+                .find(|r| *r != Read::Absent)
+                .unwrap_or(Read::Absent),
+        }
+    }
+
+    /// What a request without this source lacks (the 401's `detail`).
+    fn missing(&self) -> String {
+        match self {
+            Source::Peer => "The peer address is unknown.".to_owned(),
+            Source::Header(h) => format!("Exactly one {h} header is required."),
+            Source::Cookie(name) => format!("The cookie {name} is required (once)."),
+            Source::Jwt(b) => format!(
+                "A bearer JWT (Authorization: Bearer ...) with a {} claim, whose signature verifies and that has not expired, is required.",
+                b.claim
+            ),
+            Source::AnyOf(list) => {
+                let each: Vec<String> = list.iter().map(Source::missing).collect();
+                format!("One of these is required. {}", each.join(" Or: "))
+            }
+        }
+    }
+}
+
+/// `"{kind}:"` and the keyed hash of `parts`, NUL-separated (one part
+/// hashes as it is, the spelling of the release before `cookie` and `jwt`
+/// for a header, keeping its records).
+fn hashed(kind: &str, parts: &[&[u8]]) -> String {
+    let mut h = blake3::Hasher::new_keyed(KEY);
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update(b"\0");
+        }
+        h.update(p);
+    }
+    format!("{kind}:{}", &h.finalize().to_hex()[..32])
+}
+
+/// The value of cookie `name` across every `Cookie` header (HTTP/2 sends
+/// one a cookie; RFC 9113 §8.2.3 reads them as one list), without its
+/// quotes. `None` when it is absent, empty or over 4 KiB, or sent twice
+/// with two values: the client does not choose which counts.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
+    let trim = |b: &'a [u8]| b.trim_ascii();
+    let mut found: Option<&[u8]> = None;
+    for line in headers.get_all(http::header::COOKIE) {
+        for pair in line.as_bytes().split(|&b| b == b';') {
+            let Some((k, v)) = pair.split_once_byte(b'=') else {
+                continue;
+            };
+            if trim(k) != name.as_bytes() {
+                continue;
+            }
+            let v = trim(v);
+            let v = v
+                .strip_prefix(b"\"")
+                .and_then(|q| q.strip_suffix(b"\""))
+                .unwrap_or(v);
+            match found {
+                Some(f) if f != v => return None,
+                _ => found = Some(v),
+            }
+        }
+    }
+    found.filter(|v| !v.is_empty() && v.len() <= 4096)
+}
+
+/// `split_once` for bytes.
+trait SplitOnce {
+    fn split_once_byte(&self, at: u8) -> Option<(&[u8], &[u8])>;
+}
+
+impl SplitOnce for [u8] {
+    fn split_once_byte(&self, at: u8) -> Option<(&[u8], &[u8])> {
+        let i = self.iter().position(|&b| b == at)?;
+        Some((&self[..i], &self[i + 1..]))
+    }
+}
+
+/// `identity.jwt`: the claim of a bearer JWT that verifies.
+struct Bearer {
+    claim: String,
+    rules: Rules,
+    keys: Keys,
+    /// The tokens verified, by their keyed hash: a client sends one token
+    /// for many requests, and its signature is checked once (0.1 to 0.3
+    /// ms of CPU for RS256 and ES256), not on every request and layer.
+    verified: moka::sync::Cache<[u8; 32], Verified>,
+}
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bearer")
+            .field("claim", &self.claim)
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token that verified: the caller it names, until when (its `exp` and
+/// the leeway), under which reading of the key file.
+#[derive(Debug, Clone)]
+struct Verified {
+    id: Arc<str>,
+    until: u64,
+    generation: u64,
+}
+
+/// How many verified tokens are kept, and for how long at most (a token
+/// living longer is verified again then).
+const VERIFIED_TOKENS: u64 = 10_000;
+const VERIFIED_FOR: Duration = Duration::from_secs(300);
+
+/// The domain of a verified token's hash.
+const TOKEN_KEY: &[u8; 32] = b"norepeat-gateway jwt verified v1";
+
+#[derive(Debug)]
+enum Keys {
+    /// An HS256 secret (none when the secret is unusable: every token is
+    /// refused).
+    Fixed(Option<Arc<KeySet>>),
+    /// A PEM or JWKS file, looked at again at most once every
+    /// [`LOOK_EVERY`] (on a request) and read again when it changed.
+    File(KeyFile),
+}
+
+impl Bearer {
+    fn new(jwt: &crate::config::Jwt) -> Self {
+        let keys = match &jwt.keys {
+            JwtKeys::Secret { secret, .. } => Keys::Fixed(
+                KeySet::secret(secret.as_bytes())
+                    .inspect_err(|e| tracing::error!("identity.jwt: {e}"))
+                    .ok()
+                    .map(Arc::new),
+            ),
+            JwtKeys::PublicKeys(path) => Keys::File(KeyFile::new(path.clone())),
+        };
+        Self {
+            claim: jwt.claim.clone(),
+            rules: Rules {
+                issuer: jwt.issuer.clone(),
+                audiences: jwt.audiences.clone(),
+            },
+            keys,
+            verified: moka::sync::Cache::builder()
+                .max_capacity(VERIFIED_TOKENS)
+                .time_to_live(VERIFIED_FOR)
+                .build(),
+        }
+    }
+
+    fn read(&self, headers: &HeaderMap) -> Read {
+        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+        let value = match (values.next(), values.next()) {
+            (None, _) => return Read::Absent,
+            (Some(v), None) => v.as_bytes(),
+            // Two credentials: neither is taken.
+            (Some(_), Some(_)) => return Read::Invalid,
+        };
+        let mut words = value
+            .split(u8::is_ascii_whitespace)
+            .filter(|w| !w.is_empty());
+        match words.next() {
+            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer") => {}
+            // Another scheme (Basic): not this source's.
+            _ => return Read::Absent,
+        }
+        let (Some(token), None) = (words.next(), words.next()) else {
+            return Read::Invalid;
+        };
+        let Ok(token) = std::str::from_utf8(token) else {
+            return Read::Invalid;
+        };
+        let (set, generation) = match &self.keys {
+            Keys::Fixed(set) => (set.clone(), 0),
+            Keys::File(file) => file.keys(),
+        };
+        let hash = *blake3::keyed_hash(TOKEN_KEY, token.as_bytes()).as_bytes();
+        let now = jsonwebtoken::get_current_timestamp();
+        if let Some(v) = self.verified.get(&hash)
+            && v.generation == generation
+            && now < v.until
+        {
+            return Read::Found(v.id.to_string());
+        }
+        let verified = match &set {
+            Some(set) => set.verify(token, &self.rules),
+            None => Err(Refused::Invalid),
+        };
+        let claims = match verified {
+            Ok(c) => c,
+            Err(why) => {
+                tracing::debug!(?why, "a bearer JWT was refused");
+                return Read::Invalid;
+            }
+        };
+        let value = match claims.get(&self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => return Read::Invalid,
+        };
+        // `sub` is unique within its issuer (OpenID Connect Core §2).
+        let iss = claims
+            .get("iss")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        let id = hashed("j", &[iss.as_bytes(), value.as_bytes()]);
+        // `exp` is required, so a token that verified has one.
+        if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
+            let until = exp.saturating_add(crate::jwt::LEEWAY_SECS);
+            let id = Arc::from(id.as_str());
+            self.verified.insert(
+                hash,
+                Verified {
+                    id,
+                    until,
+                    generation,
+                },
+            );
+        }
+        Read::Found(id)
+    }
+}
+
+/// How often, at most, the key file is looked at (its modification time
+/// and length): a rotated key is taken within about this long.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// A key file and the keys last read from it.
+#[derive(Debug)]
+struct KeyFile {
+    path: PathBuf,
+    keys: ArcSwapOption<KeySet>,
+    /// How many times the file was read again: a token verified under an
+    /// earlier reading is verified again (its key may be gone).
+    generation: std::sync::atomic::AtomicU64,
+    look: Mutex<Look>,
+}
+
+#[derive(Debug)]
+struct Look {
+    at: Instant,
+    seen: Option<(Option<SystemTime>, u64)>,
+}
+
+fn stat(path: &std::path::Path) -> Option<(Option<SystemTime>, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
+}
+
+impl KeyFile {
+    fn new(path: PathBuf) -> Self {
+        let seen = stat(&path);
+        let keys = KeySet::read(&path)
+            .inspect_err(|e| {
+                tracing::error!(
+                    "identity.jwt.public_keys: {e}; every token is refused until it is fixed"
+                )
+            })
+            .ok()
+            .map(Arc::new);
+        Self {
+            path,
+            keys: ArcSwapOption::new(keys),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            look: Mutex::new(Look {
+                at: Instant::now(),
+                seen,
+            }),
+        }
+    }
+
+    /// The keys, read again first if the file changed (looked at no more
+    /// than once every [`LOOK_EVERY`]; a file that no longer reads keeps
+    /// the keys it had).
+    fn keys(&self) -> (Option<Arc<KeySet>>, u64) {
+        if let Ok(mut look) = self.look.try_lock()
+            && look.at.elapsed() >= LOOK_EVERY
+        {
+            look.at = Instant::now();
+            let now = stat(&self.path);
+            if now != look.seen {
+                look.seen = now;
+                match KeySet::read(&self.path) {
+                    Ok(set) => {
+                        tracing::info!(file = %self.path.display(), "identity.jwt.public_keys read again");
+                        self.keys.store(Some(Arc::new(set)));
+                        self.generation
+                            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        tracing::error!("identity.jwt.public_keys: {e}; the keys read before stay")
+                    }
+                }
+            }
+        }
+        // The generation first: keys stored after it was read are checked
+        // under the older number, never the reverse.
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        (self.keys.load_full(), generation)
     }
 }
 
@@ -322,5 +692,136 @@ mod tests {
             ExtractKey::missing(&required),
             MissingKey::Caller(_)
         ));
+    }
+
+    fn caller_of(yaml: &str) -> Caller {
+        let text = format!("upstream: http://127.0.0.1:9\n{yaml}");
+        let env = |name: &str| (name == "S").then(|| vec![b's'; 32]);
+        let config = crate::config::Config::parse_in("g.yaml", text.as_bytes(), &env)
+            .unwrap_or_else(|p| panic!("{p}"));
+        Caller::new(&config.identity)
+    }
+
+    fn with_headers(caller: &Caller, headers: &[(&str, &str)]) -> Option<String> {
+        let mut req = http::Request::get("/");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        caller.identify(&req.body(()).unwrap().into_parts().0)
+    }
+
+    #[test]
+    fn one_named_cookie_across_every_cookie_header() {
+        let caller = caller_of("identity: { cookie: sid, required: true }\n");
+        let id = |lines: &[&str]| {
+            let h: Vec<(&str, &str)> = lines.iter().map(|l| ("cookie", *l)).collect();
+            with_headers(&caller, &h)
+        };
+        let abc = id(&["sid=abc"]).unwrap();
+        assert!(abc.starts_with("c:") && !abc.contains("abc"));
+        for lines in [
+            &["_ga=1; sid=abc"][..],
+            &["sid=abc;_ga=2"],
+            &["_ga=3", "sid=abc"],
+            &[" sid = abc ; theme=dark"],
+            &["sid=\"abc\""],
+            &["sid=abc", "sid=abc"],
+        ] {
+            assert_eq!(id(lines).as_ref(), Some(&abc), "{lines:?}");
+        }
+        for lines in [
+            &["sid=abc; sid=xyz"][..],
+            &["sid=abc", "sid=xyz"],
+            &["sid="],
+            &["sids=abc"],
+            &["SID=abc"],
+            &["_ga=1"],
+            &[],
+        ] {
+            assert_eq!(id(lines), None, "{lines:?}");
+        }
+        let long = format!("sid={}", "a".repeat(4097));
+        assert_eq!(id(&[&long]), None);
+    }
+
+    #[test]
+    fn each_kind_of_source_is_its_own_space() {
+        let cookie = caller_of("identity: { cookie: sid }\n");
+        let header = caller_of("identity: { header: X-User-Id }\n");
+        let c = with_headers(&cookie, &[("cookie", "sid=42")]).unwrap();
+        let h = with_headers(&header, &[("x-user-id", "42")]).unwrap();
+        assert_ne!(c, h);
+        assert_eq!(
+            c[2..],
+            h[2..],
+            "the same hash of the same value, apart by kind"
+        );
+        let any = caller_of("identity: { any_of: [{ cookie: sid }, { header: X-User-Id }] }\n");
+        assert_eq!(
+            with_headers(&any, &[("cookie", "sid=42"), ("x-user-id", "7")]),
+            Some(c)
+        );
+        assert_eq!(with_headers(&any, &[("x-user-id", "42")]), Some(h));
+        // Neither, not required: the address (none here: no peer).
+        assert_eq!(with_headers(&any, &[]), None);
+    }
+
+    fn hs256(claims: &serde_json::Value) -> String {
+        let key = jsonwebtoken::EncodingKey::from_secret(&[b's'; 32]).unwrap();
+        let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        format!(
+            "Bearer {}",
+            jsonwebtoken::encode(&header, claims, &key).unwrap()
+        )
+    }
+
+    #[test]
+    fn a_jwt_that_does_not_verify_ends_the_search() {
+        let caller = caller_of(
+            "identity:\n  any_of: [{ jwt: { secret_env: S } }, { cookie: sid }, { ip: true }]\n",
+        );
+        let exp = jsonwebtoken::get_current_timestamp() + 60;
+        let good = hs256(&serde_json::json!({"sub": "u1", "exp": exp}));
+        let refreshed = hs256(&serde_json::json!({"sub": "u1", "exp": exp + 60}));
+        let numeric = hs256(&serde_json::json!({"sub": 42, "exp": exp}));
+        let other_iss = hs256(&serde_json::json!({"sub": "u1", "iss": "b", "exp": exp}));
+        let j = with_headers(&caller, &[("authorization", &good)]).unwrap();
+        assert!(j.starts_with("j:"));
+        assert_eq!(
+            with_headers(&caller, &[("authorization", &refreshed)]),
+            Some(j.clone())
+        );
+        assert!(with_headers(&caller, &[("authorization", &numeric)]).is_some());
+        assert_ne!(
+            with_headers(&caller, &[("authorization", &other_iss)]),
+            Some(j)
+        );
+        let cookie = ("cookie", "sid=abc");
+        for bad in [
+            "Bearer not-a-jwt",
+            "Bearer",
+            "Bearer a b",
+            &hs256(&serde_json::json!({"sub": "u1", "exp": 1})),
+            &hs256(&serde_json::json!({"sub": ["u1"], "exp": exp})),
+        ] {
+            assert_eq!(
+                with_headers(&caller, &[("authorization", bad), cookie]),
+                None,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            with_headers(
+                &caller,
+                &[("authorization", &good), ("authorization", &good)]
+            ),
+            None,
+            "two credentials"
+        );
+        // Another scheme is no JWT: the cookie is read.
+        assert!(
+            with_headers(&caller, &[("authorization", "Basic dTox"), cookie])
+                .is_some_and(|id| id.starts_with("c:"))
+        );
     }
 }

@@ -12,6 +12,17 @@
 //!   request body is held to `body_timeout` between two pieces;
 //! - **idle**: nothing in flight: closed after `idle_timeout` without a
 //!   byte.
+//! - **upgraded**: the connection switched protocols (a WebSocket, on an
+//!   upstream's 101): closed after `idle_timeout` without a byte either
+//!   way (as Envoy's `idle_timeout` and NGINX's `proxy_read_timeout` close
+//!   a silent WebSocket), never while bytes flow.
+//!
+//! With `tls`, the handshake is read in the head phase: a client that
+//! connects and says nothing is cut at `header_timeout`. HTTP/1.1 and
+//! HTTP/2 are both served (by ALPN over TLS, by prior knowledge in
+//! cleartext). An HTTP/2 connection's bytes while idle (its pings, window
+//! updates) do not start a head: it is closed `idle_timeout` after its
+//! last stream, as Envoy does.
 //!
 //! Past `max_connections` new connections wait in the listen queue until
 //! one closes; an `accept` that fails for lack of descriptors (`EMFILE`)
@@ -26,19 +37,23 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
 const HEAD: u8 = 0;
 const BUSY: u8 = 1;
 const IDLE: u8 = 2;
+const UPGRADED: u8 = 3;
+
+/// The first bytes of an HTTP/2 connection (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets every
 /// connection finish the request it serves (the caller bounds that wait).
@@ -46,15 +61,26 @@ pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: Limits,
+    tls: Option<crate::config::Tls>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let tls = match tls {
+        None => None,
+        Some(files) => {
+            let (acceptor, certs) = super::tls::acceptor(&files).map_err(std::io::Error::other)?;
+            tokio::spawn(super::tls::watch(certs, files));
+            Some(acceptor)
+        }
+    };
     let slots = Arc::new(Semaphore::new(
         usize::try_from(limits.max_connections.get()).unwrap_or(usize::MAX),
     ));
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder.http2().enable_connect_protocol();
-    let builder = Arc::new(builder);
+    // HTTP/2's extended CONNECT (RFC 8441, a WebSocket over an HTTP/2
+    // stream) is not offered: upstreams are spoken to in HTTP/1.1, so a
+    // browser opens its WebSockets over HTTP/1.1 connections, whose
+    // `Upgrade` is spliced through (see `forward`).
+    let builder = Arc::new(Builder::new(TokioExecutor::new()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut pause = ACCEPT_PAUSE;
     loop {
@@ -86,10 +112,14 @@ pub(super) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let watch = Arc::new(Watch::new());
-        let io = TokioIo::new(Timed::new(stream, Arc::clone(&watch), limits));
+        // The slot goes with the socket: an upgraded connection, served
+        // on after hyper lets it go, still holds it.
+        let timed = Timed::new(stream, Arc::clone(&watch), limits, slot, tls.is_none());
         let app = app.clone();
+        let secure = tls.is_some();
+        let service_watch = Arc::clone(&watch);
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            let in_flight = InFlight::start(&watch);
+            let in_flight = InFlight::start(&service_watch);
             let mut req = req.map(|b| {
                 Body::new(tower_http::timeout::TimeoutBody::new(
                     limits.body_timeout,
@@ -97,25 +127,53 @@ pub(super) async fn serve(
                 ))
             });
             req.extensions_mut().insert(ConnectInfo(peer));
+            if secure {
+                req.extensions_mut().insert(super::forward::Secure);
+            }
+            if req.version() == http::Version::HTTP_2 {
+                join_cookies(req.headers_mut());
+            }
             let app = app.clone();
+            let watch = Arc::clone(&service_watch);
             async move {
                 let res = app.oneshot(req).await?;
+                if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    watch.enter(UPGRADED);
+                }
                 // The request is in flight until its answer is sent whole
                 // (or dropped): the guard goes with the body.
                 Ok::<_, std::convert::Infallible>(res.map(|b| Body::new(Tracked(b, in_flight))))
             }
         });
         let builder = Arc::clone(&builder);
-        let conn = graceful.watch(
-            builder
-                .serve_connection_with_upgrades(io, service)
-                .into_owned(),
-        );
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            let io = match tls {
+                None => Io::Plain(timed),
+                // Within `header_timeout`: the handshake is read in the
+                // head phase.
+                Some(acceptor) => match acceptor.accept(timed).await {
+                    Ok(stream) => {
+                        if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                            watch.multiplexed.store(true, Ordering::Release);
+                        }
+                        Io::Tls(Box::new(stream))
+                    }
+                    Err(e) => {
+                        tracing::trace!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                },
+            };
+            let conn = watcher.watch(
+                builder
+                    .serve_connection_with_upgrades(TokioIo::new(io), service)
+                    .into_owned(),
+            );
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "connection ended");
             }
-            drop(slot);
         });
     }
     drop(listener);
@@ -137,9 +195,93 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
+/// An HTTP/2 request's `cookie` fields joined into one with `"; "` (RFC
+/// 9113 §8.2.3), as an HTTP/1.1 request carries them, before anything
+/// reads them (the identity, the backend).
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut values = headers.get_all(http::header::COOKIE).iter();
+    let (Some(first), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in headers.get_all(http::header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if let Ok(v) = http::HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, v);
+    }
+}
+
+/// The client's socket, in the clear or under TLS.
+enum Io {
+    Plain(Timed),
+    Tls(Box<tokio_rustls::server::TlsStream<Timed>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
 /// A connection's phase and since when (see the module docs).
 struct Watch {
     phase: AtomicU8,
+    /// An HTTP/2 connection: its bytes while idle start no head.
+    multiplexed: AtomicBool,
     in_flight: AtomicUsize,
     since: Mutex<Instant>,
     /// The socket's reader, when it last waited: woken when the phase
@@ -152,6 +294,7 @@ impl Watch {
     fn new() -> Self {
         Self {
             phase: AtomicU8::new(HEAD),
+            multiplexed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
             reader: Mutex::new(None),
@@ -200,7 +343,11 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.enter(IDLE);
+            // An upgraded connection stays so: its answer (the 101) is
+            // sent, its bytes go on.
+            if self.0.phase.load(Ordering::Acquire) != UPGRADED {
+                self.0.enter(IDLE);
+            }
             let reader = self
                 .0
                 .reader
@@ -244,16 +391,41 @@ struct Timed {
     limits: Limits,
     timer: Pin<Box<Sleep>>,
     armed: Option<Instant>,
+    /// The connection's place under `max_connections`, held as long as
+    /// the socket.
+    _slot: OwnedSemaphorePermit,
+    /// Cleartext, first bytes not yet seen: they tell HTTP/2's preface.
+    sniff: bool,
 }
 
 impl Timed {
-    fn new(stream: TcpStream, watch: Arc<Watch>, limits: Limits) -> Self {
+    fn new(
+        stream: TcpStream,
+        watch: Arc<Watch>,
+        limits: Limits,
+        slot: OwnedSemaphorePermit,
+        cleartext: bool,
+    ) -> Self {
         Self {
             stream,
             watch,
             limits,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
+            _slot: slot,
+            sniff: cleartext,
+        }
+    }
+}
+
+impl Timed {
+    /// Bytes sent on an upgraded connection keep it alive as bytes read
+    /// do: its silence is counted from the last byte either way.
+    fn wrote(&self, written: &Poll<std::io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0)
+            && self.watch.phase.load(Ordering::Acquire) == UPGRADED
+        {
+            self.watch.enter(UPGRADED);
         }
     }
 }
@@ -268,9 +440,25 @@ impl AsyncRead for Timed {
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before && this.watch.phase.load(Ordering::Acquire) == IDLE {
-                    // The first byte of a next request: its head is timed.
-                    this.watch.enter(HEAD);
+                let read = &buf.filled()[before..];
+                if this.sniff && !read.is_empty() {
+                    this.sniff = false;
+                    let n = read.len().min(PREFACE.len());
+                    if read[..n] == PREFACE[..n] {
+                        this.watch.multiplexed.store(true, Ordering::Release);
+                    }
+                }
+                if !read.is_empty() {
+                    match this.watch.phase.load(Ordering::Acquire) {
+                        // The first byte of a next request: its head is
+                        // timed (HTTP/2's pings and window updates are not
+                        // one).
+                        IDLE if !this.watch.multiplexed.load(Ordering::Acquire) => {
+                            this.watch.enter(HEAD);
+                        }
+                        UPGRADED => this.watch.enter(UPGRADED),
+                        _ => {}
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -280,6 +468,7 @@ impl AsyncRead for Timed {
                 let (limit, what) = match this.watch.phase.load(Ordering::Acquire) {
                     HEAD => (this.limits.header_timeout, "request head"),
                     IDLE => (this.limits.idle_timeout, "idle connection"),
+                    UPGRADED => (this.limits.idle_timeout, "upgraded connection"),
                     _ => return Poll::Pending,
                 };
                 let deadline = this.watch.since() + limit;
@@ -288,7 +477,7 @@ impl AsyncRead for Timed {
                     this.armed = Some(deadline);
                 }
                 if this.timer.as_mut().poll(cx).is_ready() {
-                    metrics::counter!("norepeat_gateway_connections_timed_out_total", "phase" => if what == "request head" { "head" } else { "idle" }).increment(1);
+                    metrics::counter!("norepeat_gateway_connections_timed_out_total", "phase" => match what { "request head" => "head", "idle connection" => "idle", _ => "upgraded" }).increment(1);
                     return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!("{what} past its limit of {limit:?}"),
@@ -306,7 +495,9 @@ impl AsyncWrite for Timed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(&written);
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -322,7 +513,9 @@ impl AsyncWrite for Timed {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -1,23 +1,47 @@
 //! Forwarding written by us: one pooled hyper-util client, streamed bodies
 //! both ways, hop-by-hop headers dropped both ways (RFC 9110 §7.6.1), the
-//! `X-Forwarded-*` and `Forwarded` headers added, `Host` kept.
+//! `X-Forwarded-*` and `Forwarded` headers added, `Host` kept; an
+//! `https://` upstream over rustls, and an HTTP/1.1 `Upgrade` (WebSocket
+//! and others) spliced through once the upstream answers 101.
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version, header};
 use http_body::{Frame, SizeHint};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// The pooled HTTP/1.1 client every route shares.
-pub(crate) type HttpClient = Client<HttpConnector, Body>;
+/// The pooled HTTP/1.1 client every route shares (`http://` and
+/// `https://` upstreams).
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// The TLS settings of every client made from now on: the roots of the
+/// file's `upstream_ca` (or the system's), set when a gateway is built.
+static UPSTREAM_TLS: std::sync::Mutex<Option<std::sync::Arc<rustls::ClientConfig>>> =
+    std::sync::Mutex::new(None);
+
+/// Checks `https://` upstreams against `ca`'s roots (the system's for
+/// `None`) in every client made from now on.
+/// `https`: the file names an `https://` upstream (a missing root store is
+/// then worth a warning).
+pub(crate) fn use_upstream_ca(ca: Option<&crate::config::UpstreamCa>, https: bool) {
+    *UPSTREAM_TLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+        Some(super::tls::client_config(ca, https));
+}
+
+/// A request that came over TLS: forwarded with `proto=https`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Secure;
 
 /// The longest a connection attempt may take.
 const MAX_CONNECT: Duration = Duration::from_secs(5);
@@ -39,6 +63,18 @@ pub(crate) fn client(connect: Duration) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect));
+    // `https://` too: the TLS connector below takes those.
+    connector.enforce_http(false);
+    let tls = UPSTREAM_TLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get_or_insert_with(|| super::tls::client_config(None, false))
+        .clone();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(std::sync::Arc::unwrap_or_clone(tls))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector)
@@ -182,7 +218,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Adds `X-Forwarded-For` (appended to the client's), `X-Forwarded-Proto`,
 /// `X-Forwarded-Host` and `Forwarded` (appended), for a request from `peer`.
-fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, host: Option<HeaderValue>) {
+fn add_forwarded(
+    headers: &mut HeaderMap,
+    peer: Option<IpAddr>,
+    host: Option<HeaderValue>,
+    proto: &'static str,
+) {
     let Some(peer) = peer else { return };
     let ip = peer.to_string();
     let earlier: Vec<String> = headers
@@ -198,12 +239,12 @@ fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, host: Option<Hea
     if let Ok(v) = HeaderValue::from_str(&xff) {
         headers.insert("x-forwarded-for", v);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     let node = match peer {
         IpAddr::V4(_) => ip,
         IpAddr::V6(_) => format!("\"[{ip}]\""),
     };
-    let mut forwarded = format!("for={node};proto=http");
+    let mut forwarded = format!("for={node};proto={proto}");
     if let Some(host) = host {
         if let Ok(h) = host.to_str()
             && !h.contains('"')
@@ -248,11 +289,25 @@ pub(crate) async fn forward(
         Some(a) => HeaderValue::from_str(a.as_str()).ok(),
         None => req.headers().get(header::HOST).cloned(),
     };
+    let proto = if req.extensions().get::<Secure>().is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    // An HTTP/1.1 upgrade keeps its `Upgrade` (the one hop-by-hop header
+    // the backend must see to answer 101), and the client's side of the
+    // connection is taken once the answer is sent.
+    let upgrade = upgrade_asked(&req);
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
-    add_forwarded(headers, peer, host.clone());
+    if let Some(protocol) = upgrade {
+        headers.insert(header::UPGRADE, protocol);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    add_forwarded(headers, peer, host.clone(), proto);
     if let Some(h) = host {
         headers.insert(header::HOST, h);
     }
@@ -278,6 +333,11 @@ pub(crate) async fn forward(
         Err(_) => return Err(Failure::Timeout),
         Ok(res) => res,
     };
+    if let Some(client_side) = client_side
+        && res.status() == http::StatusCode::SWITCHING_PROTOCOLS
+    {
+        return Ok(spliced(client_side, res));
+    }
     let (mut parts, body) = res.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = match idle {
@@ -285,6 +345,55 @@ pub(crate) async fn forward(
         None => Body::new(body),
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// The protocol a request asks to switch to: an HTTP/1.1 request with
+/// `Upgrade` whose `Connection` names `upgrade` (RFC 9110 §7.8).
+pub(crate) fn upgrade_asked<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let named = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    named
+        .then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// The upstream's 101 passed to the client (its hop-by-hop headers
+/// dropped but `Upgrade` and `Connection: upgrade`), and both connections
+/// spliced once each side is handed over: bytes are copied both ways
+/// until either side closes. The client's side is held to
+/// `limits.idle_timeout` without a byte either way (see `connection`).
+fn spliced(
+    client_side: hyper::upgrade::OnUpgrade,
+    mut res: Response<hyper::body::Incoming>,
+) -> Response<Body> {
+    let upstream_side = hyper::upgrade::on(&mut res);
+    let (mut parts, _) = res.into_parts();
+    let protocol = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(p) = protocol {
+        parts.headers.insert(header::UPGRADE, p);
+    }
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    tokio::spawn(async move {
+        let (Ok(client), Ok(upstream)) = tokio::join!(client_side, upstream_side) else {
+            return;
+        };
+        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            tracing::debug!(error = %e, "upgraded connection ended");
+        }
+    });
+    Response::from_parts(parts, Body::empty())
 }
 
 /// The answer's body of an idempotency route, read ahead up to `cap` bytes

@@ -2,14 +2,16 @@
 //! and the dispatch of each request to its route.
 
 use super::Caller;
+use super::access;
 use super::caller::with_peer;
-use super::count::{Counted, Outcome, RouteMetrics, of_code};
+use super::count::{Counted, INVALID, Outcome, RouteMetrics, of_code};
 use super::forward::{Failure, HttpClient, client, forward};
 use super::own;
 use super::stack::{
     client_body_broke, invalid_request, outcome_unknown, stack, upstream_timeout,
     upstream_unavailable,
 };
+use super::store::Connecting;
 use crate::config::{
     Config, Guard, OnStoreFailure, StoreUrl, normalize_path, route_spelling, with_slashes_decoded,
     without_format_suffix,
@@ -52,10 +54,10 @@ use tower::util::BoxCloneSyncService;
 /// let open = SharedStore::new(AnyStore::Memory(Default::default()));
 /// let closed = open.closed();
 /// assert_eq!(closed.circuit().state(), BreakerState::Closed);
-/// assert_eq!(open.inner().kind(), "memory");
+/// assert_eq!(open.kind(), "memory");
 /// ```
 #[derive(Debug, Clone)]
-pub struct SharedStore(Fallback<Noted<Resilient<AnyStore>>>);
+pub struct SharedStore(Fallback<Noted<Resilient<Connecting>>>);
 
 tokio::task_local! {
     /// Set while a request is dispatched when the store failed one of its
@@ -70,7 +72,7 @@ tokio::task_local! {
 #[derive(Debug, Clone)]
 struct Noted<S>(S);
 
-fn note_failure() {
+pub(super) fn note_failure() {
     // Outside a dispatch (a task of its own): nothing to count.
     let _ = STORE_FAILED.try_with(|failed| failed.set(true));
 }
@@ -110,7 +112,11 @@ impl SharedStore {
     /// memory (none over a memory store: it does not fail).
     #[must_use]
     pub fn new(store: AnyStore) -> Self {
-        let memory = matches!(store, AnyStore::Memory(_));
+        Self::over(Connecting::ready(store))
+    }
+
+    fn over(store: Connecting) -> Self {
+        let memory = store.kind() == "memory";
         let primary = Noted(Resilient::new(store));
         Self(if memory {
             Fallback::disabled(primary)
@@ -140,10 +146,11 @@ impl SharedStore {
         self.0.primary().0.circuit()
     }
 
-    /// The file's store.
+    /// Whether the file's store has been connected to (one that was down
+    /// at start is connected to in the background).
     #[must_use]
-    pub fn inner(&self) -> &AnyStore {
-        self.0.primary().0.inner()
+    pub fn is_connected(&self) -> bool {
+        self.0.primary().0.inner().is_connected()
     }
 }
 
@@ -218,7 +225,112 @@ pub struct Gateway {
     pub(super) store_url: StoreUrl,
     /// What a client connection may hold (read at start).
     pub(super) limits: crate::config::Limits,
+    /// `tls`: the listener's certificate files (read at start, then on
+    /// change).
+    pub(super) tls: Option<crate::config::Tls>,
+    /// `upstream_ca` (read at start).
+    pub(super) upstream_ca: Option<crate::config::UpstreamCa>,
     pub(super) metrics: Option<PrometheusHandle>,
+    /// Cancelled on `SIGTERM`: readiness answers 503 from then on.
+    pub(super) draining: CancellationToken,
+    /// How long readiness answers 503 before the listener stops accepting
+    /// (read at start).
+    pub(super) drain_delay: Duration,
+    /// The last reload's result: `None` before any, else `Ok(routes)` or
+    /// the reason it was not applied (shown by `healthz`).
+    pub(super) last_reload: std::sync::Mutex<Option<Result<usize, String>>>,
+    /// Where the access log goes (read at start); `None`: off.
+    pub(super) access: Option<access::Sink>,
+    /// The admin listener's address (read at start).
+    pub(super) admin: Option<std::net::SocketAddr>,
+    /// The hash of the admin token (from `admin.token_env`, read at start).
+    pub(super) admin_token: Option<blake3::Hash>,
+    /// Since when (Unix ms) this store's keys are scoped by site: records
+    /// older than that are under the caller alone ([`site_scoped_since`]).
+    pub(super) site_scoped_since: Option<u64>,
+}
+
+/// Why [`Gateway::build`] failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The store: its URL cannot be used.
+    Store(StoreError),
+    /// The access log's file cannot be opened.
+    AccessLog(std::io::Error),
+    /// `admin.token_env` names a variable that is not set, or too short.
+    AdminToken(String),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(e) => write!(f, "store: {e}"),
+            Self::AccessLog(e) => write!(f, "access_log: cannot open the file: {e}"),
+            Self::AdminToken(e) => write!(f, "admin.token_env: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Store(e) => Some(e),
+            Self::AccessLog(e) => Some(e),
+            Self::AdminToken(_) => None,
+        }
+    }
+}
+
+impl From<StoreError> for BuildError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Where the store keeps when its keys began to be scoped by site.
+const SITE_SCOPED_KEY: &str = "norepeat:gateway:site-scoped-since";
+
+/// Since when (Unix ms) the store's idempotency keys are scoped by site as
+/// well as by caller (issue 37): the first instance of a release that does
+/// so writes the time (one `SET NX`, kept 400 days); every instance reads
+/// it. Until a route's `retention` has passed since then, a key with no
+/// record under its site-scoped id is looked up under the caller alone,
+/// where the release before wrote it, so a retry across the upgrade is
+/// replayed, never run again. A store that does not answer gives this
+/// start's time (the lookups then last a retention from now: the safe
+/// side); a memory store has nothing from before (`None`).
+async fn site_scoped_since(store: &SharedStore) -> Option<u64> {
+    if store.kind() == "memory" {
+        return None;
+    }
+    let now = super::scope::now_ms();
+    let ttl = Duration::from_secs(400 * 24 * 3600);
+    let held = store
+        .closed()
+        .put_if_absent(SITE_SCOPED_KEY, now.to_string().as_bytes(), ttl)
+        .await;
+    Some(match held {
+        Ok(Some(v)) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(now),
+        _ => now,
+    })
+}
+
+/// The admin token's hash, from the variable `admin.token_env` names.
+fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
+    let Some(name) = config.admin.as_ref().and_then(|a| a.token_env.as_deref()) else {
+        return Ok(None);
+    };
+    match std::env::var(name) {
+        Ok(t) if t.len() >= 16 => Ok(Some(blake3::hash(t.as_bytes()))),
+        Ok(_) => Err(BuildError::AdminToken(format!(
+            "{name} holds fewer than 16 characters"
+        ))),
+        Err(_) => Err(BuildError::AdminToken(format!("{name} is not set"))),
+    }
 }
 
 /// The part of the gateway a reload replaces.
@@ -226,14 +338,18 @@ pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
     pub(super) upstream: Arc<str>,
     pub(super) caller: Caller,
+    /// `cors.allow_origins`: the pages that may ask for a token.
+    pub(super) cors: Arc<[String]>,
     /// Issues the tokens; the guard of the fail-open token routes.
     pub(super) tokens: Option<TokenGuard<SharedStore>>,
     /// The same signer over the store without its local memory: the guard
     /// of the fail-closed token routes.
     pub(super) closed_tokens: Option<TokenGuard<SharedStore>>,
-    pub(super) all_fail_open: bool,
     /// Whether any route names a `host` (the request's site is read then).
     pub(super) by_host: bool,
+    /// Token routes wait for the secret the store keeps (it was down when
+    /// they were built): they follow their failure policy meanwhile.
+    pub(super) tokens_pending: bool,
 }
 
 pub(super) struct Compiled {
@@ -243,25 +359,44 @@ pub(super) struct Compiled {
     /// A guard or a rate limit: a spelling of its path that a back end
     /// would take alike must not pass it by.
     pub(super) guarded: bool,
+    /// A guarded route that refuses while the store does not answer.
+    pub(super) fails_closed: bool,
+    /// An idempotency route's layer: the admin routes read and clear its
+    /// records.
+    pub(super) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
 
 impl Gateway {
-    /// Connects to the file's store and builds every route.
+    /// Connects to the file's store (in the background when it does not
+    /// answer yet: the gateway serves meanwhile, each route following its
+    /// `on_store_failure`) and builds every route.
     ///
     /// # Errors
-    /// The store cannot be reached, or the token secret cannot be read
-    /// from it.
+    /// The store's URL cannot be used, or the access log's file cannot be
+    /// opened.
     pub async fn build(
         config: &Config,
         metrics: Option<PrometheusHandle>,
-    ) -> Result<Self, StoreError> {
-        let store = SharedStore::new(AnyStore::from_url(config.store.as_url()).await?);
+    ) -> Result<Self, BuildError> {
+        let store = SharedStore::over(Connecting::connect(config.store.as_url()).await?);
+        // Before any client is made: `upstream_ca` is read at start.
+        let https = std::iter::once(&config.upstream)
+            .chain(config.routes.iter().map(|r| &r.upstream))
+            .any(|u| u.as_str().starts_with("https://"));
+        super::forward::use_upstream_ca(config.upstream_ca.as_ref(), https);
         let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
-        let routes = Routes::build(config, &store, &detached, &stopping, None).await?;
+        let site_scoped_since = site_scoped_since(&store).await;
+        let routes = Routes::build(
+            config,
+            &store,
+            (&detached, &stopping, site_scoped_since),
+            None,
+        )
+        .await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
             client,
@@ -270,7 +405,16 @@ impl Gateway {
             stopping,
             store_url: config.store.clone(),
             limits: config.limits,
+            tls: config.tls.clone(),
+            upstream_ca: config.upstream_ca.clone(),
             metrics,
+            draining: CancellationToken::new(),
+            drain_delay: config.drain_delay,
+            last_reload: std::sync::Mutex::new(None),
+            access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
+            admin: config.admin.as_ref().map(|a| a.listen),
+            admin_token: admin_token(config)?,
+            site_scoped_since,
         })
     }
 
@@ -288,6 +432,11 @@ impl Gateway {
         if config.store != self.store_url {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
+        if config.tls != self.tls || config.upstream_ca != self.upstream_ca {
+            // The rest of the file applies; these wait for a restart (the
+            // certificate files themselves are read again on change).
+            tracing::warn!("`tls` or `upstream_ca` changed: the new value needs a restart");
+        }
         let old = self.live.load();
         if config.routes.is_empty() && !config.routes_given && !old.list.is_empty() {
             return Err(format!(
@@ -296,7 +445,8 @@ impl Gateway {
             ));
         }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
-        let routes = Routes::build(config, &self.store, &self.detached, &self.stopping, tokens)
+        let shared = (&self.detached, &self.stopping, self.site_scoped_since);
+        let routes = Routes::build(config, &self.store, shared, tokens)
             .await
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
@@ -315,8 +465,7 @@ impl Routes {
     async fn build(
         config: &Config,
         store: &SharedStore,
-        detached: &DetachedTasks,
-        stopping: &CancellationToken,
+        (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -325,19 +474,38 @@ impl Routes {
             .iter()
             .any(|r| matches!(r.guard, Some(Guard::Token)));
         let (tokens, closed_tokens) = match tokens {
-            Some((open, closed)) if config.token_secret.is_none() => (Some(open), Some(closed)),
+            Some((open, closed)) if config.token_secret.is_none() => (
+                Some(open.ttl(config.token_ttl)),
+                Some(closed.ttl(config.token_ttl)),
+            ),
             _ if wants_tokens => {
                 // From the store itself, never from the local memory: an
                 // instance that made up its own secret would refuse every
                 // other instance's tokens.
-                let signer = TokenSigner::new(token_secret(config, &store.closed()).await?);
-                (
-                    Some(TokenGuard::new(store.clone(), signer.clone())),
-                    Some(TokenGuard::new(store.closed(), signer)),
-                )
+                match token_secret(config, &store.closed()).await {
+                    Ok(secret) => {
+                        let signer = TokenSigner::new(secret);
+                        (
+                            Some(
+                                TokenGuard::new(store.clone(), signer.clone())
+                                    .ttl(config.token_ttl),
+                            ),
+                            Some(TokenGuard::new(store.closed(), signer).ttl(config.token_ttl)),
+                        )
+                    }
+                    // The store is down (at start, or before any secret
+                    // was read): the token routes follow their failure
+                    // policy, and the file's watcher builds them again
+                    // until the secret is read.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the token secret cannot be read from the store: token routes follow their on_store_failure until it can (or set token_secret)");
+                        (None, None)
+                    }
+                }
             }
             _ => (None, None),
         };
+        let tokens_pending = wants_tokens && tokens.is_none();
         let list = config
             .routes
             .iter()
@@ -349,18 +517,28 @@ impl Routes {
                     OnStoreFailure::Open => tokens.as_ref(),
                     OnStoreFailure::Closed => closed_tokens.as_ref(),
                 };
+                // A route's own identity, else the file's.
+                let caller = r
+                    .identity
+                    .as_ref()
+                    .map_or_else(|| caller.clone(), Caller::new);
+                let (service, records) = stack(
+                    r,
+                    &store.for_route(r.on_store_failure),
+                    &caller,
+                    (detached, stopping, site_scoped_since),
+                    tokens,
+                    &metrics,
+                );
                 Compiled {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
-                    service: stack(
-                        r,
-                        &store.for_route(r.on_store_failure),
-                        &caller,
-                        (detached, stopping),
-                        tokens,
-                        &metrics,
-                    ),
+                    fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
+                        && r.on_store_failure == OnStoreFailure::Closed
+                        && !r.shadow,
+                    service,
+                    records,
                     metrics,
                 }
             })
@@ -369,13 +547,11 @@ impl Routes {
             list,
             upstream: config.upstream.as_str().into(),
             caller,
+            cors: config.cors.allow_origins.clone().into(),
             tokens,
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),
-            all_fail_open: config
-                .routes
-                .iter()
-                .all(|r| r.on_store_failure == OnStoreFailure::Open),
+            tokens_pending,
         })
     }
 }
@@ -416,12 +592,46 @@ pub(super) async fn token_secret(
 /// with that path (its guard's key and the backend see it), an unmatched
 /// one is forwarded untouched.
 pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+    let id = access::request_id(req.headers_mut());
+    let Some(sink) = &gw.access else {
+        let mut res = route_request(&gw, req).await.0;
+        res.headers_mut().insert(access::REQUEST_ID, id);
+        return res;
+    };
+    let started = std::time::Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let ((mut res, route, outcome), upstream) = access::UPSTREAM
+        .scope(Cell::new(None), async {
+            let answer = route_request(&gw, req).await;
+            (answer, access::UPSTREAM.with(Cell::get))
+        })
+        .await;
+    sink.write(&access::Entry {
+        request_id: id.to_str().unwrap_or_default(),
+        route: route.as_deref().map(RouteMetrics::label),
+        method: method.as_str(),
+        path: &path,
+        status: res.status().as_u16(),
+        outcome,
+        upstream,
+        took: started.elapsed(),
+    });
+    res.headers_mut().insert(access::REQUEST_ID, id);
+    res
+}
+
+/// A request through its route (or straight through): the answer, the
+/// route that took it, and its outcome as the access log names it.
+async fn route_request(
+    gw: &Gateway,
+    mut req: Request<Body>,
+) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     with_peer(req.extensions_mut());
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
     // so a 400 of the gateway's, not a 502.
     if let Some(why) = not_forwarded(&req) {
-        return invalid_request(why);
+        return (invalid_request(why), None, "invalid_request");
     }
     let live = gw.live.load_full();
     if !live.caller.peer_is_trusted(req.extensions()) {
@@ -460,7 +670,13 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     if found.is_none()
         && let Some(why) = other_spelling(&live, method, path)
     {
-        return invalid_request(why);
+        return (invalid_request(why), None, "invalid_request");
+    }
+    // A guarded route decides on one request and its one answer: a
+    // connection that switches protocols is neither (GATEWAY.md).
+    if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
+        let why = "A guarded route does not switch protocols: a request with Upgrade (a WebSocket) is refused here.";
+        return (invalid_request(why), None, "invalid_request");
     }
     if found.is_some() {
         let key = route_spelling(keyed.as_deref().unwrap_or(path));
@@ -472,11 +688,14 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         }
     }
     let Some(route) = found else {
-        return match forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await {
-            Ok(res) => res,
-            Err(Failure::Unavailable) => upstream_unavailable(),
-            Err(Failure::ClientBody) => client_body_broke(),
-            Err(Failure::Timeout) => upstream_timeout(),
+        let start = std::time::Instant::now();
+        let answer = forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await;
+        access::note_upstream(start.elapsed());
+        return match answer {
+            Ok(res) => (res, None, "passthrough"),
+            Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
+            Err(Failure::ClientBody) => (client_body_broke(), None, "invalid_request"),
+            Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
         };
     };
     let (res, decided_locally) = STORE_FAILED
@@ -495,7 +714,11 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
     let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
     route.metrics.count(counted);
-    res
+    let outcome = match counted {
+        Counted::Request(o) => o.as_str(),
+        Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),
+    };
+    (res, Some(Arc::clone(&route.metrics)), outcome)
 }
 
 /// The forwarding headers a client outside `trusted_proxies` may not set.

@@ -34,8 +34,10 @@
 //! 504, which frees the key; a 502 (nothing reached the backend) always
 //! does.
 
+mod access;
 mod caller;
 mod connection;
+mod cors;
 mod count;
 mod forward;
 mod gateway;
@@ -44,9 +46,11 @@ mod run;
 mod scope;
 mod shadow;
 mod stack;
+mod store;
+mod tls;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
-pub use gateway::{Gateway, OUTCOME_HEADER, SharedStore};
+pub use gateway::{BuildError, Gateway, OUTCOME_HEADER, SharedStore};
 pub use run::serve;
 pub use scope::HostScoped;

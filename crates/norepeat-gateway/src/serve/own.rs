@@ -1,19 +1,24 @@
 //! The gateway's own routes under `/.norepeat/`.
 
-use super::gateway::{Gateway, dispatch};
+use super::HostScoped;
+use super::gateway::{Gateway, OUTCOME_HEADER, dispatch};
+use crate::config::{normalize_host, normalize_path, route_spelling};
 use axum::Router;
 use axum::body::Body;
+use axum::extract::Query;
 use axum::extract::{Request, State};
 use axum::routing::get;
 use http::{Response, StatusCode, header};
+use norepeat::idempotency::RecordState;
 use norepeat::identity::Identify;
 use norepeat::problem::{Code, Problem};
 use norepeat::store::{KeyValueStore, KeyValueStoreExt};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub(super) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/.norepeat/token", get(token))
+        .route("/.norepeat/token", get(token).options(preflight))
         .route("/.norepeat/healthz", get(healthz))
         .route("/.norepeat/readyz", get(readyz))
         .route("/.norepeat/metrics", get(metrics))
@@ -32,6 +37,177 @@ pub(super) fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
+/// The admin listener's routes (`admin.listen`): health, readiness and
+/// metrics, apart from the traffic (a scraper or a probe that never
+/// shares the public port). Anything else is 404.
+pub(super) fn admin_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/.norepeat/healthz", get(healthz))
+        .route("/.norepeat/readyz", get(readyz))
+        .route("/.norepeat/metrics", get(metrics))
+        .route("/.norepeat/admin/record", get(record).delete(record))
+        .with_state(gw)
+}
+
+/// The header that carries the admin token (not `Authorization`, which may
+/// be the identity the record is scoped by).
+const ADMIN_TOKEN: &str = "norepeat-admin-token";
+
+/// `GET` or `DELETE /.norepeat/admin/record?method=POST&path=/payments&key=K[&host=H]`
+/// with the admin token, and the headers that name the caller as the
+/// client sent them (`X-User-Id: 42`, ...): that key's record on the
+/// idempotency route taking `method path`, read, or cleared when it still
+/// holds what was read (the key then runs again: for an operator who has
+/// checked what the backend did with an `idempotency_outcome_unknown`).
+async fn record(
+    State(gw): State<Arc<Gateway>>,
+    Query(params): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response<Body> {
+    let problem = |status: StatusCode, code: &'static str, detail: String| {
+        let title = status.canonical_reason().unwrap_or("Error");
+        Problem::custom(status, code, title)
+            .detail(detail)
+            .to_response()
+            .map(Body::new)
+    };
+    let Some(want) = gw.admin_token else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "The record routes are served only with admin.token_env set.".into(),
+        );
+    };
+    let given = req
+        .headers()
+        .get(ADMIN_TOKEN)
+        .map(|v| blake3::hash(v.as_bytes()));
+    if given.is_none_or(|g| g != want) {
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            format!("The record routes need the admin token in {ADMIN_TOKEN}."),
+        );
+    }
+    let (Some(method), Some(path), Some(key)) =
+        (params.get("method"), params.get("path"), params.get("key"))
+    else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Give method, path and key (and host, when routes or keys are scoped by it): ?method=POST&path=/payments&key=K".into(),
+        );
+    };
+    let Ok(method) = http::Method::from_bytes(method.as_bytes()) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("{method:?} is no method."),
+        );
+    };
+    let path = normalize_path(path);
+    let live = gw.live.load();
+    let site = params.get("host").and_then(|h| normalize_host(h));
+    let Some(layer) = live
+        .list
+        .iter()
+        .find(|r| {
+            r.matcher.matches(method.as_str(), &path)
+                && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
+        })
+        .and_then(|r| r.records.as_ref())
+    else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("No idempotency route takes {method} {path}."),
+        );
+    };
+    // The caller as the client's request named it: its headers, on the
+    // site it called.
+    let (mut parts, ()) = http::Request::builder()
+        .method(method.clone())
+        .uri(path.as_ref())
+        .body(())
+        .map(http::Request::into_parts)
+        .unwrap_or_else(|_| http::Request::new(()).into_parts());
+    parts.headers = req.headers().clone();
+    parts.headers.remove(ADMIN_TOKEN);
+    parts.headers.remove(header::HOST);
+    if let Some(h) = params
+        .get("host")
+        .and_then(|h| header::HeaderValue::from_str(h).ok())
+    {
+        parts.headers.insert(header::HOST, h);
+    }
+    let Some(caller) = HostScoped::new(live.caller.clone()).identify(&parts) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "No caller: send the headers the client sent. {}",
+                live.caller.missing()
+            ),
+        );
+    };
+    let spelled = route_spelling(&path);
+    let read = match layer.inspect(&caller, &method, &spelled, key).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return json(StatusCode::NOT_FOUND, &serde_json::json!({"state": "none"})),
+        Err(e) => {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "guard_unavailable",
+                format!("The store: {e}"),
+            );
+        }
+    };
+    let mut shown = match &read.state {
+        RecordState::InProgress { attempt } => {
+            serde_json::json!({"state": "in_progress", "attempt": attempt})
+        }
+        RecordState::Abandoned { attempt } => {
+            serde_json::json!({"state": "abandoned", "attempt": attempt})
+        }
+        RecordState::Completed {
+            status,
+            headers,
+            body_len,
+        } => {
+            // The gateway's own record of an unknown outcome (see the
+            // module docs): a 200 carrying OUTCOME_HEADER.
+            let unknown = headers.iter().any(|h| h == OUTCOME_HEADER.as_str());
+            serde_json::json!({
+                "state": if unknown { "outcome_unknown" } else { "completed" },
+                "status": status.as_u16(),
+                "headers": headers,
+                "body_len": body_len,
+            })
+        }
+        _ => serde_json::json!({"state": "unknown"}),
+    };
+    if req.method() != http::Method::DELETE {
+        return json(StatusCode::OK, &shown);
+    }
+    match layer.clear(&caller, &method, &spelled, key, &read).await {
+        Ok(true) => {
+            tracing::warn!(route = %method, path = %spelled, "an idempotency record was cleared by an operator");
+            shown["cleared"] = true.into();
+            json(StatusCode::OK, &shown)
+        }
+        Ok(false) => problem(
+            StatusCode::CONFLICT,
+            "record_changed",
+            "The record changed since it was read (completed, renewed or taken over): read it again.".into(),
+        ),
+        Err(e) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "guard_unavailable",
+            format!("The store: {e}"),
+        ),
+    }
+}
+
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     let mut res = Response::new(Body::from(v.to_string()));
     *res.status_mut() = status;
@@ -43,7 +219,38 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 }
 
 async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let cors = Arc::clone(&gw.live.load().cors);
+    let mut res = issue(&gw, req);
+    super::cors::allow(&cors, origin.as_ref(), res.headers_mut());
+    res
+}
+
+/// `OPTIONS /.norepeat/token`: a page's preflight (`cors`).
+async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
+    let cors = Arc::clone(&gw.live.load().cors);
+    super::cors::preflight(&cors, req.headers()).unwrap_or_else(|| {
+        Problem::custom(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request",
+            "Method not allowed",
+        )
+        .detail(
+            "The gateway's own routes take GET; the Allow header says so (no cors in the file).",
+        )
+        .to_response()
+        .map(Body::new)
+    })
+}
+
+fn issue(gw: &Gateway, req: Request) -> Response<Body> {
     let live = gw.live.load();
+    if live.tokens_pending {
+        let p = Problem::new(Code::GuardUnavailable)
+            .detail("The store that keeps the token secret does not answer yet; retry shortly.")
+            .retry_after_secs(1);
+        return p.to_response().map(Body::new);
+    }
     let Some(tokens) = &live.tokens else {
         let p = Problem::custom(StatusCode::NOT_FOUND, "not_found", "Not found")
             .detail("No route of this gateway is guarded by tokens.");
@@ -67,40 +274,68 @@ async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     res
 }
 
+/// Whether this process runs, and what it sees: the store (whether it
+/// answers; the routes that refuse while it does not), the breaker, the
+/// last reload. Always 200 while the process serves: the per-route state
+/// is for an operator and the metrics, not for a load balancer.
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let breaker = format!("{:?}", gw.store.circuit().state());
+    let live = gw.live.load();
+    // One conditional delete whose condition never holds: it writes
+    // nothing (the store trait has no `PING`), through the same budget and
+    // breaker as every guard.
+    let answers = gw
+        .store
+        .delete_if_equals(PROBE_KEY, b"\0never written")
+        .await
+        .is_ok();
+    let refusing: Vec<&str> = if answers {
+        Vec::new()
+    } else {
+        live.list
+            .iter()
+            .filter(|r| r.fails_closed)
+            .map(|r| r.metrics.label())
+            .collect()
+    };
+    let reload = match &*gw.last_reload.lock().unwrap_or_else(|p| p.into_inner()) {
+        None => serde_json::Value::Null,
+        Some(Ok(routes)) => serde_json::json!({"result": "applied", "routes": routes}),
+        Some(Err(e)) => serde_json::json!({"result": "failed", "error": e}),
+    };
     json(
         StatusCode::OK,
         &serde_json::json!({
             "status": "ok",
-            "routes": gw.live.load().list.len(),
-            "store": gw.store.inner().kind(),
+            "routes": live.list.len(),
+            "store": gw.store.kind(),
             "breaker": breaker,
+            "store_answers": answers,
+            "refusing": refusing,
+            "last_reload": reload,
         }),
     )
 }
 
-/// The key the readiness probe asks about. Nothing writes it: the probe
+/// The key the health probe asks about. Nothing writes it: the probe
 /// is a conditional delete whose condition cannot hold, so it changes
-/// nothing and creates no key (the store trait has no `PING`; this is its
-/// one round trip that writes nothing), through the same budget and
-/// breaker as every guard.
-const READY_KEY: &str = "norepeat:gateway:readyz";
+/// nothing and creates no key.
+const PROBE_KEY: &str = "norepeat:gateway:readyz";
 
+/// Whether this process can serve: 200, or 503 once it drains
+/// (`SIGTERM`). A store that is down does not make an instance unready:
+/// every instance shares it, so taking them all out of the load balancer
+/// helps nobody; its routes follow their failure policy, and `healthz`
+/// and the metrics show it.
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
-    let answers = gw
-        .store
-        .delete_if_equals(READY_KEY, b"\0never written")
-        .await
-        .is_ok();
-    let (status, text) = if answers {
-        (StatusCode::OK, "ready")
-    } else if gw.live.load().all_fail_open {
-        (StatusCode::OK, "ready (store down; every route fails open)")
+    if gw.draining.is_cancelled() {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "draining"}),
+        )
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "the store does not answer")
-    };
-    json(status, &serde_json::json!({"status": text}))
+        json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+    }
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response<Body> {

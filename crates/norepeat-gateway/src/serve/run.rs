@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C), then lets
-/// requests in flight finish for at most 10 s. With `file`, the file is
+/// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C): readiness
+/// then answers 503 while the listener still accepts for the file's
+/// `drain_delay` (a second signal cuts it short), then the listener
+/// stops accepting and requests in flight finish for at most 10 s. With `file`, the file is
 /// read again when it changes (polled every 500 ms) and on `SIGHUP`: a
 /// valid one replaces the routes ([`Gateway::reload`]), an invalid one is
 /// logged and the old routes stay.
@@ -30,17 +32,45 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let gateway = Arc::new(gateway);
     let limits = gateway.limits;
+    let tls = gateway.tls.clone();
+    let draining = gateway.draining.clone();
+    let drain_delay = gateway.drain_delay;
     let app = own::router(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
+    if let Some(addr) = gateway.admin {
+        let admin = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("admin: cannot listen on {addr}: {e}"))
+        })?;
+        tracing::info!(addr = %admin.local_addr()?, "admin listener");
+        let app = own::admin_router(Arc::clone(&gateway));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, app).await {
+                tracing::error!(error = %e, "the admin listener failed");
+            }
+        });
+    }
     if let Some(path) = file {
         tokio::spawn(watch(gateway, path));
     }
     // When the stop was asked: the grace counts from there.
     let (tx, mut rx) = tokio::sync::watch::channel(None);
     let asked = rx.clone();
-    let server = super::connection::serve(listener, app, limits, async move {
+    let server = super::connection::serve(listener, app, limits, tls, async move {
         stop_signal().await;
+        // Readiness first, while the listener still accepts: the load
+        // balancer takes the instance out before anyone is refused. A
+        // second signal cuts the delay short.
+        draining.cancel();
+        tracing::info!(
+            drain_delay_ms = u64::try_from(drain_delay.as_millis()).unwrap_or(u64::MAX),
+            "draining: readiness answers 503, still accepting"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(drain_delay) => {}
+            () = stop_signal() => {}
+        }
+        tracing::info!("no longer accepting: finishing the requests in flight (at most 10 s)");
         let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
     });
     let grace = async move {
@@ -77,6 +107,7 @@ pub async fn serve(
             tracing::warn!("upstream calls still running after the grace period");
         }
     }
+    tracing::info!("drained: exiting");
     served
 }
 
@@ -121,7 +152,10 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             () = tokio::time::sleep(Duration::from_millis(500)) => false,
         };
         let now = stat(&path);
-        if !by_signal && now == seen {
+        // Token routes built while the store was down are built again
+        // (from the file as it is) until the store gives the secret.
+        let retry_tokens = gw.live.load().tokens_pending && gw.store.is_connected();
+        if !by_signal && now == seen && !retry_tokens {
             continue;
         }
         seen = settled(&path, now, stat).await;
@@ -129,6 +163,7 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             Ok(config) => gw.reload(&config).await.map_err(|e| e.to_string()),
             Err(problems) => Err(format!("\n{problems}")),
         };
+        *gw.last_reload.lock().unwrap_or_else(|p| p.into_inner()) = Some(result.clone());
         match result {
             Ok(n) => {
                 metrics::counter!("norepeat_gateway_reloads_total", "result" => "applied")
@@ -150,7 +185,11 @@ const SETTLED: Duration = Duration::from_millis(300);
 /// Waits until `path` looks the same twice, [`SETTLED`] apart (for at most
 /// 5 s: a file rewritten without end is read as it is then); what it
 /// looked like last.
-async fn settled<T: PartialEq>(path: &Path, mut last: T, stat: impl Fn(&Path) -> T) -> T {
+pub(super) async fn settled<T: PartialEq>(
+    path: &Path,
+    mut last: T,
+    stat: impl Fn(&Path) -> T,
+) -> T {
     for _ in 0..(5_000 / SETTLED.as_millis()) {
         tokio::time::sleep(SETTLED).await;
         let now = stat(path);

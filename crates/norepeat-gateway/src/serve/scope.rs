@@ -19,7 +19,7 @@ use std::borrow::Cow;
 ///
 /// The site is the `Host` header (or, for HTTP/2 and absolute-form
 /// requests, the URI's authority) in one spelling ([`normalize_host`]):
-/// `Shop.Example`, `shop.example.` and `shop.example:443` are one site.
+/// `Shop.Example`, `shop.example.` and `shop.example:8443` are one site.
 /// A request without any is scoped by the caller alone.
 ///
 /// ```
@@ -74,6 +74,38 @@ impl Identify for HostScoped {
     }
 }
 
+/// The caller alone, as releases before site scoping keyed it, until
+/// `until` (Unix ms): the layer's
+/// [`previous_identity`](norepeat::idempotency::IdempotencyLayer::previous_identity)
+/// while a retry of a request first made before the upgrade may come.
+#[derive(Debug, Clone)]
+pub(crate) struct Unscoped {
+    caller: Caller,
+    until: u64,
+}
+
+impl Unscoped {
+    pub(crate) fn until(caller: Caller, until: u64) -> Self {
+        Self { caller, until }
+    }
+}
+
+impl Identify for Unscoped {
+    fn identify(&self, parts: &Parts) -> Option<String> {
+        if now_ms() >= self.until {
+            return None;
+        }
+        self.caller.identify(parts)
+    }
+}
+
+/// The wall clock in Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The domain of the site hash.
 const SITE_KEY: &[u8; 32] = b"norepeat-gateway site scope v1..";
 
@@ -92,7 +124,10 @@ mod tests {
     use super::*;
 
     fn site_of(host: &str) -> Option<String> {
-        let req = http::Request::get("/").header("host", host).body(()).unwrap();
+        let req = http::Request::get("/")
+            .header("host", host)
+            .body(())
+            .unwrap();
         site(req.headers(), req.uri())
     }
 
@@ -106,17 +141,29 @@ mod tests {
             "SHOP.EXAMPLE.:443",
             " shop.example ",
         ] {
-            assert_eq!(site_of(spelling).as_deref(), Some("shop.example"), "{spelling}");
+            assert_eq!(
+                site_of(spelling).as_deref(),
+                Some("shop.example"),
+                "{spelling}"
+            );
         }
-        assert_eq!(site_of("shop.example:8080").as_deref(), Some("shop.example:8080"));
-        assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]:8080"));
+        assert_eq!(
+            site_of("shop.example:8080").as_deref(),
+            Some("shop.example")
+        );
+        assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]"));
         assert_eq!(site_of("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(site_of(""), None);
     }
 
     #[test]
     fn an_h2_request_names_its_site_in_the_uri() {
-        let req = http::Request::get("https://Shop.Example/pay").body(()).unwrap();
-        assert_eq!(site(req.headers(), req.uri()).as_deref(), Some("shop.example"));
+        let req = http::Request::get("https://Shop.Example/pay")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            site(req.headers(), req.uri()).as_deref(),
+            Some("shop.example")
+        );
     }
 }

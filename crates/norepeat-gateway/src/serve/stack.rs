@@ -1,21 +1,20 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
-use super::{Caller, HostScoped};
 use super::count::RouteMetrics;
 use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
 use super::gateway::{OUTCOME_HEADER, RouteService, SharedStore};
+use super::scope::Unscoped;
+use super::{Caller, HostScoped};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::{BodyError, declares_over};
 use norepeat::degrade::FailurePolicy;
-use norepeat::fingerprint::{
-    DEFAULT_IGNORED_FIELDS, FingerprintGuard, FingerprintLayer, Fingerprinter,
-};
+use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
-use norepeat::problem::Problem;
+use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{NotReached, TokenGuard, TokenLayer};
 use std::convert::Infallible;
@@ -49,15 +48,17 @@ where
 
 /// A route's stack: rate limit, guard, upstream. `detached` tracks the
 /// upstream calls of clients that left; `stopping` ends every call still
-/// waiting when a shutdown's grace is over.
+/// waiting when a shutdown's grace is over. With it, an idempotency
+/// route's layer, whose records the admin routes read and clear.
 pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
     caller: &Caller,
-    (detached, stopping): (&DetachedTasks, &CancellationToken),
+    (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
-) -> RouteService {
+) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
+    let mut records = None;
     let keep = matches!(
         route.guard,
         Some(Guard::Idempotency {
@@ -97,6 +98,24 @@ pub(super) fn stack(
     let max_body = usize::try_from(route.max_request_body).unwrap_or(usize::MAX);
     let guarded = match &route.guard {
         None => boxed(base),
+        Some(Guard::Token) if tokens.is_none() => {
+            // The secret is not read yet (the store was down): the route's
+            // failure policy, as for any store failure.
+            let open = on_failure == FailurePolicy::FailOpen || route.shadow;
+            boxed(tower::service_fn(move |req: Request<Body>| {
+                let base = base.clone();
+                async move {
+                    if open {
+                        super::gateway::note_failure();
+                        return base.oneshot(req).await;
+                    }
+                    let p = Problem::new(Code::GuardUnavailable)
+                        .detail("The store that keeps the token secret does not answer yet; retry shortly.")
+                        .retry_after_secs(1);
+                    Ok(p.to_response().map(Body::new))
+                }
+            }))
+        }
         Some(Guard::Token) => {
             let guard = tokens
                 .expect("a token route has a token guard")
@@ -106,6 +125,8 @@ pub(super) fn stack(
                 TokenLayer::new(guard)
                     .route(name.clone())
                     .identity(caller.clone())
+                    // A plain HTML form sends its token as a field.
+                    .form_field(max_body)
                     .shadow(route.shadow)
                     .layer(base),
             )
@@ -114,14 +135,10 @@ pub(super) fn stack(
             window,
             ignore_fields,
         }) => {
-            let fields = DEFAULT_IGNORED_FIELDS
-                .iter()
-                .map(|f| (*f).to_owned())
-                .chain(ignore_fields.iter().cloned());
             let guard = FingerprintGuard::new(store.clone())
                 .window(*window)
                 .on_store_failure(on_failure)
-                .fingerprinter(Fingerprinter::ignoring(fields));
+                .fingerprinter(Fingerprinter::ignoring(ignore_fields.iter().cloned()));
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
@@ -143,28 +160,35 @@ pub(super) fn stack(
                 Ambiguous::Keep => Abandoned::OutcomeUnknown,
                 Ambiguous::Release => Abandoned::Retry,
             };
-            boxed(
-                IdempotencyLayer::new(store.clone())
-                    .required(*required)
-                    .retention(*retention)
-                    .abandoned(abandoned)
-                    .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
-                    .max_request_body(max_body)
-                    .on_store_failure(on_failure)
-                    .identity(HostScoped::new(caller.clone()))
-                    .route(name.clone())
-                    // The first answer's headers, but hop-by-hop and
-                    // Set-Cookie (and with them the upstream stage's
-                    // OUTCOME_HEADER, which the backend cannot send).
-                    .stored_headers(StoredHeaders::AllButHopByHop)
-                    .detached_tasks_in(detached)
-                    .shadow(route.shadow)
-                    .layer(base),
-            )
+            // Records from before keys were scoped by site, looked up for
+            // one retention after (see `site_scoped_since`).
+            let until = site_scoped_since.map(|since| {
+                since.saturating_add(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
+            });
+            let mut layer = IdempotencyLayer::new(store.clone())
+                .required(*required)
+                .retention(*retention)
+                .abandoned(abandoned)
+                .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+                .max_request_body(max_body)
+                .on_store_failure(on_failure)
+                .identity(HostScoped::new(caller.clone()))
+                .route(name.clone())
+                // The first answer's headers, but hop-by-hop and
+                // Set-Cookie (and with them the upstream stage's
+                // OUTCOME_HEADER, which the backend cannot send).
+                .stored_headers(StoredHeaders::AllButHopByHop)
+                .detached_tasks_in(detached)
+                .shadow(route.shadow);
+            if let Some(until) = until.filter(|u| *u > super::scope::now_ms()) {
+                layer = layer.previous_identity(Unscoped::until(caller.clone(), until));
+            }
+            records = Some(layer.clone());
+            boxed(layer.layer(base))
         }
     };
     let Some(rl) = route.rate_limit else {
-        return guarded;
+        return (guarded, records);
     };
     let limiter = RateLimiter::new(store.clone(), rl.quota)
         .algorithm(rl.algorithm)
@@ -174,7 +198,10 @@ pub(super) fn stack(
         LimitBy::Identity => RateLimitLayer::new(limiter, caller.clone()),
         LimitBy::Address => RateLimitLayer::new(limiter, caller.address()),
     };
-    boxed(layer.route(name).shadow(route.shadow).layer(guarded))
+    (
+        boxed(layer.route(name).shadow(route.shadow).layer(guarded)),
+        records,
+    )
 }
 
 /// The innermost stage of a route: the upstream, its timeout, its metric.
@@ -261,7 +288,9 @@ impl UpstreamStage {
             result = call => result,
             () = self.stopping.cancelled() => Err(Failure::Timeout),
         };
-        self.metrics.upstream(start.elapsed().as_secs_f64());
+        let took = start.elapsed();
+        self.metrics.upstream(took.as_secs_f64());
+        super::access::note_upstream(took);
         if result.is_err() && over.is_some_and(|o| o.load(Ordering::SeqCst)) {
             return payload_too_large(self.body_cap.unwrap_or_default());
         }

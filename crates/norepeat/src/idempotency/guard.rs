@@ -5,7 +5,7 @@
 use super::record::{self, Completed, Digest, Owner};
 use crate::claim::{self, Claim, Stamped};
 use crate::degrade::{FailurePolicy, on_store_error};
-use crate::store::{KeyValueStore, StoreError};
+use crate::store::{KeyValueStore, KeyValueStoreExt, StoreError};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,14 +145,21 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 self.lease_end(),
             ));
             let taken =
-                Claim::acquire_stamped(&self.store, Arc::clone(&key), value, ttl, stamped).await;
+                Claim::acquire_stamped(&self.store, Arc::clone(&key), value.clone(), ttl, stamped)
+                    .await;
             let existing = match taken {
                 Ok(claim::Claimed::Owned(c)) => {
                     metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
                     return Claimed::Owned(c, owner, 1);
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
-                Err(e) => return self.on_failure(e),
+                Err(e) => {
+                    let out = self.on_failure(e);
+                    if matches!(out, Claimed::Refused(_)) {
+                        self.take_back(key, value);
+                    }
+                    return out;
+                }
             };
             let rec = match record::decode(&existing) {
                 Ok(r) => r,
@@ -221,6 +228,26 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
     fn lease_end(&self) -> u64 {
         crate::clock::now_ms()
             .saturating_add(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// A claim whose answer never came (a timeout, a connection lost after
+    /// the command left) may have landed all the same; refused, its
+    /// request ran nothing, so the claim is taken back (owner-checked: only
+    /// these very bytes are deleted), or its retry would meet it and be
+    /// answered 409 as if the request had run. Tried in a task of its own,
+    /// now and once more a second later (the store has just failed); a
+    /// claim still there after both stays, as any claim whose owner is
+    /// gone: 409 while its lease lasts, then an unknown outcome.
+    fn take_back(&self, key: Arc<str>, value: Bytes) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            for pause in [Duration::ZERO, Duration::from_secs(1)] {
+                tokio::time::sleep(pause).await;
+                if store.delete_if_equals(&key, &value).await.is_ok() {
+                    return;
+                }
+            }
+        });
     }
 
     fn on_failure(&self, e: StoreError) -> Claimed<G> {

@@ -15,12 +15,12 @@ use crate::degrade::FailurePolicy;
 use crate::fingerprinter::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
-use crate::keys::{KeyBuilder, Namespace};
+use crate::keys::KeyBuilder;
 use crate::middleware::{
     self, GUARD_UNAVAILABLE, Handle, Middleware, mark, reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
-use crate::store::KeyValueStore;
+use crate::store::{KeyValueStore, ReadStoreExt};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body;
@@ -32,7 +32,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
+mod inspect;
 mod run;
+
+pub use inspect::{Inspected, RecordState};
 use run::{replay, run_claimed};
 
 /// The response body of an idempotent service: the handler's body passed
@@ -153,6 +156,9 @@ pub struct IdempotencyLayer<G> {
     /// fingerprinter of the application's own is set.
     legacy: Option<Fingerprinter>,
     identity: Arc<dyn Identify>,
+    /// The identity an older configuration gave callers, whose records are
+    /// still honoured (see [`previous_identity`](IdempotencyLayer::previous_identity)).
+    previous: Option<Arc<dyn Identify>>,
     route: Option<Cow<'static, str>>,
     required: bool,
     retention: Duration,
@@ -206,6 +212,7 @@ impl<G: Clone> IdempotencyLayer<G> {
             fingerprinter: Fingerprinter::ignoring(std::iter::empty::<&str>()),
             legacy: Some(Fingerprinter::default()),
             identity: Arc::new(UserHeader::default()),
+            previous: None,
             route: None,
             required: true,
             retention: Duration::from_secs(24 * 3600),
@@ -487,6 +494,37 @@ impl<G: Clone> IdempotencyLayer<G> {
         self
     }
 
+    /// The identity an older configuration (or release) gave the same
+    /// callers, while its records may still be retried: a change of
+    /// [`identity`](Self::identity) changes every key, and a retry of a
+    /// request first made under the old one must still be replayed (or
+    /// refused), never run again. A request whose key has a record under
+    /// its previous identity (one read, before the claim, and only when the
+    /// two ids differ) goes on under that identity; any other under the
+    /// current one. Return `None` from it once the change is older than
+    /// the [`retention`](Self::retention) (no record of the old scope is
+    /// left), so the read stops.
+    ///
+    /// A race is left while the two configurations serve side by side (a
+    /// rolling deployment): an instance of the old one may claim the old
+    /// key after this one found it empty. Change the identity while
+    /// clients are not retrying across the two, or drain the old instances
+    /// first.
+    ///
+    /// ```
+    /// use norepeat::idempotency::IdempotencyLayer;
+    /// use norepeat::identity::UserHeader;
+    /// use norepeat::store::MemoryStore;
+    /// // Keys were scoped by `X-User-Id`; they are now by `X-Account`.
+    /// let layer = IdempotencyLayer::new(MemoryStore::default())
+    ///     .identity(UserHeader::new(http::HeaderName::from_static("x-account")))
+    ///     .previous_identity(UserHeader::default());
+    /// ```
+    pub fn previous_identity(mut self, identity: impl Identify) -> Self {
+        self.previous = Some(Arc::new(identity));
+        self
+    }
+
     /// The route template (`/orders/{id}/pay`), a label for logs and traces
     /// only. The key's scope and the fingerprint always take the concrete
     /// request path, so `/orders/1/pay` and `/orders/2/pay` with one key are
@@ -693,15 +731,11 @@ where
     // and `/orders/2/pay` are different resources. The template is a label.
     let path = crate::request::client_path(&parts);
     let route = cfg.route.as_deref().unwrap_or(path);
-    let key = cfg.keys.key(
-        Namespace::Idempotency,
-        &[
-            user.as_bytes(),
-            parts.method.as_str().as_bytes(),
-            path.as_bytes(),
-            client_key.as_bytes(),
-        ],
-    );
+    // A record under the caller's previous identity (a changed
+    // configuration) is this request's: it goes on as that caller.
+    let previous = previous_scope(&cfg, &parts, user, path, client_key).await;
+    let user = previous.as_deref().unwrap_or(user);
+    let key = cfg.record_key(user, &parts.method, path, client_key);
     // A body declared JSON that does not parse is the client's error: 400
     // before any claim, as the fingerprint guard answers (one rule for both
     // layers; the key stays free for the corrected request).
@@ -769,6 +803,29 @@ where
         }),
     )
     .await
+}
+
+/// The caller's previous identity, when
+/// [`previous_identity`](IdempotencyLayer::previous_identity) gives one that
+/// differs and the store holds a record for this key under it. A store
+/// that cannot say is taken as holding none (the claim that follows meets
+/// the same store and its failure policy).
+async fn previous_scope<G: KeyValueStore + Clone>(
+    cfg: &IdempotencyLayer<G>,
+    parts: &http::request::Parts,
+    user: &str,
+    path: &str,
+    client_key: &str,
+) -> Option<String> {
+    let previous = cfg.previous.as_ref()?.identify(parts)?;
+    if previous == user {
+        return None;
+    }
+    let key = cfg.record_key(&previous, &parts.method, path, client_key);
+    match cfg.guard.store.get(&key).await {
+        Ok(Some(_)) => Some(previous),
+        _ => None,
+    }
 }
 
 /// The fingerprint the release before this one gave the request, when it

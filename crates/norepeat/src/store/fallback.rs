@@ -128,6 +128,9 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
             // Releases, renewals and completions go to both stores: the key
             // may live in either. A renewal or a completion that took hold
             // locally keeps the local store consulted for its new TTL.
+            // A read is the file's store's answer, or its failure: the
+            // local memory decides, it is not asked about what it may miss.
+            KeyOp::Get { .. } => self.primary.execute(op).await,
             KeyOp::DeleteIfEquals { .. }
             | KeyOp::ExpireIfEquals { .. }
             | KeyOp::ReplaceIfEquals { .. } => {

@@ -55,6 +55,14 @@ pub enum KeyOp<'a> {
         /// The new time to live.
         ttl: Duration,
     },
+    /// Read the value of `key` (`GET key`), changing nothing. Answers
+    /// [`KeyReply::Held`]: the value, or `None` when the key is absent or
+    /// expired. For an operator looking at a record; no guard decides on a
+    /// read (a read and then a write is two operations, not one).
+    Get {
+        /// The key.
+        key: &'a str,
+    },
 }
 
 impl<'a> KeyOp<'a> {
@@ -65,7 +73,8 @@ impl<'a> KeyOp<'a> {
             KeyOp::PutIfAbsent { key, .. }
             | KeyOp::DeleteIfEquals { key, .. }
             | KeyOp::ExpireIfEquals { key, .. }
-            | KeyOp::ReplaceIfEquals { key, .. } => key,
+            | KeyOp::ReplaceIfEquals { key, .. }
+            | KeyOp::Get { key } => key,
         }
     }
 
@@ -77,6 +86,7 @@ impl<'a> KeyOp<'a> {
             KeyOp::DeleteIfEquals { .. } => "delete_if_equals",
             KeyOp::ExpireIfEquals { .. } => "expire_if_equals",
             KeyOp::ReplaceIfEquals { .. } => "replace_if_equals",
+            KeyOp::Get { .. } => "get",
         }
     }
 }
@@ -85,7 +95,7 @@ impl<'a> KeyOp<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyReply {
     /// To [`KeyOp::PutIfAbsent`]: `None` when the value was stored, else the
-    /// value that holds the key.
+    /// value that holds the key. To [`KeyOp::Get`]: the value, if any.
     Held(Option<Bytes>),
     /// To the conditional operations: whether the key held the expected
     /// value (and so was changed).
@@ -291,6 +301,33 @@ pub trait KeyValueStoreExt: KeyValueStore {
 }
 
 impl<S: KeyValueStore + ?Sized> KeyValueStoreExt for S {}
+
+/// Reads without deciding: [`KeyOp::Get`]. Apart from [`KeyValueStoreExt`],
+/// whose calls are the guards' atomic decisions, so that a guard is never
+/// written as a read followed by a write.
+///
+/// ```
+/// use norepeat::store::{KeyValueStoreExt, MemoryStore, ReadStoreExt};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = MemoryStore::default();
+/// assert_eq!(store.get("order-7").await?, None);
+/// store.put_if_absent("order-7", b"a", std::time::Duration::from_secs(30)).await?;
+/// assert_eq!(store.get("order-7").await?.as_deref(), Some(&b"a"[..]));
+/// # Ok(()) }
+/// ```
+pub trait ReadStoreExt: KeyValueStore {
+    /// The value of `key`, or `None` when it is absent or expired.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        async move {
+            match self.execute(KeyOp::Get { key }).await? {
+                KeyReply::Held(held) => Ok(held),
+                other => Err(unexpected("get", &other)),
+            }
+        }
+    }
+}
+
+impl<S: KeyValueStore + ?Sized> ReadStoreExt for S {}
 
 async fn changed(
     reply: impl Future<Output = Result<KeyReply, StoreError>>,

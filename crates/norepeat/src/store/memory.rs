@@ -309,6 +309,9 @@ impl KeyValueStore for MemoryStore {
                 Some(v) if v.as_ref() == expected => (Op::Put(bytes_entry(value, now, ttl)), true),
                 _ => (Op::Nop, false),
             })),
+            KeyOp::Get { key } => {
+                KeyReply::Held(self.with_bytes(key, |cur, _| (Op::Nop, cur.cloned())))
+            }
         })
     }
 

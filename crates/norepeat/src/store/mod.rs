@@ -82,7 +82,7 @@ mod resilient;
 
 pub use breaker::{Breaker, BreakerState, Permit};
 pub use fallback::Fallback;
-pub use key_value::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt, LateAnswers};
+pub use key_value::{KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt, LateAnswers, ReadStoreExt};
 pub use rate::{RateDecision, RateOp, RateStore, RateStoreExt};
 pub use resilient::Resilient;
 

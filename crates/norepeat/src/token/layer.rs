@@ -3,6 +3,7 @@
 
 use super::guard::Used;
 use super::{TokenGuard, TokenGuardError};
+use crate::body::{self, BodyError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
     GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
@@ -10,8 +11,10 @@ use crate::middleware::{
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
+use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
+use http_body::Body;
 use http_body_util::Either;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -58,6 +61,10 @@ pub struct NotReached;
 const MISSING_TOKEN: &str =
     "Send a repeat token in the Repeat-Token header or the repeatToken query parameter.";
 
+/// The default `detail` of 400 `missing_token` with
+/// [`form_field`](TokenLayer::form_field).
+const MISSING_TOKEN_FORM: &str = "Send a repeat token in the Repeat-Token header, the repeatToken query parameter or a repeatToken form field.";
+
 /// Guards a service with one-time tokens.
 ///
 /// The request must carry a token in header `Repeat-Token` or query
@@ -66,7 +73,8 @@ const MISSING_TOKEN: &str =
 /// 409 `token_expired`), and a store
 /// failure on a fail-closed guard 503 `guard_unavailable`. It needs a caller
 /// (401 `unauthenticated` without one), taken from `X-User-Id` unless you set
-/// another [`Identify`]. The body is not read.
+/// another [`Identify`]. The body is not read, unless
+/// [`form_field`](Self::form_field) asks for the token in a form's fields.
 ///
 /// ```
 /// use axum::{Router, routing::post};
@@ -90,6 +98,8 @@ pub struct TokenLayer<G> {
     missing_token: Cow<'static, str>,
     route: Option<Cow<'static, str>>,
     shadow: bool,
+    /// `form_field`: the largest form body read for a token.
+    form: Option<usize>,
 }
 
 impl<G> std::fmt::Debug for TokenLayer<G> {
@@ -98,6 +108,7 @@ impl<G> std::fmt::Debug for TokenLayer<G> {
             .field("missing_token", &self.missing_token)
             .field("route", &self.route)
             .field("shadow", &self.shadow)
+            .field("form", &self.form)
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +122,50 @@ impl<G> TokenLayer<G> {
             missing_token: Cow::Borrowed(MISSING_TOKEN),
             route: None,
             shadow: false,
+            form: None,
         }
+    }
+
+    /// Also takes the token from a `repeatToken` field of an
+    /// `application/x-www-form-urlencoded` body (a plain HTML form, which
+    /// can set no header), read up to `max_body` bytes (else 413
+    /// `payload_too_large`) and handed on to the service byte for byte. The
+    /// header and the query parameter come first: a request that carries
+    /// either, or whose body is not a form, is not read (default: off).
+    ///
+    /// ```
+    /// use axum::{Router, body::{Body, Bytes}, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use norepeat::store::MemoryStore;
+    /// use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let tokens = TokenGuard::new(MemoryStore::default(), TokenSigner::random());
+    /// let token = tokens.issue("u1").token;
+    /// let app: Router = Router::new().route(
+    ///     "/orders",
+    ///     post(|body: Bytes| async move { body }).layer(TokenLayer::new(tokens).form_field(64 * 1024)),
+    /// );
+    /// let form = format!("sku=a1&repeatToken={token}&note=gift+wrap");
+    /// let order = || Request::post("/orders")
+    ///     .header("x-user-id", "u1")
+    ///     .header("content-type", "application/x-www-form-urlencoded")
+    ///     .body(Body::from(form.clone()))
+    ///     .unwrap();
+    /// let res = app.clone().oneshot(order()).await.unwrap();
+    /// assert_eq!(res.status(), StatusCode::OK);
+    /// let echoed = axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap();
+    /// assert_eq!(echoed, form.as_bytes(), "the service reads the body as it was sent");
+    /// // The same form again: its token is spent.
+    /// assert_eq!(app.oneshot(order()).await.unwrap().status(), StatusCode::CONFLICT);
+    /// # }
+    /// ```
+    pub fn form_field(mut self, max_body: usize) -> Self {
+        self.form = Some(max_body);
+        if self.missing_token == MISSING_TOKEN {
+            self.missing_token = Cow::Borrowed(MISSING_TOKEN_FORM);
+        }
+        self
     }
 
     /// The route template (`/orders/{id}`), a label for shadow mode's log
@@ -207,7 +261,8 @@ where
     S::Future: Send,
     S::Error: Send,
     G: Store + Clone,
-    ReqBody: Send + 'static,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: std::error::Error + Send + Sync + 'static,
     ResBody: Send + 'static,
 {
     type Body = ResponseBody<ResBody>;
@@ -217,8 +272,31 @@ where
         mut inner: S,
         req: Request<ReqBody>,
     ) -> Result<Response<Self::Body>, S::Error> {
-        let (parts, body) = req.into_parts();
-        let (user, refused, used) = self.decide(&parts).await;
+        let (parts, mut body) = req.into_parts();
+        let user = self.identity.identify(&parts);
+        let mut token = token_of(&parts);
+        let mut unread = None;
+        if let (Some(max), Some(_), None) = (self.form, &user, &token)
+            && is_form(&parts.headers)
+        {
+            if body::declares_over(&parts.headers, max) {
+                // Refused before a byte is read: shadow mode hands it on whole.
+                unread = Some(Problem::from(BodyError::TooLarge { max }));
+            } else {
+                match body::read(body, max, &parts.headers).await {
+                    Ok(bytes) => {
+                        token = form_token(&bytes);
+                        body = ReqBody::from(bytes);
+                    }
+                    // Nothing is left to hand on, in shadow mode or not.
+                    Err(e) => return Ok(reject(&Problem::from(e))),
+                }
+            }
+        }
+        let (user, refused, used) = match unread {
+            Some(p) => (user, Some(p), Decided::Refused),
+            None => self.decide(user, token).await,
+        };
         let mut shadow = None;
         if let Some(p) = refused {
             if !self.shadow {
@@ -248,15 +326,19 @@ impl<G: Store + Clone> TokenLayer<G> {
     /// passes), and the use it recorded (or that it passes undecided: the
     /// store failed, fail-open). The same steps and store operations in
     /// shadow mode or not.
-    async fn decide(&self, parts: &Parts) -> (Option<String>, Option<Problem>, Decided) {
-        let Some(user) = self.identity.identify(parts) else {
+    async fn decide(
+        &self,
+        user: Option<String>,
+        token: Option<String>,
+    ) -> (Option<String>, Option<Problem>, Decided) {
+        let Some(user) = user else {
             return (
                 None,
                 Some(unauthenticated(&*self.identity)),
                 Decided::Refused,
             );
         };
-        let Some(token) = token_of(parts) else {
+        let Some(token) = token else {
             let p = Problem::new(Code::MissingToken).detail(self.missing_token.clone());
             return (Some(user), Some(p), Decided::Refused);
         };
@@ -299,6 +381,26 @@ fn token_of(parts: &Parts) -> Option<String> {
     })
 }
 
+/// Whether the body is a form (`application/x-www-form-urlencoded`,
+/// parameters allowed).
+fn is_form(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|e| {
+            e.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
+}
+
+/// The first `repeatToken` field of a form body, decoded.
+fn form_token(body: &[u8]) -> Option<String> {
+    form_urlencoded::parse(body)
+        .find(|(k, _)| k == "repeatToken")
+        .map(|(_, v)| v.into_owned())
+}
+
 impl From<TokenGuardError> for Problem {
     fn from(e: TokenGuardError) -> Self {
         let duplicate =
@@ -316,5 +418,33 @@ impl From<TokenGuardError> for Problem {
                 .detail(GUARD_UNAVAILABLE)
                 .retry_after_secs(1),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_form_names_its_token_in_any_spelling_of_the_field() {
+        assert_eq!(
+            form_token(b"a=1&repeatToken=t.k-1&b=2").as_deref(),
+            Some("t.k-1")
+        );
+        assert_eq!(form_token(b"repeatToken=a%2Bb+c").as_deref(), Some("a+b c"));
+        assert_eq!(form_token(b"repeattoken=x&RepeatToken=y"), None);
+        assert_eq!(form_token(b""), None);
+        let mut h = http::HeaderMap::new();
+        assert!(!is_form(&h));
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("Application/X-WWW-Form-Urlencoded; charset=UTF-8"),
+        );
+        assert!(is_form(&h));
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("multipart/form-data; boundary=x"),
+        );
+        assert!(!is_form(&h));
     }
 }

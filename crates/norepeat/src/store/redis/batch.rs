@@ -16,7 +16,7 @@
 //! takes everything queued and sends it as one pipeline. Every command is
 //! still its own atomic command: a pipeline is not a transaction, and one
 //! command's error is that command's answer alone.
-//! (`tests/redis_batching.rs` counts the writes that leave: 96 claims made
+//! (`tests/it/redis_batching.rs` counts the writes that leave: 96 claims made
 //! within one turn of the runtime leave in 2, one pipeline per connection;
 //! without the queue, in 96.)
 //!

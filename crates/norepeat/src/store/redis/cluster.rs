@@ -43,6 +43,21 @@
 //! a command sent again alone may be overtaken by a later one on the same
 //! key only if its caller sent the later one without awaiting the first;
 //! the guards await every call.
+//!
+//! # Why this file is long
+//!
+//! It is the one place that knows the cluster's shape, and its parts share
+//! that private state: the connection to the cluster and the store's type
+//! (`connect`), the slot map and its refresh (`SlotMap`, `Inner::refresh`,
+//! at most one at a time), a node's connection and queue (`Node`, made and
+//! replaced as the map changes), and the send path (`Nodes::query`: one
+//! batch per master, the redirected commands sent again one by one, a late
+//! answer reported). Split into files, each would reach into the others'
+//! fields; the batching itself, shared with one Redis, is in
+//! [`batch`](super::batch), and the commands in [`super`]. The unit tests
+//! at the end check the slot function; the behaviour is tested against
+//! real clusters of six `redis-server`s (`tests/cluster.rs`,
+//! `tests/cluster_batching.rs`, which moves slots while claims run).
 
 use super::batch::{self, Queue, Redirected, Ticket};
 use super::single::{at, manager_config};

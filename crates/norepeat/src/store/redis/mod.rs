@@ -204,6 +204,13 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 .eval_bool(&s.replace, key, &[expected, value], Some(ttl))
                 .await
                 .map(KeyReply::Changed),
+            KeyOp::Get { key } => {
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(key);
+                let answer = self.con.query(key, cmd).await.map_err(map_err)?;
+                let v: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
+                Ok(KeyReply::Held(v.map(Bytes::from)))
+            }
         }
     }
 

@@ -152,6 +152,14 @@ macro_rules! impl_sql_store {
                             (!stored).then(|| bytes::Bytes::from(current)),
                         ));
                     }
+                    KeyOp::Get { key } => {
+                        let value: Option<(Vec<u8>,)> = sqlx::query_as(sql(&self.inner.sql.get))
+                            .bind(key)
+                            .fetch_optional(pool)
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        return Ok(KeyReply::Held(value.map(|(v,)| bytes::Bytes::from(v))));
+                    }
                     KeyOp::DeleteIfEquals { key, expected } => {
                         sqlx::query(sql(&self.inner.sql.delete))
                             .bind(key)

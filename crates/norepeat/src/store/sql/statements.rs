@@ -21,6 +21,7 @@ pub(super) struct Statements {
     pub(super) delete: Arc<str>,
     pub(super) expire: Arc<str>,
     pub(super) replace: Arc<str>,
+    pub(super) get: Arc<str>,
     pub(super) reap: Arc<str>,
     pub(super) ddl: Vec<Arc<str>>,
 }
@@ -50,6 +51,9 @@ impl Statements {
             replace: s(format!(
                 "UPDATE {table} SET value = $3, expires_at = {now} + $4 \
                  WHERE key = $1 AND value = $2 AND expires_at > {now}"
+            )),
+            get: s(format!(
+                "SELECT value FROM {table} WHERE key = $1 AND expires_at > {now}"
             )),
             reap: s(format!(
                 "DELETE FROM {table} WHERE key IN (\

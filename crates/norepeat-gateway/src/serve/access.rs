@@ -1,0 +1,172 @@
+//! The access log (`access_log: stdout | stderr | FILE | off`): one JSON
+//! line per request, and the request id every request carries.
+
+use crate::config::AccessLog;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use std::cell::Cell;
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The header that names a request, forwarded to the backend and given
+/// back to the client: the client's (or its proxy's) when it sent a
+/// usable one, else one the gateway makes.
+pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+tokio::task_local! {
+    /// The upstream call's time for the request being dispatched, told by
+    /// the upstream stage (none for a replay or a refusal).
+    pub(super) static UPSTREAM: Cell<Option<Duration>>;
+}
+
+/// Tells the access log how long the upstream took (outside a dispatch, a
+/// task of a client that left: nowhere to tell).
+pub(super) fn note_upstream(took: Duration) {
+    let _ = UPSTREAM.try_with(|u| u.set(Some(took)));
+}
+
+/// The request's id: the one it carries when that is 1 to 200 visible
+/// ASCII characters, else a fresh random one, put in `headers` so the
+/// backend sees it.
+pub(super) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+    let mut given = headers.get_all(&REQUEST_ID).iter();
+    if let (Some(v), None) = (given.next(), given.next())
+        && (1..=200).contains(&v.len())
+        && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+    {
+        return v.clone();
+    }
+    let mut raw = [0u8; 16];
+    // No randomness (never seen on Linux): an id of zeros still names the
+    // line, if not uniquely.
+    let _ = getrandom::fill(&mut raw);
+    let id = HeaderValue::from_str(&hex::encode(raw)).unwrap_or(HeaderValue::from_static("0"));
+    headers.insert(REQUEST_ID, id.clone());
+    id
+}
+
+/// Where the lines go.
+#[derive(Debug)]
+pub(super) enum Sink {
+    Stdout,
+    Stderr,
+    File(Mutex<std::fs::File>),
+}
+
+impl Sink {
+    /// The file's `access_log`, opened (a file appended to, created if
+    /// missing); `None` for `off`.
+    ///
+    /// # Errors
+    /// The file cannot be opened.
+    pub(super) fn open(log: &AccessLog) -> std::io::Result<Option<Self>> {
+        Ok(Some(match log {
+            AccessLog::Stdout => Self::Stdout,
+            AccessLog::Stderr => Self::Stderr,
+            AccessLog::File(path) => Self::File(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Writes one line: whole, never interleaved with another (one
+    /// `write` of the line under the sink's lock).
+    pub(super) fn write(&self, entry: &Entry<'_>) {
+        let mut line = entry.to_json().to_string();
+        line.push('\n');
+        let written = match self {
+            Self::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
+            Self::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
+            Self::File(f) => f
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .write_all(line.as_bytes()),
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "the access log cannot be written");
+        }
+    }
+}
+
+/// One request, as its line says it.
+#[derive(Debug)]
+pub(super) struct Entry<'a> {
+    pub(super) request_id: &'a str,
+    /// The route's `match`, `None` for a request no route takes.
+    pub(super) route: Option<&'a str>,
+    pub(super) method: &'a str,
+    pub(super) path: &'a str,
+    pub(super) status: u16,
+    /// The contract's outcome; `passthrough` for a request no route takes.
+    pub(super) outcome: &'a str,
+    pub(super) upstream: Option<Duration>,
+    pub(super) took: Duration,
+}
+
+impl Entry<'_> {
+    fn to_json(&self) -> serde_json::Value {
+        use tracing_subscriber::fmt::time::FormatTime;
+        let mut time = String::new();
+        let _ = tracing_subscriber::fmt::time::SystemTime
+            .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut time));
+        let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+        serde_json::json!({
+            "time": time,
+            "request_id": self.request_id,
+            "route": self.route,
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "outcome": self.outcome,
+            "upstream_ms": self.upstream.map(ms),
+            "duration_ms": ms(self.took),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_usable_request_id_is_kept_and_any_other_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&mut h), "abc-123");
+        for bad in ["", "has space", &"x".repeat(201)] {
+            let mut h = HeaderMap::new();
+            h.insert(REQUEST_ID, HeaderValue::from_str(bad).unwrap());
+            let id = request_id(&mut h);
+            assert_eq!(id.len(), 32, "{bad:?}");
+            assert_eq!(h[&REQUEST_ID], id, "the backend sees the new one");
+        }
+        let mut two = HeaderMap::new();
+        two.append(REQUEST_ID, HeaderValue::from_static("a"));
+        two.append(REQUEST_ID, HeaderValue::from_static("b"));
+        assert_eq!(request_id(&mut two).len(), 32);
+        assert_eq!(two.get_all(&REQUEST_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn a_line_names_every_field() {
+        let e = Entry {
+            request_id: "r1",
+            route: Some("POST /payments"),
+            method: "POST",
+            path: "/payments",
+            status: 201,
+            outcome: "passed",
+            upstream: Some(Duration::from_micros(1500)),
+            took: Duration::from_millis(2),
+        };
+        let v = e.to_json();
+        assert_eq!(v["route"], "POST /payments");
+        assert_eq!(v["upstream_ms"], 1.5);
+        assert_eq!(v["duration_ms"], 2.0);
+        assert!(v["time"].as_str().unwrap().ends_with('Z'), "{v}");
+    }
+}
