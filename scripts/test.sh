@@ -14,7 +14,7 @@ started=$SECONDS
 # the schemathesis runs pass without running is refused, not honoured.
 if [ -n "${NOREPEAT_SKIP_SCHEMATHESIS:-}" ]; then
   echo "NOREPEAT_SKIP_SCHEMATHESIS is set: the test command runs every check; unset it" >&2
-  echo "(to leave the fuzz runs out of a run of your own: cargo nextest run -E 'not binary(schemathesis)')" >&2
+  echo "(to leave the fuzz runs out of a run of your own: cargo nextest run -E 'not test(/^schemathesis::/)')" >&2
   exit 2
 fi
 # Each step says when it starts, counted from the script's start, so a slow
@@ -84,7 +84,7 @@ if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; the
   (cd tests/browser && npm ci --no-audit --no-fund)
 fi
 
-# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/schemathesis.rs),
+# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/it/schemathesis.rs),
 #    in the git-ignored .venv/.
 if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
   log "installing schemathesis into .venv/"

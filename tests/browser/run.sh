@@ -58,7 +58,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-# The same shop settings as crates/norepeat-shop/tests/browser.rs.
+# The same shop settings as crates/norepeat-shop/tests/it/browser.rs.
 DATABASE_URL="sqlite://$tmp/shop.db?mode=rwc" NOREPEAT_PAYMENT_LATENCY_MS=400 NOREPEAT_DUPLICATE_EVENTS=3 \
   "$bin" serve --listen 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
 shop_pid=$!

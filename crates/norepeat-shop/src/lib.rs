@@ -1,5 +1,6 @@
 //! The norepeat demo shop: an order flow guarded by every layer of the
-//! `norepeat` library, with the `storm`, `bench` and `reconcile` commands.
+//! `norepeat` library, with the `storm` and `reconcile` commands (`bench`
+//! is the `norepeat-bench` crate's, run by the binary).
 //!
 //! The binary is `norepeat`; its contract is `SHOP_API.md`. [`app::app`]
 //! builds the router, so tests drive it without a socket.

@@ -37,8 +37,8 @@ enum Command {
     Serve(ShopConfig),
     /// Replay the duplicate-submission incident and prove the fix.
     Storm(commands::storm::StormArgs),
-    /// Measure the guards against the store.
-    Bench(commands::bench::BenchArgs),
+    /// Measure the guards against the store (the `norepeat-bench` crate).
+    Bench(norepeat_bench::BenchArgs),
     /// Run one reconciliation pass and print what it repaired.
     Reconcile {
         /// Run once and exit (the only mode).
@@ -143,7 +143,9 @@ fn main() -> ExitCode {
                 })
             }
             Some(Command::Bench(args)) => {
-                commands::bench::run(args).await?;
+                // The gateway rows start `norepeat bench --load-generator`.
+                let me = norepeat_bench::SelfCommand::current(&["bench"])?;
+                norepeat_bench::run(args, &me).await?;
                 Ok(ExitCode::SUCCESS)
             }
             Some(Command::Reconcile {

@@ -8,6 +8,7 @@
 //! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
+//! * [`GatewayProcess`]: a `norepeat-gateway` on a file of its own ([`gateway_binary`] finds it).
 //! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole;
 //!   [`post_with_token`]: a token-guarded request to send.
 //! * [`SqlBackend`]: [`PgDatabase`] or [`SqliteFile`] as a type, fresh and pooled alike, for tests stamped once per SQL backend.
@@ -32,6 +33,7 @@
 
 mod cluster;
 mod db;
+mod gateway;
 mod http;
 mod metrics;
 mod pg;
@@ -43,6 +45,7 @@ mod util;
 
 pub use cluster::RedisCluster;
 pub use db::{SqliteFile, TestDb};
+pub use gateway::{GATEWAY_BIN_ENV, GatewayProcess, gateway_binary};
 // `self::`: the module shares its name with the `http` crate.
 pub use self::http::{Answer, TOKEN_HEADER, USER_HEADER, post_with_token, send, send_until_break};
 // `self::`: the module shares its name with the `metrics` crate.

@@ -1,5 +1,4 @@
 //! The binary's commands.
 
-pub mod bench;
 pub mod serve;
 pub mod storm;

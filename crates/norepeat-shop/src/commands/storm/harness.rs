@@ -19,6 +19,11 @@ pub(super) struct RowCtx {
     /// Where a page token is taken: the shop's `/repeat/token`, or the
     /// gateway's `/.norepeat/token`.
     pub(super) token_path: &'static str,
+    /// The `Host` every request names behind the gateways: one site, as
+    /// a load balancer in front of them passes it (the gateway scopes its
+    /// keys by site, so each gateway's own `127.0.0.1:PORT` would make the
+    /// two instances two sites). `None`: the address requested.
+    pub(super) host: Option<&'static str>,
     pub(super) prefix: String,
     pub(super) sku: String,
     pub(super) logical: usize,
@@ -59,6 +64,9 @@ pub(super) async fn send(
         .post(format!("{base}{path}"))
         .header("x-user-id", user)
         .json(body);
+    if let Some(host) = ctx.host {
+        req = req.header(reqwest::header::HOST, host);
+    }
     if let Some(t) = token {
         req = req.header("repeat-token", t);
     }
@@ -97,16 +105,14 @@ pub(super) async fn deliver(ctx: &RowCtx, consumer: &OrderConsumer, msg: &OrderM
 
 /// A repeat token from the shop (or gateway) at `base` for `user`.
 pub(super) async fn token(ctx: &RowCtx, base: &str, user: &str) -> Option<String> {
-    let v: Value = ctx
+    let mut req = ctx
         .http
         .get(format!("{base}{}", ctx.token_path))
-        .header("x-user-id", user)
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
+        .header("x-user-id", user);
+    if let Some(host) = ctx.host {
+        req = req.header(reqwest::header::HOST, host);
+    }
+    let v: Value = req.send().await.ok()?.json().await.ok()?;
     v["repeatToken"].as_str().map(str::to_owned)
 }
 

@@ -42,12 +42,12 @@
 //! The parts: `args` (options), `scenarios` (how each scenario's repeats
 //! arrive), `harness` (a row's context, timed requests and deliveries, the
 //! driver), `shops` (the shops, their database, the damage counted back),
-//! `gateway` (the gateway processes and their file), `report` (rows and
+//! `gateway` (the gateway processes' file; the processes are the test kit's `GatewayProcess`), `report` (rows and
 //! table), `error`.
 
 mod args;
 mod error;
-pub(crate) mod gateway;
+mod gateway;
 mod harness;
 mod report;
 mod scenarios;
@@ -193,6 +193,7 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
                 } else {
                     "/repeat/token"
                 },
+                host: shops.via_gateway().then_some("shop.storm.example"),
                 prefix: format!("st{run_id}-{d_index}{s_index}"),
                 sku: format!("STORM-{run_id}-{d_index}{s_index}"),
                 logical,

@@ -3,7 +3,7 @@
 //! stocking, the outage switch, and the damage counted back from the
 //! database.
 
-use super::gateway::{self, GatewayProcess};
+use super::gateway;
 use super::harness::RowCtx;
 use super::{StormArgs, StormError};
 use crate::app::AppState;
@@ -12,6 +12,7 @@ use crate::config::{Defence, ShopConfig};
 use crate::db::Db;
 use crate::events::Events;
 use norepeat::store::AnyStore;
+use norepeat_testkit::{GatewayProcess, gateway_binary};
 use serde_json::{Value, json};
 
 /// The database the storm's own shops share, and whether it is a temp file.
@@ -97,7 +98,7 @@ impl Shops {
         store: &AnyStore,
         redis_url: &str,
     ) -> Result<Self, StormError> {
-        let bin = gateway::binary().map_err(StormError::Gateway)?;
+        let bin = gateway_binary().map_err(StormError::Gateway)?;
         let mut shops = Self::start(Defence::Naive, n, db_url, store).await?;
         let secret = format!(
             "{:032x}{:032x}",

@@ -1,19 +1,27 @@
 //! `norepeat bench --only gateway.*`: the gateway rows (a trivial backend
-//! directly, through `norepeat-gateway` unguarded, and with a fingerprint
-//! guard) are measured in one run on memory and on a private Redis, with
-//! their ratios. Speed is never asserted: only that each row ran and
-//! measured something. The gateway binary is found next to `norepeat`, as
+//! directly, through `norepeat-gateway` unguarded, with a fingerprint guard
+//! and with an idempotency guard, loaded from a process of its own; and the
+//! in-process `gateway.inproc.*` rows) are measured in one run on memory and
+//! on a private Redis, with their ratios. The nginx rows are left out here
+//! (nginx may be missing). Speed is never asserted: only that each row ran and
+//! measured something. The gateway binary is found next to `norepeat-bench`, as
 //! a workspace build puts it (`cargo build -p norepeat-gateway` when
 //! running these alone).
-
-#![allow(clippy::unwrap_used)]
 
 use norepeat_testkit::RedisServer;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+const BIN: &str = env!("CARGO_BIN_EXE_norepeat-bench");
 
-const ROWS: [&str; 3] = ["gateway.direct", "gateway.passthrough", "gateway.guarded"];
+const ROWS: [&str; 7] = [
+    "gateway.direct",
+    "gateway.passthrough",
+    "gateway.guarded",
+    "gateway.idempotency",
+    "gateway.inproc.direct",
+    "gateway.inproc.passthrough",
+    "gateway.inproc.guarded",
+];
 
 const RATIOS: [&str; 2] = [
     "gateway_passthrough_over_direct",
@@ -28,7 +36,7 @@ fn bench(extra: &[&str]) -> Value {
         gateway.display()
     );
     let mut cmd = std::process::Command::new(BIN);
-    cmd.args(["bench", "--quick", "--json", "--duration-ms", "250"]);
+    cmd.args(["--quick", "--json", "--duration-ms", "250"]);
     for row in ROWS {
         cmd.args(["--only", row]);
     }
@@ -59,13 +67,31 @@ fn bench(extra: &[&str]) -> Value {
         assert!(v.is_some_and(|v| v > 0.0), "ratios.{ratio} in {json}");
     }
     // Each proxy row says what the proxy process spent.
-    for row in ["gateway.passthrough", "gateway.guarded"] {
+    for row in [
+        "gateway.passthrough",
+        "gateway.guarded",
+        "gateway.idempotency",
+        "gateway.inproc.passthrough",
+        "gateway.inproc.guarded",
+    ] {
         assert!(
             stderr.contains(&format!("bench: {row}: the proxy process used")),
             "{row}: {stderr}"
         );
     }
     json
+}
+
+/// The `ops` of row `name`.
+fn ops(json: &Value, name: &str) -> u64 {
+    json["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap()["ops"]
+        .as_u64()
+        .unwrap()
 }
 
 #[test]
@@ -84,14 +110,7 @@ async fn the_gateway_rows_on_redis() {
     assert_eq!(json["store"], "redis");
     // The guarded row kept its fingerprints in this Redis (one command a
     // request; the other rows send none), each with a TTL.
-    let guarded = json["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "gateway.guarded")
-        .unwrap()["ops"]
-        .as_u64()
-        .unwrap();
+    let guarded = ops(&json, "gateway.guarded");
     let mut con = redis.connection().await;
     let stats: String = redis::cmd("INFO")
         .arg("stats")
@@ -108,6 +127,14 @@ async fn the_gateway_rows_on_redis() {
     assert!(
         processed >= guarded,
         "{processed} commands for {guarded} guarded requests"
+    );
+    // Every measured idempotency request claimed a key of its own (kept
+    // 60 s): a repeated key would have been a replay, and no new record.
+    let idempotency = ops(&json, "gateway.idempotency");
+    let keys: u64 = redis::cmd("DBSIZE").query_async(&mut con).await.unwrap();
+    assert!(
+        keys >= idempotency,
+        "{keys} keys for {idempotency} idempotency requests"
     );
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }

@@ -1,9 +1,7 @@
 //! The shop on a Redis Cluster (`REDIS_URL=redis+cluster://...`).
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::BIN;
 use norepeat_testkit::{RedisCluster, ShopProcess, SqliteFile};

@@ -2,9 +2,7 @@
 //! requests in flight and the payment handlers of clients that left
 //! finish (at most 10 s), and exits 0.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::BIN;
 use norepeat_testkit::{ShopProcess, SqliteFile};

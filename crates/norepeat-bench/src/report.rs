@@ -244,6 +244,27 @@ impl Report {
                 target: "(reference)",
                 met: None,
             },
+            Goal {
+                name: "gateway.guarded / gateway.nginx_post",
+                json: Some("gateway_guarded_over_nginx_post"),
+                value: self.over("gateway.guarded", "gateway.nginx_post"),
+                target: ">= 0.8",
+                met: at_least(self.over("gateway.guarded", "gateway.nginx_post"), 0.8),
+            },
+            Goal {
+                name: "gateway.idempotency / gateway.nginx_post",
+                json: Some("gateway_idempotency_over_nginx_post"),
+                value: self.over("gateway.idempotency", "gateway.nginx_post"),
+                target: ">= 0.5",
+                met: at_least(self.over("gateway.idempotency", "gateway.nginx_post"), 0.5),
+            },
+            Goal {
+                name: "gateway.inproc.passthrough / .inproc.nginx",
+                json: Some("gateway_inproc_passthrough_over_nginx"),
+                value: self.over("gateway.inproc.passthrough", "gateway.inproc.nginx"),
+                target: "(reference)",
+                met: None,
+            },
         ]
     }
 

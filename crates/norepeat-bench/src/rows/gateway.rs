@@ -1,32 +1,51 @@
-//! `gateway.direct`, `gateway.passthrough`, `gateway.guarded` and
-//! `gateway.nginx`: `POST /orders` over loopback to one trivial backend (an
-//! axum server in this process that reads the body and answers 201 with a
-//! small fixed body), driven by the load generator and client of the
-//! `http.*` rows (one keep-alive reqwest client, a unique body each):
+//! The `gateway.*` rows: one trivial backend (an axum server in this
+//! process answering `GET` with 200 and anything else with 201, a small
+//! fixed body), loaded directly, through a `norepeat-gateway` process and
+//! through Debian's `nginx`.
 //!
-//! - `direct`: to the backend itself;
-//! - `passthrough`: through a `norepeat-gateway` process whose file
-//!   guards another route only, so `POST /orders` streams through;
-//! - `guarded`: through a gateway guarding `POST /orders` by fingerprint
-//!   (window 3 s, identity `X-User-Id`) on the bench's store (its own
-//!   memory store, or the `--redis` server);
-//! - `nginx`: through Debian's `nginx` (`proxy_pass` to an upstream block
-//!   with `keepalive`), `daemon off`, `master_process off` (one worker),
-//!   on a file and prefix of its own.
+//! The rows without `inproc` load it as users and issue 39 do: a load
+//! generator in a process of its own (this bench started again, see
+//! `load`), 64 keep-alive connections (`--concurrency`), 2 threads:
+//!
+//! - `direct`: `GET /orders` to the backend itself;
+//! - `passthrough`: `GET /orders` through a gateway whose file guards
+//!   another route only, so the request streams through;
+//! - `nginx`: `GET /orders` through nginx's `proxy_pass` (an upstream
+//!   block with `keepalive`), `daemon off`, `master_process off` (one
+//!   worker), on a file and prefix of its own;
+//! - `nginx_post`: `POST /orders` with a body never sent before, through
+//!   nginx (the yardstick of the two guarded rows);
+//! - `guarded`: the same `POST` through a gateway guarding `POST /orders`
+//!   by fingerprint (window 3 s, identity `X-User-Id`) on the bench's store
+//!   (its own memory store, or the `--redis` server): every request new;
+//! - `idempotency`: the same `POST` with an `Idempotency-Key` never sent
+//!   before, through a gateway guarding `POST /orders` by idempotency
+//!   (claim, forward, store the answer).
+//!
+//! Their `cpu_us_per_op` is the proxy process's CPU time per request (for
+//! `direct`, this process's: the backend), warm-up included on both sides.
+//!
+//! The `gateway.inproc.*` rows are the earlier measure, kept to compare:
+//! `POST /orders` driven from this process by the `http.*` rows' load
+//! generator and client (one keep-alive reqwest client, a unique body
+//! each), directly, through the unguarded and the fingerprint gateway, and
+//! through nginx; their `cpu_us_per_op` is this process's (load, client and
+//! backend), and the proxy's is noted on stderr.
 //!
 //! A row whose program is missing (`norepeat-gateway` next to this
 //! executable or at `NOREPEAT_GATEWAY_BIN`; `nginx` on the `PATH`, in
 //! `/usr/sbin` or at `NOREPEAT_NGINX_BIN`) is left out with a note on
 //! stderr. Each proxy row also notes on stderr the proxy process's CPU
-//! time per request (the row's `cpu_us_per_op` is this process's: load
-//! generator, client and backend).
+//! time per request.
 
 use super::super::BenchError;
 use super::super::harness::{Load, Sample, measure};
-use crate::commands::storm::gateway::{self, GatewayProcess};
+use super::RowCtx;
+use crate::load::{self, Fresh, Spec};
 use axum::Router;
 use bytes::Bytes;
-use http::StatusCode;
+use http::{Method, StatusCode};
+use norepeat_testkit::{GatewayProcess, gateway_binary};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -42,71 +61,174 @@ const NGINX_ENV: &str = "NOREPEAT_NGINX_BIN";
 /// How long `nginx` may take to accept connections.
 const NGINX_DEADLINE: Duration = Duration::from_secs(10);
 
-async fn created(_body: Bytes) -> (StatusCode, &'static str) {
-    (StatusCode::CREATED, ANSWER)
+/// Threads of the load generator's process (`wrk -t2`).
+const LOAD_THREADS: usize = 2;
+
+/// `GET` is read (200), anything else creates (201).
+async fn answer(method: Method, _body: Bytes) -> (StatusCode, &'static str) {
+    if method == Method::GET {
+        (StatusCode::OK, ANSWER)
+    } else {
+        (StatusCode::CREATED, ANSWER)
+    }
 }
 
-/// Measures the row `name` (`gateway.direct`, `.passthrough`, `.guarded`,
-/// `.nginx`) against a backend of its own; `None` (with a note on stderr)
-/// when the program it needs is missing.
+/// What stands between the load and the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    None,
+    Nginx,
+    /// A gateway whose file guards `POST` of this path this way.
+    Gateway(&'static str, &'static str),
+}
+
+/// Who sends the requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// A load-generator process: `GET`, or `POST` with what is new each time.
+    Process(Fresh),
+    /// The `http.*` rows' load generator in this process (`POST`).
+    InProcess,
+}
+
+/// The unguarded gateway's route: not the one requested.
+const ELSEWHERE: (&str, &str) = ("/elsewhere", "guard: fingerprint\n    window: 3s");
+const FINGERPRINT: (&str, &str) = ("/orders", "guard: fingerprint\n    window: 3s");
+const IDEMPOTENCY: (&str, &str) = (
+    "/orders",
+    "guard: idempotency\n    required: true\n    retention: 60s",
+);
+
+/// The proxy and the driver of row `name`.
+fn plan(name: &str) -> Option<(Proxy, Driver)> {
+    let gw = |(p, g): (&'static str, &'static str)| Proxy::Gateway(p, g);
+    Some(match name {
+        "gateway.direct" => (Proxy::None, Driver::Process(Fresh::Nothing)),
+        "gateway.passthrough" => (gw(ELSEWHERE), Driver::Process(Fresh::Nothing)),
+        "gateway.nginx" => (Proxy::Nginx, Driver::Process(Fresh::Nothing)),
+        "gateway.nginx_post" => (Proxy::Nginx, Driver::Process(Fresh::Body)),
+        "gateway.guarded" => (gw(FINGERPRINT), Driver::Process(Fresh::Body)),
+        "gateway.idempotency" => (gw(IDEMPOTENCY), Driver::Process(Fresh::Key)),
+        "gateway.inproc.direct" => (Proxy::None, Driver::InProcess),
+        "gateway.inproc.passthrough" => (gw(ELSEWHERE), Driver::InProcess),
+        "gateway.inproc.guarded" => (gw(FINGERPRINT), Driver::InProcess),
+        "gateway.inproc.nginx" => (Proxy::Nginx, Driver::InProcess),
+        _ => return None,
+    })
+}
+
+/// Measures the row `name` against a backend of its own; `None` (with a
+/// note on stderr) when the program it needs is missing.
 pub(crate) async fn row(
     name: &'static str,
-    store_url: Option<&str>,
+    cx: &RowCtx<'_>,
     load: &Load,
     run: u64,
 ) -> Result<Option<Sample>, BenchError> {
-    let app = Router::new().fallback(created);
+    let Some((proxy, driver)) = plan(name) else {
+        return Ok(None);
+    };
+    let app = Router::new().fallback(answer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let backend = format!("http://{}", listener.local_addr()?);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let result = proxied(name, &backend, store_url, load, run).await;
+    let result = proxied(name, proxy, driver, &backend, cx, load, run).await;
     server.abort();
     result
 }
 
 async fn proxied(
     name: &'static str,
+    proxy: Proxy,
+    driver: Driver,
     backend: &str,
-    store_url: Option<&str>,
+    cx: &RowCtx<'_>,
     load: &Load,
     run: u64,
 ) -> Result<Option<Sample>, BenchError> {
-    let store = store_url.unwrap_or("memory");
-    let guarded_route = match name {
-        "gateway.direct" => return Ok(Some(drive(name, backend, load, run).await?)),
-        "gateway.nginx" => {
+    let store = cx.url.unwrap_or("memory");
+    let (base, pid, running) = match proxy {
+        Proxy::None => (backend.to_owned(), Some(std::process::id()), Running::None),
+        Proxy::Nginx => {
             let Some(bin) = nginx_binary() else {
                 eprintln!(
-                    "bench: gateway.nginx left out: no nginx (on the PATH, in /usr/sbin or at {NGINX_ENV})"
+                    "bench: {name} left out: no nginx (on the PATH, in /usr/sbin or at {NGINX_ENV})"
                 );
                 return Ok(None);
             };
             let nginx = Nginx::start(&bin, backend).await?;
-            let (sample, cpu) =
-                with_cpu(nginx.pid(), drive(name, &nginx.base_url, load, run)).await;
-            note_cpu(name, cpu, &sample);
-            return sample.map(Some);
+            (nginx.base_url.clone(), nginx.pid(), Running::Nginx(nginx))
         }
-        "gateway.passthrough" => "POST /elsewhere",
-        _ => "POST /orders",
-    };
-    let bin = match gateway::binary() {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("bench: {name} left out: {e}");
-            return Ok(None);
+        Proxy::Gateway(path, guard) => {
+            let bin = match gateway_binary() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("bench: {name} left out: {e}");
+                    return Ok(None);
+                }
+            };
+            let file = format!(
+                "upstream: {backend}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n  - match: POST {path}\n    {guard}\n"
+            );
+            let gw = GatewayProcess::start(&bin, &file)
+                .await
+                .map_err(|e| BenchError::unexpected(name, e))?;
+            (gw.base_url.clone(), gw.pid(), Running::Gateway(gw))
         }
     };
-    let file = format!(
-        "upstream: {backend}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n  - match: {guarded_route}\n    guard: fingerprint\n    window: 3s\n"
-    );
-    let gw = GatewayProcess::start(&bin, &file)
-        .await
-        .map_err(|e| BenchError::unexpected(name, e))?;
-    let (sample, cpu) = with_cpu(gw.pid(), drive(name, &gw.base_url, load, run)).await;
-    gw.stop().await;
-    note_cpu(name, cpu, &sample);
+    let sample = match driver {
+        Driver::InProcess => {
+            let (sample, cpu) = with_cpu(pid, drive(name, &base, load, run)).await;
+            if proxy != Proxy::None {
+                note_cpu(name, cpu, &sample);
+            }
+            sample
+        }
+        Driver::Process(fresh) => {
+            let spec = Spec {
+                addr: base.trim_start_matches("http://").to_owned(),
+                path: "/orders".to_owned(),
+                fresh,
+                status: if fresh == Fresh::Nothing { 200 } else { 201 },
+                answer: ANSWER.to_owned(),
+                connections: load.concurrency,
+                threads: LOAD_THREADS,
+                warmup_ms: u64::try_from(load.warmup.as_millis()).unwrap_or(u64::MAX),
+                duration_ms: u64::try_from(load.duration.as_millis()).unwrap_or(u64::MAX),
+                run,
+            };
+            let (measured, cpu) = with_cpu(pid, load::drive(name, cx.me, &spec)).await;
+            measured.map(|m| {
+                if let Some(first) = &m.first_unexpected {
+                    eprintln!(
+                        "bench: {name}: {} of {} answers were not the backend's (left out of ops/s); the first: {first}",
+                        m.unexpected, m.requests
+                    );
+                }
+                #[allow(clippy::cast_precision_loss)]
+                let per = cpu.map(|c| c.as_secs_f64() * 1e6 / (m.requests.max(1) as f64));
+                if let (Some(per), true) = (per, proxy != Proxy::None) {
+                    eprintln!(
+                        "bench: {name}: the proxy process used {per:.1} µs of CPU per request"
+                    );
+                }
+                m.sample(per)
+            })
+        }
+    };
+    match running {
+        Running::Gateway(gw) => gw.stop().await,
+        Running::Nginx(nginx) => drop(nginx),
+        Running::None => {}
+    }
     sample.map(Some)
+}
+
+/// The proxy of a row, stopped once measured.
+enum Running {
+    None,
+    Nginx(Nginx),
+    Gateway(GatewayProcess),
 }
 
 /// Drives `POST {base}/orders` as the `http.*` rows do.

@@ -5,9 +5,7 @@
 //! has the event delivered again and processed once.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::{BIN, env};
 use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, SqliteFile};

@@ -2,9 +2,7 @@
 //! The shop's HTTP contract, driven through the router (SQLite, memory store).
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

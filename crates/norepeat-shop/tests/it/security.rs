@@ -4,9 +4,7 @@
 //! PostgreSQL database.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::{Answer, BIN};
 use norepeat_testkit::{ShopProcess, TestDb, sign_callback, sign_callback_now};

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 /// Every row, in the order they run. `redis.raw` sits right before the
 /// rows it is the yardstick of, so they share a sitting.
-pub const RESULT_NAMES: [&str; 18] = [
+pub const RESULT_NAMES: [&str; 24] = [
     "token.issue",
     "redis.raw",
     "token.consume",
@@ -45,8 +45,14 @@ pub const RESULT_NAMES: [&str; 18] = [
     "http.handrolled",
     "gateway.direct",
     "gateway.passthrough",
-    "gateway.guarded",
     "gateway.nginx",
+    "gateway.nginx_post",
+    "gateway.guarded",
+    "gateway.idempotency",
+    "gateway.inproc.direct",
+    "gateway.inproc.passthrough",
+    "gateway.inproc.guarded",
+    "gateway.inproc.nginx",
 ];
 
 /// What every row gets.
@@ -60,6 +66,8 @@ pub(crate) struct RowCtx<'a> {
     /// The nodes of a Redis Cluster (`--cluster`), for
     /// `fingerprint.acquire.cluster`.
     pub(crate) cluster: &'a [String],
+    /// How to start this bench again, as the gateway rows' load generator.
+    pub(crate) me: &'a super::SelfCommand,
 }
 
 /// Measures the row `name`; `None` where it does not apply (`redis.raw`
@@ -95,8 +103,8 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
             }
             _ => return Ok(None),
         },
-        "gateway.direct" | "gateway.passthrough" | "gateway.guarded" | "gateway.nginx" => {
-            return gateway::row(name, cx.url, load, run).await;
+        n if n.starts_with("gateway.") => {
+            return gateway::row(name, cx, load, run).await;
         }
         _ => return Ok(None),
     }))

@@ -2,9 +2,7 @@
 //! PostgreSQL: stock never oversold, a payment notice applied once, a
 //! half-done payment repaired once.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::BIN;
 use norepeat_shop::db::Db;

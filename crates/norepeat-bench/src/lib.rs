@@ -20,7 +20,9 @@
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
 //! | `http.guarded` | the same route behind `FingerprintLayer`, the same load generator, the same run |
 //! | `http.handrolled` | the same route with the guard written by hand in the handler: `SET key NX PX` through plain redis-rs, 409 when taken (one Redis; on the memory store, a `Mutex<HashMap>` by hand) |
-//! | `gateway.direct`, `gateway.passthrough`, `gateway.guarded`, `gateway.nginx` | a trivial backend without a proxy, through `norepeat-gateway` unguarded and guarded, and through nginx's `proxy_pass` (see `rows::gateway`) |
+//! | `gateway.direct`, `gateway.passthrough`, `gateway.nginx` | `GET` from a load generator in a process of its own (64 keep-alive connections, 2 threads) to a trivial backend, through `norepeat-gateway` unguarded, through nginx's `proxy_pass` (see `rows::gateway`) |
+//! | `gateway.nginx_post`, `gateway.guarded`, `gateway.idempotency` | the same load, `POST` with a new body each (and a new `Idempotency-Key`), through nginx, a fingerprint gateway, an idempotency gateway |
+//! | `gateway.inproc.*` | the earlier measure: `POST` driven from the bench process itself, directly, through the gateway unguarded and guarded, through nginx |
 //! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
 //! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |
 //!
@@ -41,19 +43,22 @@
 //! the ratios named in BENCHMARKS.md.
 //!
 //! The parts: `args` (options), `harness` (load generator,
-//! percentiles, CPU time), `rows` (one function per row), `probe`
+//! percentiles, CPU time), `load` (the gateway rows' load generator, a
+//! process of its own), `rows` (one function per row), `probe`
 //! (Redis `INFO`, memory per key, `redis-benchmark`), `report` (table and
 //! JSON), `error`.
 
 mod args;
 mod error;
 mod harness;
+mod load;
 mod probe;
 mod report;
 mod rows;
 
 pub use args::BenchArgs;
 pub use error::BenchError;
+pub use load::SelfCommand;
 pub use report::{BenchResult, Ceiling, MemoryResult, Report};
 pub use rows::RESULT_NAMES;
 pub use rows::sql::{POSTGRES_NAMES, SQLITE_NAMES};
@@ -63,13 +68,34 @@ use indicatif::{ProgressBar, ProgressStyle};
 use norepeat::store::{AnyStore, KeyValueStore, MemoryStore};
 use std::time::Duration;
 
-/// Runs the bench and prints its report.
+/// Runs the bench and prints its report. `me` is how to start this bench
+/// again: the `gateway.*` rows run their load generator as a process of
+/// its own (see `load`).
 ///
 /// # Errors
 /// When the store cannot be reached or a row gets an answer it does not
 /// measure.
-pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
-    let report = measure_all(&args).await?;
+///
+/// ```no_run
+/// use clap::Parser;
+/// use norepeat_bench::{BenchArgs, SelfCommand};
+///
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     bench: BenchArgs,
+/// }
+///
+/// # async fn demo() -> Result<(), norepeat_bench::BenchError> {
+/// let cli = Cli::parse_from(["norepeat-bench", "--quick", "--only", "token.issue"]);
+/// norepeat_bench::run(cli.bench, &SelfCommand::current(&[])?).await
+/// # }
+/// ```
+pub async fn run(args: BenchArgs, me: &SelfCommand) -> Result<(), BenchError> {
+    if let Some(spec) = &args.load_generator {
+        return load::serve(spec).await;
+    }
+    let report = measure_all(&args, me).await?;
     if args.json {
         println!("{}", report.to_json());
     } else {
@@ -82,7 +108,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
 ///
 /// # Errors
 /// As [`run`].
-pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
+pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, BenchError> {
     let url = args.redis_url.as_deref().filter(|u| !u.is_empty());
     let sql_targets = rows::sql::Target::from_args(&args.databases, args.sql_rows)?;
     let store = AnyStore::from_url(url).await?;
@@ -146,6 +172,7 @@ pub async fn measure_all(args: &BenchArgs) -> Result<Report, BenchError> {
             run,
             url,
             cluster: &args.cluster,
+            me,
         };
         if let Some(s) = rows::row(name, &cx).await? {
             results.push(BenchResult {

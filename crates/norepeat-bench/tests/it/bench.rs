@@ -2,12 +2,10 @@
 //! private Redis. Speed is never asserted here: only that every row of the
 //! contract is present and measured something.
 
-#![allow(clippy::unwrap_used)]
-
 use norepeat_testkit::{PgDatabase, RedisServer};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
+const BIN: &str = env!("CARGO_BIN_EXE_norepeat-bench");
 
 /// Every row of the contract (`SHOP_API.md`, `norepeat bench`) on any
 /// store (`http.handrolled` with its guard by hand in process on memory);
@@ -48,7 +46,6 @@ const MEMORY: [&str; 3] = [
 fn bench(extra: &[&str]) -> Value {
     let out = std::process::Command::new(BIN)
         .args([
-            "bench",
             "--quick",
             "--json",
             "--duration-ms",

@@ -2,9 +2,7 @@
 //! idempotency store remembers: a shop process over a private Redis, on
 //! SQLite and on PostgreSQL.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::BIN;
 use norepeat_testkit::{RedisServer, ShopProcess, TestDb};

@@ -4,8 +4,6 @@
 //! gateway binary is found next to `norepeat`, as a workspace build puts
 //! it: `cargo build -p norepeat-gateway` when running these alone).
 
-#![allow(clippy::unwrap_used)]
-
 use norepeat_testkit::{PgDatabase, RedisServer};
 use serde_json::Value;
 

@@ -2,8 +2,6 @@
 //! down, only PostgreSQL): one submission, one order.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
 use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
 use serde_json::{Value, json};
 

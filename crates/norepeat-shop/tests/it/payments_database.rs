@@ -4,9 +4,7 @@
 //! Redis that is flushed and killed, two processes sharing one database, and
 //! a process killed in the middle of a payment.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::{Answer, BIN};
 use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, TestDb};

@@ -2,9 +2,7 @@
 //! on (SQLite, memory store).
 
 // Test helpers unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -49,4 +49,8 @@ pub struct BenchArgs {
     #[arg(long = "only", value_name = "ROW",
           value_parser = clap::builder::PossibleValuesParser::new(super::RESULT_NAMES))]
     pub only: Vec<String>,
+    /// Run as the gateway rows' load generator (a JSON spec, written by
+    /// the bench itself) and print what it measured. Internal.
+    #[arg(long, hide = true, value_name = "SPEC")]
+    pub load_generator: Option<String>,
 }

@@ -5,9 +5,7 @@
 //! order: the shop's database, read through its API, counts them.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use common::{BIN, scrape};
 use norepeat_testkit::{PgDatabase, ProxyMode, RedisServer, ShopProcess, TcpProxy};

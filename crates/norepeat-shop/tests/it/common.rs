@@ -2,12 +2,10 @@
 //! the binary's path, the shop's router on a SQLite file, and one answer
 //! type read the same way from the router and from a shop process.
 //!
-//! Each test file that needs it declares `mod common;`; not every file uses
-//! every helper, hence `dead_code` is allowed here.
+//! Each test module that needs it says `use crate::common;`; not every
+//! module uses every helper, hence `dead_code` is allowed here.
 
 #![allow(dead_code)]
-// A failure in a helper is a failed test.
-#![allow(clippy::unwrap_used)]
 
 use axum::Router;
 use axum::body::Body;

@@ -4,9 +4,7 @@
 //! `NOREPEAT_TEST_PG_ADMIN_URL` or `postgres://postgres@127.0.0.1:5432/postgres`).
 //!
 //! "Two instances" are simulated with two separate `Db` pools on one database.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -764,7 +762,8 @@ async fn several_processes(fresh: &TestDb) {
         tokio::process::Command::new(&exe)
             .args([
                 "--exact",
-                "child_process_worker",
+                // Its path in the one test binary (`tests/it/`).
+                "db::child_process_worker",
                 "--ignored",
                 "--nocapture",
             ])
