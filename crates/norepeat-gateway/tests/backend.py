@@ -8,7 +8,7 @@ count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backen
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
-POST by path (`null` when absent), GET /echo the request's headers (and two hop-by-hop headers
+POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
 echo of every byte (426 without `Upgrade`), GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
@@ -25,6 +25,20 @@ EFFECTS = {}
 ATTEMPTS = {}
 LOCK = threading.Lock()
 BIG = b"x" * (2 * 1024 * 1024)
+FORM = b"""<!doctype html>
+<html><head><title>order</title></head><body>
+<form method="post" action="/orders">
+  <input type="hidden" name="repeatToken" id="token" value="">
+  <input name="sku" value="A1">
+  <button id="buy" type="submit">Buy</button>
+</form>
+<script>
+fetch('/.norepeat/token', {credentials: 'same-origin'})
+  .then((r) => r.json())
+  .then((j) => { document.getElementById('token').value = j.repeatToken; });
+</script>
+</body></html>
+"""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -33,9 +47,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):
         pass
 
-    def answer(self, status, body, extra=()):
+    def answer(self, status, body, extra=(), content_type="application/json"):
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for k, v in extra:
             self.send_header(k, v)
@@ -139,6 +153,12 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 body = json.dumps(ATTEMPTS).encode()
             self.answer(200, body)
+        elif self.path == "/form":
+            # A plain HTML form (the browser test, tests/browser/
+            # gateway_form.test.mjs): the caller's cookie, a repeat token
+            # fetched from the gateway into a hidden field, a form POST.
+            self.answer(200, FORM, [("Set-Cookie", "sid=browser-1; Path=/; SameSite=Lax")],
+                        content_type="text/html; charset=utf-8")
         elif self.path == "/echo":
             body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])

@@ -236,7 +236,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
                 "stdout" => AccessLog::Stdout,
                 "stderr" => AccessLog::Stderr,
                 "" => return Err("expected stdout, stderr, off or a file's path".to_owned()),
-                path => AccessLog::File(path.into()),
+                path => AccessLog::File(ctx.dir.join(path)),
             })
         }),
     };

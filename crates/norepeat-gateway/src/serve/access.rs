@@ -25,12 +25,13 @@ pub(super) fn note_upstream(took: Duration) {
     let _ = UPSTREAM.try_with(|u| u.set(Some(took)));
 }
 
-/// The request's id: the one it carries when that is 1 to 200 visible
-/// ASCII characters, else a fresh one ([`fresh_id`]), put in `headers` so
-/// the backend sees it.
-pub(super) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+/// The request's id: the one it carries when it comes from a trusted
+/// proxy (`trusted`) and is 1 to 200 visible ASCII characters, else a
+/// fresh one ([`fresh_id`]), put in `headers` so the backend sees it.
+pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
     let mut given = headers.get_all(&REQUEST_ID).iter();
-    if let (Some(v), None) = (given.next(), given.next())
+    if trusted
+        && let (Some(v), None) = (given.next(), given.next())
         && (1..=200).contains(&v.len())
         && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
     {
@@ -155,11 +156,17 @@ mod tests {
     fn a_usable_request_id_is_kept_and_any_other_replaced() {
         let mut h = HeaderMap::new();
         h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
-        assert_eq!(request_id(&mut h), "abc-123");
+        assert_eq!(request_id(&mut h, true), "abc-123");
+        let mut untrusted = h.clone();
+        assert_ne!(
+            request_id(&mut untrusted, false),
+            "abc-123",
+            "a client's own is replaced"
+        );
         for bad in ["", "has space", &"x".repeat(201)] {
             let mut h = HeaderMap::new();
             h.insert(REQUEST_ID, HeaderValue::from_str(bad).unwrap());
-            let id = request_id(&mut h);
+            let id = request_id(&mut h, true);
             assert_eq!(id.len(), 32, "{bad:?}");
             assert_eq!(h[&REQUEST_ID], id, "the backend sees the new one");
         }
@@ -169,7 +176,7 @@ mod tests {
         let mut two = HeaderMap::new();
         two.append(REQUEST_ID, HeaderValue::from_static("a"));
         two.append(REQUEST_ID, HeaderValue::from_static("b"));
-        assert_eq!(request_id(&mut two).len(), 32);
+        assert_eq!(request_id(&mut two, true).len(), 32);
         assert_eq!(two.get_all(&REQUEST_ID).iter().count(), 1);
     }
 

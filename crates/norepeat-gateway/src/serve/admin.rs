@@ -101,13 +101,16 @@ async fn record(
             format!("The record routes need the admin token in {ADMIN_TOKEN}."),
         );
     }
-    let (Some(method), Some(path), Some(key)) =
-        (params.get("method"), params.get("path"), params.get("key"))
-    else {
+    let (Some(method), Some(path), Some(key), Some(host)) = (
+        params.get("method"),
+        params.get("path"),
+        params.get("key"),
+        params.get("host"),
+    ) else {
         return problem(
             StatusCode::BAD_REQUEST,
             "invalid_request",
-            "Give method, path and key (and host, when routes or keys are scoped by it): ?method=POST&path=/payments&key=K".into(),
+            "Give method, path, key and host (the Host the client sent: records are scoped by it): ?method=POST&path=/payments&key=K&host=shop.example".into(),
         );
     };
     let Ok(method) = http::Method::from_bytes(method.as_bytes()) else {
@@ -119,15 +122,15 @@ async fn record(
     };
     let path = normalize_path(path);
     let live = gw.live.load();
-    let site = params.get("host").and_then(|h| normalize_host(h));
-    let Some(layer) = live
+    let site = normalize_host(host);
+    let Some((layer, route_caller)) = live
         .list
         .iter()
         .find(|r| {
             r.matcher.matches(method.as_str(), &path)
                 && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
         })
-        .and_then(|r| r.records.as_ref())
+        .and_then(|r| Some((r.records.as_ref()?, &r.caller)))
     else {
         return problem(
             StatusCode::NOT_FOUND,
@@ -146,19 +149,16 @@ async fn record(
     parts.headers = req.headers().clone();
     parts.headers.remove(ADMIN_TOKEN);
     parts.headers.remove(header::HOST);
-    if let Some(h) = params
-        .get("host")
-        .and_then(|h| header::HeaderValue::from_str(h).ok())
-    {
+    if let Ok(h) = header::HeaderValue::from_str(host) {
         parts.headers.insert(header::HOST, h);
     }
-    let Some(caller) = HostScoped::new(live.caller.clone()).identify(&parts) else {
+    let Some(caller) = HostScoped::new(route_caller.clone()).identify(&parts) else {
         return problem(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             format!(
                 "No caller: send the headers the client sent. {}",
-                live.caller.missing()
+                route_caller.missing()
             ),
         );
     };
@@ -200,6 +200,15 @@ async fn record(
     };
     if req.method() != http::Method::DELETE {
         return json(StatusCode::OK, &shown);
+    }
+    if matches!(read.state, RecordState::InProgress { .. }) {
+        // Its request still runs (its lease is renewed): cleared, a retry
+        // would run the effect beside it, and its own answer would be lost.
+        return problem(
+            StatusCode::CONFLICT,
+            "record_in_progress",
+            "The key's request is still running (its lease is renewed); a record is cleared once it is completed, abandoned or an unknown outcome.".into(),
+        );
     }
     match layer.clear(&caller, &method, &spelled, key, &read).await {
         Ok(true) => {

@@ -72,6 +72,8 @@ pub struct Gateway {
     pub(super) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
     pub(super) admin: Option<std::net::SocketAddr>,
+    /// The file as last applied (at start, or by a reload).
+    pub(super) applied: ArcSwap<Config>,
     /// The hash of the admin token (from `admin.token_env`, read at start).
     pub(super) admin_token: Option<blake3::Hash>,
     /// Since when (Unix ms) this store's keys are scoped by site: records
@@ -193,6 +195,8 @@ pub(super) struct Compiled {
     /// An idempotency route's layer: the admin routes read and clear its
     /// records.
     pub(super) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
+    /// The route's caller (its own `identity`, else the file's).
+    pub(super) caller: Caller,
     pub(super) metrics: Arc<RouteMetrics>,
     pub(super) service: RouteService,
 }
@@ -243,6 +247,7 @@ impl Gateway {
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
             admin: config.admin.as_ref().map(|a| a.listen),
             admin_token: admin_token(config)?,
+            applied: ArcSwap::from_pointee(config.clone()),
             site_scoped_since,
         })
     }
@@ -261,10 +266,39 @@ impl Gateway {
         if config.store != self.store_url {
             return Err("`store` changed: a new store needs a restart".to_owned());
         }
-        if config.tls != self.tls || config.upstream_ca != self.upstream_ca {
+        {
             // The rest of the file applies; these wait for a restart (the
             // certificate files themselves are read again on change).
-            tracing::warn!("`tls` or `upstream_ca` changed: the new value needs a restart");
+            let was = self.applied.load();
+            let waiting: Vec<&str> = [
+                ("tls", config.tls != self.tls),
+                ("upstream_ca", config.upstream_ca != self.upstream_ca),
+                ("listen", config.listen != was.listen),
+                ("limits", config.limits != was.limits),
+                ("drain_delay", config.drain_delay != was.drain_delay),
+                ("access_log", config.access_log != was.access_log),
+                ("admin", config.admin != was.admin),
+            ]
+            .into_iter()
+            .filter_map(|(name, changed)| changed.then_some(name))
+            .collect();
+            if !waiting.is_empty() {
+                tracing::warn!(fields = ?waiting, "changed fields wait for a restart; the rest of the file applies");
+            }
+            // Every key names its caller: a changed identity makes the
+            // records of requests made before unknown to their retries.
+            let rekeyed = config.identity != was.identity
+                || config.routes.iter().any(|r| {
+                    was.routes
+                        .iter()
+                        .find(|o| o.matcher == r.matcher && o.host == r.host)
+                        .is_some_and(|o| o.identity != r.identity)
+                });
+            if rekeyed {
+                tracing::warn!(
+                    "`identity` changed: keys are scoped by the caller, so a retry of a request made before this reload is not recognised (its record is under the old caller) until `retention` ends; change it while clients are not retrying"
+                );
+            }
         }
         let old = self.live.load();
         if config.routes.is_empty() && !config.routes_given && !old.list.is_empty() {
@@ -280,6 +314,7 @@ impl Gateway {
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
         self.live.store(Arc::new(routes));
+        self.applied.store(Arc::new(config.clone()));
         Ok(n)
     }
 }
@@ -362,6 +397,7 @@ impl Routes {
                         && !r.shadow,
                     service,
                     records,
+                    caller,
                     metrics,
                 }
             })

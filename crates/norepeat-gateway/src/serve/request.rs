@@ -18,7 +18,9 @@ use super::forward::{Failure, forward};
 use super::gateway::{Gateway, Routes};
 use super::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
 use super::store::STORE_FAILED;
-use crate::config::{normalize_path, route_spelling, with_slashes_decoded, without_format_suffix};
+use crate::config::{
+    normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
+};
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
@@ -39,10 +41,24 @@ const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 /// with that path (its guard's key and the backend see it), an unmatched
 /// one is forwarded untouched.
 pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
-    let id = access::request_id(req.headers_mut());
+    with_peer(req.extensions_mut());
+    // A request id from outside `trusted_proxies` is the client's to
+    // choose: replaced, as Envoy does at the edge.
+    let trusted = gw.live.load().caller.peer_is_trusted(req.extensions());
+    let id = access::request_id(req.headers_mut(), trusted);
+    // While draining, an HTTP/1 client is told to leave its keep-alive
+    // connection (as Envoy's drain does): its next request goes to another
+    // instance instead of meeting the listener's close.
+    let leave = gw.draining.is_cancelled() && req.version() < http::Version::HTTP_2;
     let Some(sink) = &gw.access else {
         let mut res = route_request(&gw, req).await.0;
         res.headers_mut().insert(access::REQUEST_ID, id);
+        if leave {
+            res.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         return res;
     };
     let started = std::time::Instant::now();
@@ -64,6 +80,12 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         took: started.elapsed(),
     });
     res.headers_mut().insert(access::REQUEST_ID, id);
+    if leave {
+        res.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
     res
 }
 
@@ -73,7 +95,6 @@ pub(super) async fn route_request(
     gw: &Gateway,
     mut req: Request<Body>,
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
-    with_peer(req.extensions_mut());
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
     // so a 400 of the gateway's, not a 502.
@@ -115,7 +136,7 @@ pub(super) async fn route_request(
         keyed = found.is_some().then_some(plain);
     }
     if found.is_none()
-        && let Some(why) = other_spelling(&live, method, path)
+        && let Some(why) = other_spelling(&live, site.as_ref(), method, path)
     {
         return (invalid_request(why), None, "invalid_request");
     }
@@ -202,6 +223,19 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some("The method must be in upper case (`POST`, not `post`).")
     } else if hosts > 1 {
         Some("The request carries more than one Host header.")
+    } else if let Some(host) = headers.get(http::header::HOST)
+        && !host.as_bytes().iter().all(u8::is_ascii_graphic)
+    {
+        // The site keys and routes are chosen by; a byte a backend reads
+        // its own way has no place in it.
+        Some("The Host header must be visible ASCII.")
+    } else if let (Some(authority), Some(host)) =
+        (req.uri().authority(), headers.get(http::header::HOST))
+        && host.to_str().ok().and_then(normalize_host) != normalize_host(authority.as_str())
+    {
+        // RFC 9113 §8.3.1, RFC 9112 §3.2.2: the two name one site, or the
+        // gateway and the backend could each take another.
+        Some("The request's Host and its target's authority name different sites.")
     } else if hosts == 0
         && req.version() == http::Version::HTTP_11
         && req.uri().authority().is_none()
@@ -224,10 +258,21 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
 /// slash (`%2F`) that decodes onto a route (Flask and Express decode it;
 /// Envoy can be told to refuse these too), or a path that is a route's in
 /// another case (a back end that folds case serves it as the route).
-fn other_spelling(live: &Routes, method: &str, path: &str) -> Option<&'static str> {
+fn other_spelling(
+    live: &Routes,
+    site: Option<&String>,
+    method: &str,
+    path: &str,
+) -> Option<&'static str> {
     const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
     const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
-    let guarded = || live.list.iter().filter(|r| r.guarded);
+    // The guarded routes of this request's site: another site's route is
+    // not this request's to pass by.
+    let guarded = || {
+        live.list
+            .iter()
+            .filter(|r| r.guarded && r.host.as_ref().is_none_or(|h| site == Some(h)))
+    };
     let folded = |p: &str| guarded().any(|r| r.matcher.matches_ignoring_case(method, p));
     // The common case, a path that is no route's in any spelling, costs no
     // allocation: one look per route, and the rest only for a path with a

@@ -133,6 +133,8 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             .map(|m| (m.modified().ok(), m.len()))
     };
     let mut seen = stat(&path);
+    let mut token_wait = Duration::from_millis(500);
+    let mut next_token_try = tokio::time::Instant::now();
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -152,10 +154,23 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             () = tokio::time::sleep(Duration::from_millis(500)) => false,
         };
         let now = stat(&path);
-        // Token routes built while the store was down are built again
-        // (from the file as it is) until the store gives the secret.
-        let retry_tokens = gw.live.load().tokens_pending && gw.store.is_connected();
-        if !by_signal && now == seen && !retry_tokens {
+        if !by_signal && now == seen {
+            // Token routes built while the store was down are built again
+            // (from the file as it is) until the store gives the secret:
+            // not a reload (not counted), and backing off from 1 s to 30 s
+            // while the secret stays unreadable.
+            let pending = gw.live.load().tokens_pending && gw.store.is_connected();
+            if pending && tokio::time::Instant::now() >= next_token_try {
+                if let Ok(config) = Config::load(&path) {
+                    let _ = gw.reload(&config).await;
+                }
+                if gw.live.load().tokens_pending {
+                    token_wait = (token_wait * 2).min(Duration::from_secs(30));
+                    next_token_try = tokio::time::Instant::now() + token_wait;
+                } else {
+                    tracing::info!("the token secret is read: token routes guard again");
+                }
+            }
             continue;
         }
         seen = super::files::settled(&path, now, stat).await;

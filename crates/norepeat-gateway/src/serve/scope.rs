@@ -111,10 +111,16 @@ const SITE_KEY: &[u8; 32] = b"norepeat-gateway site scope v1..";
 
 /// The request's site in one spelling ([`normalize_host`]), or `None`
 /// when it names none.
+///
+/// The URI's authority first (HTTP/2's `:authority`, an absolute-form
+/// target), then `Host`: the order `forward` sends the backend its `Host`
+/// in, so the site the guards key and match by is the site the backend
+/// serves. (A request whose two disagree is refused before this:
+/// `request::not_forwarded`.)
 pub(crate) fn site(headers: &HeaderMap, uri: &Uri) -> Option<String> {
-    let raw = match headers.get(http::header::HOST) {
-        Some(h) => h.to_str().ok()?,
-        None => uri.authority()?.as_str(),
+    let raw = match uri.authority() {
+        Some(a) => a.as_str(),
+        None => headers.get(http::header::HOST)?.to_str().ok()?,
     };
     normalize_host(raw)
 }

@@ -5,7 +5,6 @@
 //! effect per request it runs.
 
 // The helpers below are test code too: a failure is a panic with its place.
-#![allow(clippy::unwrap_used)]
 
 use norepeat_testkit::{RedisServer, ShopProcess, free_port};
 use reqwest::{Client, StatusCode};

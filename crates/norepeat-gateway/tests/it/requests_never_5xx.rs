@@ -4,7 +4,6 @@
 //! every kind of route, in process.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-#![allow(clippy::unwrap_used)]
 
 use axum::body::Body;
 use norepeat_gateway::config::Config;

@@ -4,7 +4,7 @@
 use norepeat_gateway::config::{Config, Problems};
 use proptest::prelude::*;
 
-const EXAMPLE: &[u8] = include_bytes!("files/example.yaml");
+const EXAMPLE: &[u8] = include_bytes!("../files/example.yaml");
 
 fn answers(bytes: &[u8]) {
     match Config::parse("fuzz.yaml", bytes) {

@@ -11,7 +11,6 @@
 //! the gateway leaves out), `jwks-rotated.json` (`ec-2` alone).
 
 // Test code: a failure is a panic with its place.
-#![allow(clippy::unwrap_used)]
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use norepeat_testkit::{ShopProcess, free_port};

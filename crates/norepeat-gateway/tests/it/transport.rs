@@ -7,7 +7,6 @@
 //! TLS client cut at `header_timeout`; `check` on bad certificate files.
 
 // The helpers below are test code too: a failure is a panic with its place.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};

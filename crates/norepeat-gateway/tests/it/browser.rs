@@ -1,0 +1,58 @@
+//! The gateway's tokens on a plain HTML form in a real browser (issue 38):
+//! headless Debian chromium driven by playwright-core runs
+//! `tests/browser/gateway_form.test.mjs` against the gateway in front of
+//! `tests/backend.py`, whose `GET /form` page fetches a repeat token into a
+//! hidden `repeatToken` field and submits an
+//! `application/x-www-form-urlencoded` POST: no script sends the order.
+//! The caller is a cookie the page sets (`identity: {cookie: sid}`). The
+//! README's test command installs chromium and the npm packages; without
+//! them this test fails, it is never skipped.
+
+use crate::common::*;
+use std::path::PathBuf;
+
+/// The repository's root (the gateway crate is two levels down).
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[tokio::test]
+async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
+    let browser_dir = repo_root().join("tests/browser");
+    let how = "run ./scripts/test.sh (or tests/browser/run.sh --install)";
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "the browser test needs Debian's chromium: {how}"
+    );
+    assert!(
+        browser_dir.join("node_modules/playwright-core").exists(),
+        "the browser test needs tests/browser/node_modules: {how}"
+    );
+    let b = backend(0).await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nidentity: {{ cookie: sid, required: true }}\nroutes:\n  - match: POST /orders\n    guard: token\n",
+        b.port
+    );
+    let g = gateway(&yaml).await;
+    let run = Command::new("node")
+        .arg(browser_dir.join("gateway_form.test.mjs"))
+        .arg(url(&g, ""))
+        .arg(url(&b, ""))
+        .current_dir(&browser_dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the browser test finishes within 2 minutes")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "gateway_form.test.mjs failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
+    assert_eq!(effects(&b).await["/orders"], 2);
+}

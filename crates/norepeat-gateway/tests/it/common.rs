@@ -1,0 +1,274 @@
+//! What every gateway test shares: the kit's processes (the gateway binary,
+//! `tests/backend.py`), their files, and small readers of their answers.
+
+pub(crate) use norepeat_testkit::{RedisServer, ShopProcess, free_port};
+pub(crate) use reqwest::{Client, Response, StatusCode};
+pub(crate) use serde_json::Value;
+pub(crate) use std::process::Stdio;
+pub(crate) use std::time::Duration;
+pub(crate) use tokio::io::{AsyncBufReadExt, BufReader};
+pub(crate) use tokio::process::Command;
+
+/// A server process of the test kit (killed when dropped, started from a
+/// cleared environment), where it listens, and the gateway's file.
+pub(crate) struct Process {
+    pub(crate) process: ShopProcess,
+    pub(crate) port: u16,
+    /// A gateway's file.
+    pub(crate) file: Option<std::path::PathBuf>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(f) = &self.file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+impl Process {
+    /// Starts `bin args` and waits for its `listening on` line.
+    pub(crate) async fn start(bin: &str, args: Vec<String>) -> Process {
+        let process = ShopProcess::spawn(bin, args, Vec::new()).await;
+        let port = process
+            .base_url()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the announced address");
+        Process {
+            process,
+            port,
+            file: None,
+        }
+    }
+
+    /// Sends `signal` (`-TERM`, `-HUP`) to the process.
+    pub(crate) async fn signal(&self, signal: &str) {
+        let pid = self.process.pid().expect("running").to_string();
+        let sent = Command::new("kill").args([signal, &pid]).status().await;
+        assert!(sent.unwrap().success(), "kill {signal} {pid}");
+    }
+}
+
+pub(crate) async fn backend(port: u16) -> Process {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend.py");
+    Process::start("python3", vec![script.to_owned(), port.to_string()]).await
+}
+
+/// Writes `yaml` to a file of its own; its path.
+pub(crate) fn config_file(yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.yaml", free_port()));
+    std::fs::write(&file, yaml).unwrap();
+    file
+}
+
+/// Starts the gateway on `yaml` (a file written for it), listening on a
+/// free port.
+pub(crate) async fn gateway(yaml: &str) -> Process {
+    let file = config_file(yaml);
+    let args = [
+        "--config",
+        &file.to_string_lossy(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let mut p = Process::start(
+        env!("CARGO_BIN_EXE_norepeat-gateway"),
+        args.map(String::from).into(),
+    )
+    .await;
+    p.file = Some(file);
+    p
+}
+
+pub(crate) fn url(p: &Process, path: &str) -> String {
+    format!("http://127.0.0.1:{}{path}", p.port)
+}
+
+/// Waits until the backend has counted one request to `path` (it counts
+/// before its delay): that request is in flight, however slow the machine.
+pub(crate) async fn arrived(backend: &Process, path: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while effects(backend).await[path] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub(crate) async fn effects(backend: &Process) -> Value {
+    reqwest::get(url(backend, "/effects"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `GET /.norepeat/token` for `user` on gateway `g`: the JSON answer.
+pub(crate) async fn token_for(g: &Process, user: &str) -> Value {
+    Client::new()
+        .get(url(g, "/.norepeat/token"))
+        .header("x-user-id", user)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `GET /.norepeat/healthz` on gateway `g`: the JSON answer.
+pub(crate) async fn health(g: &Process) -> Value {
+    Client::new()
+        .get(url(g, "/.norepeat/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+pub(crate) async fn code(res: Response) -> (StatusCode, String) {
+    let status = res.status();
+    let body: Value = res.json().await.expect("a JSON body");
+    (status, body["code"].as_str().unwrap_or_default().to_owned())
+}
+
+pub(crate) fn file(backend: &Process, store: &str, routes: &str) -> String {
+    file_for(backend.port, store, routes)
+}
+
+/// The file of a gateway in front of a backend on `port`.
+pub(crate) fn file_for(port: u16, store: &str, routes: &str) -> String {
+    format!(
+        "upstream: http://127.0.0.1:{port}\nstore: {store}\nidentity:\n  header: X-User-Id\nroutes:\n{routes}"
+    )
+}
+
+pub(crate) const ROUTES: &str = "
+  - match: POST /orders
+    guard: token
+  - match: POST /orders/quick
+    guard: fingerprint
+    window: 5s
+    ignore_fields: [traceId]
+  - match: POST /payments
+    guard: idempotency
+    retention: 1m
+    timeout: 500ms
+  - match: POST /refunds
+    guard: idempotency
+    ambiguous: release
+    timeout: 500ms
+  - match: POST /coupons/{id}/redeem
+    guard: fingerprint
+    shadow: true
+  - match: GET /spoof
+    guard: idempotency
+    required: false
+  - match: POST /flash-sale/{sku}
+    rate_limit: { algorithm: gcra, rate: 2/m, burst: 2, by: identity }
+";
+
+pub(crate) fn rand_n() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Sends `head` (`METHOD PATH`) with `headers` and `body` over a plain TCP
+/// connection, the path exactly as written (an HTTP client would clean
+/// `/./` and `/../` before sending); the status and the whole answer.
+pub(crate) async fn raw(
+    g: &Process,
+    head: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    let mut req = format!(
+        "{head} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    (status, text)
+}
+
+/// `name{labels} value` lines of the gateway's metrics.
+pub(crate) async fn scrape(g: &Process) -> String {
+    Client::new()
+        .get(url(g, "/.norepeat/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the counter `name{labels}` (0 when it is not there).
+pub(crate) fn value(text: &str, name: &str, labels: &str) -> u64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Every label value of `label` on the series of `name`.
+pub(crate) fn label_values(text: &str, name: &str, label: &str) -> Vec<String> {
+    let key = format!("{label}=\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| {
+            let at = l.find(&key)? + key.len();
+            Some(l[at..].split('"').next()?.to_owned())
+        })
+        .collect()
+}
+
+/// What the backend saw of `Idempotency-Attempt` on each POST to `path`.
+pub(crate) async fn attempts(backend: &Process, path: &str) -> Vec<Value> {
+    let all: Value = reqwest::get(url(backend, "/attempts"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    all[path].as_array().cloned().unwrap_or_default()
+}
+
+/// `POST path` with key `key` on gateway `g`.
+pub(crate) async fn pay_on(g: &Process, path: &str, key: &str) -> Response {
+    Client::new()
+        .post(url(g, path))
+        .header("x-user-id", "u1")
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+}

@@ -1,0 +1,24 @@
+//! The gateway's integration tests, one binary (issue 40: one test binary
+//! per crate, so the test build links once). Most run the gateway binary
+//! in front of `tests/backend.py`, an order service in Python's standard
+//! library that counts each effect it runs; each test starts its own
+//! processes on free ports.
+
+// Test code: a failure is a panic with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+mod browser;
+mod check;
+mod connections;
+mod guards;
+mod idempotency;
+mod identity;
+mod lifecycle;
+mod never_panics;
+mod operator;
+mod requests_never_5xx;
+mod routing;
+mod store_down;
+mod transport;
