@@ -231,11 +231,15 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some("The Host header must be visible ASCII.")
     } else if let (Some(authority), Some(host)) =
         (req.uri().authority(), headers.get(http::header::HOST))
+        && req.version() >= http::Version::HTTP_2
         && host.to_str().ok().and_then(normalize_host) != normalize_host(authority.as_str())
     {
-        // RFC 9113 §8.3.1, RFC 9112 §3.2.2: the two name one site, or the
-        // gateway and the backend could each take another.
-        Some("The request's Host and its target's authority name different sites.")
+        // RFC 9113 §8.3.1: an HTTP/2 request whose Host names another site
+        // than its `:authority` is malformed (the gateway and the backend
+        // could each take another). An HTTP/1.1 absolute-form target's
+        // authority replaces its Host (RFC 9112 §3.2.2), as `forward` and
+        // `scope::site` both read it.
+        Some("The request's Host and its :authority name different sites.")
     } else if hosts == 0
         && req.version() == http::Version::HTTP_11
         && req.uri().authority().is_none()
