@@ -92,6 +92,7 @@ mod parse;
 mod path;
 mod route_match;
 mod tls;
+mod walk;
 
 use std::fmt;
 use std::net::SocketAddr;

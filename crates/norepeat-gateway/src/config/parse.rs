@@ -1,14 +1,16 @@
-// Over 400 lines on purpose: one walk over the file, a function per block of GATEWAY.md, sharing the problem list and its positions.
-//! From bytes to [`Config`]: a YAML tree with positions (saphyr's
-//! `MarkedYaml`), then a walk over it that records every problem and
-//! goes on, so one run of `check` names them all.
+// Over 400 lines on purpose: a function per block of GATEWAY.md (the file, a route, identity, tls, limits, ...), each reading its fields in the contract's order.
+//! From bytes to [`Config`]: what each field of the file is. A YAML tree
+//! with positions (saphyr's `MarkedYaml`) is walked by the walker of
+//! `walk.rs`, which records every problem and goes on, so one run of
+//! `check` names them all (better than serde's first-error stop, as
+//! linkerd2-proxy also chose).
 //!
-//! Each mapping is read through [`Walker::mapping`] with the list of the
+//! Each mapping is read through `Walker::mapping` with the list of the
 //! fields it knows: any other is a problem (serde's
-//! `deny_unknown_fields`, without stopping at the first).
+//! `deny_unknown_fields`, without stopping at the first). The fields that
+//! belong to one guard are one table, `GUARD_FIELDS`.
 
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
@@ -23,7 +25,7 @@ use super::{
 use norepeat::fingerprint::DEFAULT_IGNORED_FIELDS;
 use norepeat::ratelimit::Algorithm;
 
-type Node<'a> = MarkedYaml<'a>;
+use super::walk::{Fields, Node, Walker, node_str};
 
 const TOP: &[&str] = &[
     "listen",
@@ -82,6 +84,21 @@ const SOURCES: &[&str] = &["header", "cookie", "jwt", "ip", "any_of"];
 const JWT: &[&str] = &["claim", "secret_env", "public_keys", "issuer", "audiences"];
 const CORS: &[&str] = &["allow_origins"];
 const RATE_LIMIT: &[&str] = &["algorithm", "rate", "burst", "by"];
+
+/// The fields that belong to one guard: (field, its guard, what a problem
+/// calls it). On another route each is a problem, named by this table.
+const GUARD_FIELDS: &[(&str, &str, &str)] = &[
+    ("window", "fingerprint", "a window"),
+    ("ignore_fields", "fingerprint", "ignore_fields"),
+    (
+        "ignore_default_fields",
+        "fingerprint",
+        "ignore_default_fields",
+    ),
+    ("required", "idempotency", "required"),
+    ("retention", "idempotency", "a retention"),
+    ("ambiguous", "idempotency", "ambiguous"),
+];
 
 pub(super) fn parse(
     file: &str,
@@ -422,63 +439,32 @@ fn route(
             "a route needs a guard, a rate_limit or an upstream of its own (an unguarded request passes through to the file's upstream without a route)",
         );
     }
-    // The fields of one guard, refused on the others.
+    // The fields of one guard (GUARD_FIELDS), refused on the others.
     let named = guard_name.clone().flatten();
-    let only = |w: &mut Walker, field: &str, guard: &str| -> bool {
-        let Some(n) = f.get(field) else { return false };
-        if named.as_deref() == Some(guard) {
-            return true;
+    for (field, guard, what) in GUARD_FIELDS {
+        let Some(n) = f.get(field) else { continue };
+        if named.as_deref() != Some(*guard) {
+            let this = named
+                .as_deref()
+                .map_or("this route has no guard".to_owned(), |g| {
+                    format!("this route's guard is {g}")
+                });
+            w.at(
+                n,
+                &p(field),
+                &format!("only {} route has {what} ({this})", article(guard)),
+            );
         }
-        let this = named
-            .as_deref()
-            .map_or("this route has no guard".to_owned(), |g| {
-                format!("this route's guard is {g}")
-            });
-        let what = match field {
-            "window" => "a window",
-            "ignore_fields" => "ignore_fields",
-            "ignore_default_fields" => "ignore_default_fields",
-            "required" => "required",
-            "retention" => "a retention",
-            _ => "ambiguous",
-        };
-        w.at(
-            n,
-            &p(field),
-            &format!("only {} route has {what} ({this})", article(guard)),
-        );
-        false
-    };
-    let window = only(w, "window", "fingerprint");
-    let ignore = only(w, "ignore_fields", "fingerprint");
-    let ignore_defaults = only(w, "ignore_default_fields", "fingerprint");
-    let required = only(w, "required", "idempotency");
-    let retention = only(w, "retention", "idempotency");
-    let ambiguous = only(w, "ambiguous", "idempotency");
-
+    }
     let guard = match guard_name.clone() {
         None => None,
         Some(None) => Some(None),
         Some(Some(g)) => match g.as_str() {
             "token" => Some(Some(Guard::Token)),
             "fingerprint" => {
-                let window = if window {
-                    f.get("window").and_then(|n| w.duration(n, &p("window")))
-                } else {
-                    Some(DEFAULT_WINDOW)
-                };
-                let listed = if ignore {
-                    f.get("ignore_fields")
-                        .and_then(|n| w.strings(n, &p("ignore_fields")))
-                } else {
-                    Some(Vec::new())
-                };
-                let defaults = if ignore_defaults {
-                    f.get("ignore_default_fields")
-                        .and_then(|n| w.bool(n, &p("ignore_default_fields")))
-                } else {
-                    Some(true)
-                };
+                let window = given(w, &f, path, "window", DEFAULT_WINDOW, Walker::duration);
+                let listed = given(w, &f, path, "ignore_fields", Vec::new(), Walker::strings);
+                let defaults = given(w, &f, path, "ignore_default_fields", true, Walker::bool);
                 // The library's defaults first (unless the file makes them
                 // count), then the file's.
                 let ignore_fields = listed.zip(defaults).map(|(listed, defaults)| {
@@ -504,28 +490,22 @@ fn route(
                 })
             }
             _ => {
-                let req = if required {
-                    f.get("required").and_then(|n| w.bool(n, &p("required")))
-                } else {
-                    Some(true)
-                };
-                let retention = if retention {
-                    f.get("retention")
-                        .and_then(|n| w.duration(n, &p("retention")))
-                } else {
-                    Some(DEFAULT_RETENTION)
-                };
-                let amb = if ambiguous {
-                    f.get("ambiguous").and_then(|n| {
-                        w.parse(n, &p("ambiguous"), |s| match s {
-                            "keep" => Ok(Ambiguous::Keep),
-                            "release" => Ok(Ambiguous::Release),
-                            _ => Err(format!("expected keep or release, not {s:?}")),
-                        })
+                let req = given(w, &f, path, "required", true, Walker::bool);
+                let retention = given(
+                    w,
+                    &f,
+                    path,
+                    "retention",
+                    DEFAULT_RETENTION,
+                    Walker::duration,
+                );
+                let amb = given(w, &f, path, "ambiguous", Ambiguous::Keep, |w, n, at| {
+                    w.parse(n, at, |s| match s {
+                        "keep" => Ok(Ambiguous::Keep),
+                        "release" => Ok(Ambiguous::Release),
+                        _ => Err(format!("expected keep or release, not {s:?}")),
                     })
-                } else {
-                    Some(Ambiguous::Keep)
-                };
+                });
                 // Combined, not `?` (as above).
                 (|| {
                     Some(Some(Guard::Idempotency {
@@ -604,6 +584,22 @@ fn route(
         timeout: timeout?,
         identity,
     })
+}
+
+/// A route field's value: `default` when it is absent, `None` when it is
+/// given and wrong (`read` recorded the problem at `path.name`).
+fn given<T>(
+    w: &mut Walker,
+    f: &Fields,
+    path: &str,
+    name: &str,
+    default: T,
+    read: impl FnOnce(&mut Walker, &Node, &str) -> Option<T>,
+) -> Option<T> {
+    match f.get(name) {
+        None => Some(default),
+        Some(n) => read(w, n, &format!("{path}.{name}")),
+    }
 }
 
 fn article(guard: &str) -> String {
@@ -1156,275 +1152,4 @@ fn store(s: &str) -> Result<StoreUrl, String> {
     }
     let scheme = s.split_once("://").map_or(s, |(scheme, _)| scheme);
     Err(format!("unknown store {scheme:?}; {expected}"))
-}
-
-/// A size: a whole number of bytes, or one with `B`, `KiB`, `MiB`, `GiB`.
-pub(super) fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let factor = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => 0,
-    };
-    n.parse::<u64>()
-        .ok()
-        .filter(|_| factor != 0)
-        .and_then(|n| n.checked_mul(factor))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| {
-            format!("expected a size above zero such as 65536, 64KiB or 1MiB, not {s:?}")
-        })
-}
-
-/// A scalar's text, when it is a string (also an unresolved one).
-fn node_str<'a>(node: &'a Node) -> Option<&'a str> {
-    match &node.data {
-        YamlData::Value(Scalar::String(s)) => Some(s),
-        YamlData::Representation(s, _, _) => Some(s),
-        YamlData::Tagged(_, inner) => node_str(inner),
-        _ => None,
-    }
-}
-
-/// What a node is, for "expected X, found Y".
-fn kind(node: &Node) -> &'static str {
-    match &node.data {
-        YamlData::Value(Scalar::Null) => "nothing",
-        YamlData::Value(Scalar::Boolean(_)) => "a boolean",
-        YamlData::Value(Scalar::Integer(_) | Scalar::FloatingPoint(_)) => "a number",
-        YamlData::Value(Scalar::String(_)) | YamlData::Representation(..) => "a string",
-        YamlData::Sequence(_) => "a list",
-        YamlData::Mapping(_) => "a mapping",
-        YamlData::Tagged(_, inner) => kind(inner),
-        YamlData::Alias(_) => "an alias (aliases are not supported)",
-        YamlData::BadValue => "a bad value",
-    }
-}
-
-/// The fields of one mapping, by name.
-struct Fields<'a, 'n> {
-    entries: Vec<(&'a str, &'a Node<'n>)>,
-}
-
-impl<'a, 'n> Fields<'a, 'n> {
-    fn get(&self, name: &str) -> Option<&'a Node<'n>> {
-        self.entries
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| *v)
-    }
-}
-
-#[derive(Default)]
-struct Walker {
-    problems: Vec<Problem>,
-}
-
-impl Walker {
-    /// Records a problem at `node`.
-    fn at(&mut self, node: &Node, field: &str, message: &str) {
-        self.problems.push(Problem {
-            line: Some(node.span.start.line()),
-            column: Some(node.span.start.col() + 1),
-            field: field.to_owned(),
-            message: message.to_owned(),
-        });
-    }
-
-    /// A mapping whose keys are all in `known`.
-    fn mapping<'a, 'n>(
-        &mut self,
-        node: &'a Node<'n>,
-        path: &str,
-        known: &[&str],
-    ) -> Option<Fields<'a, 'n>> {
-        let node = untag(node);
-        let YamlData::Mapping(map) = &node.data else {
-            let message = format!("expected a mapping of fields, found {}", kind(node));
-            self.at(node, path, &message);
-            return None;
-        };
-        // Unknown fields are recorded, and the known ones still read, so
-        // their problems are found in the same run.
-        let mut entries = Vec::new();
-        for (k, v) in map {
-            let field = |name: &str| {
-                if path.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{path}.{name}")
-                }
-            };
-            match node_str(k) {
-                Some(name) if known.contains(&name) => entries.push((name, v)),
-                Some(name) => {
-                    let message = match known.iter().find(|k| edits(name, k) <= 2) {
-                        Some(near) => format!("unknown field; did you mean {near}?"),
-                        None => format!("unknown field; expected one of {}", known.join(", ")),
-                    };
-                    self.at(k, &field(name), &message);
-                }
-                None => {
-                    self.at(
-                        k,
-                        path,
-                        &format!("a field's name must be a string, found {}", kind(k)),
-                    );
-                }
-            }
-        }
-        Some(Fields { entries })
-    }
-
-    fn sequence<'a, 'n>(&mut self, node: &'a Node<'n>, path: &str) -> Option<&'a [Node<'n>]> {
-        let node = untag(node);
-        match &node.data {
-            YamlData::Sequence(items) => Some(items),
-            _ => {
-                self.at(
-                    node,
-                    path,
-                    &format!("expected a list, found {}", kind(node)),
-                );
-                None
-            }
-        }
-    }
-
-    /// A string scalar run through `f`, its error recorded.
-    fn parse<T>(
-        &mut self,
-        node: &Node,
-        path: &str,
-        f: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Option<T> {
-        let Some(s) = node_str(node) else {
-            self.at(
-                node,
-                path,
-                &format!("expected a string, found {}", kind(node)),
-            );
-            return None;
-        };
-        match f(s) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.at(node, path, &e);
-                None
-            }
-        }
-    }
-
-    fn bool(&mut self, node: &Node, path: &str) -> Option<bool> {
-        match &untag(node).data {
-            YamlData::Value(Scalar::Boolean(b)) => Some(*b),
-            _ => {
-                self.at(
-                    node,
-                    path,
-                    &format!("expected true or false, found {}", kind(node)),
-                );
-                None
-            }
-        }
-    }
-
-    fn duration(&mut self, node: &Node, path: &str) -> Option<Duration> {
-        if let YamlData::Value(Scalar::Integer(n)) = &untag(node).data {
-            self.at(
-                node,
-                path,
-                &format!("{n} has no unit; write a duration such as 250ms, 3s, 5m or 24h"),
-            );
-            return None;
-        }
-        self.parse(node, path, |s| {
-            norepeat::attribute::parse_duration(s).ok_or_else(|| {
-                format!("expected a duration above zero such as 250ms, 3s, 5m or 24h, not {s:?}")
-            })
-        })
-    }
-
-    fn size(&mut self, node: &Node, path: &str) -> Option<u64> {
-        match &untag(node).data {
-            YamlData::Value(Scalar::Integer(n)) => match u64::try_from(*n) {
-                Ok(n) if n > 0 => Some(n),
-                _ => {
-                    self.at(node, path, &format!("a size is above zero, not {n}"));
-                    None
-                }
-            },
-            _ => self.parse(node, path, parse_size),
-        }
-    }
-
-    fn count(&mut self, node: &Node, path: &str) -> Option<NonZeroU32> {
-        let n = match &untag(node).data {
-            YamlData::Value(Scalar::Integer(n)) => Some(*n),
-            _ => None,
-        };
-        match n
-            .and_then(|n| u32::try_from(n).ok())
-            .and_then(NonZeroU32::new)
-        {
-            Some(n) => Some(n),
-            None => {
-                let found = n.map_or_else(|| kind(node).to_owned(), |n| n.to_string());
-                self.at(
-                    node,
-                    path,
-                    &format!("expected a whole number from 1 to 4294967295, found {found}"),
-                );
-                None
-            }
-        }
-    }
-
-    fn strings(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
-        let items = self.sequence(node, path)?;
-        let mut all = Some(Vec::new());
-        for (i, item) in items.iter().enumerate() {
-            let s = self.parse(item, &format!("{path}[{i}]"), |s| {
-                if s.is_empty() {
-                    Err("an empty name".to_owned())
-                } else {
-                    Ok(s.to_owned())
-                }
-            });
-            match (s, all.as_mut()) {
-                (Some(s), Some(v)) => v.push(s),
-                _ => all = None,
-            }
-        }
-        all
-    }
-}
-
-fn untag<'a, 'n>(node: &'a Node<'n>) -> &'a Node<'n> {
-    match &node.data {
-        YamlData::Tagged(_, inner) => untag(inner),
-        _ => node,
-    }
-}
-
-/// The Levenshtein distance of two short names, for "did you mean".
-pub(super) fn edits(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }

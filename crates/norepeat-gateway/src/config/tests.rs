@@ -1,7 +1,7 @@
 // Over 400 lines on purpose: one table of fields, defaults and problems, sharing the helpers at its top.
 //! Every field of the file, its default, and its problems.
 
-use super::parse::parse_size;
+use super::walk::parse_size;
 use super::*;
 
 const UP: &str = "upstream: http://127.0.0.1:9000\n";
@@ -969,8 +969,8 @@ fn a_misspelt_field_gets_the_nearest_name() {
         "2:1 stroe:",
         "did you mean store?",
     );
-    assert_eq!(super::parse::edits("", "ab"), 2);
-    assert_eq!(super::parse::edits("kitten", "sitting"), 3);
+    assert_eq!(super::walk::edits("", "ab"), 2);
+    assert_eq!(super::walk::edits("kitten", "sitting"), 3);
 }
 
 /// `limits`: the contract's defaults, each field settable, a bad value

@@ -24,6 +24,7 @@ mod logs;
 mod openapi;
 mod payments;
 mod payments_database;
+mod retries;
 mod schemathesis;
 mod security;
 mod shutdown;

@@ -1,0 +1,87 @@
+//! What a retry meets after its first attempt was refused or failed, as
+//! SHOP_API.md says (issue 40: contract points with no test through the
+//! binary): a payment answered 404 (an answer about the caller, not the
+//! request) keeps its `Idempotency-Key` free, and a quick order that failed
+//! with a 5xx lets its retry through at once instead of 409.
+
+use crate::common::BIN;
+use norepeat_testkit::{ShopProcess, SqliteFile};
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+async fn post(
+    shop: &ShopProcess,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, bool, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}{path}", shop.base_url()))
+        .header("x-user-id", "u1")
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let res = req.send().await.unwrap();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    (
+        res.status().as_u16(),
+        replayed,
+        res.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// A payment of an order that does not exist is 404, not stored: the same
+/// key and body again are answered anew (no `Idempotent-Replayed`), and the
+/// key then pays a real order (not 422 for another body).
+#[tokio::test]
+async fn a_payment_answered_404_keeps_its_key_free() {
+    let db = SqliteFile::new();
+    let shop = ShopProcess::start(BIN, vec![("DATABASE_URL".to_owned(), db.url())]).await;
+    let key = [("idempotency-key", "k-404")];
+    let missing = json!({"orderId": "no-such-order", "amount": 1999});
+    for _ in 0..2 {
+        let (status, replayed, body) = post(&shop, "/payments", &key, &missing).await;
+        assert_eq!((status, replayed), (404, false), "{body}");
+        assert_eq!(body["code"], "not_found");
+    }
+    let order = json!({"sku": "SKU-1", "quantity": 1});
+    let (status, _, placed) = post(&shop, "/orders/quick", &[], &order).await;
+    assert_eq!(status, 201, "{placed}");
+    let pay = json!({"orderId": placed["orderId"], "amount": 1999});
+    let (status, replayed, body) = post(&shop, "/payments", &key, &pay).await;
+    assert_eq!(
+        (status, replayed),
+        (201, false),
+        "the key stayed free: {body}"
+    );
+    let (status, replayed, _) = post(&shop, "/payments", &key, &pay).await;
+    assert_eq!((status, replayed), (201, true), "then it is the payment's");
+}
+
+/// A quick order that fails with a 5xx (the SQLite database locked by
+/// another writer past the shop's busy timeout) lets the same order
+/// through at once when it is retried, instead of 409: the fingerprint of
+/// a failed request is not held for its window.
+#[tokio::test]
+async fn a_quick_order_that_failed_with_a_5xx_is_let_through_when_retried() {
+    let db = SqliteFile::new();
+    let shop = ShopProcess::start(BIN, vec![("DATABASE_URL".to_owned(), db.url())]).await;
+    let order = json!({"sku": "SKU-2", "quantity": 1});
+    // Another writer holds the database: the shop's insert waits out its
+    // 5 s busy timeout and fails.
+    let mut other = sqlx::SqliteConnection::connect(&db.url()).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
+    assert!(status >= 500, "the locked database: {status} {body}");
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    drop(other);
+    let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
+    assert_eq!(status, 201, "the retry of a failed order: {body}");
+    // And the window holds for the order that was made.
+    let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
+    assert_eq!(status, 409, "{body}");
+}
