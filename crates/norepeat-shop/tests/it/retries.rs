@@ -59,8 +59,8 @@ async fn a_payment_answered_404_keeps_its_key_free() {
     assert_eq!((status, replayed), (201, true), "then it is the payment's");
 }
 
-/// A quick order that fails with a 5xx (the SQLite database locked by
-/// another writer past the shop's busy timeout) lets the same order
+/// A quick order that fails with a 5xx (its insert refused by the
+/// database: a trigger the test puts on `orders`) lets the same order
 /// through at once when it is retried, instead of 409: the fingerprint of
 /// a failed request is not held for its window.
 #[tokio::test]
@@ -68,17 +68,20 @@ async fn a_quick_order_that_failed_with_a_5xx_is_let_through_when_retried() {
     let db = SqliteFile::new();
     let shop = ShopProcess::start(BIN, vec![("DATABASE_URL".to_owned(), db.url())]).await;
     let order = json!({"sku": "SKU-2", "quantity": 1});
-    // Another writer holds the database: the shop's insert waits out its
-    // 5 s busy timeout and fails.
-    let mut other = sqlx::SqliteConnection::connect(&db.url()).await.unwrap();
-    sqlx::query("BEGIN EXCLUSIVE")
-        .execute(&mut other)
+    let mut admin = sqlx::SqliteConnection::connect(&db.url()).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_orders BEFORE INSERT ON orders \
+         BEGIN SELECT RAISE(ABORT, 'the test refuses orders'); END",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
+    assert!(status >= 500, "the refused insert: {status} {body}");
+    sqlx::query("DROP TRIGGER refuse_orders")
+        .execute(&mut admin)
         .await
         .unwrap();
-    let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
-    assert!(status >= 500, "the locked database: {status} {body}");
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    drop(other);
     let (status, _, body) = post(&shop, "/orders/quick", &[], &order).await;
     assert_eq!(status, 201, "the retry of a failed order: {body}");
     // And the window holds for the order that was made.
