@@ -439,8 +439,9 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
     let admin = free_port();
     let token = "an-admin-token-of-some-length";
     let yaml = format!(
-        "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}\n{}",
-        file(&b, "memory", ROUTES)
+        "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}\n{}{}",
+        file(&b, "memory", ROUTES),
+        "  - match: POST /slowpay\n    guard: idempotency\n    timeout: 30s\n"
     );
     let conf = config_file(&yaml);
     let process = ShopProcess::spawn(
@@ -529,4 +530,43 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
         "the cleared key runs"
     );
     assert_eq!(effects(&b).await["/payments"], 2);
+
+    // A record whose request still runs is not cleared: a retry would run
+    // the payment beside it.
+    let slow = tokio::spawn(
+        c.post(url(&g, "/slowpay"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-slow")
+            .header("x-delay", "3")
+            .body("{}")
+            .send(),
+    );
+    arrived(&b, "/slowpay").await;
+    let running = format!(
+        "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/slowpay&key=k-slow&host=127.0.0.1"
+    );
+    let read: Value = c
+        .get(&running)
+        .header("norepeat-admin-token", token)
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["state"], "in_progress", "{read}");
+    let refused = c
+        .delete(&running)
+        .header("norepeat-admin-token", token)
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        code(refused).await,
+        (StatusCode::CONFLICT, "record_in_progress".into())
+    );
+    assert_eq!(slow.await.unwrap().unwrap().status(), 201);
+    assert_eq!(effects(&b).await["/slowpay"], 1);
 }

@@ -493,3 +493,37 @@ async fn a_route_may_route_a_prefix_of_one_host_to_its_own_upstream() {
     assert_eq!(effects(&main).await["/API/orders"], 1);
     assert_eq!(effects(&api).await["/api/orders"], 1, "only its site");
 }
+
+/// A guarded route for one site leaves every other site's request on the
+/// same path alone (forwarded unguarded, as any request no route takes),
+/// while its own site's is guarded. Before, the other site's request met
+/// the spelling check of a route that was not its own and got 400.
+#[tokio::test]
+async fn a_guarded_route_for_one_site_leaves_other_sites_alone() {
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /payments
+    host: a.example
+    guard: idempotency
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let send = |host: &'static str| {
+        Client::new()
+            .post(url(&g, "/payments"))
+            .header("host", host)
+            .header("x-user-id", "u1")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(
+        send("b.example").await.unwrap().status(),
+        201,
+        "not a.example's route"
+    );
+    assert_eq!(
+        code(send("a.example").await.unwrap()).await,
+        (StatusCode::BAD_REQUEST, "missing_idempotency_key".into()),
+        "its own site is guarded"
+    );
+    assert_eq!(effects(&b).await["/payments"], 1);
+}
