@@ -37,7 +37,9 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
     {
         return v.clone();
     }
-    let id = HeaderValue::from_str(&fresh_id()).unwrap_or(HeaderValue::from_static("0"));
+    // Hex digits: always a valid value, taken without a copy.
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from(fresh_id()))
+        .unwrap_or(HeaderValue::from_static("0"));
     headers.insert(REQUEST_ID, id.clone());
     id
 }

@@ -72,7 +72,8 @@ pub struct Gateway {
     pub(super) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
     pub(super) admin: Option<std::net::SocketAddr>,
-    /// The file as last applied (at start, or by a reload).
+    /// The file in effect: as last applied (at start, or by a reload),
+    /// with the fields read at start as they run.
     pub(super) applied: ArcSwap<Config>,
     /// The hash of the admin token (from `admin.token_env`, read at start).
     pub(super) admin_token: Option<blake3::Hash>,
@@ -314,7 +315,19 @@ impl Gateway {
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();
         self.live.store(Arc::new(routes));
-        self.applied.store(Arc::new(config.clone()));
+        // What is in effect: the new file, but the fields read at start as
+        // they run (so the next reload compares against those, and a file
+        // changed back says nothing).
+        let was = self.applied.load();
+        let mut effective = config.clone();
+        effective.listen = was.listen;
+        effective.tls.clone_from(&was.tls);
+        effective.upstream_ca.clone_from(&was.upstream_ca);
+        effective.limits = was.limits;
+        effective.drain_delay = was.drain_delay;
+        effective.access_log.clone_from(&was.access_log);
+        effective.admin.clone_from(&was.admin);
+        self.applied.store(Arc::new(effective));
         Ok(n)
     }
 }

@@ -44,14 +44,16 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     with_peer(req.extensions_mut());
     // A request id from outside `trusted_proxies` is the client's to
     // choose: replaced, as Envoy does at the edge.
-    let trusted = gw.live.load().caller.peer_is_trusted(req.extensions());
+    // One load of the routes per request: the match and the caller read it.
+    let live = gw.live.load_full();
+    let trusted = live.caller.peer_is_trusted(req.extensions());
     let id = access::request_id(req.headers_mut(), trusted);
     // While draining, an HTTP/1 client is told to leave its keep-alive
     // connection (as Envoy's drain does): its next request goes to another
     // instance instead of meeting the listener's close.
     let leave = gw.draining.is_cancelled() && req.version() < http::Version::HTTP_2;
     let Some(sink) = &gw.access else {
-        let mut res = route_request(&gw, req).await.0;
+        let mut res = route_request(&gw, live, trusted, req).await.0;
         res.headers_mut().insert(access::REQUEST_ID, id);
         if leave {
             res.headers_mut().insert(
@@ -65,7 +67,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let ((mut res, route, outcome), upstream) = access::UPSTREAM
         .scope(Cell::new(None), async {
-            let answer = route_request(&gw, req).await;
+            let answer = route_request(&gw, live, trusted, req).await;
             (answer, access::UPSTREAM.with(Cell::get))
         })
         .await;
@@ -93,6 +95,8 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
 /// route that took it, and its outcome as the access log names it.
 pub(super) async fn route_request(
     gw: &Gateway,
+    live: Arc<Routes>,
+    trusted: bool,
     mut req: Request<Body>,
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
@@ -101,8 +105,7 @@ pub(super) async fn route_request(
     if let Some(why) = not_forwarded(&req) {
         return (invalid_request(why), None, "invalid_request");
     }
-    let live = gw.live.load_full();
-    if !live.caller.peer_is_trusted(req.extensions()) {
+    if !trusted {
         // What a client wrote there is not what a proxy of ours saw: the
         // gateway writes its own (in `forward`), never appends to theirs.
         let h = req.headers_mut();
