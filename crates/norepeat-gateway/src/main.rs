@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use norepeat_gateway::config::Config;
-use norepeat_gateway::serve::{Gateway, serve};
+use norepeat_gateway::serve::{Gateway, Workers, serve, serve_workers};
 
 /// mimalloc rather than glibc's malloc, as the shop: a proxy allocates
 /// headers, bodies and futures for every request, and glibc's malloc and
@@ -34,6 +34,19 @@ struct Cli {
     /// free port).
     #[arg(long, value_name = "ADDR", requires = "config")]
     listen: Option<SocketAddr>,
+    /// How many event loops serve: one per core by default. Each is a
+    /// thread of its own with its own listening socket (`SO_REUSEPORT`,
+    /// the kernel spreading connections between them) and upstream pool,
+    /// as NGINX's worker processes.
+    #[arg(long, value_name = "N", requires = "config")]
+    workers: Option<std::num::NonZeroUsize>,
+    /// Serve on tokio's work-stealing runtime instead (one listening
+    /// socket, `--workers` threads taking each other's tasks): for routes
+    /// whose requests take long on the CPU (RSA/ECDSA JWTs under heavy
+    /// load), which would hold up the other connections of their event
+    /// loop.
+    #[arg(long, requires = "config")]
+    work_stealing: bool,
 }
 
 /// Every environment variable the binary reads, for `--help`.
@@ -70,7 +83,18 @@ fn main() -> ExitCode {
             }
         },
         (None, Some(file)) => match Config::load(&file) {
-            Ok(config) => run(&config, cli.listen, file),
+            Ok(config) => {
+                let workers = cli.workers.map_or_else(
+                    || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+                    std::num::NonZeroUsize::get,
+                );
+                let mode = if cli.work_stealing {
+                    Mode::WorkStealing(workers)
+                } else {
+                    Mode::PerCore(workers)
+                };
+                run(&config, cli.listen, file, mode)
+            }
             Err(problems) => {
                 eprint!("{problems}");
                 ExitCode::from(2)
@@ -111,8 +135,27 @@ fn logs() {
     tracing_subscriber::registry().with(text).with(json).init();
 }
 
-fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
+/// How the process serves.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// One single-threaded event loop per worker, each with its socket.
+    PerCore(usize),
+    /// tokio's work-stealing runtime with this many threads, one socket.
+    WorkStealing(usize),
+}
+
+fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf, mode: Mode) -> ExitCode {
+    let runtime = match mode {
+        // The main thread is the first worker.
+        Mode::PerCore(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Mode::WorkStealing(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("norepeat-gateway: cannot start the runtime: {e}");
@@ -135,14 +178,26 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
             )
             .and_then(PrometheusBuilder::install_recorder)
             .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        let addr = listen.unwrap_or(config.listen);
+        let cannot_listen = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+        // Bound before the gateway is built: its upstream pools are made
+        // one per worker.
+        let listening = match mode {
+            Mode::PerCore(n) => Listening::Workers(Workers::bind(addr, n).map_err(cannot_listen)?),
+            Mode::WorkStealing(_) => Listening::One(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(cannot_listen)?,
+            ),
+        };
+        let local = match &listening {
+            Listening::Workers(w) => w.local_addr(),
+            Listening::One(l) => l.local_addr(),
+        }
+        .map_err(|e| e.to_string())?;
         let gateway = Gateway::build(config, Some(metrics))
             .await
             .map_err(|e| e.to_string())?;
-        let addr = listen.unwrap_or(config.listen);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let local = listener.local_addr().map_err(|e| e.to_string())?;
         // `SIGHUP` asks for a reload: take it over before saying we listen
         // (its default action ends the process), not when the file watcher
         // first runs. The handler stays for the life of the process.
@@ -160,9 +215,11 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
             let _ = writeln!(out, "listening on {scheme}://{local}");
             let _ = out.flush();
         }
-        serve(gateway, listener, Some(file))
-            .await
-            .map_err(|e| e.to_string())
+        match listening {
+            Listening::Workers(workers) => serve_workers(gateway, workers, Some(file)).await,
+            Listening::One(listener) => serve(gateway, listener, Some(file)).await,
+        }
+        .map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -171,4 +228,9 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+enum Listening {
+    Workers(Workers),
+    One(tokio::net::TcpListener),
 }

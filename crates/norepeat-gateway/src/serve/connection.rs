@@ -57,24 +57,16 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets every
 /// connection finish the request it serves (the caller bounds that wait).
+/// A connection holds one of `slots` while it is open (the slots may be
+/// shared by several listeners: one cap for the process).
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: Limits,
-    tls: Option<crate::config::Tls>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    slots: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let tls = match tls {
-        None => None,
-        Some(files) => {
-            let (acceptor, certs) = super::tls::acceptor(&files).map_err(std::io::Error::other)?;
-            tokio::spawn(super::tls::watch(certs, files));
-            Some(acceptor)
-        }
-    };
-    let slots = Arc::new(Semaphore::new(
-        usize::try_from(limits.max_connections.get()).unwrap_or(usize::MAX),
-    ));
     let graceful = GracefulShutdown::new();
     // HTTP/2's extended CONNECT (RFC 8441, a WebSocket over an HTTP/2
     // stream) is not offered: upstreams are spoken to in HTTP/1.1, so a

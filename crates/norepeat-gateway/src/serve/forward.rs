@@ -56,10 +56,19 @@ pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
     (timeout / 2).min(MAX_CONNECT)
 }
 
-/// A client with a pool of idle connections per upstream, giving up on a
-/// connection attempt after `connect`.
+/// One client per worker (see `workers.rs`), each with its own pool of
+/// idle connections per upstream, giving up on a connection attempt after
+/// `connect`.
 #[must_use]
-pub(crate) fn client(connect: Duration) -> HttpClient {
+pub(crate) fn client(connect: Duration) -> Pool {
+    std::sync::Arc::new(super::workers::PerWorker::new(|| one_client(connect)))
+}
+
+/// The upstream clients of a route (or of the pass-through), one per
+/// worker: a request uses its worker's ([`super::workers::PerWorker::get`]).
+pub(crate) type Pool = std::sync::Arc<super::workers::PerWorker<HttpClient>>;
+
+fn one_client(connect: Duration) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect));

@@ -3,7 +3,7 @@
 //! path through it is `request.rs`.
 
 use super::access;
-use super::forward::{HttpClient, client};
+use super::forward::{Pool, client};
 use super::metrics::RouteMetrics;
 use super::stack::stack;
 use super::store::{Connecting, SharedStore};
@@ -43,7 +43,7 @@ pub(super) const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 pub struct Gateway {
     /// What the file describes; swapped whole on a reload.
     pub(super) live: ArcSwap<Routes>,
-    pub(super) client: HttpClient,
+    pub(super) client: Pool,
     pub(super) store: SharedStore,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).

@@ -50,11 +50,12 @@ mod scope;
 mod stack;
 mod store;
 mod tls;
+mod workers;
 
 pub use caller::Caller;
 pub use forward::strip_hop_by_hop;
 pub use gateway::{BuildError, Gateway};
-pub use run::serve;
+pub use run::{Workers, serve, serve_workers};
 pub use scope::HostScoped;
 pub use store::SharedStore;
 

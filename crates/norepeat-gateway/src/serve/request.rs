@@ -160,7 +160,14 @@ pub(super) async fn route_request(
     }
     let Some(route) = found else {
         let start = std::time::Instant::now();
-        let answer = forward(&gw.client, &live.upstream, PASSTHROUGH_TIMEOUT, None, req).await;
+        let answer = forward(
+            gw.client.get(),
+            &live.upstream,
+            PASSTHROUGH_TIMEOUT,
+            None,
+            req,
+        )
+        .await;
         access::note_upstream(start.elapsed());
         return match answer {
             Ok(res) => (res, None, "passthrough"),

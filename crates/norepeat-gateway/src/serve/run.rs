@@ -5,9 +5,12 @@ use super::gateway::Gateway;
 
 use crate::config::Config;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 /// Serves `gateway` on `listener` until `SIGTERM` (or Ctrl-C): readiness
 /// then answers 503 while the listener still accepts for the file's
@@ -30,9 +33,123 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     file: Option<PathBuf>,
 ) -> std::io::Result<()> {
+    serve_on(gateway, Listening::Shared(listener), file).await
+}
+
+/// Serves `gateway` as [`serve`] does, on one event loop per socket of
+/// `workers` (see [`Workers`]): the calling task's runtime serves the first
+/// socket, a thread of its own (a single-threaded runtime) each other one.
+/// Call it on a current-thread runtime, whose thread then is the first
+/// worker (on a multi-threaded one it works, its threads sharing the first
+/// worker's upstream pool).
+///
+/// ```no_run
+/// use norepeat_gateway::{config::Config, serve::{Gateway, Workers, serve_workers}};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::load("gateway.yaml".as_ref())?;
+/// let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+/// runtime.block_on(async {
+///     // Before the gateway is built: its upstream pools are one per worker.
+///     let workers = Workers::bind(config.listen, 2)?;
+///     let gateway = Gateway::build(&config, None).await?;
+///     serve_workers(gateway, workers, None).await?;
+///     Ok(())
+/// })
+/// # }
+/// ```
+///
+/// # Errors
+/// A worker's runtime or thread cannot be started.
+pub async fn serve_workers(
+    gateway: Gateway,
+    workers: Workers,
+    file: Option<PathBuf>,
+) -> std::io::Result<()> {
+    serve_on(gateway, Listening::PerWorker(workers.listeners), file).await
+}
+
+/// Listening sockets for [`serve_workers`]: one per worker, all on one
+/// address with `SO_REUSEPORT`, the kernel spreading new connections
+/// between them.
+#[derive(Debug)]
+pub struct Workers {
+    listeners: Vec<std::net::TcpListener>,
+}
+
+impl Workers {
+    /// Binds `n` sockets (at least one) on `addr` (port 0: the first picks
+    /// a free port, the others take it), and makes every upstream pool
+    /// built from now on one pool per worker: bind before
+    /// [`Gateway::build`].
+    ///
+    /// # Errors
+    /// A socket cannot be made or bound (the address is taken, not this
+    /// machine's); on a platform without `SO_REUSEPORT`, always.
+    pub fn bind(addr: std::net::SocketAddr, n: usize) -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            let listeners = super::workers::listeners(addr, n)?;
+            super::workers::set_count(listeners.len());
+            Ok(Self { listeners })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (addr, n);
+            Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "one listener per worker needs SO_REUSEPORT",
+            ))
+        }
+    }
+
+    /// The address the sockets listen on.
+    ///
+    /// # Errors
+    /// The socket cannot say (not seen on Linux).
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listeners[0].local_addr()
+    }
+
+    /// How many workers.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.listeners.len()
+    }
+
+    /// Never: [`Workers::bind`] binds at least one socket.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.listeners.is_empty()
+    }
+}
+
+enum Listening {
+    /// One listener, on the calling runtime.
+    Shared(tokio::net::TcpListener),
+    /// One per worker.
+    PerWorker(Vec<std::net::TcpListener>),
+}
+
+async fn serve_on(
+    gateway: Gateway,
+    listening: Listening,
+    file: Option<PathBuf>,
+) -> std::io::Result<()> {
     let gateway = Arc::new(gateway);
     let limits = gateway.limits;
-    let tls = gateway.tls.clone();
+    let tls = match gateway.tls.clone() {
+        None => None,
+        Some(files) => {
+            let (acceptor, certs) = super::tls::acceptor(&files).map_err(std::io::Error::other)?;
+            tokio::spawn(super::tls::watch(certs, files));
+            Some(acceptor)
+        }
+    };
+    // One cap on open connections for the process, whichever worker
+    // accepted them.
+    let slots = Arc::new(Semaphore::new(
+        usize::try_from(limits.max_connections.get()).unwrap_or(usize::MAX),
+    ));
     let draining = gateway.draining.clone();
     let drain_delay = gateway.drain_delay;
     let app = admin::router(Arc::clone(&gateway));
@@ -56,23 +173,40 @@ pub async fn serve(
     // When the stop was asked: the grace counts from there.
     let (tx, mut rx) = tokio::sync::watch::channel(None);
     let asked = rx.clone();
-    let server = super::connection::serve(listener, app, limits, tls, async move {
-        stop_signal().await;
-        // Readiness first, while the listener still accepts: the load
-        // balancer takes the instance out before anyone is refused. A
-        // second signal cuts the delay short.
-        draining.cancel();
-        tracing::info!(
-            drain_delay_ms = u64::try_from(drain_delay.as_millis()).unwrap_or(u64::MAX),
-            "draining: readiness answers 503, still accepting"
-        );
-        tokio::select! {
-            () = tokio::time::sleep(drain_delay) => {}
-            () = stop_signal() => {}
+    // Cancelled when the listeners stop accepting.
+    let accepting = CancellationToken::new();
+    tokio::spawn({
+        let accepting = accepting.clone();
+        async move {
+            stop_signal().await;
+            // Readiness first, while the listener still accepts: the load
+            // balancer takes the instance out before anyone is refused. A
+            // second signal cuts the delay short.
+            draining.cancel();
+            tracing::info!(
+                drain_delay_ms = u64::try_from(drain_delay.as_millis()).unwrap_or(u64::MAX),
+                "draining: readiness answers 503, still accepting"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(drain_delay) => {}
+                () = stop_signal() => {}
+            }
+            tracing::info!("no longer accepting: finishing the requests in flight (at most 10 s)");
+            let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
+            accepting.cancel();
         }
-        tracing::info!("no longer accepting: finishing the requests in flight (at most 10 s)");
-        let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
     });
+    let served = Served {
+        app,
+        limits,
+        tls,
+        slots,
+        accepting,
+    };
+    let server: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>>>> = match listening {
+        Listening::Shared(listener) => Box::pin(served.on(listener)),
+        Listening::PerWorker(listeners) => Box::pin(served.per_worker(listeners)?),
+    };
     let grace = async move {
         match rx.wait_for(Option::is_some).await.map(|at| *at) {
             Ok(Some(at)) => tokio::time::sleep_until(at).await,
@@ -80,7 +214,7 @@ pub async fn serve(
             _ => std::future::pending().await,
         }
     };
-    let mut server = std::pin::pin!(server);
+    let mut server = server;
     let served = tokio::select! {
         r = &mut server => r,
         () = grace => {
@@ -109,6 +243,99 @@ pub async fn serve(
     }
     tracing::info!("drained: exiting");
     served
+}
+
+/// What each listener serves, and how.
+#[derive(Clone)]
+struct Served {
+    app: axum::Router,
+    limits: crate::config::Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    slots: Arc<Semaphore>,
+    accepting: CancellationToken,
+}
+
+impl Served {
+    /// Serves `listener` on the calling runtime until the listeners stop
+    /// accepting and its connections are done.
+    async fn on(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let Self {
+            app,
+            limits,
+            tls,
+            slots,
+            accepting,
+        } = self;
+        super::connection::serve(
+            listener,
+            app,
+            limits,
+            tls,
+            slots,
+            accepting.cancelled_owned(),
+        )
+        .await
+    }
+
+    /// Serves the first of `listeners` in a task of the calling runtime
+    /// and each other one on a thread of its own; resolves when all are
+    /// done. A worker's thread then keeps its runtime (the upstream calls
+    /// of clients that left, the store's retries go on there) until the
+    /// process ends.
+    fn per_worker(
+        self,
+        listeners: Vec<std::net::TcpListener>,
+    ) -> std::io::Result<impl Future<Output = std::io::Result<()>>> {
+        let mut done = Vec::with_capacity(listeners.len());
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let (finished, wait) = tokio::sync::oneshot::channel();
+            done.push(wait);
+            let served = self.clone();
+            let run = async move {
+                let result = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => served.on(listener).await,
+                    Err(e) => Err(e),
+                };
+                let _ = finished.send(result);
+            };
+            if i == 0 {
+                tokio::spawn(run);
+                continue;
+            }
+            std::thread::Builder::new()
+                .name(format!("norepeat-worker-{i}"))
+                .spawn(move || {
+                    super::workers::enter(i);
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
+                    match runtime {
+                        Ok(runtime) => runtime.block_on(async move {
+                            run.await;
+                            std::future::pending::<()>().await;
+                        }),
+                        Err(e) => tracing::error!(worker = i, error = %e, "cannot start the worker's runtime"),
+                    }
+                })?;
+        }
+        Ok(async move {
+            let mut result = Ok(());
+            for wait in done {
+                match wait.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "a worker stopped serving");
+                        if result.is_ok() {
+                            result = Err(e);
+                        }
+                    }
+                    // Its runtime did not start (logged).
+                    Err(_) => {}
+                }
+            }
+            result
+        })
+    }
 }
 
 /// How long a stop waits for requests in flight and for the upstream calls

@@ -4,7 +4,7 @@
 use super::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
-use super::forward::{Broken, Failure, HttpClient, client, connect_timeout, forward, read_ahead};
+use super::forward::{Broken, Failure, Pool, client, connect_timeout, forward, read_ahead};
 use super::metrics::RouteMetrics;
 use super::scope::Unscoped;
 use super::store::{SharedStore, note_failure};
@@ -211,7 +211,7 @@ pub(super) fn stack(
 /// The innermost stage of a route: the upstream, its timeout, its metric.
 #[derive(Clone)]
 struct UpstreamStage {
-    client: HttpClient,
+    client: Pool,
     upstream: Arc<str>,
     timeout: Duration,
     metrics: Arc<RouteMetrics>,
@@ -270,7 +270,7 @@ impl UpstreamStage {
         let start = Instant::now();
         let idle = Some(self.timeout);
         let call = async {
-            let result = forward(&self.client, &self.upstream, self.timeout, idle, req).await;
+            let result = forward(self.client.get(), &self.upstream, self.timeout, idle, req).await;
             match (result, self.read_ahead) {
                 (Ok(res), Some(cap)) => {
                     let (head, body) = res.into_parts();

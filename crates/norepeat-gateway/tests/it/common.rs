@@ -68,18 +68,22 @@ pub(crate) fn config_file(yaml: &str) -> std::path::PathBuf {
 /// Starts the gateway on `yaml` (a file written for it), listening on a
 /// free port.
 pub(crate) async fn gateway(yaml: &str) -> Process {
+    gateway_with(yaml, &[]).await
+}
+
+/// [`gateway`] with more arguments (`--workers 3`).
+pub(crate) async fn gateway_with(yaml: &str, more: &[&str]) -> Process {
     let file = config_file(yaml);
-    let args = [
+    let mut args: Vec<String> = [
         "--config",
         &file.to_string_lossy(),
         "--listen",
         "127.0.0.1:0",
-    ];
-    let mut p = Process::start(
-        env!("CARGO_BIN_EXE_norepeat-gateway"),
-        args.map(String::from).into(),
-    )
-    .await;
+    ]
+    .map(String::from)
+    .into();
+    args.extend(more.iter().map(|a| (*a).to_owned()));
+    let mut p = Process::start(env!("CARGO_BIN_EXE_norepeat-gateway"), args).await;
     p.file = Some(file);
     p
 }

@@ -22,3 +22,4 @@ mod requests_never_5xx;
 mod routing;
 mod store_down;
 mod transport;
+mod workers;

@@ -1,0 +1,137 @@
+//! Issue 39: one event loop per core. `--workers N` serves on N threads,
+//! each with a listening socket of its own (`SO_REUSEPORT`); the
+//! guarantees hold across them: one key is one effect whichever worker
+//! each connection landed on. `--work-stealing` serves on tokio's
+//! work-stealing runtime, one socket, with the same guarantees.
+
+use crate::common::*;
+
+/// The listening sockets on `port` (`/proc/net/tcp`, state `0A`).
+fn listening_sockets(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.get(1).is_some_and(|a| a.ends_with(&local)) && fields.get(3) == Some(&"0A")
+        })
+        .count()
+}
+
+/// The names of the process's threads.
+fn threads(g: &Process) -> Vec<String> {
+    let pid = g.process.pid().expect("running");
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_owned())
+        .collect()
+}
+
+/// 16 clients of their own (new connections, new source ports: the
+/// kernel spreads them between the sockets) send one key at once, each
+/// held 300 ms by the backend: it runs once; the others are told it is in
+/// progress (409) or get its replay.
+async fn one_key_one_effect(g: &Process, b: &Process) {
+    let key = format!("k-{}", rand_n());
+    let mut sent = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (to, key) = (url(g, "/payments"), key.clone());
+        sent.spawn(async move {
+            let res = Client::new()
+                .post(to)
+                .header("x-user-id", "u1")
+                .header("idempotency-key", key)
+                .header("x-delay", "0.3")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            (res.status(), replayed)
+        });
+    }
+    let mut ran = 0;
+    while let Some(answer) = sent.join_next().await {
+        match answer.unwrap() {
+            (s, false) if s.is_success() => ran += 1,
+            (s, true) if s.is_success() => {}
+            (StatusCode::CONFLICT, _) => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(ran, 1, "the backend's answer went to one client");
+    assert_eq!(effects(b).await["/payments"], 1, "one effect");
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn each_worker_has_its_thread_and_socket_and_one_key_is_one_effect_across_them() {
+    let b = backend(0).await;
+    let g = gateway_with(&file(&b, "memory", ROUTES), &["--workers", "3"]).await;
+    assert_eq!(listening_sockets(g.port), 3, "one socket per worker");
+    let names = threads(&g);
+    let workers = names
+        .iter()
+        .filter(|n| n.starts_with("norepeat-worker"))
+        .count();
+    // The main thread is the first worker.
+    assert_eq!(workers, 2, "{names:?}");
+    one_key_one_effect(&g, &b).await;
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn work_stealing_serves_on_one_socket_with_the_same_guarantees() {
+    let b = backend(0).await;
+    let g = gateway_with(
+        &file(&b, "memory", ROUTES),
+        &["--work-stealing", "--workers", "2"],
+    )
+    .await;
+    assert_eq!(listening_sockets(g.port), 1);
+    assert!(
+        !threads(&g).iter().any(|n| n.starts_with("norepeat-worker")),
+        "no worker threads of ours"
+    );
+    one_key_one_effect(&g, &b).await;
+}
+
+/// On Redis, two workers of one gateway and a second gateway: one key is
+/// one effect across all of them.
+#[tokio::test]
+async fn one_key_is_one_effect_across_workers_and_instances_on_redis() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let yaml = file(&b, &redis.url(), ROUTES);
+    let g1 = gateway_with(&yaml, &["--workers", "2"]).await;
+    let g2 = gateway_with(&yaml, &["--workers", "2"]).await;
+    let key = format!("k-{}", rand_n());
+    let mut sent = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let to = url(if i % 2 == 0 { &g1 } else { &g2 }, "/payments");
+        let key = key.clone();
+        sent.spawn(async move {
+            Client::new()
+                .post(to)
+                .header("x-user-id", "u1")
+                .header("idempotency-key", key)
+                .header("x-delay", "0.3")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        });
+    }
+    while let Some(status) = sent.join_next().await {
+        let status = status.unwrap();
+        assert!(
+            status.is_success() || status == StatusCode::CONFLICT,
+            "{status}"
+        );
+    }
+    assert_eq!(effects(&b).await["/payments"], 1, "one effect");
+}
