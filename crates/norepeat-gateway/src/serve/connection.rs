@@ -24,9 +24,13 @@
 //! updates) do not start a head: it is closed `idle_timeout` after its
 //! last stream, as Envoy does.
 //!
-//! Past `max_connections` new connections wait in the listen queue until
-//! one closes; an `accept` that fails for lack of descriptors (`EMFILE`)
-//! backs off and keeps serving the connections that are open.
+//! Past `max_connections` (one cap for the process, whichever worker's
+//! listener took the connection) a new connection waits unserved until
+//! one closes: each listener holds at most one such connection accepted
+//! (the others wait in the listen queue), so the process has at most
+//! `max_connections` plus one per worker open. An `accept` that fails for
+//! lack of descriptors (`EMFILE`) backs off and keeps serving the
+//! connections that are open.
 
 use crate::config::Limits;
 use axum::body::Body;
@@ -76,13 +80,6 @@ pub(super) async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut pause = ACCEPT_PAUSE;
     loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => {
@@ -99,6 +96,19 @@ pub(super) async fn serve(
                     pause = (pause * 2).min(MAX_ACCEPT_PAUSE);
                     continue;
                 }
+            },
+            () = &mut shutdown => break,
+        };
+        // Past the cap the accepted connection waits here, unread, for a
+        // slot, and this listener accepts no other meanwhile. The slot is
+        // taken after the accept, not before: with a listener per worker,
+        // a slot held by a worker waiting for a connection that never
+        // comes would keep a connection queued at another worker waiting
+        // although the process is under its cap.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
             },
             () = &mut shutdown => break,
         };
