@@ -37,9 +37,8 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
     {
         return v.clone();
     }
-    // Hex digits: always a valid value, taken without a copy.
-    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from(fresh_id()))
-        .unwrap_or(HeaderValue::from_static("0"));
+    // Hex digits: always a valid value.
+    let id = HeaderValue::from_bytes(&fresh_id()).unwrap_or(HeaderValue::from_static("0"));
     headers.insert(REQUEST_ID, id.clone());
     id
 }
@@ -48,7 +47,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
 /// process, across processes: the process's random prefix and a counter,
 /// 32 hex digits. No system call per request (a random id each was a
 /// `getrandom` per request on the pass-through's hot path).
-fn fresh_id() -> String {
+fn fresh_id() -> [u8; 32] {
     static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(|| {
@@ -64,7 +63,13 @@ fn fresh_id() -> String {
         u64::from_le_bytes(raw)
     });
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{prefix:016x}{n:016x}")
+    // Not `format!`: its machinery cost more than the rest of the id.
+    let mut raw = [0u8; 16];
+    raw[..8].copy_from_slice(&prefix.to_be_bytes());
+    raw[8..].copy_from_slice(&n.to_be_bytes());
+    let mut id = [0u8; 32];
+    let _ = hex::encode_to_slice(raw, &mut id);
+    id
 }
 
 /// Where the lines go.

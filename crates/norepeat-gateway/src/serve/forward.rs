@@ -234,36 +234,71 @@ fn add_forwarded(
     proto: &'static str,
 ) {
     let Some(peer) = peer else { return };
-    let ip = peer.to_string();
-    let earlier: Vec<String> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok().map(str::to_owned))
-        .collect();
-    let xff = if earlier.is_empty() {
-        ip.clone()
-    } else {
-        format!("{}, {ip}", earlier.join(", "))
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    // Written into buffers of their own, not through `format!`: this runs
+    // on every request, and the formatting machinery was 2 % of the
+    // guarded route's CPU (BENCHMARKS.md, issue 39).
+    let mut ip = [0u8; 64];
+    let ip = ip_text(peer, &mut ip);
+    let mut xff = Vec::with_capacity(ip.len());
+    for earlier in headers.get_all("x-forwarded-for") {
+        xff.extend_from_slice(earlier.as_bytes());
+        xff.extend_from_slice(b", ");
+    }
+    xff.extend_from_slice(ip);
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)) {
         headers.insert("x-forwarded-for", v);
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
-    let node = match peer {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(_) => format!("\"[{ip}]\""),
-    };
-    let mut forwarded = format!("for={node};proto={proto}");
+    let mut forwarded = Vec::with_capacity(64);
+    forwarded.extend_from_slice(b"for=");
+    match peer {
+        IpAddr::V4(_) => forwarded.extend_from_slice(ip),
+        IpAddr::V6(_) => {
+            forwarded.extend_from_slice(b"\"[");
+            forwarded.extend_from_slice(ip);
+            forwarded.extend_from_slice(b"]\"");
+        }
+    }
+    forwarded.extend_from_slice(b";proto=");
+    forwarded.extend_from_slice(proto.as_bytes());
     if let Some(host) = host {
-        if let Ok(h) = host.to_str()
-            && !h.contains('"')
-        {
-            forwarded.push_str(&format!(";host=\"{h}\""));
+        if host.to_str().is_ok_and(|h| !h.contains('"')) {
+            forwarded.extend_from_slice(b";host=\"");
+            forwarded.extend_from_slice(host.as_bytes());
+            forwarded.push(b'"');
         }
         headers.insert("x-forwarded-host", host);
     }
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(forwarded)) {
         headers.append(header::FORWARDED, v);
+    }
+}
+
+/// `ip` as text in `buf`: an IPv4 address's digits written by hand, an
+/// IPv6 one (at most 45 characters) by its `Display`.
+fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[n] = b'.';
+                    n += 1;
+                }
+                let mut digits = itoa::Buffer::new();
+                let d = digits.format(octet).as_bytes();
+                buf[n..n + d.len()].copy_from_slice(d);
+                n += d.len();
+            }
+            &buf[..n]
+        }
+        IpAddr::V6(_) => {
+            use std::io::Write;
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            let _ = write!(cursor, "{ip}");
+            let n = usize::try_from(cursor.position()).unwrap_or(0);
+            &buf[..n]
+        }
     }
 }
 
@@ -506,7 +541,58 @@ impl http_body::Body for ReadAhead {
 
 #[cfg(test)]
 mod tests {
-    use super::{Broken, connect_timeout, read_ahead};
+    use super::{Broken, add_forwarded, connect_timeout, read_ahead};
+    use http::{HeaderMap, HeaderValue};
+
+    /// The forwarded headers, written without `format!`, are what they
+    /// were: the peer appended to a client's `X-Forwarded-For`, an IPv6
+    /// node quoted in brackets, a host with a quote left out of
+    /// `Forwarded` (it would break the field) but still in
+    /// `X-Forwarded-Host`.
+    #[test]
+    fn forwarded_headers_name_the_peer_its_protocol_and_the_host() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+        h.append("x-forwarded-for", HeaderValue::from_static("5.6.7.8"));
+        let ip = "203.0.113.255".parse().unwrap();
+        add_forwarded(
+            &mut h,
+            Some(ip),
+            Some(HeaderValue::from_static("shop.example")),
+            "https",
+        );
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, 5.6.7.8, 203.0.113.255");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-host"], "shop.example");
+        assert_eq!(
+            h["forwarded"],
+            "for=203.0.113.255;proto=https;host=\"shop.example\""
+        );
+
+        let mut h = HeaderMap::new();
+        h.append("forwarded", HeaderValue::from_static("for=1.1.1.1"));
+        let ip = "2001:db8::1".parse().unwrap();
+        add_forwarded(
+            &mut h,
+            Some(ip),
+            Some(HeaderValue::from_static("a\"b")),
+            "http",
+        );
+        assert_eq!(h["x-forwarded-for"], "2001:db8::1");
+        let forwarded: Vec<_> = h.get_all("forwarded").iter().collect();
+        assert_eq!(
+            forwarded,
+            ["for=1.1.1.1", "for=\"[2001:db8::1]\";proto=http"]
+        );
+        assert_eq!(h["x-forwarded-host"], "a\"b");
+
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, Some("0.0.0.0".parse().unwrap()), None, "http");
+        assert_eq!(h["x-forwarded-for"], "0.0.0.0");
+        assert_eq!(h["forwarded"], "for=0.0.0.0;proto=http");
+        assert!(h.get("x-forwarded-host").is_none());
+    }
     use axum::body::Body;
     use bytes::Bytes;
 
