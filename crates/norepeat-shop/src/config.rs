@@ -109,6 +109,12 @@ pub struct ShopConfig {
     /// `memory`.
     #[arg(long = "idempotency-store", env = "NOREPEAT_IDEMPOTENCY_STORE")]
     pub idempotency_store: Option<String>,
+    /// The largest `POST /payments` answer body kept for replay, in bytes.
+    /// A larger one is answered whole, and its retries get its status with
+    /// an empty body and `Idempotent-Body: omitted` (the payment is not
+    /// made again).
+    #[arg(long, env = "NOREPEAT_MAX_STORED_RESPONSE", default_value_t = 1 << 20)]
+    pub max_stored_response: usize,
     /// Naive mode only: pause between reading and writing stock, in milliseconds
     /// (widens the race the incident is about).
     #[arg(long, env = "NOREPEAT_NAIVE_GAP_MS", default_value_t = 5)]
@@ -137,6 +143,7 @@ impl Default for ShopConfig {
             defence: Defence::Full,
             naive_gap_ms: 5,
             idempotency_store: None,
+            max_stored_response: 1 << 20,
         }
     }
 }

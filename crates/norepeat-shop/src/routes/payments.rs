@@ -77,6 +77,7 @@ impl CreatePayment<'_> {
         IdempotencyLayer::new(store)
             .abandoned(Abandoned::Retry)
             .route("/payments")
+            .max_body(self.0.cfg.max_stored_response)
             .on_store_failure(FailurePolicy::FailClosed)
             .detached_tasks_in(&self.0.detached)
     }

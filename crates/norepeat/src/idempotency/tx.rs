@@ -177,8 +177,10 @@ pub enum TxError {
     /// the other request's answer or runs again.
     #[error("the idempotency claim was lost before commit; the transaction was rolled back")]
     Lost,
-    /// The response body could not be read whole, or is larger than the
-    /// layer's [`max_body`](super::IdempotencyLayer::max_body). Rolled back.
+    /// The response body broke off while it was read. Rolled back. (A
+    /// body larger than the layer's
+    /// [`max_body`](super::IdempotencyLayer::max_body) is committed, its
+    /// record without it: a replay answers `Idempotent-Body: omitted`.)
     #[error("the response cannot be stored: {0}")]
     Body(String),
     /// The database failed. Before `COMMIT` was sent the transaction is
@@ -197,7 +199,7 @@ mod sql {
     use bytes::Bytes;
     use http::Response;
     use http_body::Body;
-    use http_body_util::{BodyExt, Full, Limited};
+    use http_body_util::{BodyExt, Full};
     use std::sync::atomic::Ordering;
 
     macro_rules! impl_commit {
@@ -215,9 +217,8 @@ mod sql {
                 ///
                 /// # Errors
                 /// [`TxError::Lost`] when the claim is no longer ours,
-                /// [`TxError::Body`] for a body over the cap or broken (both
-                /// roll back), [`TxError::Database`] when the database
-                /// fails.
+                /// [`TxError::Body`] for a body that broke (rolled back),
+                /// [`TxError::Database`] when the database fails.
                 pub async fn commit<'c, B>(
                     &self,
                     mut tx: sqlx::Transaction<'c, $db>,
@@ -229,14 +230,26 @@ mod sql {
                 {
                     let i = &self.inner;
                     let (head, body) = response.into_parts();
-                    let body = Limited::new(body, i.max_body)
+                    // Read whole: it is the handler's answer, made in
+                    // memory, and the client gets it whole. Over the cap it
+                    // is not stored: the record keeps the outcome without
+                    // it, as the layer does (`Idempotent-Body: omitted`).
+                    let body = body
                         .collect()
                         .await
-                        .map_err(|e| TxError::Body(e.to_string()))?
+                        .map_err(|e| TxError::Body(e.into().to_string()))?
                         .to_bytes();
                     let headers = i.replayed_headers.select(&head.headers);
-                    let done =
-                        record::completed(&i.owner, &i.fingerprint, head.status, headers, &body);
+                    let done = if body.len() <= i.max_body {
+                        record::completed(&i.owner, &i.fingerprint, head.status, headers, &body)
+                    } else {
+                        record::completed_without_body(
+                            &i.owner,
+                            &i.fingerprint,
+                            head.status,
+                            headers,
+                        )
+                    };
                     // Held to the commit: no renewal rewrites the record
                     // between this check and the commit.
                     let fence = i.fence.lock().await;

@@ -94,6 +94,11 @@ macro_rules! cases {
         }
 
         async fn setup(url: &str, lease: Duration) -> (Router, App, $store) {
+            setup_capped(url, lease, 1 << 20).await
+        }
+
+        /// [`setup`] with the layer's `max_body` at `cap`.
+        async fn setup_capped(url: &str, lease: Duration, cap: usize) -> (Router, App, $store) {
             let pool: Pool = <$backend as SqlBackend>::pool(url).await;
             let store = <$store>::new(pool.clone());
             store.migrate().await.unwrap();
@@ -112,7 +117,8 @@ macro_rules! cases {
                 .route("/pay")
                 .lease(lease)
                 .lease_renewal(false)
-                .abandoned(norepeat::idempotency::Abandoned::Retry);
+                .abandoned(norepeat::idempotency::Abandoned::Retry)
+                .max_body(cap);
             let router = Router::new()
                 .route("/pay", post(pay).layer(layer))
                 .with_state(app.clone());
@@ -124,6 +130,27 @@ macro_rules! cases {
                 .fetch_one(pool)
                 .await
                 .unwrap()
+        }
+
+        /// An answer over `max_body` commits with its effect, its record
+        /// without the body: the client gets it whole, a retry gets the
+        /// status, an empty body and `Idempotent-Body: omitted`, and the
+        /// effect is not made again (before: `TxError::Body`, the effect
+        /// rolled back and the client answered 503).
+        #[tokio::test]
+        async fn an_answer_over_the_cap_commits_and_replays_without_its_body() {
+            let (url, _db) = <$backend as SqlBackend>::fresh_with_url().await;
+            let (router, app, _) = setup_capped(&url, Duration::from_secs(10), 8).await;
+            let first = send(&router, request("u1", "k-big", "\"a\"", &[])).await;
+            assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+            assert!(first.body.len() > 8, "the client gets it whole");
+            let again = send(&router, request("u1", "k-big", "\"a\"", &[])).await;
+            assert_eq!(again.status, StatusCode::CREATED);
+            assert_eq!(again.headers["idempotent-replayed"], "true");
+            assert_eq!(again.headers["idempotent-body"], "omitted");
+            assert!(again.body.is_empty());
+            assert_eq!(app.runs.load(Ordering::SeqCst), 1, "not run again");
+            assert_eq!(effects(&app.pool).await, 1, "one effect");
         }
 
         #[tokio::test]
