@@ -85,6 +85,10 @@ impl Workers {
     /// # Errors
     /// A socket cannot be made or bound (the address is taken, not this
     /// machine's); on a platform without `SO_REUSEPORT`, always.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (a socket is registered with the runtime's
+    /// reactor to listen, then handed back for the worker that serves it).
     pub fn bind(addr: std::net::SocketAddr, n: usize) -> std::io::Result<Self> {
         #[cfg(unix)]
         {
