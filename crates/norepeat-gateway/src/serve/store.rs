@@ -20,10 +20,18 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub(super) struct Connecting {
     kind: &'static str,
-    store: Arc<OnceLock<AnyStore>>,
+    store: Arc<OnceLock<Stores>>,
     /// Where late answers are reported, passed on once connected (the
     /// budget asks for them once, at its start).
-    late: Arc<Mutex<Option<LateAnswers>>>,
+    late: Arc<Mutex<Late>>,
+}
+
+/// Where late answers go, and whether the stores connected so far were
+/// told (a worker's store made later is told when it is made).
+#[derive(Debug, Default)]
+struct Late {
+    to: Option<LateAnswers>,
+    passed: bool,
 }
 
 /// How often a store that was down at start is tried again.
@@ -32,10 +40,16 @@ pub(super) const RETRY: Duration = Duration::from_secs(1);
 impl Connecting {
     /// A store that is there.
     pub(super) fn ready(store: AnyStore) -> Self {
+        Self::ready_at(store, None)
+    }
+
+    /// A store that is there, connected from `url` (for the other
+    /// workers' connections).
+    fn ready_at(store: AnyStore, url: Option<&str>) -> Self {
         let kind = store.kind();
         Self {
             kind,
-            store: Arc::new(OnceLock::from(store)),
+            store: Arc::new(OnceLock::from(Stores::new(store, url))),
             late: Arc::default(),
         }
     }
@@ -45,7 +59,7 @@ impl Connecting {
     /// is an error.
     pub(super) async fn connect(url: Option<&str>) -> Result<Self, StoreError> {
         match AnyStore::from_url(url).await {
-            Ok(store) => Ok(Self::ready(store)),
+            Ok(store) => Ok(Self::ready_at(store, url)),
             Err(e @ StoreError::InvalidUrl(_)) => Err(e),
             Err(e) => {
                 tracing::warn!(
@@ -68,7 +82,7 @@ impl Connecting {
                         tokio::time::sleep(RETRY).await;
                         let Some(slot) = store.upgrade() else { return };
                         if let Ok(s) = AnyStore::from_url(url.as_deref()).await {
-                            let _ = slot.set(s);
+                            let _ = slot.set(Stores::new(s, url.as_deref()));
                             pass_late(&slot, &late);
                             tracing::info!("the store answers: connected");
                             return;
@@ -88,7 +102,85 @@ impl Connecting {
     fn get(&self) -> Result<&AnyStore, StoreError> {
         self.store
             .get()
+            .map(|s| s.mine(&self.late))
             .ok_or_else(|| StoreError::Connection("not connected yet".to_owned()))
+    }
+}
+
+/// The connected store: one for the process, or, for one Redis server
+/// served by per-core workers, one per worker: worker 0's is the store
+/// connected at start (its connection tasks on the main thread), each
+/// other worker's a connection of its own made on its first call, on its
+/// thread, so a call and its answer stay on one thread (on two cores, one
+/// worker spent 14-16 % less CPU per guarded request than two sharing the
+/// main thread's connections: BENCHMARKS.md, issue 39). Commands on one
+/// key from two workers may then leave on two connections, as from two
+/// instances: every same-key pair the guards send is owner-checked.
+#[derive(Debug)]
+enum Stores {
+    One(AnyStore),
+    PerWorker {
+        first: AnyStore,
+        url: String,
+        others: super::workers::PerWorker<OnceLock<AnyStore>>,
+    },
+}
+
+impl Stores {
+    fn new(store: AnyStore, url: Option<&str>) -> Self {
+        match (&store, url) {
+            (AnyStore::Redis(_), Some(url)) if super::workers::count() > 1 => Self::PerWorker {
+                first: store,
+                url: url.to_owned(),
+                others: super::workers::PerWorker::new(OnceLock::new),
+            },
+            _ => Self::One(store),
+        }
+    }
+
+    /// The calling worker's store (made on its first call, told where to
+    /// report late answers).
+    fn mine(&self, late: &Mutex<Late>) -> &AnyStore {
+        let (first, url, others) = match self {
+            Self::One(store) => return store,
+            Self::PerWorker { first, url, others } => (first, url, others),
+        };
+        if super::workers::index() == 0 {
+            return first;
+        }
+        let mine = others.get();
+        if let Some(store) = mine.get() {
+            return store;
+        }
+        // Made and told under the lock `pass_late` takes: told once.
+        let late = late.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(store) = mine.get() {
+            return store;
+        }
+        // The URL was connected to already: it parses.
+        let Ok(made) = norepeat::store::RedisStore::connect_lazy_with(url, 1) else {
+            return first;
+        };
+        let store = mine.get_or_init(|| AnyStore::Redis(made));
+        if late.passed
+            && let Some(to) = late.to.clone()
+        {
+            store.report_late_answers(to);
+        }
+        store
+    }
+
+    /// Every store made so far.
+    fn all(&self) -> impl Iterator<Item = &AnyStore> {
+        let (first, others) = match self {
+            Self::One(store) => (store, None),
+            Self::PerWorker { first, others, .. } => (first, Some(others)),
+        };
+        std::iter::once(first).chain(
+            others
+                .into_iter()
+                .flat_map(|o| o.all().filter_map(OnceLock::get)),
+        )
     }
 }
 
@@ -100,24 +192,29 @@ impl KeyValueStore for Connecting {
         self.kind
     }
     fn reconnect(&self) {
-        if let Ok(s) = self.get() {
-            s.reconnect();
+        if let Some(stores) = self.store.get() {
+            stores.all().for_each(AnyStore::reconnect);
         }
     }
     fn report_late_answers(&self, to: LateAnswers) {
-        // Kept, then passed on if the store is there by now: whichever of
-        // this and the connecting task takes it last passes it on.
-        *self.late.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+        // Kept (for the stores made later, a worker's on its first call),
+        // then passed on if the store is there by now: whichever of this
+        // and the connecting task passes it last passes it on.
+        self.late.lock().unwrap_or_else(|p| p.into_inner()).to = Some(to);
         pass_late(&self.store, &self.late);
     }
 }
 
-/// Passes the kept late-answer target on to the store, once it is there.
-fn pass_late(store: &OnceLock<AnyStore>, late: &Mutex<Option<LateAnswers>>) {
-    if let Some(s) = store.get()
-        && let Some(to) = late.lock().unwrap_or_else(|p| p.into_inner()).take()
+/// Passes the kept late-answer target on to the stores, once they are
+/// there (kept: a worker's store made later gets it too).
+fn pass_late(store: &OnceLock<Stores>, late: &Mutex<Late>) {
+    let mut late = late.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(stores) = store.get()
+        && !late.passed
+        && let Some(to) = late.to.clone()
     {
-        s.report_late_answers(to);
+        stores.all().for_each(|s| s.report_late_answers(to.clone()));
+        late.passed = true;
     }
 }
 

@@ -34,6 +34,11 @@ pub(super) fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
 }
 
+/// The calling thread's worker (0 for a thread that is not one).
+pub(super) fn index() -> usize {
+    INDEX.with(Cell::get)
+}
+
 /// Marks the calling thread as worker `i`.
 pub(super) fn enter(i: usize) {
     INDEX.with(|c| c.set(i));
@@ -51,8 +56,12 @@ impl<T> PerWorker<T> {
 
     /// The calling thread's.
     pub(crate) fn get(&self) -> &T {
-        let i = INDEX.with(Cell::get);
-        &self.0[i % self.0.len()]
+        &self.0[index() % self.0.len()]
+    }
+
+    /// Every worker's.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &T> {
+        self.0.iter()
     }
 }
 

@@ -72,13 +72,21 @@ async fn each_worker_has_its_thread_and_socket_and_one_key_is_one_effect_across_
     let b = backend(0).await;
     let g = gateway_with(&file(&b, "memory", ROUTES), &["--workers", "3"]).await;
     assert_eq!(listening_sockets(g.port), 3, "one socket per worker");
-    let names = threads(&g);
-    let workers = names
-        .iter()
-        .filter(|n| n.starts_with("norepeat-worker"))
-        .count();
-    // The main thread is the first worker.
-    assert_eq!(workers, 2, "{names:?}");
+    // The main thread is the first worker; the others name themselves
+    // once started, which may come after the gateway says it listens.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let names = threads(&g);
+        let workers = names
+            .iter()
+            .filter(|n| n.starts_with("norepeat-worker"))
+            .count();
+        if workers == 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{names:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     one_key_one_effect(&g, &b).await;
 }
 
@@ -134,4 +142,47 @@ async fn one_key_is_one_effect_across_workers_and_instances_on_redis() {
         );
     }
     assert_eq!(effects(&b).await["/payments"], 1, "one effect");
+}
+
+/// On one Redis, each worker past the first calls the store over a
+/// connection of its own, made on its thread at its first call (before:
+/// every worker went through the two connections made on the main thread,
+/// and its answers woke that thread). 30 new connections, spread by the
+/// kernel between 3 workers (the chance that one of them gets none is
+/// under 1 in 50,000): the gateway holds 2 + 2 Redis connections.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn each_worker_calls_redis_over_a_connection_of_its_own() {
+    let redis = RedisServer::start().await;
+    let b = backend(0).await;
+    let g = gateway_with(&file(&b, &redis.url(), ROUTES), &["--workers", "3"]).await;
+    let mut con = redis.connection().await;
+    let clients = |list: String| list.lines().filter(|l| !l.trim().is_empty()).count();
+    let before: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // The test's own connection and the gateway's first two.
+    assert_eq!(clients(before), 1 + 2);
+    for i in 0..30 {
+        let res = Client::new()
+            .post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .body(format!("{{\"n\":{i}}}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success(), "{}", res.status());
+    }
+    let after: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        clients(after),
+        1 + 2 + 2,
+        "one more per worker past the first"
+    );
 }

@@ -84,8 +84,27 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL.
     pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
+        Self::connect_lazy_with(url, DEFAULT_CONNECTIONS)
+    }
+
+    /// Like [`connect_lazy`](Self::connect_lazy), with `connections`
+    /// multiplexed connections (at least one). A connection's tasks run on
+    /// the runtime the store is made on: a server with one single-threaded
+    /// runtime per core makes one such store on each, so a call and its
+    /// answer stay on one thread.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Nothing is sent until the first call.
+    /// let store = norepeat::store::RedisStore::connect_lazy_with("redis://127.0.0.1:6379", 1).unwrap();
+    /// # drop(store); }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL.
+    pub fn connect_lazy_with(url: &str, connections: usize) -> Result<Self, StoreError> {
         let client = open(url)?;
-        let managers = (0..DEFAULT_CONNECTIONS)
+        let managers = (0..connections.max(1))
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| at(url, map_err(e)))?;
