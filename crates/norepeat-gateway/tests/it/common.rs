@@ -29,7 +29,16 @@ impl Drop for Process {
 impl Process {
     /// Starts `bin args` and waits for its `listening on` line.
     pub(crate) async fn start(bin: &str, args: Vec<String>) -> Process {
-        let process = ShopProcess::spawn(bin, args, Vec::new()).await;
+        Self::start_env(bin, args, Vec::new()).await
+    }
+
+    /// [`Process::start`] with the variables `env`.
+    pub(crate) async fn start_env(
+        bin: &str,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Process {
+        let process = ShopProcess::spawn(bin, args, env).await;
         let port = process
             .base_url()
             .rsplit(':')
@@ -58,10 +67,15 @@ pub(crate) async fn backend(port: u16) -> Process {
 
 /// Writes `yaml` to a file of its own; its path.
 pub(crate) fn config_file(yaml: &str) -> std::path::PathBuf {
+    temp_file("yaml", yaml.as_bytes())
+}
+
+/// A file of its own in the temporary directory, holding `text`.
+pub(crate) fn temp_file(ext: &str, text: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("norepeat-gw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{}.yaml", free_port()));
-    std::fs::write(&file, yaml).unwrap();
+    let file = dir.join(format!("{}.{ext}", free_port()));
+    std::fs::write(&file, text).unwrap();
     file
 }
 
@@ -73,6 +87,15 @@ pub(crate) async fn gateway(yaml: &str) -> Process {
 
 /// [`gateway`] with more arguments (`--workers 3`).
 pub(crate) async fn gateway_with(yaml: &str, more: &[&str]) -> Process {
+    gateway_started(yaml, more, &[]).await
+}
+
+/// [`gateway`] with the variables `env` (secrets the file names).
+pub(crate) async fn gateway_env(yaml: &str, env: &[(&str, &str)]) -> Process {
+    gateway_started(yaml, &[], env).await
+}
+
+async fn gateway_started(yaml: &str, more: &[&str], env: &[(&str, &str)]) -> Process {
     let file = config_file(yaml);
     let mut args: Vec<String> = [
         "--config",
@@ -83,7 +106,11 @@ pub(crate) async fn gateway_with(yaml: &str, more: &[&str]) -> Process {
     .map(String::from)
     .into();
     args.extend(more.iter().map(|a| (*a).to_owned()));
-    let mut p = Process::start(env!("CARGO_BIN_EXE_norepeat-gateway"), args).await;
+    let env = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let mut p = Process::start_env(env!("CARGO_BIN_EXE_norepeat-gateway"), args, env).await;
     p.file = Some(file);
     p
 }

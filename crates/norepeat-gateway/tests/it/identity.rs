@@ -12,76 +12,22 @@
 
 // Test code: a failure is a panic with its place.
 
+use crate::common::{Process, backend, effects, gateway_env, temp_file, url};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use norepeat_testkit::{ShopProcess, free_port};
 use reqwest::{Client, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 
 const KEYS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/files/jwt/");
 
-/// A server process of the test kit (killed when dropped) and its port.
-struct Process {
-    _process: ShopProcess,
-    port: u16,
-}
-
-async fn start(bin: &str, args: Vec<String>, env: Vec<(String, String)>) -> Process {
-    let process = ShopProcess::spawn(bin, args, env).await;
-    let port = process
-        .base_url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap();
-    Process {
-        _process: process,
-        port,
-    }
-}
-
-async fn backend() -> Process {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/backend.py");
-    start("python3", vec![script.to_owned(), "0".into()], Vec::new()).await
-}
-
-/// A file of its own in the temporary directory, holding `text`.
-fn temp_file(ext: &str, text: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-ident-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{}.{ext}", free_port()));
-    std::fs::write(&file, text).unwrap();
-    file
-}
-
 /// The gateway in front of `b`, its file `yaml` after the upstream, with
 /// the variables `env`.
 async fn gateway(b: &Process, yaml: &str, env: &[(&str, &str)]) -> Process {
-    let file = temp_file(
-        "yaml",
-        format!("upstream: http://127.0.0.1:{}\n{yaml}", b.port).as_bytes(),
-    );
-    let args = [
-        "--config",
-        &file.to_string_lossy(),
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    let env = env
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    start(
-        env!("CARGO_BIN_EXE_norepeat-gateway"),
-        args.map(String::from).into(),
+    gateway_env(
+        &format!("upstream: http://127.0.0.1:{}\n{yaml}", b.port),
         env,
     )
     .await
-}
-
-fn url(p: &Process, path: &str) -> String {
-    format!("http://127.0.0.1:{}{path}", p.port)
 }
 
 /// `GET path` of the backend, as JSON.
@@ -96,9 +42,7 @@ async fn backend_json(b: &Process, path: &str) -> Value {
 
 /// How many times the backend ran `path`.
 async fn runs(b: &Process, path: &str) -> u64 {
-    backend_json(b, "/effects").await[path]
-        .as_u64()
-        .unwrap_or(0)
+    effects(b).await[path].as_u64().unwrap_or(0)
 }
 
 /// A payment with `key`: the same body every time.
@@ -142,7 +86,7 @@ const PAYMENTS: &str = "routes:
 /// change the file did not parse (`cookie` was an unknown field).
 #[tokio::test]
 async fn a_cookie_that_changes_beside_the_named_one_does_not_run_a_payment_twice() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         &format!("identity: {{ cookie: sid, required: true }}\n{PAYMENTS}"),
@@ -227,7 +171,7 @@ const SECRET: &str = "a-secret-of-at-least-thirty-two-bytes!";
 /// falls back to the address).
 #[tokio::test]
 async fn a_verified_jwt_names_the_caller_and_any_other_token_is_401() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         &format!("identity:\n  jwt: {{ claim: sub, secret_env: JWT_SECRET }}\n{PAYMENTS}"),
@@ -277,7 +221,7 @@ async fn a_verified_jwt_names_the_caller_and_any_other_token_is_401() {
 /// key it replaced no longer is.
 #[tokio::test]
 async fn rs256_and_es256_verify_from_a_jwks_and_a_pem_file_read_again_on_change() {
-    let b = backend().await;
+    let b = backend(0).await;
     let jwks = temp_file("json", &std::fs::read(format!("{KEYS}jwks.json")).unwrap());
     let g = gateway(
         &b,
@@ -353,7 +297,7 @@ async fn rs256_and_es256_verify_from_a_jwks_and_a_pem_file_read_again_on_change(
 /// its own space (a cookie `42` and a header `42` are two callers).
 #[tokio::test]
 async fn any_of_takes_the_first_source_present() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         &format!(
@@ -379,7 +323,7 @@ async fn any_of_takes_the_first_source_present() {
 /// A route's `identity` replaces the file's on that route only.
 #[tokio::test]
 async fn a_route_identity_overrides_the_files() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         "identity: { header: X-User-Id, required: true }
@@ -429,7 +373,7 @@ async fn token_of(g: &Process, user: &str) -> Value {
 /// `token_ttl` is the token's `expiresIn`.
 #[tokio::test]
 async fn a_plain_form_sends_its_token_as_a_field() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         "identity: { header: X-User-Id }
@@ -492,7 +436,7 @@ routes:
 /// origin gets no `Access-Control-Allow-Origin`, which its browser refuses.
 #[tokio::test]
 async fn cors_lets_a_listed_page_fetch_its_token_and_no_other() {
-    let b = backend().await;
+    let b = backend(0).await;
     let g = gateway(
         &b,
         "identity: { cookie: sid, required: true }

@@ -3,7 +3,7 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
 use crate::common;
 
-use common::BIN;
+use common::{BIN, quick_orders};
 use norepeat_testkit::{RedisCluster, ShopProcess, SqliteFile};
 use serde_json::json;
 
@@ -25,28 +25,14 @@ async fn cluster_shop_quick_order_duplicates_make_one_201() {
     };
     let a = ShopProcess::start(BIN, env(&db_a)).await;
     let b = ShopProcess::start(BIN, env(&db_b)).await;
-    let http = reqwest::Client::new();
     let bases = [a.base_url(), b.base_url()];
-    let tasks: Vec<_> = (0..100)
-        .map(|i| {
-            let http = http.clone();
-            let base = bases[i % 2].clone();
-            tokio::spawn(async move {
-                http.post(format!("{base}/orders/quick"))
-                    .header("x-user-id", "cluster-user")
-                    .json(&json!({"sku": "SKU-1", "quantity": 1, "traceId": i}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.unwrap());
-    }
+    let statuses = quick_orders(
+        &bases,
+        "cluster-user",
+        100,
+        |i| json!({"sku": "SKU-1", "quantity": 1, "traceId": i}),
+    )
+    .await;
     assert_eq!(
         statuses.iter().filter(|s| **s == 201).count(),
         1,

@@ -81,6 +81,33 @@ pub async fn scrape(
     sample(&text, name, labels)
 }
 
+/// `n` `POST /orders/quick` at once as `user`, the `i`th to
+/// `bases[i % bases.len()]` with the body `body(i)`: their statuses, in
+/// that order.
+pub async fn quick_orders(
+    bases: &[String],
+    user: &str,
+    n: usize,
+    body: impl Fn(usize) -> Value,
+) -> Vec<u16> {
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let send = http
+                .post(format!("{}/orders/quick", bases[i % bases.len()]))
+                .header("x-user-id", user)
+                .json(&body(i))
+                .send();
+            tokio::spawn(async move { send.await.unwrap().status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(n);
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
 /// `pairs` as a shop process's environment.
 pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs

@@ -2,10 +2,9 @@
 //! down, only PostgreSQL): one submission, one order.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
+use crate::common::{BIN, quick_orders};
 use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
 use serde_json::{Value, json};
-
-const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
 
 async fn two_shops(redis: Option<&RedisServer>, pg: &PgDatabase) -> (ShopProcess, ShopProcess) {
     // A debug build under 200 concurrent requests on two cores can take
@@ -57,26 +56,13 @@ async fn two_hundred_duplicates_over_two_instances_make_one_order() {
     let http = reqwest::Client::new();
     let before = stock(&http, &a.base_url(), "SKU-1").await;
     let bases = [a.base_url(), b.base_url()];
-    let tasks: Vec<_> = (0..200)
-        .map(|i| {
-            let http = http.clone();
-            let base = bases[i % 2].clone();
-            tokio::spawn(async move {
-                http.post(format!("{base}/orders/quick"))
-                    .header("x-user-id", "storm-user")
-                    .json(&json!({"sku": "SKU-1", "quantity": 1, "traceId": i}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.unwrap());
-    }
+    let statuses = quick_orders(
+        &bases,
+        "storm-user",
+        200,
+        |i| json!({"sku": "SKU-1", "quantity": 1, "traceId": i}),
+    )
+    .await;
     assert_eq!(
         statuses.iter().filter(|s| **s == 201).count(),
         1,
@@ -130,24 +116,14 @@ async fn with_redis_down_the_business_key_still_makes_one_order() {
     let http = reqwest::Client::new();
     let before = stock(&http, &a.base_url(), "SKU-3").await;
     let bases = [a.base_url(), b.base_url()];
-    let tasks: Vec<_> = (0..20)
-        .map(|i| {
-            let http = http.clone();
-            let base = bases[i % 2].clone();
-            tokio::spawn(async move {
-                http.post(format!("{base}/orders/quick"))
-                    .header("x-user-id", "biz-user")
-                    .json(&json!({"sku": "SKU-3", "quantity": 1, "bizId": "cart-7", "traceId": i}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
-        })
-        .collect();
-    for t in tasks {
-        let s = t.await.unwrap();
+    let statuses = quick_orders(
+        &bases,
+        "biz-user",
+        20,
+        |i| json!({"sku": "SKU-3", "quantity": 1, "bizId": "cart-7", "traceId": i}),
+    )
+    .await;
+    for s in statuses {
         assert!(s == 200 || s == 201 || s == 409, "status {s}");
     }
     assert_eq!(orders_of(&http, &a.base_url(), "biz-user").await, 1);
