@@ -124,25 +124,34 @@ pub(super) async fn route_request(
     let path = normalized.as_deref().unwrap_or(req.uri().path());
     let method = req.method().as_str();
     let find = |p: &str| {
-        live.list.iter().find(|r| {
+        live.list.iter().position(|r| {
             r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
         })
     };
+    // No route, or one that only routes (`ANY /api/{*rest}`): another
+    // spelling of a guarded route listed before it must not pass by it.
+    let unguarded = |at: Option<usize>| at.is_none_or(|i| !live.list[i].guarded);
     // A format suffix the back end drops (`/payments.json`) is the route
-    // too, keyed as its spelling without it.
+    // too, keyed as its spelling without it: the route that spelling
+    // takes, when it is guarded or when nothing took the suffixed one.
     let mut keyed = None;
-    let mut found = find(path);
-    if found.is_none()
+    let mut found_at = find(path);
+    if unguarded(found_at)
         && let Some(plain) = without_format_suffix(path)
     {
-        found = find(&plain);
-        keyed = found.is_some().then_some(plain);
+        let plain_at = find(&plain);
+        if !unguarded(plain_at) || (found_at.is_none() && plain_at.is_some()) {
+            found_at = plain_at;
+            keyed = Some(plain);
+        }
     }
-    if found.is_none()
-        && let Some(why) = other_spelling(&live, site.as_ref(), method, path)
-    {
-        return (invalid_request(why), None, "invalid_request");
+    if unguarded(found_at) {
+        let before = found_at.unwrap_or(live.list.len());
+        if let Some(why) = other_spelling(&live, before, site.as_ref(), method, path) {
+            return (invalid_request(why), None, "invalid_request");
+        }
     }
+    let found = found_at.map(|i| &live.list[i]);
     // A guarded route decides on one request and its one answer: a
     // connection that switches protocols is neither (GATEWAY.md).
     if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
@@ -274,17 +283,21 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
 /// another case (a back end that folds case serves it as the route).
 fn other_spelling(
     live: &Routes,
+    before: usize,
     site: Option<&String>,
     method: &str,
     path: &str,
 ) -> Option<&'static str> {
     const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
     const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
-    // The guarded routes of this request's site: another site's route is
-    // not this request's to pass by.
+    // The guarded routes of this request's site listed before `before`
+    // (the route that took the request, if any: one after it is not
+    // reached by any spelling): another site's route is not this
+    // request's to pass by.
     let guarded = || {
         live.list
             .iter()
+            .take(before)
             .filter(|r| r.guarded && r.host.as_ref().is_none_or(|h| site == Some(h)))
     };
     let folded = |p: &str| guarded().any(|r| r.matcher.matches_ignoring_case(method, p));

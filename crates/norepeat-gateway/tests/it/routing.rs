@@ -527,3 +527,62 @@ async fn a_guarded_route_for_one_site_leaves_other_sites_alone() {
     );
     assert_eq!(effects(&b).await["/payments"], 1);
 }
+
+/// A routing-only catch-all listed after a guarded route does not let
+/// another spelling of the guarded one past it: `/api/payments.json` (a
+/// format suffix Rails drops), `/api/Payments` (case a back end may fold)
+/// and `/api/x%2F..%2Fpayments` (an encoded slash Flask decodes) are the
+/// guarded route or refused, never forwarded unguarded by the catch-all
+/// (before: all three reached the backend with no `Idempotency-Key`).
+/// Other paths under the prefix still go through the catch-all.
+#[tokio::test]
+async fn a_catch_all_after_a_guarded_route_lets_no_spelling_of_it_past() {
+    let main = backend(0).await;
+    let api = backend(0).await;
+    let routes = format!(
+        "
+  - match: POST /api/payments
+    guard: idempotency
+    upstream: http://127.0.0.1:{0}
+  - match: ANY /api/{{*rest}}
+    upstream: http://127.0.0.1:{0}
+",
+        api.port
+    );
+    let g = gateway(&file(&main, "memory", &routes)).await;
+    let post = |path: &'static str| {
+        Client::new()
+            .post(url(&g, path))
+            .header("x-user-id", "u1")
+            .body("{}")
+            .send()
+    };
+    let (status, code) = crate::common::code(post("/api/payments.json").await.unwrap()).await;
+    assert_eq!(
+        (status.as_u16(), code.as_str()),
+        (400, "missing_idempotency_key")
+    );
+    for path in ["/api/Payments", "/api/x%2F..%2Fpayments"] {
+        let (status, code) = crate::common::code(post(path).await.unwrap()).await;
+        assert_eq!(
+            (status.as_u16(), code.as_str()),
+            (400, "invalid_request"),
+            "{path}"
+        );
+    }
+    let other = post("/api/orders").await.unwrap();
+    assert_eq!(other.status(), 201, "the catch-all still routes");
+    let seen = effects(&api).await;
+    assert_eq!(seen["/api/orders"], 1);
+    for path in [
+        "/api/payments.json",
+        "/api/Payments",
+        "/api/payments",
+        "/api/x/../payments",
+    ] {
+        assert!(
+            seen[path].is_null() || seen[path] == 0,
+            "{path} reached the backend: {seen}"
+        );
+    }
+}
