@@ -11,7 +11,7 @@ use super::record::Completed;
 use super::record::Digest;
 use crate::body as request_body;
 use crate::claim::{self, Renewer};
-use crate::degrade::FailurePolicy;
+use crate::degrade::{FailurePolicy, on_store_error};
 use crate::fingerprinter::Fingerprinter;
 use crate::identity::{Identify, UserHeader, is_visible_ascii};
 use crate::json::InvalidJson;
@@ -20,7 +20,7 @@ use crate::middleware::{
     self, GUARD_UNAVAILABLE, Handle, Middleware, mark, reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
-use crate::store::{KeyValueStore, ReadStoreExt};
+use crate::store::{KeyValueStore, ReadStoreExt, StoreError};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body;
@@ -501,7 +501,8 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// refused), never run again. A request whose key has a record under
     /// its previous identity (one read, before the claim, and only when the
     /// two ids differ) goes on under that identity; any other under the
-    /// current one. Return `None` from it once the change is older than
+    /// current one. A read that fails is no answer: a fail-closed layer
+    /// refuses the request (503), a fail-open one goes on to its claim. Return `None` from it once the change is older than
     /// the [`retention`](Self::retention) (no record of the old scope is
     /// left), so the read stops.
     ///
@@ -733,7 +734,23 @@ where
     let route = cfg.route.as_deref().unwrap_or(path);
     // A record under the caller's previous identity (a changed
     // configuration) is this request's: it goes on as that caller.
-    let previous = previous_scope(&cfg, &parts, user, path, client_key).await;
+    let previous = match previous_scope(&cfg, &parts, user, path, client_key).await {
+        Ok(previous) => previous,
+        // Fail-open: the claim that follows meets the same store and
+        // decides (and counts) by the same policy.
+        Err(_) if cfg.guard.failure == FailurePolicy::FailOpen => None,
+        // Fail-closed: a record that could not be read may be this very
+        // request's, made under the previous identity; claiming the key
+        // under the new one would run it again.
+        Err(e) => match on_store_error("idempotency", cfg.guard.failure, e) {
+            Ok(()) => None,
+            Err(e) => {
+                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                let p = Problem::from(IdempotencyError::Unavailable(e));
+                return refuse(&cfg, inner, p.into(), req, Some(user)).await;
+            }
+        },
+    };
     let user = previous.as_deref().unwrap_or(user);
     let key = cfg.record_key(user, &parts.method, path, client_key);
     // A body declared JSON that does not parse is the client's error: 400
@@ -807,25 +824,25 @@ where
 
 /// The caller's previous identity, when
 /// [`previous_identity`](IdempotencyLayer::previous_identity) gives one that
-/// differs and the store holds a record for this key under it. A store
-/// that cannot say is taken as holding none (the claim that follows meets
-/// the same store and its failure policy).
+/// differs and the store holds a record for this key under it.
+///
+/// # Errors
+/// The store cannot say.
 async fn previous_scope<G: KeyValueStore + Clone>(
     cfg: &IdempotencyLayer<G>,
     parts: &http::request::Parts,
     user: &str,
     path: &str,
     client_key: &str,
-) -> Option<String> {
-    let previous = cfg.previous.as_ref()?.identify(parts)?;
+) -> Result<Option<String>, StoreError> {
+    let Some(previous) = cfg.previous.as_ref().and_then(|p| p.identify(parts)) else {
+        return Ok(None);
+    };
     if previous == user {
-        return None;
+        return Ok(None);
     }
     let key = cfg.record_key(&previous, &parts.method, path, client_key);
-    match cfg.guard.store.get(&key).await {
-        Ok(Some(_)) => Some(previous),
-        _ => None,
-    }
+    Ok(cfg.guard.store.get(&key).await?.map(|_| previous))
 }
 
 /// The fingerprint the release before this one gave the request, when it

@@ -93,3 +93,54 @@ async fn the_user_header_twice_is_401_in_every_layer() {
     }
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
 }
+
+/// A previous identity whose record cannot be read (a real Redis whose
+/// ACL refuses this client `GET`, so the read fails while the claim, a
+/// `SET`, would succeed) is not taken as "no record": on a fail-closed
+/// layer the request is refused 503 and its handler does not run, since
+/// the record it could not read may be this very request's, made under the
+/// old identity (before: the read's failure was taken as "none", and the
+/// request claimed the key anew and ran a second time).
+#[tokio::test]
+async fn a_previous_identity_that_cannot_be_read_refuses_a_fail_closed_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let redis = RedisServer::start().await;
+    let mut admin = redis.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "noget", "on", ">pw", "~*", "+@all", "-get"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://noget:pw@127.0.0.1:{}", redis.port());
+    let store = RedisStore::connect(&url).await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = IdempotencyLayer::new(store)
+        .identity(norepeat::identity::UserHeader::new(
+            http::HeaderName::from_static("x-account"),
+        ))
+        .previous_identity(norepeat::identity::UserHeader::default());
+    let app = Router::new().route(
+        "/pay",
+        post(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { StatusCode::CREATED }
+        })
+        .layer(layer),
+    );
+    let req = Request::post("/pay")
+        .header("x-account", "acct-1")
+        .header("x-user-id", "u1")
+        .header("idempotency-key", "k-1")
+        .body(Body::empty())
+        .unwrap();
+    let answer = send(&app, req).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        answer.body
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
+}
