@@ -154,8 +154,13 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
                 Err(e) => {
+                    // Only an answer that never came may hide a claim that
+                    // landed: a server's error or an open breaker wrote
+                    // nothing.
+                    let may_have_landed =
+                        matches!(e, StoreError::Timeout(_) | StoreError::Connection(_));
                     let out = self.on_failure(e);
-                    if matches!(out, Claimed::Refused(_)) {
+                    if may_have_landed && matches!(out, Claimed::Refused(_)) {
                         self.take_back(key, value);
                     }
                     return out;
@@ -239,11 +244,16 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
     /// claim still there after both stays, as any claim whose owner is
     /// gone: 409 while its lease lasts, then an unknown outcome.
     fn take_back(&self, key: Arc<str>, value: Bytes) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let store = self.store.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             for pause in [Duration::ZERO, Duration::from_secs(1)] {
                 tokio::time::sleep(pause).await;
-                if store.delete_if_equals(&key, &value).await.is_ok() {
+                // Not there yet is no answer either: the late write may
+                // still land (a reconnect, another pooled connection).
+                if matches!(store.delete_if_equals(&key, &value).await, Ok(true)) {
                     return;
                 }
             }

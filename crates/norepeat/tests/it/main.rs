@@ -37,6 +37,7 @@ mod failed_open;
 mod guard;
 mod idempotency;
 mod idempotency_lost;
+mod idempotency_taken_back;
 mod idempotency_tx;
 mod identity;
 mod invalid_json;
