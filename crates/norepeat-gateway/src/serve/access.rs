@@ -32,8 +32,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
     let mut given = headers.get_all(&REQUEST_ID).iter();
     if trusted
         && let (Some(v), None) = (given.next(), given.next())
-        && (1..=200).contains(&v.len())
-        && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        && norepeat::identity::is_visible_ascii(v.as_bytes(), 200)
     {
         return v.clone();
     }

@@ -4,7 +4,7 @@
 
 use super::HostScoped;
 use super::OUTCOME_HEADER;
-use super::gateway::Gateway;
+use super::gateway::{Gateway, Routes};
 use super::request::dispatch;
 use crate::config::{normalize_host, normalize_path, route_spelling};
 use axum::Router;
@@ -241,9 +241,11 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 
 async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let cors = Arc::clone(&gw.live.load().cors);
-    let mut res = issue(&gw, req);
-    super::cors::allow(&cors, origin.as_ref(), res.headers_mut());
+    // One load: the CORS list and the signer of one configuration, even
+    // across a reload.
+    let live = gw.live.load_full();
+    let mut res = issue(&live, req);
+    super::cors::allow(&live.cors, origin.as_ref(), res.headers_mut());
     res
 }
 
@@ -264,8 +266,7 @@ async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Bod
     })
 }
 
-fn issue(gw: &Gateway, req: Request) -> Response<Body> {
-    let live = gw.live.load();
+fn issue(live: &Routes, req: Request) -> Response<Body> {
     if live.tokens_pending {
         let p = Problem::new(Code::GuardUnavailable)
             .detail("The store that keeps the token secret does not answer yet; retry shortly.")

@@ -4,6 +4,7 @@
 //! (`X-Forwarded-For` believed only from `trusted_proxies`), read by the
 //! library's [`ByClientIp`], the one implementation of that walk.
 
+use super::files::stat;
 use crate::config::{Identity, IdentitySource, JwtKeys};
 use crate::jwt::{KeySet, Refused, Rules};
 use arc_swap::ArcSwapOption;
@@ -425,12 +426,6 @@ struct KeyFile {
 struct Look {
     at: Instant,
     seen: Option<(Option<SystemTime>, u64)>,
-}
-
-fn stat(path: &std::path::Path) -> Option<(Option<SystemTime>, u64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.modified().ok(), m.len()))
 }
 
 impl KeyFile {

@@ -5,6 +5,14 @@
 use std::path::Path;
 use std::time::Duration;
 
+/// What a file looks like from outside: its modification time and length
+/// (`None`: not there).
+pub(super) fn stat(path: &Path) -> Option<(Option<std::time::SystemTime>, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
+}
+
 /// How long a file must stay unchanged before it is read.
 pub(super) const SETTLED: Duration = Duration::from_millis(300);
 

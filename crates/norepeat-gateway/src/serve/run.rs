@@ -6,7 +6,7 @@ use super::gateway::Gateway;
 use crate::config::Config;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -358,11 +358,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// beside the old and rename it into place, which is atomic). Counts
 /// `norepeat_gateway_reloads_total{result="applied"|"failed"}`.
 pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
-    let stat = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()))
-    };
+    let stat = super::files::stat;
     let mut seen = stat(&path);
     let mut token_wait = Duration::from_millis(500);
     let mut next_token_try = tokio::time::Instant::now();

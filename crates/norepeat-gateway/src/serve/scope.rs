@@ -99,11 +99,9 @@ impl Identify for Unscoped {
     }
 }
 
-/// The wall clock in Unix milliseconds.
+/// The wall clock in Unix milliseconds (the library's).
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    norepeat::clock::Clock::now_ms(&norepeat::clock::SystemClock)
 }
 
 /// The domain of the site hash.

@@ -56,11 +56,7 @@ pub(super) fn acceptor(tls: &Tls) -> Result<(TlsAcceptor, Arc<Certs>), String> {
 /// into place; between the two renames the pair does not match, which is
 /// logged and then applied once the second lands.
 pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
-    let stat = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()))
-    };
+    let stat = super::files::stat;
     let both = |_: &Path| (stat(&tls.cert), stat(&tls.key));
     let mut seen = both(&tls.cert);
     loop {

@@ -208,7 +208,10 @@ mod sql {
                 /// Writes the completed record for `response` into `tx`
                 /// (owner-checked: the claim must still be this request's
                 /// and unexpired), then commits `tx`. Returns the response,
-                /// its body read whole: the same bytes a replay will send.
+                /// its body read whole: the same bytes a replay will send,
+                /// unless the body is over the layer's `max_body` (a replay
+                /// then sends the status, an empty body and
+                /// `Idempotent-Body: omitted`).
                 ///
                 /// The record is written whatever the status, since the
                 /// handler chose to commit its effect with it. An error

@@ -50,8 +50,10 @@ pub struct Inspected {
 impl<G: KeyValueStore + Clone> IdempotencyLayer<G> {
     /// The record of the request `method path` with key `key` from
     /// `caller` (the id the layer's [`Identify`](crate::identity::Identify)
-    /// gives that caller, and the concrete path), or `None` when there is
-    /// none. A read: it changes nothing.
+    /// gives that caller, and the path as the client sent it: under
+    /// axum's `Router::nest`, with the nest's prefix, as
+    /// [`client_path`](crate::request::client_path) gives it), or `None`
+    /// when there is none. A read: it changes nothing.
     ///
     /// ```
     /// use norepeat::idempotency::{IdempotencyLayer, RecordState};
