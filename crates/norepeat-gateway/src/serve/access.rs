@@ -120,6 +120,77 @@ impl Sink {
 
 /// One request, as its line says it.
 #[derive(Debug)]
+/// An access-log line owed for a request since it came: written when it
+/// is answered ([`Owed::answered`]) or, when the client leaves first (the
+/// request's future dropped; an idempotency route's upstream call goes on
+/// in a task of its own), with status 499 and outcome `client_closed`, as
+/// NGINX logs a client that closed its connection.
+pub(super) struct Owed<'a> {
+    sink: &'a Sink,
+    request_id: &'a HeaderValue,
+    method: http::Method,
+    path: String,
+    started: std::time::Instant,
+    written: bool,
+}
+
+impl<'a> Owed<'a> {
+    pub(super) fn new(
+        sink: &'a Sink,
+        request_id: &'a HeaderValue,
+        method: &http::Method,
+        path: &str,
+    ) -> Self {
+        Self {
+            sink,
+            request_id,
+            method: method.clone(),
+            path: path.to_owned(),
+            started: std::time::Instant::now(),
+            written: false,
+        }
+    }
+
+    /// The answered request's line.
+    pub(super) fn answered(
+        mut self,
+        route: Option<&str>,
+        status: u16,
+        outcome: &str,
+        upstream: Option<Duration>,
+    ) {
+        self.write(route, status, outcome, upstream);
+    }
+
+    fn write(
+        &mut self,
+        route: Option<&str>,
+        status: u16,
+        outcome: &str,
+        upstream: Option<Duration>,
+    ) {
+        self.written = true;
+        self.sink.write(&Entry {
+            request_id: self.request_id.to_str().unwrap_or_default(),
+            route,
+            method: self.method.as_str(),
+            path: &self.path,
+            status,
+            outcome,
+            upstream,
+            took: self.started.elapsed(),
+        });
+    }
+}
+
+impl Drop for Owed<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.write(None, 499, "client_closed", None);
+        }
+    }
+}
+
 pub(super) struct Entry<'a> {
     pub(super) request_id: &'a str,
     /// The route's `match`, `None` for a request no route takes.

@@ -52,35 +52,23 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // connection (as Envoy's drain does): its next request goes to another
     // instance instead of meeting the listener's close.
     let leave = gw.draining.is_cancelled() && req.version() < http::Version::HTTP_2;
-    let Some(sink) = &gw.access else {
-        let mut res = route_request(&gw, live, trusted, req).await.0;
-        res.headers_mut().insert(access::REQUEST_ID, id);
-        if leave {
-            res.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
+    let mut res = match &gw.access {
+        None => route_request(&gw, live, trusted, req).await.0,
+        Some(sink) => {
+            // Owed from here: a client that leaves before its answer gets
+            // its line too (499 `client_closed`).
+            let owed = access::Owed::new(sink, &id, req.method(), req.uri().path());
+            let ((res, route, outcome), upstream) = access::UPSTREAM
+                .scope(Cell::new(None), async {
+                    let answer = route_request(&gw, live, trusted, req).await;
+                    (answer, access::UPSTREAM.with(Cell::get))
+                })
+                .await;
+            let route = route.as_deref().map(RouteMetrics::label);
+            owed.answered(route, res.status().as_u16(), outcome, upstream);
+            res
         }
-        return res;
     };
-    let started = std::time::Instant::now();
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-    let ((mut res, route, outcome), upstream) = access::UPSTREAM
-        .scope(Cell::new(None), async {
-            let answer = route_request(&gw, live, trusted, req).await;
-            (answer, access::UPSTREAM.with(Cell::get))
-        })
-        .await;
-    sink.write(&access::Entry {
-        request_id: id.to_str().unwrap_or_default(),
-        route: route.as_deref().map(RouteMetrics::label),
-        method: method.as_str(),
-        path: &path,
-        status: res.status().as_u16(),
-        outcome,
-        upstream,
-        took: started.elapsed(),
-    });
     res.headers_mut().insert(access::REQUEST_ID, id);
     if leave {
         res.headers_mut().insert(

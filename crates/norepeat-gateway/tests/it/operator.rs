@@ -570,3 +570,52 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
     assert_eq!(slow.await.unwrap().unwrap().status(), 201);
     assert_eq!(effects(&b).await["/slowpay"], 1);
 }
+
+/// A client that leaves before its answer still gets its access-log line:
+/// status 499, outcome `client_closed`, its request id and path, as NGINX
+/// logs it (before: the line was written after the answer, so a request
+/// whose client left was never logged).
+#[tokio::test]
+async fn a_client_that_leaves_before_its_answer_is_logged_499_client_closed() {
+    let b = backend(0).await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-log-{}", rand_n()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let yaml = format!(
+        "access_log: {}\n{}",
+        log.display(),
+        file(&b, "memory", ROUTES)
+    );
+    let g = gateway(&yaml).await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        Client::new()
+            .post(url(&g, "/slow-report"))
+            .header("x-delay", "3")
+            .body("{}")
+            .send(),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the client gave up before the answer");
+    let line = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(l) = text.lines().find(|l| l.contains("/slow-report")) {
+                break l.to_owned();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["status"], 499, "{line}");
+    assert_eq!(entry["outcome"], "client_closed", "{line}");
+    assert_eq!(entry["method"], "POST", "{line}");
+    assert_eq!(
+        entry["request_id"].as_str().map(str::len),
+        Some(32),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
