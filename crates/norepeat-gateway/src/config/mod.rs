@@ -456,8 +456,8 @@ impl StoreUrl {
 }
 
 /// An `http://host:port[/base]` (or `https://`) upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream(String);
+#[derive(Debug, Clone)]
+pub struct Upstream(String, http::Uri);
 
 impl Upstream {
     /// The URL as written, without a trailing `/`.
@@ -465,7 +465,22 @@ impl Upstream {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The URL parsed: it has a scheme (`http` or `https`) and an
+    /// authority, no query.
+    #[must_use]
+    pub fn uri(&self) -> &http::Uri {
+        &self.1
+    }
 }
+
+impl PartialEq for Upstream {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Upstream {}
 
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

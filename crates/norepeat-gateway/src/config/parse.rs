@@ -1086,7 +1086,9 @@ pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
         return Err(bad("an upstream has no credentials"));
     }
     host_port(authority, true).map_err(|e| bad(&e))?;
-    Ok(Upstream(s.trim_end_matches('/').to_owned()))
+    let s = s.trim_end_matches('/');
+    let uri: http::Uri = s.parse().map_err(|_| bad("not a URL"))?;
+    Ok(Upstream(s.to_owned(), uri))
 }
 
 /// `host[:port]`, a bracketed IPv6 address allowed.

@@ -28,6 +28,43 @@ impl Gateway {
     }
 }
 
+/// What the traffic's listener serves: the gateway's own routes (every
+/// path under `/.norepeat/`) through [`router`], every other request
+/// straight to [`dispatch`], the router's fallback, without the router's
+/// matching and extractors on the way (7 % of a pass-through request's
+/// instructions; BENCHMARKS.md, issue 39).
+#[derive(Clone)]
+pub(super) struct Front {
+    own: Router,
+    gw: Arc<Gateway>,
+}
+
+/// The prefix of the gateway's own routes.
+const OWN: &str = "/.norepeat/";
+
+impl Front {
+    pub(super) fn new(gw: Arc<Gateway>) -> Self {
+        Self {
+            own: router(Arc::clone(&gw)),
+            gw,
+        }
+    }
+
+    /// `req`'s answer. Any prefix spelled otherwise (`/.norepeat%2F`,
+    /// `//.norepeat/`) is no own route for the router either: it goes to
+    /// `dispatch` both ways.
+    pub(super) async fn call(self, req: Request) -> Response<Body> {
+        if req.uri().path().starts_with(OWN) {
+            match tower::ServiceExt::oneshot(self.own, req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            }
+        } else {
+            dispatch(self.gw, req).await
+        }
+    }
+}
+
 pub(super) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/.norepeat/token", get(token).options(preflight))

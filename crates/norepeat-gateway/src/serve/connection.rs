@@ -49,7 +49,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-use tower::ServiceExt;
 
 const HEAD: u8 = 0;
 const BUSY: u8 = 1;
@@ -59,13 +58,13 @@ const UPGRADED: u8 = 3;
 /// The first bytes of an HTTP/2 connection (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
-/// Serves `app` on `listener` until `shutdown` resolves, then lets every
+/// Serves `front` on `listener` until `shutdown` resolves, then lets every
 /// connection finish the request it serves (the caller bounds that wait).
 /// A connection holds one of `slots` while it is open (the slots may be
 /// shared by several listeners: one cap for the process).
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
-    app: axum::Router,
+    front: super::admin::Front,
     limits: Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
     slots: Arc<Semaphore>,
@@ -117,7 +116,7 @@ pub(super) async fn serve(
         // The slot goes with the socket: an upgraded connection, served
         // on after hyper lets it go, still holds it.
         let timed = Timed::new(stream, Arc::clone(&watch), limits, slot, tls.is_none());
-        let app = app.clone();
+        let front = front.clone();
         let secure = tls.is_some();
         let service_watch = Arc::clone(&watch);
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -135,10 +134,10 @@ pub(super) async fn serve(
             if req.version() == http::Version::HTTP_2 {
                 join_cookies(req.headers_mut());
             }
-            let app = app.clone();
+            let front = front.clone();
             let watch = Arc::clone(&service_watch);
             async move {
-                let res = app.oneshot(req).await?;
+                let res = front.call(req).await;
                 if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     watch.enter(UPGRADED);
                 }

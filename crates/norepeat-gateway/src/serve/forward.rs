@@ -7,6 +7,7 @@
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version, header};
 use http_body::{Frame, SizeHint};
 use hyper_rustls::HttpsConnector;
@@ -87,6 +88,55 @@ fn one_client(connect: Duration) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector)
+}
+
+/// An upstream's URL (`http://host:port[/base]`), taken apart once when
+/// the file is read: a request's URI is put together from its parts and
+/// the request's path, with no text formatted or parsed per request.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// The path every request's goes under (`/base`), none for `/`.
+    base: Option<Box<str>>,
+}
+
+impl Target {
+    /// `upstream`'s parts.
+    pub(crate) fn new(upstream: &crate::config::Upstream) -> Self {
+        let uri = upstream.uri();
+        let base = uri.path().trim_end_matches('/');
+        Self {
+            // Both there: the file's check parsed the URL.
+            scheme: uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP),
+            authority: uri
+                .authority()
+                .cloned()
+                .unwrap_or(http::uri::Authority::from_static("localhost")),
+            base: (!base.is_empty()).then(|| base.into()),
+        }
+    }
+
+    /// The URI a request for `pq` goes to: the request's path and query
+    /// under the base path.
+    fn uri(&self, pq: Option<&PathAndQuery>) -> Option<Uri> {
+        let pq = match (&self.base, pq) {
+            (None, Some(pq)) => pq.clone(),
+            (None, None) => PathAndQuery::from_static("/"),
+            (Some(base), pq) => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                let mut joined = String::with_capacity(base.len() + pq.len());
+                joined.push_str(base);
+                joined.push_str(pq);
+                PathAndQuery::try_from(joined).ok()?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).ok()
+    }
 }
 
 /// Why no answer came from the upstream.
@@ -184,16 +234,23 @@ impl http_body::Body for Watched {
 }
 
 /// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
-/// long-standing `Keep-Alive` and `Proxy-Connection`).
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// long-standing `Keep-Alive` and `Proxy-Connection`). Names, not
+/// strings: a `&str` is parsed into a name on every call, and this runs
+/// twice per request (BENCHMARKS.md, issue 39).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+
+/// `X-Forwarded-For`, `X-Forwarded-Host`, `X-Forwarded-Proto`.
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Drops the hop-by-hop headers: the fixed ones, and every header that
 /// `Connection` names.
@@ -210,17 +267,25 @@ const HOP_BY_HOP: [&str; 7] = [
 /// assert!(h.contains_key("x-kept"));
 /// ```
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
+    // The common case, none there, seen in one pass over the few names a
+    // request or an answer has: a removal hashes its name even when it
+    // finds nothing, and this runs twice per request.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
     }
-    for n in HOP_BY_HOP {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for n in named {
+            headers.remove(n);
+        }
+    }
+    for n in &HOP_BY_HOP {
         headers.remove(n);
     }
 }
@@ -240,15 +305,15 @@ fn add_forwarded(
     let mut ip = [0u8; 64];
     let ip = ip_text(peer, &mut ip);
     let mut xff = Vec::with_capacity(ip.len());
-    for earlier in headers.get_all("x-forwarded-for") {
+    for earlier in headers.get_all(&X_FORWARDED_FOR) {
         xff.extend_from_slice(earlier.as_bytes());
         xff.extend_from_slice(b", ");
     }
     xff.extend_from_slice(ip);
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)) {
-        headers.insert("x-forwarded-for", v);
+        headers.insert(X_FORWARDED_FOR, v);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     let mut forwarded = Vec::with_capacity(64);
     forwarded.extend_from_slice(b"for=");
     match peer {
@@ -267,7 +332,7 @@ fn add_forwarded(
             forwarded.extend_from_slice(host.as_bytes());
             forwarded.push(b'"');
         }
-        headers.insert("x-forwarded-host", host);
+        headers.insert(X_FORWARDED_HOST, host);
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(forwarded)) {
         headers.append(header::FORWARDED, v);
@@ -302,7 +367,7 @@ fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
     }
 }
 
-/// Sends `req` to `upstream` (`http://host:port[/base]`): the head must
+/// Sends `req` to `upstream`: the head must
 /// come within `timeout`, the bodies stream both ways. With `idle`, the
 /// answer's body fails once no frame has come for that long: a guarded
 /// route's layer then records what it has (the status, without the body)
@@ -313,7 +378,7 @@ fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
 /// [`Failure::Timeout`] when the outcome is unknown.
 pub(crate) async fn forward(
     client: &HttpClient,
-    upstream: &str,
+    upstream: &Target,
     timeout: Duration,
     idle: Option<Duration>,
     mut req: Request<Body>,
@@ -322,10 +387,9 @@ pub(crate) async fn forward(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let uri: Uri = format!("{upstream}{pq}")
-        .parse()
-        .map_err(|_| Failure::Unavailable)?;
+    let uri = upstream
+        .uri(req.uri().path_and_query())
+        .ok_or(Failure::Unavailable)?;
     // The target's authority wins over `Host` (RFC 9112 §3.2.2: an
     // absolute-form target's, and HTTP/2's `:authority`); else `Host` as
     // the client sent it.

@@ -168,7 +168,7 @@ fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
 /// The part of the gateway a reload replaces.
 pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
-    pub(super) upstream: Arc<str>,
+    pub(super) upstream: super::forward::Target,
     pub(super) caller: Caller,
     /// `cors.allow_origins`: the pages that may ask for a token.
     pub(super) cors: Arc<[String]>,
@@ -417,7 +417,7 @@ impl Routes {
             .collect();
         Ok(Self {
             list,
-            upstream: config.upstream.as_str().into(),
+            upstream: super::forward::Target::new(&config.upstream),
             caller,
             cors: config.cors.allow_origins.clone().into(),
             tokens,

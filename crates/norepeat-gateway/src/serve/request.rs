@@ -24,7 +24,7 @@ use crate::config::{
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri};
+use http::{HeaderName, Request, Response, StatusCode, Uri};
 use norepeat::degrade::FailedOpen;
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
@@ -97,7 +97,7 @@ pub(super) async fn route_request(
         // What a client wrote there is not what a proxy of ours saw: the
         // gateway writes its own (in `forward`), never appends to theirs.
         let h = req.headers_mut();
-        for name in FORWARDING {
+        for name in &FORWARDING {
             h.remove(name);
         }
     }
@@ -197,11 +197,11 @@ pub(super) async fn route_request(
 }
 
 /// The forwarding headers a client outside `trusted_proxies` may not set.
-const FORWARDING: [&str; 4] = [
-    "forwarded",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
+const FORWARDING: [HeaderName; 4] = [
+    http::header::FORWARDED,
+    super::forward::X_FORWARDED_FOR,
+    super::forward::X_FORWARDED_HOST,
+    super::forward::X_FORWARDED_PROTO,
 ];
 
 /// Why `req` is not forwarded, if it is one a backend could read otherwise

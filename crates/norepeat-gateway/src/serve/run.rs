@@ -156,7 +156,7 @@ async fn serve_on(
     ));
     let draining = gateway.draining.clone();
     let drain_delay = gateway.drain_delay;
-    let app = admin::router(Arc::clone(&gateway));
+    let front = admin::Front::new(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
     if let Some(addr) = gateway.admin {
@@ -201,7 +201,7 @@ async fn serve_on(
         }
     });
     let served = Served {
-        app,
+        front,
         limits,
         tls,
         slots,
@@ -252,7 +252,7 @@ async fn serve_on(
 /// What each listener serves, and how.
 #[derive(Clone)]
 struct Served {
-    app: axum::Router,
+    front: admin::Front,
     limits: crate::config::Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
     slots: Arc<Semaphore>,
@@ -264,7 +264,7 @@ impl Served {
     /// accepting and its connections are done.
     async fn on(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         let Self {
-            app,
+            front,
             limits,
             tls,
             slots,
@@ -272,7 +272,7 @@ impl Served {
         } = self;
         super::connection::serve(
             listener,
-            app,
+            front,
             limits,
             tls,
             slots,

@@ -4,7 +4,7 @@
 use super::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
-use super::forward::{Broken, Failure, Pool, client, connect_timeout, forward, read_ahead};
+use super::forward::{Broken, Failure, Pool, Target, client, connect_timeout, forward, read_ahead};
 use super::metrics::RouteMetrics;
 use super::scope::Unscoped;
 use super::store::{SharedStore, note_failure};
@@ -72,7 +72,7 @@ pub(super) fn stack(
     );
     let upstream = UpstreamStage {
         client: client(connect_timeout(route.timeout)),
-        upstream: route.upstream.as_str().into(),
+        upstream: Target::new(&route.upstream),
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
@@ -212,7 +212,7 @@ pub(super) fn stack(
 #[derive(Clone)]
 struct UpstreamStage {
     client: Pool,
-    upstream: Arc<str>,
+    upstream: Target,
     timeout: Duration,
     metrics: Arc<RouteMetrics>,
     /// `ambiguous: keep`: an unknown outcome is recorded.
