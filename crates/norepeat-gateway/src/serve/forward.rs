@@ -1,4 +1,5 @@
-//! Forwarding written by us: one pooled hyper-util client, streamed bodies
+//! Forwarding written by us: hyper's HTTP/1.1 client connections, pooled
+//! per worker and per route ([`Client`]), streamed bodies
 //! both ways, hop-by-hop headers dropped both ways (RFC 9110 §7.6.1), the
 //! `X-Forwarded-*` and `Forwarded` headers added, `Host` kept; an
 //! `https://` upstream over rustls, and an HTTP/1.1 `Upgrade` (WebSocket
@@ -11,18 +12,13 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version, header};
 use http_body::{Frame, SizeHint};
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-/// The pooled HTTP/1.1 client every route shares (`http://` and
-/// `https://` upstreams).
-pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// The TLS settings of every client made from now on: the roots of the
 /// file's `upstream_ca` (or the system's), set when a gateway is built.
@@ -57,37 +53,236 @@ pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
     (timeout / 2).min(MAX_CONNECT)
 }
 
-/// One client per worker (see `workers.rs`), each with its own pool of
-/// idle connections per upstream, giving up on a connection attempt after
-/// `connect`.
+/// One client per worker (see `workers.rs`), each with its own idle
+/// connections, giving up on a connection attempt after `connect`.
 #[must_use]
 pub(crate) fn client(connect: Duration) -> Pool {
-    std::sync::Arc::new(super::workers::PerWorker::new(|| one_client(connect)))
+    std::sync::Arc::new(super::workers::PerWorker::new(|| Client::new(connect)))
 }
 
 /// The upstream clients of a route (or of the pass-through), one per
 /// worker: a request uses its worker's ([`super::workers::PerWorker::get`]).
-pub(crate) type Pool = std::sync::Arc<super::workers::PerWorker<HttpClient>>;
+pub(crate) type Pool = std::sync::Arc<super::workers::PerWorker<Client>>;
 
-fn one_client(connect: Duration) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect));
-    // `https://` too: the TLS connector below takes those.
-    connector.enforce_http(false);
-    let tls = UPSTREAM_TLS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get_or_insert_with(|| super::tls::client_config(None, false))
-        .clone();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(std::sync::Arc::unwrap_or_clone(tls))
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+/// How long an idle upstream connection is kept for a next request.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// The most idle connections a client keeps (the ones past it close).
+const MAX_IDLE: usize = 1024;
+
+/// The HTTP/1.1 connections of one route's upstream (or of the
+/// pass-through's) on one worker: made when none is idle, kept while idle
+/// for the next request, for [`IDLE_FOR`].
+///
+/// Ours rather than hyper-util's pooled client: a client has one upstream
+/// (two for a while after a reload that changed it), so there is no key to
+/// hash, and a connection goes back to the idle ones when its answer's
+/// body ends, where hyper-util's spawned a task per request to wait for
+/// that (together 8 % of a pass-through request's instructions;
+/// BENCHMARKS.md, issue 39). A request is tried again on another
+/// connection only when the one it was given closed before a byte of it
+/// was written: nothing reached the backend.
+pub(crate) struct Client {
+    connector: HttpsConnector<HttpConnector>,
+    idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
+}
+
+/// A connection waiting for its next request.
+struct Idle {
+    send: hyper::client::conn::http1::SendRequest<Body>,
+    /// Where it goes (the pass-through's upstream may change on a reload).
+    to: http::uri::Authority,
+    https: bool,
+    since: std::time::Instant,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+/// Why [`Client::send`] has no answer.
+enum SendError {
+    /// No connection: nothing reached the backend.
+    Connect,
+    /// The request went (or may have gone) and no answer came.
+    Request(hyper::Error),
+}
+
+impl Client {
+    fn new(connect: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect));
+        // `https://` too: the TLS connector below takes those.
+        connector.enforce_http(false);
+        let tls = UPSTREAM_TLS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert_with(|| super::tls::client_config(None, false))
+            .clone();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(std::sync::Arc::unwrap_or_clone(tls))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
+        Self {
+            connector,
+            idle: std::sync::Arc::default(),
+        }
+    }
+
+    /// The most recently idle connection to `to` that is still open.
+    fn take(&self, to: &Target) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(c) = idle.pop_back() {
+            if c.since.elapsed() >= IDLE_FOR {
+                // The most recent is too old: so are the others.
+                idle.clear();
+                return None;
+            }
+            if !c.send.is_closed() && c.to == to.authority && c.https == to.https() {
+                return Some(c.send);
+            }
+        }
+        None
+    }
+
+    /// A new connection to `to`, its task spawned on the calling runtime.
+    async fn connect(
+        &self,
+        to: &Target,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, SendError> {
+        let io = tower::ServiceExt::oneshot(self.connector.clone(), to.origin.clone())
+            .await
+            .map_err(|_| SendError::Connect)?;
+        let (send, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|_| SendError::Connect)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(send)
+    }
+
+    /// Sends `req` (its URI in origin form, its `Host` set) to `to` on an
+    /// idle connection or a new one; the connection goes back to the idle
+    /// ones when the answer's body has ended.
+    async fn send(&self, to: &Target, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
+        loop {
+            let (mut send, reused) = match self.take(to) {
+                Some(send) => (send, true),
+                None => (self.connect(to).await?, false),
+            };
+            // A connection given back as its answer's body ended may still
+            // be finishing that answer: a moment, on this thread.
+            if send.ready().await.is_err() {
+                if reused {
+                    continue;
+                }
+                return Err(SendError::Connect);
+            }
+            match send.try_send_request(req).await {
+                Ok(res) => {
+                    let (parts, body) = res.into_parts();
+                    // A switched connection is the upgrade's, never idle.
+                    let back =
+                        (parts.status != http::StatusCode::SWITCHING_PROTOCOLS).then(|| GiveBack {
+                            send,
+                            idle: std::sync::Arc::clone(&self.idle),
+                            to: to.authority.clone(),
+                            https: to.https(),
+                        });
+                    let mut body = Returning { body, back };
+                    if http_body::Body::is_end_stream(&body.body) {
+                        body.give_back();
+                    }
+                    return Ok(Response::from_parts(parts, Body::new(body)));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not a byte of it written: another connection (a new
+                    // one only once).
+                    Some(unsent) if reused => req = unsent,
+                    Some(_) => return Err(SendError::Connect),
+                    None => return Err(SendError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+}
+
+/// A connection to give back once its answer's body has ended.
+struct GiveBack {
+    send: hyper::client::conn::http1::SendRequest<Body>,
+    idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
+    to: http::uri::Authority,
+    https: bool,
+}
+
+/// An answer's body from a pooled connection: the connection goes back to
+/// the idle ones at its end (a body dropped before it closes the
+/// connection, as hyper does for an answer not read whole).
+struct Returning {
+    body: hyper::body::Incoming,
+    back: Option<GiveBack>,
+}
+
+impl Returning {
+    fn give_back(&mut self) {
+        let Some(back) = self.back.take() else { return };
+        let mut idle = back
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        while idle
+            .front()
+            .is_some_and(|c| now.duration_since(c.since) >= IDLE_FOR)
+            || idle.len() >= MAX_IDLE
+        {
+            idle.pop_front();
+        }
+        idle.push_back(Idle {
+            send: back.send,
+            to: back.to,
+            https: back.https,
+            since: now,
+        });
+    }
+}
+
+impl http_body::Body for Returning {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// An upstream's URL (`http://host:port[/base]`), taken apart once when
@@ -97,6 +292,8 @@ fn one_client(connect: Duration) -> HttpClient {
 pub(crate) struct Target {
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
+    /// `scheme://authority`: what a connection is made to.
+    origin: Uri,
     /// The path every request's goes under (`/base`), none for `/`.
     base: Option<Box<str>>,
 }
@@ -106,19 +303,30 @@ impl Target {
     pub(crate) fn new(upstream: &crate::config::Upstream) -> Self {
         let uri = upstream.uri();
         let base = uri.path().trim_end_matches('/');
+        // Both there: the file's check parsed the URL.
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        let authority = uri
+            .authority()
+            .cloned()
+            .unwrap_or(http::uri::Authority::from_static("localhost"));
+        let mut origin = http::uri::Parts::default();
+        origin.scheme = Some(scheme.clone());
+        origin.authority = Some(authority.clone());
+        origin.path_and_query = Some(PathAndQuery::from_static("/"));
         Self {
-            // Both there: the file's check parsed the URL.
-            scheme: uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP),
-            authority: uri
-                .authority()
-                .cloned()
-                .unwrap_or(http::uri::Authority::from_static("localhost")),
+            origin: Uri::from_parts(origin).unwrap_or_default(),
+            scheme,
+            authority,
             base: (!base.is_empty()).then(|| base.into()),
         }
     }
 
-    /// The URI a request for `pq` goes to: the request's path and query
-    /// under the base path.
+    fn https(&self) -> bool {
+        self.scheme == http::uri::Scheme::HTTPS
+    }
+
+    /// The target a request for `pq` is sent with (origin form): the
+    /// request's path and query under the base path.
     fn uri(&self, pq: Option<&PathAndQuery>) -> Option<Uri> {
         let pq = match (&self.base, pq) {
             (None, Some(pq)) => pq.clone(),
@@ -131,11 +339,7 @@ impl Target {
                 PathAndQuery::try_from(joined).ok()?
             }
         };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(pq);
-        Uri::from_parts(parts).ok()
+        Some(Uri::from(pq))
     }
 }
 
@@ -377,7 +581,7 @@ fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
 /// [`Failure::Unavailable`] when nothing reached the backend,
 /// [`Failure::Timeout`] when the outcome is unknown.
 pub(crate) async fn forward(
-    client: &HttpClient,
+    client: &Client,
     upstream: &Target,
     timeout: Duration,
     idle: Option<Duration>,
@@ -416,8 +620,16 @@ pub(crate) async fn forward(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
     add_forwarded(headers, peer, host.clone(), proto);
-    if let Some(h) = host {
-        headers.insert(header::HOST, h);
+    match host {
+        Some(h) => {
+            headers.insert(header::HOST, h);
+        }
+        // An HTTP/1.0 request may come without one; HTTP/1.1 needs it.
+        None => {
+            if let Ok(h) = HeaderValue::from_str(upstream.authority.as_str()) {
+                headers.insert(header::HOST, h);
+            }
+        }
     }
     // The upstream's `timeout` counts from the request's last body byte (or
     // its start): a slow upload is the client's time, not the backend's
@@ -431,14 +643,17 @@ pub(crate) async fn forward(
     });
     let deadline = sent.quiet_for(timeout);
     let res = tokio::select! {
-        res = client.request(req) => res,
+        res = client.send(upstream, req) => res,
         () = deadline => return Err(Failure::Timeout),
     };
     let broke = || sent.broke.load(std::sync::atomic::Ordering::Acquire);
     let res = match res {
-        Err(e) if e.is_connect() => return Err(Failure::Unavailable),
-        Err(_) if broke() => return Err(Failure::ClientBody),
-        Err(_) => return Err(Failure::Timeout),
+        Err(SendError::Connect) => return Err(Failure::Unavailable),
+        Err(SendError::Request(_)) if broke() => return Err(Failure::ClientBody),
+        Err(SendError::Request(e)) => {
+            tracing::debug!(error = %e, "no answer from the upstream");
+            return Err(Failure::Timeout);
+        }
         Ok(res) => res,
     };
     if let Some(client_side) = client_side
@@ -450,7 +665,7 @@ pub(crate) async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     let body = match idle {
         Some(idle) => Body::new(tower_http::timeout::TimeoutBody::new(idle, body)),
-        None => Body::new(body),
+        None => body,
     };
     Ok(Response::from_parts(parts, body))
 }
@@ -478,10 +693,7 @@ pub(crate) fn upgrade_asked<B>(req: &Request<B>) -> Option<HeaderValue> {
 /// spliced once each side is handed over: bytes are copied both ways
 /// until either side closes. The client's side is held to
 /// `limits.idle_timeout` without a byte either way (see `connection`).
-fn spliced(
-    client_side: hyper::upgrade::OnUpgrade,
-    mut res: Response<hyper::body::Incoming>,
-) -> Response<Body> {
+fn spliced(client_side: hyper::upgrade::OnUpgrade, mut res: Response<Body>) -> Response<Body> {
     let upstream_side = hyper::upgrade::on(&mut res);
     let (mut parts, _) = res.into_parts();
     let protocol = parts.headers.get(header::UPGRADE).cloned();

@@ -22,4 +22,5 @@ mod requests_never_5xx;
 mod routing;
 mod store_down;
 mod transport;
+mod upstream;
 mod workers;
