@@ -438,10 +438,10 @@ impl http_body::Body for Watched {
 }
 
 /// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
-/// long-standing `Keep-Alive` and `Proxy-Connection`). Names, not
-/// strings: a `&str` is parsed into a name on every call, and this runs
-/// twice per request (BENCHMARKS.md, issue 39).
-const HOP_BY_HOP: [HeaderName; 7] = [
+/// long-standing `Keep-Alive` and `Proxy-Connection`), `Connection` first.
+/// Names, not strings: a `&str` is parsed into a name on every call, and
+/// this runs twice per request (BENCHMARKS.md, issue 39).
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -471,26 +471,46 @@ pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forw
 /// assert!(h.contains_key("x-kept"));
 /// ```
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // The common case, none there, seen in one pass over the few names a
-    // request or an answer has: a removal hashes its name even when it
-    // finds nothing, and this runs twice per request.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
-        return;
+    // One pass over the few names a request or an answer has: which of
+    // the fixed ones are there (a removal hashes its name even when it
+    // finds nothing).
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
     }
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
+    if present[0] {
+        // The names `Connection` lists, but for the fixed ones (removed
+        // below) and `close`, an option rather than a name unless a
+        // header is called so: `Connection: keep-alive` and `close`, the
+        // common values, parse nothing.
+        let mut named: Vec<HeaderName> = Vec::new();
+        for token in headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|s| s.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
+            .map(str::trim)
+        {
+            let fixed = HOP_BY_HOP
+                .iter()
+                .any(|h| h.as_str().eq_ignore_ascii_case(token));
+            if fixed || (token.eq_ignore_ascii_case("close") && !headers.contains_key("close")) {
+                continue;
+            }
+            if let Ok(n) = HeaderName::from_bytes(token.as_bytes()) {
+                named.push(n);
+            }
+        }
         for n in named {
             headers.remove(n);
         }
     }
-    for n in &HOP_BY_HOP {
-        headers.remove(n);
+    for (name, here) in HOP_BY_HOP.iter().zip(present) {
+        if here {
+            headers.remove(name);
+        }
     }
 }
 
@@ -817,8 +837,50 @@ impl http_body::Body for ReadAhead {
 
 #[cfg(test)]
 mod tests {
-    use super::{Broken, add_forwarded, connect_timeout, read_ahead};
+    use super::{Broken, add_forwarded, connect_timeout, read_ahead, strip_hop_by_hop};
     use http::{HeaderMap, HeaderValue};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    /// Every hop-by-hop header goes, in any case, and every name
+    /// `Connection` lists (over two fields), `close` too when a header is
+    /// called so; the others stay.
+    #[test]
+    fn hop_by_hop_headers_are_dropped_and_the_rest_kept() {
+        let mut h = headers(&[
+            ("connection", "Keep-Alive, X-Secret"),
+            ("connection", "close, TE"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-connection", "keep-alive"),
+            ("trailer", "x-sum"),
+            ("close", "a header named close"),
+            ("x-kept", "1"),
+            ("content-type", "text/plain"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(http::HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "x-kept"]);
+
+        // Nothing hop-by-hop: nothing changes.
+        let mut h = headers(&[("host", "x"), ("x-close", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        // `close` names no header when none is called so.
+        let mut h = headers(&[("connection", "close"), ("x-kept", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+    }
 
     /// The forwarded headers, written without `format!`, are what they
     /// were: the peer appended to a client's `X-Forwarded-For`, an IPv6
