@@ -565,7 +565,7 @@ fn add_forwarded(
 
 /// `ip` as text in `buf`: an IPv4 address's digits written by hand, an
 /// IPv6 one (at most 45 characters) by its `Display`.
-fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
+pub(super) fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
     match ip {
         IpAddr::V4(v4) => {
             let mut n = 0;

@@ -66,7 +66,10 @@ impl Identify for HostScoped {
         // Hashed: a Host is the client's to choose (up to the header
         // limit), a key's length is not.
         let hash = blake3::keyed_hash(SITE_KEY, site.as_bytes());
-        Some(format!("{caller}@{}", &hash.to_hex()[..16]))
+        let mut id = caller;
+        id.push('@');
+        id.push_str(&hash.to_hex()[..16]);
+        Some(id)
     }
 
     fn missing(&self) -> Cow<'static, str> {

@@ -95,7 +95,9 @@ pub(super) fn stack(
     };
     let base = tower::service_fn(move |req: Request<Body>| {
         let u = upstream.clone();
-        async move { Ok::<_, Infallible>(u.call(req).await) }
+        // Boxed: the forwarding future (hyper's client, the timers) would
+        // otherwise be moved whole through every layer above it.
+        async move { Ok::<_, Infallible>(Box::pin(u.call(req)).await) }
     });
     let on_failure = policy(route.on_store_failure);
     let name = metrics.label().to_owned();
