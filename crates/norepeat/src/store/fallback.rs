@@ -67,6 +67,11 @@ impl<S: KeyValueStore> Fallback<S> {
 
     /// Keeps the local store consulted until `ttl` from now: a key it holds
     /// from an outage lives that long.
+    /// Whether a key written locally during an outage may still be alive.
+    fn may_hold_locally(&self) -> bool {
+        self.now_ms() < self.local_until.load(Ordering::Relaxed)
+    }
+
     fn hold_locally(&self, ttl: Duration) {
         let until = self
             .now_ms()
@@ -81,7 +86,7 @@ impl<S: KeyValueStore> Fallback<S> {
     /// expires with its TTL, and meanwhile tells other instances the key is
     /// taken.
     fn reconcile(&self, key: &str) -> Option<Bytes> {
-        if self.now_ms() >= self.local_until.load(Ordering::Relaxed) {
+        if !self.may_hold_locally() {
             return None;
         }
         let existing = self.local.peek(key)?;
@@ -134,7 +139,11 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
             KeyOp::DeleteIfEquals { .. }
             | KeyOp::ExpireIfEquals { .. }
             | KeyOp::ReplaceIfEquals { .. } => {
-                let local = matches!(self.local.execute(op).await?, KeyReply::Changed(true));
+                // Not asked while nothing written there can be alive (no
+                // outage for a TTL): the common case, a completion or a
+                // release on a healthy store, costs no local lookup.
+                let local = self.may_hold_locally()
+                    && matches!(self.local.execute(op).await?, KeyReply::Changed(true));
                 if local
                     && let KeyOp::ExpireIfEquals { ttl, .. } | KeyOp::ReplaceIfEquals { ttl, .. } =
                         op
