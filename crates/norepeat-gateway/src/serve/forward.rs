@@ -160,7 +160,9 @@ impl Client {
         let io = tower::ServiceExt::oneshot(self.connector.clone(), to.origin.clone())
             .await
             .map_err(|_| SendError::Connect)?;
+        // One buffer per write, as on the client's side (`connection.rs`).
         let (send, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
             .handshake(io)
             .await
             .map_err(|_| SendError::Connect)?;
