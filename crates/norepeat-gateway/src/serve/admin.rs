@@ -387,7 +387,7 @@ const PROBE_KEY: &str = "norepeat:gateway:readyz";
 /// helps nobody; its routes follow their failure policy, and `healthz`
 /// and the metrics show it.
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
-    if gw.draining.is_cancelled() {
+    if gw.draining.started() {
         json(
             StatusCode::SERVICE_UNAVAILABLE,
             &serde_json::json!({"status": "draining"}),

@@ -656,19 +656,32 @@ pub(crate) async fn forward(
     // The upstream's `timeout` counts from the request's last body byte (or
     // its start): a slow upload is the client's time, not the backend's
     // (each of its pauses is bounded by `limits.body_timeout`).
-    let sent = std::sync::Arc::new(Sent::new());
-    let req = req.map(|inner| {
-        Body::new(Watched {
-            inner,
-            sent: std::sync::Arc::clone(&sent),
-        })
-    });
-    let deadline = sent.quiet_for(timeout);
-    let res = tokio::select! {
-        res = client.send(upstream, req) => res,
-        () = deadline => return Err(Failure::Timeout),
+    // A request without a body (most GETs) has nothing to watch: its
+    // `timeout` counts from now.
+    let sent =
+        (!http_body::Body::is_end_stream(req.body())).then(|| std::sync::Arc::new(Sent::new()));
+    let res = match &sent {
+        Some(sent) => {
+            let req = req.map(|inner| {
+                Body::new(Watched {
+                    inner,
+                    sent: std::sync::Arc::clone(sent),
+                })
+            });
+            tokio::select! {
+                res = client.send(upstream, req) => res,
+                () = sent.quiet_for(timeout) => return Err(Failure::Timeout),
+            }
+        }
+        None => match tokio::time::timeout(timeout, client.send(upstream, req)).await {
+            Ok(res) => res,
+            Err(_) => return Err(Failure::Timeout),
+        },
     };
-    let broke = || sent.broke.load(std::sync::atomic::Ordering::Acquire);
+    let broke = || {
+        sent.as_ref()
+            .is_some_and(|s| s.broke.load(std::sync::atomic::Ordering::Acquire))
+    };
     let res = match res {
         Err(SendError::Connect) => return Err(Failure::Unavailable),
         Err(SendError::Request(_)) if broke() => return Err(Failure::ClientBody),

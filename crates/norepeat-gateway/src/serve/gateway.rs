@@ -60,8 +60,8 @@ pub struct Gateway {
     /// `upstream_ca` (read at start).
     pub(super) upstream_ca: Option<crate::config::UpstreamCa>,
     pub(super) metrics: Option<PrometheusHandle>,
-    /// Cancelled on `SIGTERM`: readiness answers 503 from then on.
-    pub(super) draining: CancellationToken,
+    /// Set on `SIGTERM`: readiness answers 503 from then on.
+    pub(super) draining: Draining,
     /// How long readiness answers 503 before the listener stops accepting
     /// (read at start).
     pub(super) drain_delay: Duration,
@@ -165,6 +165,22 @@ fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
     }
 }
 
+/// Set once a stop signal asks the gateway to drain. Read on every
+/// request: an atomic load (a `CancellationToken`'s check takes a lock that
+/// every worker shares).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Draining(Arc<std::sync::atomic::AtomicBool>);
+
+impl Draining {
+    pub(super) fn start(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(super) fn started(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// The part of the gateway a reload replaces.
 pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
@@ -242,7 +258,7 @@ impl Gateway {
             tls: config.tls.clone(),
             upstream_ca: config.upstream_ca.clone(),
             metrics,
-            draining: CancellationToken::new(),
+            draining: Draining::default(),
             drain_delay: config.drain_delay,
             last_reload: std::sync::Mutex::new(None),
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,

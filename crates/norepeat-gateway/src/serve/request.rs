@@ -51,7 +51,7 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // While draining, an HTTP/1 client is told to leave its keep-alive
     // connection (as Envoy's drain does): its next request goes to another
     // instance instead of meeting the listener's close.
-    let leave = gw.draining.is_cancelled() && req.version() < http::Version::HTTP_2;
+    let leave = gw.draining.started() && req.version() < http::Version::HTTP_2;
     let mut res = match &gw.access {
         None => route_request(&gw, live, trusted, req).await.0,
         Some(sink) => {

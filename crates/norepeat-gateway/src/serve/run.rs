@@ -186,7 +186,7 @@ async fn serve_on(
             // Readiness first, while the listener still accepts: the load
             // balancer takes the instance out before anyone is refused. A
             // second signal cuts the delay short.
-            draining.cancel();
+            draining.start();
             tracing::info!(
                 drain_delay_ms = u64::try_from(drain_delay.as_millis()).unwrap_or(u64::MAX),
                 "draining: readiness answers 503, still accepting"
