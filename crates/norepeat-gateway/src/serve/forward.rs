@@ -237,10 +237,38 @@ struct Returning {
 }
 
 impl Returning {
+    /// Gives the connection back: at once when it is ready for the next
+    /// request (the usual case), else from a task that waits until it is.
+    /// The answer may have ended before the request did (a backend that
+    /// answers 413 while the client still uploads): that connection is busy
+    /// until the upload ends, and a request given it would wait as long.
     fn give_back(&mut self) {
-        let Some(back) = self.back.take() else { return };
-        let mut idle = back
-            .idle
+        let Some(mut back) = self.back.take() else {
+            return;
+        };
+        if back.send.is_ready() {
+            back.park();
+            return;
+        }
+        tokio::spawn(async move {
+            if let Ok(Ok(())) = tokio::time::timeout(IDLE_FOR, back.send.ready()).await {
+                back.park();
+            }
+        });
+    }
+}
+
+impl GiveBack {
+    /// Among the idle connections, the oldest dropped past [`IDLE_FOR`]
+    /// or [`MAX_IDLE`].
+    fn park(self) {
+        let GiveBack {
+            send,
+            idle,
+            to,
+            https,
+        } = self;
+        let mut idle = idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = std::time::Instant::now();
@@ -252,9 +280,9 @@ impl Returning {
             idle.pop_front();
         }
         idle.push_back(Idle {
-            send: back.send,
-            to: back.to,
-            https: back.https,
+            send,
+            to,
+            https,
             since: now,
         });
     }

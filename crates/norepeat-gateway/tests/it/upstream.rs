@@ -24,6 +24,9 @@ enum Mode {
     Vanish,
     /// Answers a body of this many bytes, in chunks.
     Chunked(usize),
+    /// Answers a `POST` 413 as soon as its head is read (the body unread,
+    /// the connection held open), a `GET` `200 ok`.
+    EarlyAnswer,
 }
 
 /// The backend: where it listens, the connections it accepted and the
@@ -56,18 +59,18 @@ async fn backend_in(mode: Mode) -> Backend {
     }
 }
 
-/// Reads one request head (the gateway forwards bodiless GETs here);
-/// `false` at the connection's end.
-async fn read_head(s: &mut tokio::net::TcpStream) -> bool {
+/// Reads one request head (its body, if any, is left unread): `None` at
+/// the connection's end, else whether it is a `POST`.
+async fn read_head(s: &mut tokio::net::TcpStream) -> Option<bool> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match s.read(&mut byte).await {
             Ok(1) => head.push(byte[0]),
-            _ => return false,
+            _ => return None,
         }
     }
-    true
+    Some(head.starts_with(b"POST"))
 }
 
 async fn serve(mut s: tokio::net::TcpStream, mode: Mode, requests: Arc<AtomicUsize>) {
@@ -75,15 +78,22 @@ async fn serve(mut s: tokio::net::TcpStream, mode: Mode, requests: Arc<AtomicUsi
         let next = match mode {
             Mode::IdleClose(idle) => tokio::time::timeout(idle, read_head(&mut s))
                 .await
-                .unwrap_or(false),
+                .unwrap_or(None),
             _ => read_head(&mut s).await,
         };
-        if !next {
+        let Some(posted) = next else {
+            return;
+        };
+        requests.fetch_add(1, Ordering::SeqCst);
+        if matches!(mode, Mode::EarlyAnswer) && posted {
+            let _ = s
+                .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
+                .await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
             return;
         }
-        requests.fetch_add(1, Ordering::SeqCst);
         let answer = match mode {
-            Mode::KeepAlive | Mode::IdleClose(_) => {
+            Mode::KeepAlive | Mode::IdleClose(_) | Mode::EarlyAnswer => {
                 b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()
             }
             Mode::CloseAfterEach => {
@@ -188,4 +198,34 @@ async fn a_request_the_backend_read_is_never_sent_again() {
     assert!(body.contains("upstream_timeout"), "{body}");
     assert_eq!(b.requests.load(Ordering::SeqCst), 1);
     assert_eq!(b.connections.load(Ordering::SeqCst), 1);
+}
+
+/// A backend that answers an upload before reading it (413) while the
+/// client is still sending: that connection is busy until the upload
+/// ends, so it is not given to the next request. Another client's `GET`
+/// is answered at once on a new connection (it waited for the stalled
+/// upload's `body_timeout`, 30 s, when the connection went back to the
+/// idle ones as its answer ended).
+#[tokio::test]
+async fn a_connection_still_sending_an_upload_is_not_given_to_the_next_request() {
+    let b = backend_in(Mode::EarlyAnswer).await;
+    let g = gateway_before(&b).await;
+    let mut upload = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    upload
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let mut head = vec![0u8; 12];
+    upload.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413");
+    // The upload stalls, 90 bytes short, its connection open.
+    let answered = tokio::time::timeout(Duration::from_secs(10), get(&Client::new(), &g)).await;
+    assert_eq!(
+        answered.expect("the GET waited for the stalled upload's connection"),
+        (StatusCode::OK, "ok".to_owned())
+    );
+    assert_eq!(b.connections.load(Ordering::SeqCst), 2);
+    drop(upload);
 }
