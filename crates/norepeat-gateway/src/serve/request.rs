@@ -197,7 +197,7 @@ pub(super) async fn route_request(
 }
 
 /// The forwarding headers a client outside `trusted_proxies` may not set.
-const FORWARDING: [HeaderName; 4] = [
+static FORWARDING: [HeaderName; 4] = [
     http::header::FORWARDED,
     super::forward::X_FORWARDED_FOR,
     super::forward::X_FORWARDED_HOST,

@@ -65,13 +65,13 @@ impl<S: KeyValueStore> Fallback<S> {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Keeps the local store consulted until `ttl` from now: a key it holds
-    /// from an outage lives that long.
     /// Whether a key written locally during an outage may still be alive.
     fn may_hold_locally(&self) -> bool {
         self.now_ms() < self.local_until.load(Ordering::Relaxed)
     }
 
+    /// Keeps the local store consulted until `ttl` from now: a key it holds
+    /// from an outage lives that long.
     fn hold_locally(&self, ttl: Duration) {
         let until = self
             .now_ms()
