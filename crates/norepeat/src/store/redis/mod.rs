@@ -84,8 +84,9 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         value: &[u8],
         ttl: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key)
+        let mut cmd = sized(7, 32 + key.len() + value.len());
+        cmd.arg("SET")
+            .arg(key)
             .arg(value)
             .arg("NX")
             .arg("PX")
@@ -133,7 +134,8 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let evalsha = || {
-                let mut cmd = evalsha(script, key);
+                let extra = args.iter().map(|a| a.len()).sum::<usize>() + 20;
+                let mut cmd = evalsha(script, key, args.len() + 1, extra);
                 for a in args {
                     cmd.arg(*a);
                 }
@@ -156,7 +158,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         b: u64,
     ) -> Result<RateDecision, StoreError> {
         let evalsha = || {
-            let mut cmd = evalsha(script, key);
+            let mut cmd = evalsha(script, key, 2, 40);
             cmd.arg(a).arg(b);
             cmd
         };
@@ -166,11 +168,20 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
     }
 }
 
-/// `EVALSHA <sha1> 1 key`, for the arguments to follow.
-fn evalsha(script: &Script, key: &str) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key);
+/// `EVALSHA <sha1> 1 key`, for `more` arguments of `more_bytes` in all
+/// to follow.
+fn evalsha(script: &Script, key: &str, more: usize, more_bytes: usize) -> Cmd {
+    let mut cmd = sized(4 + more, 7 + 40 + 1 + key.len() + more_bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
     cmd
+}
+
+/// An empty command with room for `args` arguments of `bytes` in all:
+/// built without growing its buffers (`redis::cmd` starts them empty, and
+/// their growth was 5 % of an idempotency cycle's instructions;
+/// BENCHMARKS.md, issue 39).
+fn sized(args: usize, bytes: usize) -> Cmd {
+    Cmd::with_capacity(args, bytes)
 }
 
 /// An answer of the wrong shape.
@@ -205,8 +216,8 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 .await
                 .map(KeyReply::Changed),
             KeyOp::Get { key } => {
-                let mut cmd = redis::cmd("GET");
-                cmd.arg(key);
+                let mut cmd = sized(2, 3 + key.len());
+                cmd.arg("GET").arg(key);
                 let answer = self.con.query(key, cmd).await.map_err(map_err)?;
                 let v: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
                 Ok(KeyReply::Held(v.map(Bytes::from)))
