@@ -31,13 +31,15 @@ fn threads(g: &Process) -> Vec<String> {
 }
 
 /// 16 clients of their own (new connections, new source ports: the
-/// kernel spreads them between the sockets) send one key at once, each
+/// kernel spreads them between the sockets), spread over `gateways`, send
+/// one key at once, each
 /// held 300 ms by the backend: it runs once; the others are told it is in
 /// progress (409) or get its replay.
-async fn one_key_one_effect(g: &Process, b: &Process) {
+async fn one_key_one_effect(gateways: &[&Process], b: &Process) {
     let key = format!("k-{}", rand_n());
     let mut sent = tokio::task::JoinSet::new();
-    for _ in 0..16 {
+    for i in 0..16 {
+        let g = gateways[i % gateways.len()];
         let (to, key) = (url(g, "/payments"), key.clone());
         sent.spawn(async move {
             let res = Client::new()
@@ -87,7 +89,7 @@ async fn each_worker_has_its_thread_and_socket_and_one_key_is_one_effect_across_
         assert!(tokio::time::Instant::now() < deadline, "{names:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    one_key_one_effect(&g, &b).await;
+    one_key_one_effect(&[&g], &b).await;
 }
 
 #[cfg(target_os = "linux")]
@@ -104,7 +106,7 @@ async fn work_stealing_serves_on_one_socket_with_the_same_guarantees() {
         !threads(&g).iter().any(|n| n.starts_with("norepeat-worker")),
         "no worker threads of ours"
     );
-    one_key_one_effect(&g, &b).await;
+    one_key_one_effect(&[&g], &b).await;
 }
 
 /// On Redis, two workers of one gateway and a second gateway: one key is
@@ -116,32 +118,7 @@ async fn one_key_is_one_effect_across_workers_and_instances_on_redis() {
     let yaml = file(&b, &redis.url(), ROUTES);
     let g1 = gateway_with(&yaml, &["--workers", "2"]).await;
     let g2 = gateway_with(&yaml, &["--workers", "2"]).await;
-    let key = format!("k-{}", rand_n());
-    let mut sent = tokio::task::JoinSet::new();
-    for i in 0..12 {
-        let to = url(if i % 2 == 0 { &g1 } else { &g2 }, "/payments");
-        let key = key.clone();
-        sent.spawn(async move {
-            Client::new()
-                .post(to)
-                .header("x-user-id", "u1")
-                .header("idempotency-key", key)
-                .header("x-delay", "0.3")
-                .body("{}")
-                .send()
-                .await
-                .unwrap()
-                .status()
-        });
-    }
-    while let Some(status) = sent.join_next().await {
-        let status = status.unwrap();
-        assert!(
-            status.is_success() || status == StatusCode::CONFLICT,
-            "{status}"
-        );
-    }
-    assert_eq!(effects(&b).await["/payments"], 1, "one effect");
+    one_key_one_effect(&[&g1, &g2], &b).await;
 }
 
 /// On one Redis, each worker past the first calls the store over a
