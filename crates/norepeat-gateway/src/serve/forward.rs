@@ -41,7 +41,7 @@ pub(crate) fn use_upstream_ca(ca: Option<&crate::config::UpstreamCa>, https: boo
 pub(crate) struct Secure;
 
 /// The longest a connection attempt may take.
-const MAX_CONNECT: Duration = Duration::from_secs(5);
+pub(crate) const MAX_CONNECT: Duration = Duration::from_secs(5);
 
 /// How long a route whose answer must come within `timeout` lets a
 /// connection attempt take: half of it (at most 5 s), so a backend that
@@ -53,11 +53,13 @@ pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
     (timeout / 2).min(MAX_CONNECT)
 }
 
-/// One client per worker (see `workers.rs`), each with its own idle
-/// connections, giving up on a connection attempt after `connect`.
+/// One client of `to` per worker (see `workers.rs`), each with its own
+/// idle connections, giving up on a connection attempt after `connect`.
 #[must_use]
-pub(crate) fn client(connect: Duration) -> Pool {
-    std::sync::Arc::new(super::workers::PerWorker::new(|| Client::new(connect)))
+pub(crate) fn client(connect: Duration, to: Target) -> Pool {
+    std::sync::Arc::new(super::workers::PerWorker::new(|| {
+        Client::new(connect, to.clone())
+    }))
 }
 
 /// The upstream clients of a route (or of the pass-through), one per
@@ -75,7 +77,7 @@ const MAX_IDLE: usize = 1024;
 /// for the next request, for [`IDLE_FOR`].
 ///
 /// Ours rather than hyper-util's pooled client: a client has one upstream
-/// (two for a while after a reload that changed it), so there is no key to
+/// (a reload that changes it makes new clients), so there is no key to
 /// hash, and a connection goes back to the idle ones when its answer's
 /// body ends, where hyper-util's spawned a task per request to wait for
 /// that (together 8 % of a pass-through request's instructions;
@@ -84,15 +86,13 @@ const MAX_IDLE: usize = 1024;
 /// was written: nothing reached the backend.
 pub(crate) struct Client {
     connector: HttpsConnector<HttpConnector>,
+    to: Target,
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
 }
 
 /// A connection waiting for its next request.
 struct Idle {
     send: hyper::client::conn::http1::SendRequest<Body>,
-    /// Where it goes (the pass-through's upstream may change on a reload).
-    to: http::uri::Authority,
-    https: bool,
     since: std::time::Instant,
 }
 
@@ -111,7 +111,7 @@ enum SendError {
 }
 
 impl Client {
-    fn new(connect: Duration) -> Self {
+    fn new(connect: Duration, to: Target) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect));
@@ -129,12 +129,13 @@ impl Client {
             .wrap_connector(connector);
         Self {
             connector,
+            to,
             idle: std::sync::Arc::default(),
         }
     }
 
-    /// The most recently idle connection to `to` that is still open.
-    fn take(&self, to: &Target) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
+    /// The most recently idle connection that is still open.
+    fn take(&self) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
         let mut idle = self
             .idle
             .lock()
@@ -145,19 +146,16 @@ impl Client {
                 idle.clear();
                 return None;
             }
-            if !c.send.is_closed() && c.to == to.authority && c.https == to.https() {
+            if !c.send.is_closed() {
                 return Some(c.send);
             }
         }
         None
     }
 
-    /// A new connection to `to`, its task spawned on the calling runtime.
-    async fn connect(
-        &self,
-        to: &Target,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, SendError> {
-        let io = tower::ServiceExt::oneshot(self.connector.clone(), to.origin.clone())
+    /// A new connection, its task spawned on the calling runtime.
+    async fn connect(&self) -> Result<hyper::client::conn::http1::SendRequest<Body>, SendError> {
+        let io = tower::ServiceExt::oneshot(self.connector.clone(), self.to.origin.clone())
             .await
             .map_err(|_| SendError::Connect)?;
         // One buffer per write, as on the client's side (`connection.rs`).
@@ -174,14 +172,14 @@ impl Client {
         Ok(send)
     }
 
-    /// Sends `req` (its URI in origin form, its `Host` set) to `to` on an
-    /// idle connection or a new one; the connection goes back to the idle
-    /// ones when the answer's body has ended.
-    async fn send(&self, to: &Target, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
+    /// Sends `req` (its URI in origin form, its `Host` set) on an idle
+    /// connection or a new one; the connection goes back to the idle ones
+    /// when the answer's body has ended.
+    async fn send(&self, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
         loop {
-            let (mut send, reused) = match self.take(to) {
+            let (mut send, reused) = match self.take() {
                 Some(send) => (send, true),
-                None => (self.connect(to).await?, false),
+                None => (self.connect().await?, false),
             };
             // A connection given back as its answer's body ended may still
             // be finishing that answer: a moment, on this thread.
@@ -199,8 +197,6 @@ impl Client {
                         (parts.status != http::StatusCode::SWITCHING_PROTOCOLS).then(|| GiveBack {
                             send,
                             idle: std::sync::Arc::clone(&self.idle),
-                            to: to.authority.clone(),
-                            https: to.https(),
                         });
                     let mut body = Returning { body, back };
                     if http_body::Body::is_end_stream(&body.body) {
@@ -224,8 +220,6 @@ impl Client {
 struct GiveBack {
     send: hyper::client::conn::http1::SendRequest<Body>,
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
-    to: http::uri::Authority,
-    https: bool,
 }
 
 /// An answer's body from a pooled connection: the connection goes back to
@@ -262,12 +256,7 @@ impl GiveBack {
     /// Among the idle connections, the oldest dropped past [`IDLE_FOR`]
     /// or [`MAX_IDLE`].
     fn park(self) {
-        let GiveBack {
-            send,
-            idle,
-            to,
-            https,
-        } = self;
+        let GiveBack { send, idle } = self;
         let mut idle = idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -279,12 +268,7 @@ impl GiveBack {
         {
             idle.pop_front();
         }
-        idle.push_back(Idle {
-            send,
-            to,
-            https,
-            since: now,
-        });
+        idle.push_back(Idle { send, since: now });
     }
 }
 
@@ -320,7 +304,6 @@ impl http_body::Body for Returning {
 /// the request's path, with no text formatted or parsed per request.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
-    scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     /// `scheme://authority`: what a connection is made to.
     origin: Uri,
@@ -340,19 +323,14 @@ impl Target {
             .cloned()
             .unwrap_or(http::uri::Authority::from_static("localhost"));
         let mut origin = http::uri::Parts::default();
-        origin.scheme = Some(scheme.clone());
+        origin.scheme = Some(scheme);
         origin.authority = Some(authority.clone());
         origin.path_and_query = Some(PathAndQuery::from_static("/"));
         Self {
             origin: Uri::from_parts(origin).unwrap_or_default(),
-            scheme,
             authority,
             base: (!base.is_empty()).then(|| base.into()),
         }
-    }
-
-    fn https(&self) -> bool {
-        self.scheme == http::uri::Scheme::HTTPS
     }
 
     /// The target a request for `pq` is sent with (origin form): the
@@ -621,7 +599,7 @@ pub(super) fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
     }
 }
 
-/// Sends `req` to `upstream`: the head must
+/// Sends `req` to `client`'s upstream: the head must
 /// come within `timeout`, the bodies stream both ways. With `idle`, the
 /// answer's body fails once no frame has come for that long: a guarded
 /// route's layer then records what it has (the status, without the body)
@@ -632,7 +610,6 @@ pub(super) fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &[u8] {
 /// [`Failure::Timeout`] when the outcome is unknown.
 pub(crate) async fn forward(
     client: &Client,
-    upstream: &Target,
     timeout: Duration,
     idle: Option<Duration>,
     mut req: Request<Body>,
@@ -641,7 +618,8 @@ pub(crate) async fn forward(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    let uri = upstream
+    let uri = client
+        .to
         .uri(req.uri().path_and_query())
         .ok_or(Failure::Unavailable)?;
     // The target's authority wins over `Host` (RFC 9112 §3.2.2: an
@@ -676,7 +654,7 @@ pub(crate) async fn forward(
         }
         // An HTTP/1.0 request may come without one; HTTP/1.1 needs it.
         None => {
-            if let Ok(h) = HeaderValue::from_str(upstream.authority.as_str()) {
+            if let Ok(h) = HeaderValue::from_str(client.to.authority.as_str()) {
                 headers.insert(header::HOST, h);
             }
         }
@@ -697,11 +675,11 @@ pub(crate) async fn forward(
                 })
             });
             tokio::select! {
-                res = client.send(upstream, req) => res,
+                res = client.send(req) => res,
                 () = sent.quiet_for(timeout) => return Err(Failure::Timeout),
             }
         }
-        None => match tokio::time::timeout(timeout, client.send(upstream, req)).await {
+        None => match tokio::time::timeout(timeout, client.send(req)).await {
             Ok(res) => res,
             Err(_) => return Err(Failure::Timeout),
         },

@@ -3,7 +3,7 @@
 //! path through it is `request.rs`.
 
 use super::access;
-use super::forward::{Pool, client};
+use super::forward::{MAX_CONNECT, Pool, Target, client};
 use super::metrics::RouteMetrics;
 use super::stack::stack;
 use super::store::{Connecting, SharedStore};
@@ -43,7 +43,6 @@ pub(super) const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 pub struct Gateway {
     /// What the file describes; swapped whole on a reload.
     pub(super) live: ArcSwap<Routes>,
-    pub(super) client: Pool,
     pub(super) store: SharedStore,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
@@ -184,7 +183,8 @@ impl Draining {
 /// The part of the gateway a reload replaces.
 pub(super) struct Routes {
     pub(super) list: Vec<Compiled>,
-    pub(super) upstream: super::forward::Target,
+    /// The pass-through's upstream connections (the file's `upstream`).
+    pub(super) passthrough: Pool,
     pub(super) caller: Caller,
     /// `cors.allow_origins`: the pages that may ask for a token.
     pub(super) cors: Arc<[String]>,
@@ -236,7 +236,6 @@ impl Gateway {
             .chain(config.routes.iter().map(|r| &r.upstream))
             .any(|u| u.as_str().starts_with("https://"));
         super::forward::use_upstream_ca(config.upstream_ca.as_ref(), https);
-        let client = client(Duration::from_secs(5));
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
         let site_scoped_since = site_scoped_since(&store).await;
@@ -249,7 +248,6 @@ impl Gateway {
         .await?;
         Ok(Self {
             live: ArcSwap::from_pointee(routes),
-            client,
             store,
             detached,
             stopping,
@@ -433,7 +431,7 @@ impl Routes {
             .collect();
         Ok(Self {
             list,
-            upstream: super::forward::Target::new(&config.upstream),
+            passthrough: client(MAX_CONNECT, Target::new(&config.upstream)),
             caller,
             cors: config.cors.allow_origins.clone().into(),
             tokens,

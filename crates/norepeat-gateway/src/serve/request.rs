@@ -53,14 +53,14 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // instance instead of meeting the listener's close.
     let leave = gw.draining.started() && req.version() < http::Version::HTTP_2;
     let mut res = match &gw.access {
-        None => route_request(&gw, live, trusted, req).await.0,
+        None => route_request(live, trusted, req).await.0,
         Some(sink) => {
             // Owed from here: a client that leaves before its answer gets
             // its line too (499 `client_closed`).
             let owed = access::Owed::new(sink, &id, req.method(), req.uri().path());
             let ((res, route, outcome), upstream) = access::UPSTREAM
                 .scope(Cell::new(None), async {
-                    let answer = route_request(&gw, live, trusted, req).await;
+                    let answer = route_request(live, trusted, req).await;
                     (answer, access::UPSTREAM.with(Cell::get))
                 })
                 .await;
@@ -82,7 +82,6 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
 /// A request through its route (or straight through): the answer, the
 /// route that took it, and its outcome as the access log names it.
 pub(super) async fn route_request(
-    gw: &Gateway,
     live: Arc<Routes>,
     trusted: bool,
     mut req: Request<Body>,
@@ -157,14 +156,7 @@ pub(super) async fn route_request(
     }
     let Some(route) = found else {
         let start = std::time::Instant::now();
-        let answer = forward(
-            gw.client.get(),
-            &live.upstream,
-            PASSTHROUGH_TIMEOUT,
-            None,
-            req,
-        )
-        .await;
+        let answer = forward(live.passthrough.get(), PASSTHROUGH_TIMEOUT, None, req).await;
         access::note_upstream(start.elapsed());
         return match answer {
             Ok(res) => (res, None, "passthrough"),

@@ -71,8 +71,7 @@ pub(super) fn stack(
         })
     );
     let upstream = UpstreamStage {
-        client: client(connect_timeout(route.timeout)),
-        upstream: Target::new(&route.upstream),
+        client: client(connect_timeout(route.timeout), Target::new(&route.upstream)),
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
@@ -214,7 +213,6 @@ pub(super) fn stack(
 #[derive(Clone)]
 struct UpstreamStage {
     client: Pool,
-    upstream: Target,
     timeout: Duration,
     metrics: Arc<RouteMetrics>,
     /// `ambiguous: keep`: an unknown outcome is recorded.
@@ -272,7 +270,7 @@ impl UpstreamStage {
         let start = Instant::now();
         let idle = Some(self.timeout);
         let call = async {
-            let result = forward(self.client.get(), &self.upstream, self.timeout, idle, req).await;
+            let result = forward(self.client.get(), self.timeout, idle, req).await;
             match (result, self.read_ahead) {
                 (Ok(res), Some(cap)) => {
                     let (head, body) = res.into_parts();

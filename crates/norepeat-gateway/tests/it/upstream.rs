@@ -229,3 +229,38 @@ async fn a_connection_still_sending_an_upload_is_not_given_to_the_next_request()
     assert_eq!(b.connections.load(Ordering::SeqCst), 2);
     drop(upload);
 }
+
+/// A reload that changes the file's `upstream`: the next requests go to
+/// the new backend, never over a connection kept idle to the old one
+/// (the pass-through's connections are the reloaded routes', made anew).
+#[tokio::test]
+async fn a_reload_to_another_upstream_leaves_the_old_ones_connections() {
+    let old = backend_in(Mode::KeepAlive).await;
+    let new = backend_in(Mode::KeepAlive).await;
+    let g = gateway_before(&old).await;
+    let client = Client::new();
+    assert_eq!(get(&client, &g).await.0, StatusCode::OK);
+    let file = g.file.as_ref().expect("the gateway's file");
+    std::fs::write(
+        file,
+        format!("upstream: http://127.0.0.1:{}\nstore: memory\n", new.port),
+    )
+    .unwrap();
+    g.signal("-HUP").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while new.requests.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+        assert_eq!(get(&client, &g).await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = old.requests.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(get(&client, &g).await.0, StatusCode::OK);
+    }
+    assert_eq!(
+        old.requests.load(Ordering::SeqCst),
+        before,
+        "the old backend got more"
+    );
+    assert_eq!(new.connections.load(Ordering::SeqCst), 1);
+}
