@@ -118,8 +118,6 @@ impl Sink {
     }
 }
 
-/// One request, as its line says it.
-#[derive(Debug)]
 /// An access-log line owed for a request since it came: written when it
 /// is answered ([`Owed::answered`]) or, when the client leaves first (the
 /// request's future dropped; an idempotency route's upstream call goes on
@@ -191,6 +189,8 @@ impl Drop for Owed<'_> {
     }
 }
 
+/// One request, as its line says it.
+#[derive(Debug)]
 pub(super) struct Entry<'a> {
     pub(super) request_id: &'a str,
     /// The route's `match`, `None` for a request no route takes.

@@ -240,6 +240,10 @@ impl Returning {
         let Some(mut back) = self.back.take() else {
             return;
         };
+        // Closed after its answer (`Connection: close`): nothing to keep.
+        if back.send.is_closed() {
+            return;
+        }
         if back.send.is_ready() {
             back.park();
             return;

@@ -74,6 +74,14 @@ impl<T> PerWorker<T> {
 /// A socket cannot be made or bound.
 #[cfg(unix)]
 pub(super) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    // `SO_REUSEPORT` would let this process join a group another process
+    // of the same user already listens with (a second gateway started on
+    // the same address): the kernel would split connections between them,
+    // where a server is expected to refuse to start. A plain bind first
+    // fails as any server's does ("address in use").
+    if addr.port() != 0 {
+        drop(std::net::TcpListener::bind(addr)?);
+    }
     let mut addr = addr;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n.max(1) {

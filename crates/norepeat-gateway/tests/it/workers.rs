@@ -163,3 +163,36 @@ async fn each_worker_calls_redis_over_a_connection_of_its_own() {
         "one more per worker past the first"
     );
 }
+
+/// A second gateway started on the address a first one serves refuses to
+/// start ("address in use"), as any server does, with a worker per core
+/// (before: its `SO_REUSEPORT` sockets joined the first one's and the
+/// kernel split new connections between the two processes).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_second_gateway_on_the_same_address_refuses_to_start() {
+    let b = backend(0).await;
+    let yaml = file(&b, "memory", ROUTES);
+    let first = gateway_with(&yaml, &["--workers", "2"]).await;
+    let file = config_file(&yaml);
+    let second = Command::new(env!("CARGO_BIN_EXE_norepeat-gateway"))
+        .args(["--config", &file.to_string_lossy(), "--workers", "2"])
+        .args(["--listen", &format!("127.0.0.1:{}", first.port)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second gateway kept running on a port in use")
+        .unwrap();
+    let _ = std::fs::remove_file(file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.to_lowercase().contains("in use"), "{stderr}");
+    assert_eq!(
+        listening_sockets(first.port),
+        2,
+        "the first one's sockets only"
+    );
+}

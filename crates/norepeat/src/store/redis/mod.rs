@@ -84,7 +84,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         value: &[u8],
         ttl: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        let mut cmd = sized(7, 32 + key.len() + value.len());
+        let mut cmd = Cmd::with_capacity(7, 32 + key.len() + value.len());
         cmd.arg("SET")
             .arg(key)
             .arg(value)
@@ -169,19 +169,13 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
 }
 
 /// `EVALSHA <sha1> 1 key`, for `more` arguments of `more_bytes` in all
-/// to follow.
+/// to follow. Commands are built with their buffers sized
+/// (`Cmd::with_capacity`; `redis::cmd` starts them empty, and their growth
+/// was 5 % of an idempotency cycle's instructions; BENCHMARKS.md, issue 39).
 fn evalsha(script: &Script, key: &str, more: usize, more_bytes: usize) -> Cmd {
-    let mut cmd = sized(4 + more, 7 + 40 + 1 + key.len() + more_bytes);
+    let mut cmd = Cmd::with_capacity(4 + more, 7 + 40 + 1 + key.len() + more_bytes);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
     cmd
-}
-
-/// An empty command with room for `args` arguments of `bytes` in all:
-/// built without growing its buffers (`redis::cmd` starts them empty, and
-/// their growth was 5 % of an idempotency cycle's instructions;
-/// BENCHMARKS.md, issue 39).
-fn sized(args: usize, bytes: usize) -> Cmd {
-    Cmd::with_capacity(args, bytes)
 }
 
 /// An answer of the wrong shape.
@@ -216,7 +210,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 .await
                 .map(KeyReply::Changed),
             KeyOp::Get { key } => {
-                let mut cmd = sized(2, 3 + key.len());
+                let mut cmd = Cmd::with_capacity(2, 3 + key.len());
                 cmd.arg("GET").arg(key);
                 let answer = self.con.query(key, cmd).await.map_err(map_err)?;
                 let v: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
