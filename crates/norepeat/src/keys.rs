@@ -162,8 +162,8 @@ impl KeyBuilder {
     /// The key for `parts` (scope first, content last) in `namespace`.
     #[must_use]
     pub fn key(&self, namespace: Namespace, parts: &[&[u8]]) -> String {
-        let mut h = blake3::Hasher::new();
-        feed_parts(&mut h, parts);
+        let mut h = Feed::new();
+        parts_into(&mut h, parts);
         self.key_for_digest(namespace, h.finalize().as_bytes())
     }
 
@@ -194,10 +194,103 @@ impl KeyBuilder {
 /// endian) and the whole preceded by the count, which makes the byte stream
 /// an injective function of the list.
 pub fn feed_parts(h: &mut blake3::Hasher, parts: &[&[u8]]) {
-    h.update(&(parts.len() as u64).to_le_bytes());
+    parts_into(h, parts);
+}
+
+/// [`feed_parts`] into any [`Absorb`].
+pub(crate) fn parts_into(h: &mut impl Absorb, parts: &[&[u8]]) {
+    h.absorb_len(parts.len());
     for p in parts {
-        h.update(&(p.len() as u64).to_le_bytes());
-        h.update(p);
+        h.absorb_len(p.len());
+        h.absorb(p);
+    }
+}
+
+/// What a hash input is written to: a [`blake3::Hasher`], or a [`Feed`].
+pub(crate) trait Absorb {
+    /// Appends `bytes`.
+    fn absorb(&mut self, bytes: &[u8]);
+
+    /// Appends `n` as 8 bytes, little endian.
+    fn absorb_len(&mut self, n: usize) {
+        self.absorb(&(n as u64).to_le_bytes());
+    }
+}
+
+impl Absorb for blake3::Hasher {
+    fn absorb(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+/// The bytes of one BLAKE3 hash, gathered before the hash sees them.
+///
+/// A key's or a fingerprint's input is a few dozen short pieces (each
+/// part and its length) of a few hundred bytes in all: fed one by one to
+/// a [`blake3::Hasher`], each piece paid the hasher's bookkeeping, a
+/// tenth of an idempotent request's instructions (BENCHMARKS.md, issue
+/// 39). Gathered here, up to one BLAKE3 chunk (1 KiB), they are hashed by
+/// one call; a longer input goes on through a hasher. Either way the
+/// digest is that of the same byte stream.
+pub(crate) struct Feed {
+    buf: [u8; FEED_BYTES],
+    len: usize,
+    /// Past [`FEED_BYTES`]: the hasher the input goes on through.
+    spilled: Option<Box<blake3::Hasher>>,
+}
+
+/// One BLAKE3 chunk.
+const FEED_BYTES: usize = 1024;
+
+impl Feed {
+    /// An empty input.
+    pub(crate) fn new() -> Self {
+        Self {
+            buf: [0; FEED_BYTES],
+            len: 0,
+            spilled: None,
+        }
+    }
+
+    /// The hash of everything absorbed. (By reference: the feed is not
+    /// moved, its kilobyte copied, to be hashed.)
+    pub(crate) fn finalize(&mut self) -> blake3::Hash {
+        let rest = &self.buf[..self.len];
+        match self.spilled.as_mut() {
+            None => blake3::hash(rest),
+            Some(h) => {
+                h.update(rest);
+                h.finalize()
+            }
+        }
+    }
+}
+
+impl Absorb for Feed {
+    fn absorb(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if let Some(room) = self.buf.get_mut(self.len..end) {
+            room.copy_from_slice(bytes);
+            self.len = end;
+            return;
+        }
+        let h = self
+            .spilled
+            .get_or_insert_with(|| Box::new(blake3::Hasher::new()));
+        h.update(&self.buf[..self.len]);
+        self.len = 0;
+        h.update(bytes);
+    }
+
+    fn absorb_len(&mut self, n: usize) {
+        let end = self.len + 8;
+        match self.buf.get_mut(self.len..end) {
+            Some(room) => {
+                room.copy_from_slice(&(n as u64).to_le_bytes());
+                self.len = end;
+            }
+            None => self.absorb(&(n as u64).to_le_bytes()),
+        }
     }
 }
 
@@ -338,6 +431,25 @@ mod tests {
         let mut h = blake3::Hasher::new();
         feed_parts(&mut h, &parts);
         assert_eq!(h.finalize(), blake3::hash(&encode_parts(&parts)));
+    }
+
+    proptest! {
+        /// A [`Feed`] hashes what a hasher fed piece by piece hashes, on
+        /// either side of its buffer's size and across it.
+        #[test]
+        fn a_feed_hashes_the_same_stream(
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..700), 0..6)
+        ) {
+            let mut feed = Feed::new();
+            let mut hasher = blake3::Hasher::new();
+            for p in &pieces {
+                feed.absorb_len(p.len());
+                feed.absorb(p);
+                hasher.update(&(p.len() as u64).to_le_bytes());
+                hasher.update(p);
+            }
+            prop_assert_eq!(feed.finalize(), hasher.finalize());
+        }
     }
 
     proptest! {
