@@ -148,10 +148,12 @@ pub fn is_json(content_type: &str) -> bool {
 /// Sniffs how to read a body, by the rule above, without parsing it.
 #[must_use]
 pub fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
-    let ct = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let ct = headers.get(http::header::CONTENT_TYPE);
+    // The usual spelling, without taking it apart.
+    if ct.is_some_and(|v| v.as_bytes() == b"application/json") {
+        return BodyKind::Json;
+    }
+    let ct = ct.and_then(|v| v.to_str().ok()).unwrap_or("");
     if is_json(ct) {
         return BodyKind::Json;
     }

@@ -860,15 +860,26 @@ fn legacy_fingerprint<G>(
     fingerprint: &Digest,
 ) -> Option<Digest> {
     let legacy = cfg.legacy.as_ref()?;
-    let mentions = |f: &&str| body.windows(f.len()).any(|w| w == f.as_bytes());
-    if !crate::fingerprint::DEFAULT_IGNORED_FIELDS
-        .iter()
-        .any(mentions)
-    {
+    if !names_a_default_ignored_field(body) {
         return None;
     }
     let out = kept(&legacy.fingerprint_http(user, parts, path, body).ok()?);
     (out != *fingerprint).then_some(out)
+}
+
+/// Whether `body` holds one of [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)
+/// right after a `"`, as a JSON key is written (one pass, a byte compared
+/// per field at each quote: most bodies have a few quotes and none of the
+/// fields). A mention elsewhere (inside a value) only costs the second
+/// fingerprint, which then equals the first.
+fn names_a_default_ignored_field(body: &[u8]) -> bool {
+    body.iter().enumerate().any(|(i, &b)| {
+        b == b'"'
+            && crate::fingerprint::DEFAULT_IGNORED_FIELDS.iter().any(|f| {
+                let rest = &body[i + 1..];
+                rest.first() == f.as_bytes().first() && rest.starts_with(f.as_bytes())
+            })
+    })
 }
 
 /// 128 bits of the request's fingerprint: caller, method, concrete path, query and
@@ -938,6 +949,27 @@ mod tests {
             h.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
         }
         h
+    }
+
+    #[test]
+    fn bodies_naming_an_ignored_field_are_found() {
+        for body in [
+            &br#"{"sign":"x"}"#[..],
+            br#"{"a":1, "meta":{"traceId":"t"}}"#,
+            br#"[{"timestamp":5}]"#,
+            br#"{"random":0.5}"#,
+        ] {
+            assert!(names_a_default_ignored_field(body), "{body:?}");
+        }
+        for body in [
+            &br#"{"sku":"S","qty":2}"#[..],
+            br#"{"designer":"x"}"#,
+            br#"""#,
+            b"",
+            b"sign",
+        ] {
+            assert!(!names_a_default_ignored_field(body), "{body:?}");
+        }
     }
 
     #[test]
