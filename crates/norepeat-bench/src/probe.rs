@@ -290,7 +290,7 @@ async fn idempotency_records(
             .acquire_owned()
             .await
             .map_err(|e| BenchError::Probe(e.to_string()))?;
-        let mut req = payment(&client_key(i))?;
+        let mut req = payment(client_key(i))?;
         let (held, holder) = Held::new();
         req.extensions_mut().insert(held);
         pending.push((holder.go, tokio::spawn(status_of(svc.clone(), req))));
