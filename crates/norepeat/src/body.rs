@@ -34,10 +34,10 @@
 //!
 //! [`Fingerprinter::canonicalize`]: crate::fingerprint::Fingerprinter::canonicalize
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 
 /// Why a request body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,13 +93,34 @@ where
     if declares_over(headers, max) {
         return Err(BodyError::TooLarge { max });
     }
-    match Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(BodyError::TooLarge { max })
+    // By hand rather than `Limited` and `collect`: a body of one frame
+    // (the usual request) is handed back as it came, with no list of
+    // frames allocated for it.
+    let mut body = std::pin::pin!(body);
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Unreadable(e.to_string()))?;
+        // Trailers are not part of the body.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let len = joined.as_ref().map_or(first.len(), BytesMut::len);
+        if data.len() > max - len {
+            return Err(BodyError::TooLarge { max });
         }
-        Err(e) => Err(BodyError::Unreadable(e.to_string())),
+        match joined.as_mut() {
+            Some(all) => all.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut all = BytesMut::with_capacity(first.len() + data.len());
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&data);
+                joined = Some(all);
+            }
+        }
     }
+    Ok(joined.map_or(first, BytesMut::freeze))
 }
 
 /// How a body is read: as JSON, maybe JSON, or bytes.
@@ -174,6 +195,57 @@ pub fn kind(headers: &HeaderMap, body: &[u8]) -> BodyKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    fn frames(
+        parts: Vec<Result<Frame<Bytes>, std::io::Error>>,
+    ) -> StreamBody<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>,
+    > {
+        StreamBody::new(futures_util::stream::iter(parts))
+    }
+
+    fn data(b: &'static [u8]) -> Result<Frame<Bytes>, std::io::Error> {
+        Ok(Frame::data(Bytes::from_static(b)))
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_whole_within_the_cap() {
+        let h = HeaderMap::new();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-t", http::HeaderValue::from_static("1"));
+        let cases: Vec<(Vec<_>, usize, Result<&[u8], BodyError>)> = vec![
+            (vec![], 4, Ok(b"")),
+            (vec![data(b"abcd")], 4, Ok(b"abcd")),
+            (
+                vec![data(b""), data(b"ab"), data(b""), data(b"cd")],
+                4,
+                Ok(b"abcd"),
+            ),
+            (vec![data(b"ab"), data(b"c"), data(b"d")], 4, Ok(b"abcd")),
+            (
+                vec![data(b"ab"), Ok(Frame::trailers(trailers)), data(b"c")],
+                4,
+                Ok(b"abc"),
+            ),
+            (vec![data(b"abcde")], 4, Err(BodyError::TooLarge { max: 4 })),
+            (
+                vec![data(b"ab"), data(b"c"), data(b"de")],
+                4,
+                Err(BodyError::TooLarge { max: 4 }),
+            ),
+            (
+                vec![data(b"ab"), Err(std::io::Error::other("reset"))],
+                4,
+                Err(BodyError::Unreadable("reset".into())),
+            ),
+        ];
+        for (i, (parts, max, want)) in cases.into_iter().enumerate() {
+            let got = read(frames(parts), max, &h).await;
+            assert_eq!(got.as_deref().map_err(Clone::clone), want, "case {i}");
+        }
+    }
 
     #[test]
     fn json_media_types() {
