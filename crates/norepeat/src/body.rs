@@ -198,15 +198,16 @@ mod tests {
     use http_body::Frame;
     use http_body_util::StreamBody;
 
+    type Part = Result<Frame<Bytes>, std::io::Error>;
+    type Case = (Vec<Part>, usize, Result<&'static [u8], BodyError>);
+
     fn frames(
-        parts: Vec<Result<Frame<Bytes>, std::io::Error>>,
-    ) -> StreamBody<
-        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>,
-    > {
+        parts: Vec<Part>,
+    ) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Part>>> {
         StreamBody::new(futures_util::stream::iter(parts))
     }
 
-    fn data(b: &'static [u8]) -> Result<Frame<Bytes>, std::io::Error> {
+    fn data(b: &'static [u8]) -> Part {
         Ok(Frame::data(Bytes::from_static(b)))
     }
 
@@ -215,7 +216,7 @@ mod tests {
         let h = HeaderMap::new();
         let mut trailers = HeaderMap::new();
         trailers.insert("x-t", http::HeaderValue::from_static("1"));
-        let cases: Vec<(Vec<_>, usize, Result<&[u8], BodyError>)> = vec![
+        let cases: Vec<Case> = vec![
             (vec![], 4, Ok(b"")),
             (vec![data(b"abcd")], 4, Ok(b"abcd")),
             (
