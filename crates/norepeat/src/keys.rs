@@ -227,8 +227,8 @@ impl Absorb for blake3::Hasher {
 ///
 /// A key's or a fingerprint's input is a few dozen short pieces (each
 /// part and its length) of a few hundred bytes in all: fed one by one to
-/// a [`blake3::Hasher`], each piece paid the hasher's bookkeeping, a
-/// tenth of an idempotent request's instructions (BENCHMARKS.md, issue
+/// a [`blake3::Hasher`], each piece paid the hasher's bookkeeping, about
+/// 1.4k instructions of an idempotent request's 41k (BENCHMARKS.md, issue
 /// 39). Gathered here, up to one BLAKE3 chunk (1 KiB), they are hashed by
 /// one call; a longer input goes on through a hasher. Either way the
 /// digest is that of the same byte stream.
@@ -252,8 +252,9 @@ impl Feed {
         }
     }
 
-    /// The hash of everything absorbed. (By reference: the feed is not
-    /// moved, its kilobyte copied, to be hashed.)
+    /// The hash of everything absorbed; called once, the feed is then
+    /// spent. (By reference, so that the feed's kilobyte is not copied
+    /// to be hashed.)
     pub(crate) fn finalize(&mut self) -> blake3::Hash {
         let rest = &self.buf[..self.len];
         match self.spilled.as_mut() {
