@@ -9,6 +9,7 @@
 
 use super::caller::Caller;
 use crate::config::normalize_host;
+use crate::config::{SHORT_HOST, normalize_host_in};
 use http::request::Parts;
 use http::{HeaderMap, Uri};
 use norepeat::identity::Identify;
@@ -60,15 +61,16 @@ impl HostScoped {
 impl Identify for HostScoped {
     fn identify(&self, parts: &Parts) -> Option<String> {
         let caller = self.caller.identify(parts)?;
-        let Some(site) = site(&parts.headers, &parts.uri) else {
+        let Some(hash) = site_hash(&parts.headers, &parts.uri) else {
             return Some(caller);
         };
-        // Hashed: a Host is the client's to choose (up to the header
-        // limit), a key's length is not.
-        let hash = blake3::keyed_hash(SITE_KEY, site.as_bytes());
+        // The first 8 bytes of the hash, in hex.
+        let mut hex = [0u8; 16];
+        hex::encode_to_slice(&hash.as_bytes()[..8], &mut hex).expect("16 digits for 8 bytes");
         let mut id = caller;
+        id.reserve_exact(1 + hex.len());
         id.push('@');
-        id.push_str(&hash.to_hex()[..16]);
+        id.push_str(std::str::from_utf8(&hex).expect("hex digits"));
         Some(id)
     }
 
@@ -119,11 +121,28 @@ const SITE_KEY: &[u8; 32] = b"norepeat-gateway site scope v1..";
 /// serves. (A request whose two disagree is refused before this:
 /// `request::not_forwarded`.)
 pub(crate) fn site(headers: &HeaderMap, uri: &Uri) -> Option<String> {
-    let raw = match uri.authority() {
-        Some(a) => a.as_str(),
-        None => headers.get(http::header::HOST)?.to_str().ok()?,
-    };
-    normalize_host(raw)
+    normalize_host(raw_site(headers, uri)?)
+}
+
+/// The site as the request names it, before [`normalize_host`].
+fn raw_site<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
+    match uri.authority() {
+        Some(a) => Some(a.as_str()),
+        None => headers.get(http::header::HOST)?.to_str().ok(),
+    }
+}
+
+/// The keyed hash of the request's [`site`], which keys take: hashed, as a
+/// `Host` is the client's to choose (up to the header limit) and a key's
+/// length is not. A site of up to [`SHORT_HOST`] ASCII bytes (every real
+/// one) is spelled on the stack.
+fn site_hash(headers: &HeaderMap, uri: &Uri) -> Option<blake3::Hash> {
+    let raw = raw_site(headers, uri)?;
+    let mut buf = [0u8; SHORT_HOST];
+    match normalize_host_in(raw, &mut buf) {
+        Some(site) => site.map(|s| blake3::keyed_hash(SITE_KEY, s)),
+        None => normalize_host(raw).map(|s| blake3::keyed_hash(SITE_KEY, s.as_bytes())),
+    }
 }
 
 #[cfg(test)]
@@ -161,6 +180,41 @@ mod tests {
         assert_eq!(site_of("[::1]:8080").as_deref(), Some("[::1]"));
         assert_eq!(site_of("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(site_of(""), None);
+    }
+
+    /// The id a site-scoped caller gets is the one the release before
+    /// gave (the caller, `@`, the first 16 hex digits of the site's keyed
+    /// hash): every key of every record written since is made of it.
+    #[test]
+    fn a_scoped_id_is_the_one_already_stored() {
+        let config = crate::config::Config::parse(
+            "g.yaml",
+            b"upstream: http://127.0.0.1:9000\nidentity: { header: X-User-Id }\n",
+        )
+        .unwrap();
+        let caller = Caller::new(&config.identity);
+        let scoped = HostScoped::new(caller.clone());
+        let id = |host: &str| {
+            let req = http::Request::post("/pay")
+                .header("x-user-id", "42")
+                .header("host", host)
+                .body(())
+                .unwrap();
+            scoped.identify(&req.into_parts().0).unwrap()
+        };
+        let long = format!("{}.example", "a".repeat(300));
+        for host in ["Shop.Example.:8443", "[::1]:80", long.as_str()] {
+            let site = normalize_host(host).unwrap();
+            let old = blake3::keyed_hash(SITE_KEY, site.as_bytes()).to_hex();
+            let parts = http::Request::get("/")
+                .header("x-user-id", "42")
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            let want = format!("{}@{}", caller.identify(&parts).unwrap(), &old[..16]);
+            assert_eq!(id(host), want, "{host}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::fingerprinter::{Digest, Fingerprinter};
 use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{Store, StoreError};
 use bytes::Bytes;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Why [`FingerprintGuard::acquire`] refused a fingerprint. The layer
@@ -76,6 +77,9 @@ pub struct FingerprintGuard<S> {
     /// Renews the keys of handlers that run long, from one task (`None`:
     /// each claim renews by itself, for a guard built per call).
     pub(crate) renewer: Option<Renewer<S>>,
+    /// `norepeat_decisions_total{mode="fingerprint",outcome="admitted"}`:
+    /// its handle taken from the recorder at the first admission and kept.
+    admitted: Arc<OnceLock<metrics::Counter>>,
 }
 
 impl<S: Store + Clone> FingerprintGuard<S> {
@@ -104,6 +108,7 @@ impl<S: Store + Clone> FingerprintGuard<S> {
             failure: FailurePolicy::FailOpen,
             renew_max: Duration::from_secs(30),
             renewer,
+            admitted: Arc::default(),
         }
     }
 
@@ -168,7 +173,9 @@ impl<S: Store + Clone> FingerprintGuard<S> {
         let owner = Owner::new(self.window);
         match claim::Claim::acquire(&self.store, key, owner.0, self.window).await {
             Ok(claim::Claimed::Owned(claim)) => {
-                metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "admitted").increment(1);
+                self.admitted
+                    .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "admitted"))
+                    .increment(1);
                 Ok(Claim::held(self, claim))
             }
             Ok(claim::Claimed::Held(existing)) => {

@@ -110,6 +110,11 @@ pub(super) struct IdempotencyGuard<G> {
     pub(super) retention: Duration,
     /// What a repeat does with an abandoned claim.
     pub(super) abandoned: Abandoned,
+    /// `norepeat_decisions_total{mode="idempotency",outcome="admitted"}`,
+    /// the decision of nearly every request: its handle taken from the
+    /// recorder at the first admission and kept (registering it at every
+    /// call cost more than counting).
+    pub(super) admitted: Arc<std::sync::OnceLock<metrics::Counter>>,
 }
 
 impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
@@ -149,7 +154,9 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                     .await;
             let existing = match taken {
                 Ok(claim::Claimed::Owned(c)) => {
-                    metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted").increment(1);
+                    self.admitted
+                        .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted"))
+                        .increment(1);
                     return Claimed::Owned(c, owner, 1);
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,

@@ -204,6 +204,7 @@ impl<G: Clone> IdempotencyLayer<G> {
                 failure: FailurePolicy::FailClosed,
                 retention: Duration::from_secs(24 * 3600),
                 abandoned: Abandoned::OutcomeUnknown,
+                admitted: Arc::default(),
             },
             keys: KeyBuilder::default(),
             // The whole request: two bodies under one key that differ in

@@ -3,8 +3,8 @@
 use super::{Breaker, KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Wraps a store: every call gets a time budget and goes through a
@@ -46,6 +46,11 @@ use std::time::{Duration, Instant};
 ///
 /// Clones share the breaker and the budget.
 ///
+/// Each call's time goes to the histogram `norepeat_store_seconds{store}`,
+/// whose handle is taken from the `metrics` recorder in place at the
+/// first call and kept (as a handle one registers at start): install the
+/// recorder before the store is first used.
+///
 /// ```
 /// use norepeat::store::Resilient;
 /// use norepeat::store::MemoryStore;
@@ -68,6 +73,11 @@ pub struct Resilient<S> {
     /// budget's [`Budget::observe`], the breaker and [`Silence`] (see
     /// [`late_to`]).
     late: Arc<dyn Fn(Duration) + Send + Sync>,
+    /// `norepeat_store_seconds{store}`, taken from the recorder in place
+    /// at the first call and kept: registering it again at every call
+    /// (hashing its name and label, a lookup in the recorder's map) cost
+    /// more than recording.
+    seconds: Arc<OnceLock<metrics::Histogram>>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Resilient<S> {
@@ -254,6 +264,7 @@ impl<S: KeyValueStore> Resilient<S> {
             budget,
             breaker,
             silence,
+            seconds: Arc::default(),
         }
         .breaker(5, Duration::from_secs(1))
     }
@@ -336,7 +347,10 @@ impl<S: KeyValueStore> Resilient<S> {
         if !matches!(result, Err(StoreError::Timeout(_))) {
             self.budget.observe(took);
         }
-        metrics::histogram!("norepeat_store_seconds", "store" => self.inner.kind())
+        self.seconds
+            .get_or_init(
+                || metrics::histogram!("norepeat_store_seconds", "store" => self.inner.kind()),
+            )
             .record(took.as_secs_f64());
         if let Err(e) = &result {
             metrics::counter!("norepeat_store_errors_total", "store" => self.inner.kind(), "kind" => error_kind(e))
