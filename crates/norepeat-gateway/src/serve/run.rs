@@ -303,6 +303,7 @@ impl Served {
                 let _ = finished.send(result);
             };
             if i == 0 {
+                tokio::spawn(super::workers::heartbeat());
                 tokio::spawn(run);
                 continue;
             }
@@ -315,6 +316,7 @@ impl Served {
                         .build();
                     match runtime {
                         Ok(runtime) => runtime.block_on(async move {
+                            tokio::spawn(super::workers::heartbeat());
                             run.await;
                             std::future::pending::<()>().await;
                         }),

@@ -104,3 +104,105 @@ pub(super) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::
 /// 511; the kernel caps it at `net.core.somaxconn`).
 #[cfg(unix)]
 const LISTEN_BACKLOG: u32 = 1024;
+
+/// How far ahead a worker keeps a timer due while its store is in use:
+/// below the store's smallest time budget (`Resilient`'s floor, 50 ms).
+const TICK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A worker's heartbeat: the store calls made on its thread, how many
+/// times it has beaten, whether it sleeps idle, and what wakes it.
+struct Beat {
+    calls: Cell<u64>,
+    beats: Cell<u64>,
+    idle: Cell<bool>,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+}
+
+thread_local! {
+    static BEAT: Beat = Beat {
+        calls: Cell::new(0),
+        beats: Cell::new(0),
+        idle: Cell::new(false),
+        wake: std::sync::Arc::new(tokio::sync::Notify::new()),
+    };
+}
+
+/// Notes a store call made on this thread, and wakes the thread's
+/// [`heartbeat`] if it sleeps idle.
+pub(super) fn note_store_call() {
+    let _ = BEAT.try_with(|b| {
+        b.calls.set(b.calls.get().wrapping_add(1));
+        if b.idle.replace(false) {
+            b.wake.notify_one();
+        }
+    });
+}
+
+/// Keeps a timer due within [`TICK`] on this thread's (current-thread)
+/// runtime while the store is in use, and none while it is not.
+///
+/// Why: tokio's current-thread runtime unparks its driver (a `write` to
+/// its `eventfd`, and an `epoll_wait` that returns at once for it) each
+/// time a timer is registered that is due before every other one, though
+/// the thread is running. Every store call registers one, its time budget
+/// (`Resilient`), due long before the routes' 30 s timeouts: 0.7 system
+/// calls of that kind per fingerprint request, by `strace` (BENCHMARKS.md,
+/// issue 39). With this timer always nearer, no store call's is the
+/// first. A worker whose store was not called for a whole tick sleeps on
+/// a notification instead (the next store call wakes it): an idle
+/// gateway does not wake for it.
+pub(super) async fn heartbeat() {
+    let wake = BEAT.with(|b| std::sync::Arc::clone(&b.wake));
+    let mut seen = BEAT.with(|b| b.calls.get());
+    loop {
+        tokio::time::sleep(TICK).await;
+        let calls = BEAT.with(|b| {
+            b.beats.set(b.beats.get() + 1);
+            b.calls.get()
+        });
+        if calls == seen {
+            BEAT.with(|b| b.idle.set(true));
+            wake.notified().await;
+        }
+        seen = BEAT.with(|b| b.calls.get());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn beats() -> u64 {
+        BEAT.with(|b| b.beats.get())
+    }
+
+    /// The heartbeat beats while the store is called and stops within a
+    /// tick of the last call: an idle worker is not woken by it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_heartbeat_beats_only_while_the_store_is_in_use() {
+        let task = tokio::spawn(heartbeat());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = beats();
+        assert!(idle <= 1, "beat {idle} times in an idle second");
+
+        for _ in 0..20 {
+            note_store_call();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let busy = beats() - idle;
+        assert!(
+            (8..=12).contains(&busy),
+            "beat {busy} times in 200 ms of store calls"
+        );
+
+        let before = beats();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            beats() - before <= 2,
+            "beat {} times in 5 idle seconds",
+            beats() - before
+        );
+        task.abort();
+    }
+}
