@@ -303,7 +303,6 @@ impl Served {
                 let _ = finished.send(result);
             };
             if i == 0 {
-                tokio::spawn(super::workers::heartbeat());
                 tokio::spawn(run);
                 continue;
             }
@@ -316,7 +315,6 @@ impl Served {
                         .build();
                     match runtime {
                         Ok(runtime) => runtime.block_on(async move {
-                            tokio::spawn(super::workers::heartbeat());
                             run.await;
                             std::future::pending::<()>().await;
                         }),

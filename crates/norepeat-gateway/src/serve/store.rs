@@ -264,7 +264,6 @@ pub(super) fn note_failure() {
 impl<S: KeyValueStore> KeyValueStore for Noted<S> {
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
         let decision = matches!(op, KeyOp::PutIfAbsent { .. });
-        super::workers::note_store_call();
         // Boxed: the store's chain of futures (breaker, local memory,
         // Redis batch) is kilobytes, moved whole at every level of every
         // guard that awaits it; a box is one move and a pointer
@@ -288,7 +287,6 @@ impl<S: KeyValueStore> KeyValueStore for Noted<S> {
 
 impl<S: RateStore> RateStore for Noted<S> {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
-        super::workers::note_store_call();
         let answer = Box::pin(self.0.rate(op)).await;
         if answer.is_err() {
             note_failure();
