@@ -101,7 +101,7 @@ use std::time::Duration;
 
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
-pub(crate) use path::{SHORT_HOST, normalize_host_in};
+pub(crate) use path::host_span;
 pub use path::{
     normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
 };

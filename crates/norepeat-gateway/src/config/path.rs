@@ -179,51 +179,24 @@ pub fn with_slashes_decoded(path: &str) -> Option<String> {
 /// ```
 #[must_use]
 pub fn normalize_host(raw: &str) -> Option<String> {
-    let lower = raw.trim().to_ascii_lowercase();
-    let name = match lower.rsplit_once(':') {
+    host_span(raw).map(str::to_ascii_lowercase)
+}
+
+/// The part of `raw` that names its site, before [`normalize_host`]
+/// lower-cases it: trimmed, without a port or a trailing dot; `None` when
+/// nothing is left. Case changes none of these cuts, so the gateway's hot
+/// path lower-cases the span where it likes (on the stack) and gets
+/// [`normalize_host`]'s spelling.
+pub(crate) fn host_span(raw: &str) -> Option<&str> {
+    let raw = raw.trim();
+    let name = match raw.rsplit_once(':') {
         // `[::1]:8080`, `shop.example:8080`; a bare IPv6 literal is
         // bracketed, so its colons are inside the brackets.
         Some((name, port)) if !port.contains(']') => name,
-        _ => lower.as_str(),
+        _ => raw,
     };
     let name = name.strip_suffix('.').unwrap_or(name);
-    (!name.is_empty()).then(|| name.to_owned())
-}
-
-/// The longest host [`normalize_host_in`] spells without allocating.
-pub(crate) const SHORT_HOST: usize = 256;
-
-/// [`normalize_host`] into `buf`, without allocating: `Some(site)` when
-/// `raw` is ASCII and at most [`SHORT_HOST`] bytes (the site, or `None`
-/// when it names none), `None` for any other, which takes
-/// [`normalize_host`]. The same spelling, byte for byte (a property test
-/// holds the two together): a request's site is part of its keys.
-pub(crate) fn normalize_host_in<'b>(
-    raw: &str,
-    buf: &'b mut [u8; SHORT_HOST],
-) -> Option<Option<&'b [u8]>> {
-    if raw.len() > SHORT_HOST || !raw.is_ascii() {
-        return None;
-    }
-    // `str::trim`'s whitespace, of which these are the ASCII part.
-    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r');
-    let bytes = raw.as_bytes();
-    let start = bytes.iter().position(|b| !space(b)).unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|b| !space(b))
-        .map_or(start, |i| i + 1);
-    let lower = &mut buf[..end - start];
-    lower.copy_from_slice(&bytes[start..end]);
-    lower.make_ascii_lowercase();
-    let mut name: &[u8] = lower;
-    if let Some(colon) = name.iter().rposition(|&b| b == b':')
-        && !name[colon + 1..].contains(&b']')
-    {
-        name = &name[..colon];
-    }
-    let name = name.strip_suffix(b".").unwrap_or(name);
-    Some((!name.is_empty()).then_some(name))
+    (!name.is_empty()).then_some(name)
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -267,48 +240,8 @@ fn decode_unreserved(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{SHORT_HOST, normalize_host, normalize_host_in, normalize_path};
-    use proptest::prelude::*;
+    use super::normalize_path;
     use std::borrow::Cow;
-
-    proptest! {
-        /// The spelling without allocation is `normalize_host`'s, byte for
-        /// byte, for every short ASCII host (whitespace, ports, brackets,
-        /// dots and case included), and declines the others.
-        #[test]
-        fn a_host_spelled_in_place_is_spelled_alike(
-            raw in "[ \t\n\x0b\x0c\rA-Za-z0-9.:\\[\\]-]{0,24}|\\PC{0,8}|[a-z]{250,262}",
-        ) {
-            let mut buf = [0u8; SHORT_HOST];
-            match normalize_host_in(&raw, &mut buf) {
-                Some(site) => prop_assert_eq!(
-                    site.map(<[u8]>::to_vec),
-                    normalize_host(&raw).map(String::into_bytes)
-                ),
-                None => prop_assert!(raw.len() > SHORT_HOST || !raw.is_ascii()),
-            }
-        }
-    }
-
-    #[test]
-    fn a_host_spelled_in_place() {
-        let mut buf = [0u8; SHORT_HOST];
-        for (raw, want) in [
-            (" Shop.Example.:443 ", Some(&b"shop.example"[..])),
-            ("[::1]:8080", Some(b"[::1]")),
-            ("[::1]", Some(b"[::1]")),
-            ("\x0bshop\x0b", Some(b"shop")),
-            (":80", None),
-            ("", None),
-        ] {
-            assert_eq!(normalize_host_in(raw, &mut buf), Some(want), "{raw:?}");
-        }
-        assert_eq!(normalize_host_in("é.example", &mut buf), None);
-        assert_eq!(
-            normalize_host_in(&"a".repeat(SHORT_HOST + 1), &mut buf),
-            None
-        );
-    }
 
     #[test]
     fn rfc_3986_and_merged_slashes() {

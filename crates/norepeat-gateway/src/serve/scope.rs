@@ -8,8 +8,8 @@
 //! the caller's, signed for it.
 
 use super::caller::Caller;
+use crate::config::host_span;
 use crate::config::normalize_host;
-use crate::config::{SHORT_HOST, normalize_host_in};
 use http::request::Parts;
 use http::{HeaderMap, Uri};
 use norepeat::identity::Identify;
@@ -134,16 +134,23 @@ fn raw_site<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
 
 /// The keyed hash of the request's [`site`], which keys take: hashed, as a
 /// `Host` is the client's to choose (up to the header limit) and a key's
-/// length is not. A site of up to [`SHORT_HOST`] ASCII bytes (every real
-/// one) is spelled on the stack.
+/// length is not. A site of up to [`SHORT_HOST`] bytes (every real one) is
+/// lower-cased on the stack.
 fn site_hash(headers: &HeaderMap, uri: &Uri) -> Option<blake3::Hash> {
-    let raw = raw_site(headers, uri)?;
+    let span = host_span(raw_site(headers, uri)?)?;
     let mut buf = [0u8; SHORT_HOST];
-    match normalize_host_in(raw, &mut buf) {
-        Some(site) => site.map(|s| blake3::keyed_hash(SITE_KEY, s)),
-        None => normalize_host(raw).map(|s| blake3::keyed_hash(SITE_KEY, s.as_bytes())),
-    }
+    Some(match buf.get_mut(..span.len()) {
+        Some(site) => {
+            site.copy_from_slice(span.as_bytes());
+            site.make_ascii_lowercase();
+            blake3::keyed_hash(SITE_KEY, site)
+        }
+        None => blake3::keyed_hash(SITE_KEY, span.to_ascii_lowercase().as_bytes()),
+    })
 }
+
+/// The longest site [`site_hash`] lower-cases on the stack.
+const SHORT_HOST: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -182,38 +189,62 @@ mod tests {
         assert_eq!(site_of(""), None);
     }
 
-    /// The id a site-scoped caller gets is the one the release before
-    /// gave (the caller, `@`, the first 16 hex digits of the site's keyed
-    /// hash): every key of every record written since is made of it.
-    #[test]
-    fn a_scoped_id_is_the_one_already_stored() {
+    /// The id a site-scoped caller gets for `host` (the caller `42` by
+    /// header), and the one the release before gave: the caller, `@`, the
+    /// first 16 hex digits of the keyed hash of `normalize_host`'s
+    /// spelling; the caller alone for a request that names no site.
+    fn ids(host: &str) -> (String, String) {
         let config = crate::config::Config::parse(
             "g.yaml",
             b"upstream: http://127.0.0.1:9000\nidentity: { header: X-User-Id }\n",
         )
         .unwrap();
         let caller = Caller::new(&config.identity);
-        let scoped = HostScoped::new(caller.clone());
-        let id = |host: &str| {
-            let req = http::Request::post("/pay")
-                .header("x-user-id", "42")
-                .header("host", host)
-                .body(())
-                .unwrap();
-            scoped.identify(&req.into_parts().0).unwrap()
+        let req = |host: Option<&str>| {
+            let mut req = http::Request::post("/pay").header("x-user-id", "42");
+            if let Some(h) = host {
+                req = req.header("host", h);
+            }
+            req.body(()).unwrap().into_parts().0
         };
-        let long = format!("{}.example", "a".repeat(300));
-        for host in ["Shop.Example.:8443", "[::1]:80", long.as_str()] {
-            let site = normalize_host(host).unwrap();
-            let old = blake3::keyed_hash(SITE_KEY, site.as_bytes()).to_hex();
-            let parts = http::Request::get("/")
-                .header("x-user-id", "42")
-                .body(())
-                .unwrap()
-                .into_parts()
-                .0;
-            let want = format!("{}@{}", caller.identify(&parts).unwrap(), &old[..16]);
-            assert_eq!(id(host), want, "{host}");
+        let got = HostScoped::new(caller.clone())
+            .identify(&req(Some(host)))
+            .unwrap();
+        let alone = caller.identify(&req(None)).unwrap();
+        let want = match normalize_host(host) {
+            Some(site) => {
+                let old = blake3::keyed_hash(SITE_KEY, site.as_bytes()).to_hex();
+                format!("{alone}@{}", &old[..16])
+            }
+            None => alone,
+        };
+        (got, want)
+    }
+
+    /// Every key of every record written since site scoping began is made
+    /// of this id: it must not move.
+    #[test]
+    fn a_scoped_id_is_the_one_already_stored() {
+        let long = format!("{}.Example", "a".repeat(300));
+        for host in [
+            "Shop.Example.:8443",
+            " shop.example ",
+            "[::1]:80",
+            ":80",
+            long.as_str(),
+        ] {
+            let (got, want) = ids(host);
+            assert_eq!(got, want, "{host}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_scoped_id_is_the_one_already_stored_for_any_host(
+            host in "[ \tA-Za-z0-9.:\\[\\]-]{0,24}|[A-Za-z.]{250,262}",
+        ) {
+            let (got, want) = ids(&host);
+            proptest::prop_assert_eq!(got, want);
         }
     }
 
