@@ -4,8 +4,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
 pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    unix_ms(SystemTime::now())
+}
+
+/// `t` in milliseconds since the Unix epoch (0 before it).
+pub(super) fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }

@@ -16,11 +16,12 @@ const INSERT_SECRET: &str = "INSERT INTO shop_meta (meta_key, meta_value) VALUES
      ON CONFLICT (meta_key) DO NOTHING";
 const SELECT_SECRET: &str = "SELECT meta_value FROM shop_meta WHERE meta_key = $1";
 /// What [`Queries::reset`] empties, children before parents.
-const RESET: [&str; 4] = [
+const RESET: [&str; 5] = [
     "DELETE FROM payments",
     "DELETE FROM outbox",
     "DELETE FROM points_ledger",
     "DELETE FROM orders",
+    "DELETE FROM order_windows",
 ];
 
 impl<DB> Queries<'_, DB>

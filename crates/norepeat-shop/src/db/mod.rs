@@ -37,15 +37,16 @@ mod retry;
 mod types;
 
 use backend::Queries;
+use orders::OrderWindow;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
 pub use types::{
     CreateOutcome, DbError, DuplicatePayments, NoticeOutcome, OutboxEvent, PaymentOutcome,
-    ReconcileReport, Transition,
+    ReconcileReport, Transition, WindowOutcome,
 };
 
 use crate::domain::{Order, OrderStatus, Payment, PaymentStatus};
@@ -133,7 +134,48 @@ impl Db {
     ) -> Result<CreateOutcome, DbError> {
         check_quantity(quantity)?;
         let biz_id = biz_id.map_or_else(|| ids::new_id("biz_"), str::to_owned);
-        dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id).await)
+        match dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id, None).await)? {
+            WindowOutcome::Order(outcome) => Ok(outcome),
+            // Only a window can be repeated.
+            WindowOutcome::Repeated { .. } => Err(DbError::Corrupt(format!(
+                "order ({user}, {biz_id}) answered as a repeat without a window"
+            ))),
+        }
+    }
+
+    /// Creates an order that has no business id of its own, once per
+    /// submission and `window`: in the order's transaction, the
+    /// `(user, fingerprint)` pair is claimed until `window` after `since`
+    /// (the request's arrival, so that the database's window never outlasts
+    /// an entry guard's that started later; clocks of the instances are
+    /// assumed close). The
+    /// same pair again inside the window is [`WindowOutcome::Repeated`] with
+    /// the time left, nothing written; past it, a new order. The claim
+    /// commits or rolls back with the order, so an order that was not
+    /// written (out of stock, an error) does not hold the window.
+    ///
+    /// This is the database's line behind a fingerprint guard: it holds over
+    /// every instance even when the guard's store is down or slow and each
+    /// instance admitted one. Windows are kept per pair; a user's expired
+    /// ones are deleted after each new order. A quantity below 1 is
+    /// [`DbError::InvalidInput`].
+    pub async fn create_order_in_window(
+        &self,
+        user: &str,
+        sku: &str,
+        quantity: i64,
+        fingerprint: &[u8; 32],
+        since: SystemTime,
+        window: Duration,
+    ) -> Result<WindowOutcome, DbError> {
+        check_quantity(quantity)?;
+        let biz_id = ids::new_id("biz_");
+        let until = since.checked_add(window).unwrap_or(since);
+        let window = OrderWindow {
+            fingerprint: ids::hex_encode(fingerprint),
+            until_ms: ids::unix_ms(until),
+        };
+        dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id, Some(&window)).await)
     }
 
     /// The NAIVE path, only for the storm demo's baseline: no unique key (the

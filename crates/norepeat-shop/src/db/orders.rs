@@ -10,7 +10,7 @@ use sqlx::{ColumnIndex, Encode, Executor, Type};
 use super::backend::{Backend, Field, Queries};
 use super::ids::{new_id, now_ms};
 use super::retry::{MAX_ATTEMPTS, retry};
-use super::types::{CreateOutcome, DbError, Transition};
+use super::types::{CreateOutcome, DbError, Transition, WindowOutcome};
 use crate::domain::{Order, OrderStatus};
 
 /// An order row as selected by the `SELECT_ORDER*` queries.
@@ -39,6 +39,15 @@ const SEED_STOCK: &str =
     "INSERT INTO stock (sku, available) VALUES ($1, $2) ON CONFLICT (sku) DO NOTHING";
 const UPSERT_STOCK: &str = "INSERT INTO stock (sku, available) VALUES ($1, $2) \
      ON CONFLICT (sku) DO UPDATE SET available = excluded.available";
+/// Claims a submission's window: inserted, or taken over once the old one
+/// has ended; no row changed while it lasts.
+const CLAIM_WINDOW: &str = "INSERT INTO order_windows (user_id, fingerprint, until_ms) \
+     VALUES ($1, $2, $3) \
+     ON CONFLICT (user_id, fingerprint) DO UPDATE SET until_ms = excluded.until_ms \
+     WHERE order_windows.until_ms <= $4";
+const WINDOW_UNTIL: &str =
+    "SELECT until_ms FROM order_windows WHERE user_id = $1 AND fingerprint = $2";
+const DROP_ENDED_WINDOWS: &str = "DELETE FROM order_windows WHERE user_id = $1 AND until_ms <= $2";
 const TRANSITION_ORDER: &str =
     "UPDATE orders SET status = $1, updated_at = $2 WHERE order_id = $3 AND status = $4";
 const SELECT_ORDER_STATUS: &str = "SELECT status FROM orders WHERE order_id = $1";
@@ -47,6 +56,16 @@ const DUPLICATES: &str = "SELECT CAST(COALESCE(SUM(c - 1), 0) AS BIGINT) FROM \
 const ORDERS_COUNT: &str = "SELECT CAST(COUNT(*) AS BIGINT) FROM orders";
 const UNITS_ORDERED: &str =
     "SELECT CAST(COALESCE(SUM(quantity), 0) AS BIGINT) FROM orders WHERE sku = $1";
+
+/// A submission's window in the database (see
+/// [`Db::create_order_in_window`](super::Db::create_order_in_window)).
+#[derive(Debug)]
+pub(super) struct OrderWindow {
+    /// The request fingerprint, in hex.
+    pub(super) fingerprint: String,
+    /// When the window ends, in Unix milliseconds.
+    pub(super) until_ms: i64,
+}
 
 fn order_from_row(row: OrderRow) -> Result<Order, DbError> {
     let (order_id, biz_id, user_id, sku, quantity, status) = row;
@@ -118,8 +137,37 @@ where
         sku: &str,
         quantity: i64,
         biz_id: &str,
-    ) -> Result<Option<CreateOutcome>, DbError> {
+        window: Option<&OrderWindow>,
+    ) -> Result<Option<WindowOutcome>, DbError> {
         let mut tx = self.begin().await?;
+        if let Some(w) = window {
+            // First, so that a repeat never touches stock. On PostgreSQL a
+            // concurrent claim of the same pair waits here for this
+            // transaction and then finds the window taken (or free again,
+            // if this one rolled back).
+            let now = now_ms();
+            let claimed = sqlx::query::<DB>(CLAIM_WINDOW)
+                .bind(user)
+                .bind(w.fingerprint.as_str())
+                .bind(w.until_ms)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            if DB::rows_affected(&claimed) == 0 {
+                let until = sqlx::query_scalar::<DB, i64>(WINDOW_UNTIL)
+                    .bind(user)
+                    .bind(w.fingerprint.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                // `None`: the window vanished in between (a reset); try again.
+                return Ok(until.map(|until| WindowOutcome::Repeated {
+                    retry_after: Duration::from_millis(
+                        u64::try_from(until.saturating_sub(now)).unwrap_or(0),
+                    ),
+                }));
+            }
+        }
         if let Some(row) = sqlx::query_as::<DB, OrderRow>(SELECT_ORDER_BY_BIZ)
             .bind(user)
             .bind(biz_id)
@@ -127,7 +175,9 @@ where
             .await?
         {
             tx.rollback().await?;
-            return Ok(Some(CreateOutcome::Existing(order_from_row(row)?)));
+            return Ok(Some(WindowOutcome::Order(CreateOutcome::Existing(
+                order_from_row(row)?,
+            ))));
         }
         let taken = sqlx::query::<DB>(DECREMENT_STOCK)
             .bind(quantity)
@@ -140,11 +190,11 @@ where
                 .fetch_one(&mut *tx)
                 .await?;
             tx.rollback().await?;
-            return Ok(Some(if known > 0 {
+            return Ok(Some(WindowOutcome::Order(if known > 0 {
                 CreateOutcome::OutOfStock
             } else {
                 CreateOutcome::UnknownSku
-            }));
+            })));
         }
         let order = new_order(user, sku, quantity, biz_id);
         let inserted = sqlx::query::<DB>(INSERT_ORDER_SAFE)
@@ -163,10 +213,10 @@ where
             return Ok(self
                 .find_by_biz(user, biz_id)
                 .await?
-                .map(CreateOutcome::Existing));
+                .map(|o| WindowOutcome::Order(CreateOutcome::Existing(o))));
         }
         tx.commit().await?;
-        Ok(Some(CreateOutcome::Created(order)))
+        Ok(Some(WindowOutcome::Order(CreateOutcome::Created(order))))
     }
 
     pub(super) async fn create_order(
@@ -175,17 +225,39 @@ where
         sku: &str,
         quantity: i64,
         biz_id: &str,
-    ) -> Result<CreateOutcome, DbError> {
+        window: Option<&OrderWindow>,
+    ) -> Result<WindowOutcome, DbError> {
         for _ in 0..MAX_ATTEMPTS {
             if let Some(outcome) =
-                retry(|| self.create_order_once(user, sku, quantity, biz_id)).await?
+                retry(|| self.create_order_once(user, sku, quantity, biz_id, window)).await?
             {
+                if window.is_some()
+                    && matches!(outcome, WindowOutcome::Order(CreateOutcome::Created(_)))
+                {
+                    self.drop_ended_windows(user).await;
+                }
                 return Ok(outcome);
             }
         }
         Err(DbError::Corrupt(format!(
             "order ({user}, {biz_id}) kept conflicting but could not be read"
         )))
+    }
+
+    /// Deletes `user`'s ended windows, in a statement of its own after the
+    /// order's commit: inside the order's transaction it would lock the
+    /// rows of other submissions in no fixed order (two orders of one user
+    /// could deadlock). Best effort: a failure leaves rows a later order
+    /// deletes.
+    async fn drop_ended_windows(&self, user: &str) {
+        let dropped = sqlx::query::<DB>(DROP_ENDED_WINDOWS)
+            .bind(user)
+            .bind(now_ms())
+            .execute(self.pool)
+            .await;
+        if let Err(e) = dropped {
+            tracing::warn!(user, error = %e, "ended order windows not deleted");
+        }
     }
 
     pub(super) async fn create_order_naive(

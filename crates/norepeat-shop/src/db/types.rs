@@ -19,6 +19,19 @@ pub enum CreateOutcome {
     UnknownSku,
 }
 
+/// What [`Db::create_order_in_window`](super::Db::create_order_in_window) did.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub enum WindowOutcome {
+    /// The window was free: what creating the order did.
+    Order(CreateOutcome),
+    /// The same submission (user and fingerprint) made an order inside its
+    /// window; nothing changed.
+    Repeated {
+        /// Time left in the window.
+        retry_after: std::time::Duration,
+    },
+}
+
 /// What [`Db::transition_order`](super::Db::transition_order) did.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub enum Transition {

@@ -3,7 +3,7 @@
 use super::body::{self, Segment};
 use super::user;
 use crate::app::AppState;
-use crate::db::CreateOutcome;
+use crate::db::{CreateOutcome, WindowOutcome};
 use crate::domain::ORDER_QUANTITIES;
 use crate::error::ApiError;
 use axum::body::Body;
@@ -12,22 +12,27 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
+use norepeat::fingerprint::{
+    FingerprintGuard, FingerprintGuardError, FingerprintLayer, Fingerprinter, RequestParts,
+};
 use norepeat::problem::Problem;
 use norepeat::token::{TokenGuardError, TokenLayer};
 use serde_json::json;
-use std::time::Duration;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+/// How `POST /orders/quick` tells submissions apart, at the door and in the
+/// database. The handler reads no query parameter: `?a=1` is the same
+/// submission (the contract's fingerprint is user, method, route and body).
+static QUICK: LazyLock<Fingerprinter> = LazyLock::new(|| Fingerprinter::default().ignore_query());
 
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
     let by_token = post(create_with_token);
     let by_fingerprint = post(create);
     let (by_token, by_fingerprint) = if state.cfg.defence.guard() {
-        // The handler reads no query parameter: `?a=1` is the same
-        // submission (the contract's fingerprint is user, method, route and
-        // body).
         let fingerprints = FingerprintGuard::new(state.open.clone())
             .window(state.cfg.fp_window())
-            .fingerprinter(Fingerprinter::default().ignore_query());
+            .fingerprinter(QUICK.clone());
         (
             by_token.route_layer(TokenLayer::new(state.tokens.clone()).missing_token_detail(
                 "Send the token from GET /repeat/token in the Repeat-Token header or the repeatToken query parameter.",
@@ -77,14 +82,34 @@ async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Re
 }
 
 /// `POST /orders/quick`: the order as asked, its `bizId` (if any) the key.
+/// Without one, the database holds the submission's fingerprint for the
+/// window, behind the entry guard: a repeat that got past the door (the
+/// store down or slow, another instance) still makes no second order.
 async fn create(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let arrived = SystemTime::now();
     let user = user(&headers)?;
     let bytes = body::read(body, &headers).await?;
-    place_order(&s, &user, &bytes).await
+    let mut req = OrderRequest::parse(&bytes)?;
+    if req.biz_id.is_none() {
+        let parts = RequestParts {
+            user: &user,
+            method: "POST",
+            route: "/orders/quick",
+            query: None,
+            json: true,
+            body: &bytes,
+        };
+        // Parsed above: the body is JSON.
+        let fp = QUICK
+            .fingerprint(&parts)
+            .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        req.window = Some((fp.0, arrived));
+    }
+    write_order(&s, &user, &req).await
 }
 
 #[utoipa::path(
@@ -179,6 +204,9 @@ pub(crate) struct OrderRequest {
     /// `biz_id` was derived from the repeat token: an existing order is a
     /// replayed token (409), not a client's retry with its own key (200).
     pub(crate) keyed_by_token: bool,
+    /// Without a `biz_id`: the submission's fingerprint and the request's
+    /// arrival, from which the database holds it for the fingerprint window.
+    pub(crate) window: Option<([u8; 32], SystemTime)>,
 }
 
 impl OrderRequest {
@@ -189,29 +217,18 @@ impl OrderRequest {
             quantity: body::integer(&m, "quantity", ORDER_QUANTITIES)?,
             biz_id: body::opt_string(&m, "bizId", 128)?,
             keyed_by_token: false,
+            window: None,
         })
     }
 }
 
-/// Validates and writes an order; answers as the contract says.
-pub(crate) async fn place_order(
-    s: &AppState,
-    user: &str,
-    bytes: &[u8],
-) -> Result<Response, ApiError> {
-    let req = OrderRequest::parse(bytes)?;
-    write_order(s, user, &req).await
-}
-
+/// Writes an order; answers as the contract says.
 pub(crate) async fn write_order(
     s: &AppState,
     user: &str,
     req: &OrderRequest,
 ) -> Result<Response, ApiError> {
-    let outcome = if s.cfg.defence.safe_db() {
-        s.db.create_order(user, &req.sku, req.quantity, req.biz_id.as_deref())
-            .await?
-    } else {
+    let outcome = if !s.cfg.defence.safe_db() {
         s.db.create_order_naive(
             user,
             &req.sku,
@@ -220,6 +237,26 @@ pub(crate) async fn write_order(
             Duration::from_millis(s.cfg.naive_gap_ms),
         )
         .await?
+    } else if let (None, Some((fp, since))) = (&req.biz_id, &req.window) {
+        let windowed = s.db.create_order_in_window(
+            user,
+            &req.sku,
+            req.quantity,
+            fp,
+            *since,
+            s.cfg.fp_window(),
+        );
+        match windowed.await? {
+            WindowOutcome::Order(outcome) => outcome,
+            WindowOutcome::Repeated { retry_after } => {
+                metrics::counter!("shop_orders_repeated_total").increment(1);
+                let e = FingerprintGuardError::Duplicate { retry_after };
+                return Err(ApiError::Problem(Problem::from(e)));
+            }
+        }
+    } else {
+        s.db.create_order(user, &req.sku, req.quantity, req.biz_id.as_deref())
+            .await?
     };
     match outcome {
         CreateOutcome::Created(o) => {

@@ -350,6 +350,7 @@ async fn flash_sale(
         quantity: body::integer(&m, "quantity", ORDER_QUANTITIES)?,
         biz_id: body::opt_string(&m, "bizId", 128)?,
         keyed_by_token: false,
+        window: None,
     };
     body::check_sku(&req.sku)?;
     super::orders::write_order(&s, &user, &req).await

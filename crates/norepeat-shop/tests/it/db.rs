@@ -6,9 +6,11 @@
 //! "Two instances" are simulated with two separate `Db` pools on one database.
 use crate::common;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use norepeat_shop::db::{CreateOutcome, Db, DbError, NoticeOutcome, PaymentOutcome, Transition};
+use norepeat_shop::db::{
+    CreateOutcome, Db, DbError, NoticeOutcome, PaymentOutcome, Transition, WindowOutcome,
+};
 use norepeat_shop::domain::{Order, OrderStatus, PaymentStatus};
 use norepeat_testkit::TestDb;
 
@@ -57,6 +59,8 @@ both_backends!(
     several_processes,
     one_live_payment_per_order,
     migration_over_duplicate_payments,
+    a_window_makes_one_order_per_submission,
+    concurrent_submissions_in_one_window_make_one_order,
 );
 
 fn created(outcome: CreateOutcome) -> Order {
@@ -960,4 +964,107 @@ async fn migration_over_duplicate_payments(fresh: &TestDb) {
         .map(|d| &d["orderId"])
         .collect();
     assert_eq!(orders, ["ord_a"], "{printed}");
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// A submission's window: one order inside it, the repeat told the time
+/// left; another user or another fingerprint is another submission; an
+/// order that was not written (out of stock) does not hold the window;
+/// past its end, the same submission orders again.
+async fn a_window_makes_one_order_per_submission(fresh: &TestDb) {
+    let db = connect(fresh).await;
+    let now = SystemTime::now();
+    let (fp, other) = ([1u8; 32], [2u8; 32]);
+    let first = db
+        .create_order_in_window("w1", "SKU-1", 1, &fp, now, MINUTE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, WindowOutcome::Order(CreateOutcome::Created(_))),
+        "{first:?}"
+    );
+    match db
+        .create_order_in_window("w1", "SKU-1", 1, &fp, now, MINUTE)
+        .await
+        .unwrap()
+    {
+        WindowOutcome::Repeated { retry_after } => {
+            assert!(retry_after > Duration::from_secs(50), "{retry_after:?}");
+            assert!(retry_after <= MINUTE, "{retry_after:?}");
+        }
+        other => panic!("expected Repeated, got {other:?}"),
+    }
+    for (user, fp) in [("w2", &fp), ("w1", &other)] {
+        let made = db
+            .create_order_in_window(user, "SKU-1", 1, fp, now, MINUTE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(made, WindowOutcome::Order(CreateOutcome::Created(_))),
+            "{user}: {made:?}"
+        );
+    }
+    assert_eq!(db.orders_of("w1").await.unwrap().len(), 2);
+
+    // Not written, not held: the retry orders.
+    db.set_stock("SKU-W", 0).await.unwrap();
+    let refused = db
+        .create_order_in_window("w3", "SKU-W", 1, &fp, now, MINUTE)
+        .await
+        .unwrap();
+    assert_eq!(refused, WindowOutcome::Order(CreateOutcome::OutOfStock));
+    db.set_stock("SKU-W", 1).await.unwrap();
+    let retried = db
+        .create_order_in_window("w3", "SKU-W", 1, &fp, now, MINUTE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(retried, WindowOutcome::Order(CreateOutcome::Created(_))),
+        "{retried:?}"
+    );
+
+    // Windows that started two minutes ago have ended: each is a new order.
+    let then = now - 2 * MINUTE;
+    for _ in 0..2 {
+        let made = db
+            .create_order_in_window("w4", "SKU-1", 1, &fp, then, MINUTE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(made, WindowOutcome::Order(CreateOutcome::Created(_))),
+            "{made:?}"
+        );
+    }
+    assert_eq!(db.orders_of("w4").await.unwrap().len(), 2);
+    assert_eq!(db.duplicates().await.unwrap(), 0);
+}
+
+/// Twenty copies of one submission at once over two pools ("two
+/// instances"): one order, nineteen repeats, one unit of stock.
+async fn concurrent_submissions_in_one_window_make_one_order(fresh: &TestDb) {
+    let a = connect(fresh).await;
+    let b = connect(fresh).await;
+    let before = a.stock("SKU-2").await.unwrap().unwrap();
+    let now = SystemTime::now();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let db = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                db.create_order_in_window("clicker", "SKU-2", 1, &[7u8; 32], now, MINUTE)
+                    .await
+            })
+        })
+        .collect();
+    let (mut made, mut repeated) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap().unwrap() {
+            WindowOutcome::Order(CreateOutcome::Created(_)) => made += 1,
+            WindowOutcome::Repeated { .. } => repeated += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((made, repeated), (1, 19));
+    assert_eq!(b.stock("SKU-2").await.unwrap(), Some(before - 1));
+    assert_eq!(a.orders_of("clicker").await.unwrap().len(), 1);
 }

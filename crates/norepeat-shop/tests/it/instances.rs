@@ -2,8 +2,8 @@
 //! down, only PostgreSQL): one submission, one order.
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.
-use crate::common::{BIN, quick_orders};
-use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess};
+use crate::common::{BIN, quick_orders, scrape};
+use norepeat_testkit::{PgDatabase, RedisServer, ShopProcess, TestDb};
 use serde_json::{Value, json};
 
 async fn two_shops(redis: Option<&RedisServer>, pg: &PgDatabase) -> (ShopProcess, ShopProcess) {
@@ -128,6 +128,75 @@ async fn with_redis_down_the_business_key_still_makes_one_order() {
     }
     assert_eq!(orders_of(&http, &a.base_url(), "biz-user").await, 1);
     assert_eq!(stock(&http, &b.base_url(), "SKU-3").await, before - 1);
+}
+
+/// Twenty identical quick orders without a `bizId`, spread over `bases`
+/// (instances whose entry guards cannot see each other's admissions): one
+/// order, the repeats 409 `duplicate_submission` with `Retry-After`, one
+/// unit of stock taken.
+async fn identical_quick_orders_make_one(bases: &[String], user: &str) {
+    let http = reqwest::Client::new();
+    let before = stock(&http, &bases[0], "SKU-3").await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let send = http
+                .post(format!("{}/orders/quick", bases[i % bases.len()]))
+                .header("x-user-id", user)
+                .json(&json!({"sku": "SKU-3", "quantity": 1, "traceId": i}))
+                .send();
+            tokio::spawn(async move {
+                let res = send.await.unwrap();
+                let status = res.status().as_u16();
+                let retry_after = res.headers().contains_key("retry-after");
+                (status, retry_after, res.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        let (status, retry_after, body) = t.await.unwrap();
+        if status == 201 {
+            created += 1;
+        } else {
+            assert_eq!(status, 409, "{body}");
+            assert_eq!(body["code"], "duplicate_submission", "{body}");
+            assert!(retry_after, "{body}");
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(orders_of(&http, &bases[1], user).await, 1);
+    assert_eq!(stock(&http, &bases[1], "SKU-3").await, before - 1);
+    // Each door let one in: the database turned the second away.
+    let mut caught = 0.0;
+    for base in bases {
+        caught += scrape(&http, base, "shop_orders_repeated_total", &[]).await;
+    }
+    assert!(caught >= 1.0, "repeats the database caught: {caught}");
+}
+
+/// Redis down: each instance's guard remembers only its own admissions, and
+/// the order has no business key. The database's window for the
+/// submission's fingerprint makes it one order. Before, each instance
+/// made one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_identical_quick_orders_over_two_instances_make_one() {
+    let mut redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let (a, b) = two_shops(Some(&redis), &pg).await;
+    redis.kill();
+    identical_quick_orders_make_one(&[a.base_url(), b.base_url()], "window-user").await;
+}
+
+/// No Redis at all: two instances on one database (a SQLite file, then
+/// PostgreSQL), each guard on its own memory store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_memory_stores_identical_quick_orders_over_two_instances_make_one() {
+    for db in TestDb::each().await {
+        let env = vec![("DATABASE_URL".to_owned(), db.url())];
+        let a = ShopProcess::start(BIN, env.clone()).await;
+        let b = ShopProcess::start(BIN, env).await;
+        identical_quick_orders_make_one(&[a.base_url(), b.base_url()], "memory-user").await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,7 +42,9 @@ fn index() {}
     tag = "orders",
     description = "Places an order guarded by the request fingerprint (user + method + route + body, \
 JSON keys in any order, `traceId`, `timestamp`, `random` and `sign` not counted): the same fingerprint \
-again inside its window answers 409 `duplicate_submission` with `Retry-After`.",
+again inside its window answers 409 `duplicate_submission` with `Retry-After`. Without a `bizId`, the \
+database holds the submission's window too, so a repeat the door let through (its store down, another \
+instance) still makes no second order.",
     params(UserId),
     request_body = OrderRequest,
     responses(
