@@ -1,5 +1,6 @@
 //! A primary store with a local memory store behind it.
 
+use super::recent::{Change, Recent};
 use super::{
     KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore, StoreError,
 };
@@ -12,6 +13,19 @@ use std::time::{Duration, Instant};
 /// catching its own repeats (and keeps its tokens single-use) through an
 /// outage. Releases, renewals and completions go to both, so a key taken
 /// during the outage is released, renewed or completed where it lives.
+///
+/// Its own repeats include those of requests the primary admitted just
+/// before it failed: a double click whose second call runs past the
+/// store's budget, a token replayed once Redis went away. The keys the
+/// primary took through this instance are remembered, with their values,
+/// in a fixed table of 16,384 slots (1 MiB, no allocation per key), and a
+/// failed call on such a key is answered from there. Owner-checked
+/// releases, renewals and small replacements are applied to it; a key
+/// replaced by a value over 32 bytes (a stored response) is forgotten. A
+/// newer key that hashes to the same slot replaces an older one, so at
+/// very high rates the table covers less time (about half a second at
+/// 30,000 new keys a second): it remembers less than it was told, never
+/// more. Each entry ends when the primary's copy does, at the latest.
 ///
 /// A decision made during an outage holds on this instance for its whole
 /// TTL: until the last key written locally has expired (a claim, and the
@@ -34,6 +48,9 @@ pub struct Fallback<S> {
     local_until: Arc<AtomicU64>,
     /// Whether a failed primary call is answered locally.
     enabled: bool,
+    /// The keys the primary took through this instance (`None` when
+    /// disabled).
+    recent: Option<Arc<Recent>>,
 }
 
 impl<S: KeyValueStore> Fallback<S> {
@@ -46,6 +63,7 @@ impl<S: KeyValueStore> Fallback<S> {
             origin: Instant::now(),
             local_until: Arc::new(AtomicU64::new(0)),
             enabled: true,
+            recent: Some(Arc::new(Recent::new())),
         }
     }
 
@@ -56,8 +74,12 @@ impl<S: KeyValueStore> Fallback<S> {
     #[must_use]
     pub fn disabled(primary: S) -> Self {
         Self {
+            primary,
+            local: MemoryStore::new(1),
+            origin: Instant::now(),
+            local_until: Arc::new(AtomicU64::new(0)),
             enabled: false,
-            ..Self::new(primary, MemoryStore::new(1))
+            recent: None,
         }
     }
 
@@ -114,11 +136,24 @@ impl<S: KeyValueStore> Fallback<S> {
 
 impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        let Some(recent) = self.recent.as_deref() else {
+            // Disabled: the primary's answer, or its failure.
+            return self.primary.execute(op).await;
+        };
+        // Entries the primary's answer creates are counted from before it
+        // was asked: they end no later than the primary's own copies.
+        let asked_ms = self.now_ms();
         match op {
-            KeyOp::PutIfAbsent { key, ttl, .. } => match self.primary.execute(op).await {
-                Err(e) if !self.enabled => Err(e),
+            KeyOp::PutIfAbsent {
+                key, value, ttl, ..
+            } => match self.primary.execute(op).await {
                 Err(e) => {
                     self.degraded(&e);
+                    if let Some(held) = recent.get(key, self.now_ms()) {
+                        // Taken through the primary before it failed.
+                        metrics::counter!("norepeat_fallback_hits_total").increment(1);
+                        return Ok(KeyReply::Held(Some(held)));
+                    }
                     self.hold_locally(ttl);
                     let local = self.local.execute(op).await;
                     if let Ok(KeyReply::Held(Some(_))) = &local {
@@ -127,7 +162,13 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
                     }
                     local
                 }
-                Ok(KeyReply::Held(None)) => Ok(KeyReply::Held(self.reconcile(key))),
+                Ok(KeyReply::Held(None)) => {
+                    let held = self.reconcile(key);
+                    if held.is_none() {
+                        recent.put(key, value, after(asked_ms, ttl));
+                    }
+                    Ok(KeyReply::Held(held))
+                }
                 held => held,
             },
             // Releases, renewals and completions go to both stores: the key
@@ -150,7 +191,9 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
                 {
                     self.hold_locally(ttl);
                 }
-                match self.primary.execute(op).await {
+                let primary = self.primary.execute(op).await;
+                remember_change(recent, op, &primary, asked_ms, self.now_ms());
+                match primary {
                     Ok(KeyReply::Changed(p)) => Ok(KeyReply::Changed(p || local)),
                     Ok(other) => Ok(other),
                     Err(_) if local => Ok(KeyReply::Changed(true)),
@@ -171,6 +214,44 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
     fn report_late_answers(&self, to: super::LateAnswers) {
         self.primary.report_late_answers(to);
     }
+}
+
+/// `ttl` after `from_ms`, on a store's millisecond clock.
+fn after(from_ms: u64, ttl: Duration) -> u64 {
+    from_ms.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Applies an owner-checked operation to the keys remembered from the
+/// primary, after the primary answered it. A release forgets the key
+/// whatever the primary said (its caller is done with it: a retry must not
+/// be refused during an outage); a renewal or a replacement is applied
+/// only once the primary made it.
+fn remember_change(
+    recent: &Recent,
+    op: KeyOp<'_>,
+    primary: &Result<KeyReply, StoreError>,
+    asked_ms: u64,
+    now_ms: u64,
+) {
+    let made = matches!(primary, Ok(KeyReply::Changed(true)));
+    let (key, expected, change) = match op {
+        KeyOp::DeleteIfEquals { key, expected } => (key, expected, Change::Deleted),
+        KeyOp::ExpireIfEquals { key, expected, ttl } if made => {
+            let until_ms = after(asked_ms, ttl);
+            (key, expected, Change::Expires { until_ms })
+        }
+        KeyOp::ReplaceIfEquals {
+            key,
+            expected,
+            value,
+            ttl,
+        } if made => {
+            let until_ms = after(asked_ms, ttl);
+            (key, expected, Change::Replaced { value, until_ms })
+        }
+        _ => return,
+    };
+    recent.changed(key, expected, change, now_ms);
 }
 
 impl<S: RateStore> RateStore for Fallback<S> {

@@ -78,6 +78,7 @@ mod breaker;
 mod fallback;
 mod key_value;
 pub mod rate;
+mod recent;
 mod resilient;
 
 pub use breaker::{Breaker, BreakerState, Permit};

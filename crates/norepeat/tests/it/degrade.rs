@@ -1197,3 +1197,74 @@ async fn a_late_error_answer_does_not_close_the_breaker() {
     redis.config_set("maxmemory", "0").await;
     proxy.set_mode(ProxyMode::Pass);
 }
+
+/// A store that turns slow mid-run (every reply swallowed, so each call
+/// runs past its budget) on a fail-open fingerprint route: the repeat of
+/// an order Redis admitted a moment before is still a duplicate (the
+/// retry after a client's timeout, the double click), a new order is
+/// admitted, and an order that failed (released) can be retried at once.
+/// Before, the local memory knew only the keys it had decided itself, and
+/// the repeat was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_of_what_redis_admitted_is_caught_when_the_store_turns_slow() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_secs(5)).await;
+    let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(30));
+    let app = fingerprint_app(guard);
+    assert_eq!(post_order(&app, 1).await.status, StatusCode::OK);
+    let failed = send(&app, request(r#"{"item":"book","n":2}"#, 0, 500)).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(redis_keys(&redis).await.len(), 1, "the failed one released");
+
+    proxy.set_mode(ProxyMode::Swallow);
+    let repeat = post_order(&app, 1).await;
+    assert_eq!(repeat.status, StatusCode::CONFLICT, "{:?}", repeat.body);
+    assert_eq!(repeat.json()["code"], "duplicate_submission");
+    assert!(repeat.headers.contains_key("retry-after"));
+    let retried = post_order(&app, 2).await;
+    assert_eq!(retried.status, StatusCode::OK, "{:?}", retried.body);
+    assert_eq!(post_order(&app, 3).await.status, StatusCode::OK);
+    // Both admitted during the outage are the local memory's now.
+    for n in [1, 2, 3] {
+        assert_eq!(
+            post_order(&app, n).await.status,
+            StatusCode::CONFLICT,
+            "{n}"
+        );
+    }
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
+}
+
+/// A token used through Redis, replayed once Redis is gone (killed): still
+/// used. Before, only tokens used during the outage were refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_used_before_an_outage_is_refused_during_it() {
+    let mut redis = RedisServer::start().await;
+    let store = fail_open_store(&redis.url(), Duration::from_secs(5)).await;
+    let guard = TokenGuard::new(store.clone(), TokenSigner::random());
+    let app = token_app(guard.clone());
+    let submit = |token: &str| {
+        post_with_token("/orders", "u1", token)
+            .body(Body::empty())
+            .expect("valid request")
+    };
+    let used = guard.issue("u1");
+    assert_eq!(send(&app, submit(&used.token)).await.status, StatusCode::OK);
+
+    redis.kill();
+    let replay = send(&app, submit(&used.token)).await;
+    assert_eq!(replay.status, StatusCode::CONFLICT, "{:?}", replay.body);
+    assert_eq!(replay.json()["code"], "duplicate_submission");
+    // A token never used is still good, once.
+    let fresh = guard.issue("u1");
+    assert_eq!(
+        send(&app, submit(&fresh.token)).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, submit(&fresh.token)).await.status,
+        StatusCode::CONFLICT
+    );
+}
