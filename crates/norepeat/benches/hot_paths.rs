@@ -20,7 +20,7 @@ use http_body_util::Full;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::fingerprint::{Fingerprinter, RequestParts};
 use norepeat::keys::{KeyBuilder, Namespace};
-use norepeat::store::{KeyValueStoreExt, MemoryStore};
+use norepeat::store::{Fallback, KeyValueStoreExt, MemoryStore};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -169,6 +169,33 @@ fn memory_store(c: &mut Criterion) {
     g.finish();
 }
 
+/// What the local fallback costs a healthy store's new key: the same
+/// memory store as primary, bare, behind a disabled `Fallback`, and behind
+/// one that remembers the keys the primary took.
+fn fallback(c: &mut Criterion) {
+    let rt = rt();
+    let ttl = Duration::from_secs(3);
+    let n = AtomicU64::new(0);
+    let mut g = c.benchmark_group("fallback");
+    let disabled = Fallback::disabled(MemoryStore::default());
+    let enabled = Fallback::new(MemoryStore::default(), MemoryStore::default());
+    g.bench_function("put_if_absent_new_disabled", |b| {
+        b.to_async(&rt).iter(|| {
+            let key = format!("nr:f:{{{:022}}}", n.fetch_add(1, Ordering::Relaxed));
+            let store = &disabled;
+            async move { black_box(store.put_if_absent(&key, b"1718000000000123456", ttl).await) }
+        });
+    });
+    g.bench_function("put_if_absent_new_remembered", |b| {
+        b.to_async(&rt).iter(|| {
+            let key = format!("nr:f:{{{:022}}}", n.fetch_add(1, Ordering::Relaxed));
+            let store = &enabled;
+            async move { black_box(store.put_if_absent(&key, b"1718000000000123456", ttl).await) }
+        });
+    });
+    g.finish();
+}
+
 fn layer(c: &mut Criterion) {
     let rt = rt();
     let inner = tower::service_fn(|_req: Request<Full<Bytes>>| async {
@@ -216,6 +243,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = canonicalise, keys, memory_store, layer
+    targets = canonicalise, keys, memory_store, fallback, layer
 }
 criterion_main!(benches);
