@@ -114,6 +114,10 @@ fn spawn_reconciler(state: &AppState) {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "reconciliation pass failed"),
             }
+            match db.drop_ended_windows().await {
+                Ok(n) => tracing::debug!(rows = n, "ended order windows deleted"),
+                Err(e) => tracing::warn!(error = %e, "ended order windows not deleted"),
+            }
         }
     });
 }

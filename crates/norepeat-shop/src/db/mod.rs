@@ -178,6 +178,13 @@ impl Db {
         dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id, Some(&window)).await)
     }
 
+    /// Deletes every ended window of [`create_order_in_window`](Self::create_order_in_window)
+    /// (each new order already deletes its user's): housekeeping for the
+    /// periodic reconciler. How many rows went.
+    pub async fn drop_ended_windows(&self) -> Result<u64, DbError> {
+        dispatch!(self, q => q.drop_all_ended_windows().await)
+    }
+
     /// The NAIVE path, only for the storm demo's baseline: no unique key (the
     /// row is marked `naive` and left out of the unique index) and
     /// check-then-write stock: read `available`, sleep `gap` (to widen the

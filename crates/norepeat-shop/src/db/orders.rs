@@ -48,6 +48,7 @@ const CLAIM_WINDOW: &str = "INSERT INTO order_windows (user_id, fingerprint, unt
 const WINDOW_UNTIL: &str =
     "SELECT until_ms FROM order_windows WHERE user_id = $1 AND fingerprint = $2";
 const DROP_ENDED_WINDOWS: &str = "DELETE FROM order_windows WHERE user_id = $1 AND until_ms <= $2";
+const DROP_ALL_ENDED_WINDOWS: &str = "DELETE FROM order_windows WHERE until_ms <= $1";
 const TRANSITION_ORDER: &str =
     "UPDATE orders SET status = $1, updated_at = $2 WHERE order_id = $3 AND status = $4";
 const SELECT_ORDER_STATUS: &str = "SELECT status FROM orders WHERE order_id = $1";
@@ -258,6 +259,19 @@ where
         if let Err(e) = dropped {
             tracing::warn!(user, error = %e, "ended order windows not deleted");
         }
+    }
+
+    /// Deletes every ended window: the rows of users who have not ordered
+    /// again since. How many.
+    pub(super) async fn drop_all_ended_windows(&self) -> Result<u64, DbError> {
+        let dropped = retry(|| async {
+            Ok(sqlx::query::<DB>(DROP_ALL_ENDED_WINDOWS)
+                .bind(now_ms())
+                .execute(self.pool)
+                .await?)
+        })
+        .await?;
+        Ok(DB::rows_affected(&dropped))
     }
 
     pub(super) async fn create_order_naive(

@@ -1038,6 +1038,21 @@ async fn a_window_makes_one_order_per_submission(fresh: &TestDb) {
     }
     assert_eq!(db.orders_of("w4").await.unwrap().len(), 2);
     assert_eq!(db.duplicates().await.unwrap(), 0);
+
+    // Housekeeping: a window of a user who orders no more, once ended, is
+    // deleted by the reconciler's sweep (w1..w3's still run).
+    let short = Duration::from_millis(1);
+    let made = db
+        .create_order_in_window("w5", "SKU-1", 1, &fp, SystemTime::now(), short)
+        .await
+        .unwrap();
+    assert!(
+        matches!(made, WindowOutcome::Order(CreateOutcome::Created(_))),
+        "{made:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(db.drop_ended_windows().await.unwrap(), 1);
+    assert_eq!(db.drop_ended_windows().await.unwrap(), 0);
 }
 
 /// Twenty copies of one submission at once over two pools ("two
