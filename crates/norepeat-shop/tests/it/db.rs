@@ -1041,7 +1041,7 @@ async fn a_window_makes_one_order_per_submission(fresh: &TestDb) {
 
     // Housekeeping: a window of a user who orders no more, once ended, is
     // deleted by the reconciler's sweep (w1..w3's still run).
-    let short = Duration::from_millis(1);
+    let short = Duration::from_secs(1);
     let made = db
         .create_order_in_window("w5", "SKU-1", 1, &fp, SystemTime::now(), short)
         .await
@@ -1050,7 +1050,8 @@ async fn a_window_makes_one_order_per_submission(fresh: &TestDb) {
         matches!(made, WindowOutcome::Order(CreateOutcome::Created(_))),
         "{made:?}"
     );
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(db.drop_ended_windows().await.unwrap(), 0, "still running");
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
     assert_eq!(db.drop_ended_windows().await.unwrap(), 1);
     assert_eq!(db.drop_ended_windows().await.unwrap(), 0);
 }
