@@ -187,6 +187,36 @@ async fn with_redis_down_identical_quick_orders_over_two_instances_make_one() {
     identical_quick_orders_make_one(&[a.base_url(), b.base_url()], "window-user").await;
 }
 
+/// Redis forgets everything (`FLUSHALL`) between a quick order and its
+/// repeat, on either instance: the door lets the repeat in, the database's
+/// window refuses it (409 with `Retry-After`), and the user still has one
+/// order. Before the window, the repeat made a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_still_makes_one_quick_order() {
+    let redis = RedisServer::start().await;
+    let pg = PgDatabase::fresh().await;
+    let (a, b) = two_shops(Some(&redis), &pg).await;
+    let http = reqwest::Client::new();
+    let body = json!({"sku": "SKU-3", "quantity": 1});
+    let send = |base: String| {
+        http.post(format!("{base}/orders/quick"))
+            .header("x-user-id", "forgotten")
+            .json(&body)
+            .send()
+    };
+    assert_eq!(send(a.base_url()).await.unwrap().status(), 201);
+    for base in [a.base_url(), b.base_url()] {
+        let mut conn = redis.connection().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let res = send(base).await.unwrap();
+        assert_eq!(res.status(), 409);
+        assert!(res.headers().contains_key("retry-after"));
+        let problem: Value = res.json().await.unwrap();
+        assert_eq!(problem["code"], "duplicate_submission", "{problem}");
+    }
+    assert_eq!(orders_of(&http, &a.base_url(), "forgotten").await, 1);
+}
+
 /// No Redis at all: two instances on one database (a SQLite file, then
 /// PostgreSQL), each guard on its own memory store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
