@@ -148,17 +148,18 @@ impl Db {
     /// `(user, fingerprint)` pair is claimed until `window` after `since`
     /// (the request's arrival, so that the database's window never outlasts
     /// an entry guard's that started later; clocks of the instances are
-    /// assumed close). The
-    /// same pair again inside the window is [`WindowOutcome::Repeated`] with
-    /// the time left, nothing written; past it, a new order. The claim
-    /// commits or rolls back with the order, so an order that was not
-    /// written (out of stock, an error) does not hold the window.
+    /// assumed close). The same pair again inside the window is
+    /// [`WindowOutcome::Repeated`] with the time left, nothing written; past
+    /// it, a new order. The claim commits or rolls back with the order, so
+    /// an order that was not written (out of stock, an error) does not hold
+    /// the window.
     ///
     /// This is the database's line behind a fingerprint guard: it holds over
     /// every instance even when the guard's store is down or slow and each
-    /// instance admitted one. Windows are kept per pair; a user's expired
-    /// ones are deleted after each new order. A quantity below 1 is
-    /// [`DbError::InvalidInput`].
+    /// instance admitted one. Windows are kept per pair; a user's ended ones
+    /// are deleted after each new order, everyone's by
+    /// [`drop_ended_windows`](Self::drop_ended_windows). A quantity below 1
+    /// is [`DbError::InvalidInput`].
     pub async fn create_order_in_window(
         &self,
         user: &str,
