@@ -73,3 +73,41 @@ async fn with_redis_down_a_fail_open_route_still_catches_its_own_repeats() {
     );
     assert_eq!(effects(&backend).await["/orders/strict"], Value::Null);
 }
+
+/// What Redis admitted through this gateway just before it was killed
+/// stays admitted once: a quick order's repeat and a used token's replay
+/// are refused, and the backend ran each once. Before, the local memory
+/// knew only what it had decided itself, and both were let through again.
+#[tokio::test]
+async fn what_redis_admitted_before_it_died_is_not_admitted_again() {
+    let mut redis = RedisServer::start().await;
+    let backend = backend(0).await;
+    let g = gateway(&file_for(backend.port, &redis.url(), DOWN_ROUTES)).await;
+    let c = Client::new();
+    let token = token_for(&g, "u1").await;
+    let token = token["repeatToken"].as_str().unwrap().to_owned();
+    let quick = || {
+        c.post(url(&g, "/orders/quick"))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"a1","qty":1}"#)
+            .send()
+    };
+    let order = || {
+        c.post(url(&g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", &token)
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"a2","qty":1}"#)
+            .send()
+    };
+    assert_eq!(code(quick().await.unwrap()).await.0, 201);
+    assert_eq!(code(order().await.unwrap()).await.0, 201);
+
+    redis.kill();
+    let duplicate = (StatusCode::CONFLICT, "duplicate_submission".to_owned());
+    assert_eq!(code(quick().await.unwrap()).await, duplicate, "quick order");
+    assert_eq!(code(order().await.unwrap()).await, duplicate, "token");
+    assert_eq!(effects(&backend).await["/orders/quick"], 1);
+    assert_eq!(effects(&backend).await["/orders"], 1);
+}
