@@ -95,10 +95,7 @@ impl<S: KeyValueStore> Fallback<S> {
     /// Keeps the local store consulted until `ttl` from now: a key it holds
     /// from an outage lives that long.
     fn hold_locally(&self, ttl: Duration) {
-        let until = self
-            .now_ms()
-            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
-            .saturating_add(1);
+        let until = after(self.now_ms(), ttl).saturating_add(1);
         self.local_until.fetch_max(until, Ordering::Relaxed);
     }
 

@@ -97,6 +97,13 @@ async fn timed(app: &Router, req: Request<Body>) -> (Answer, Duration) {
     (Answer::read(res).await, took)
 }
 
+/// `POST /orders` as `u1` with `token` and no body.
+fn submit(token: &str) -> Request<Body> {
+    post_with_token("/orders", "u1", token)
+        .body(Body::empty())
+        .expect("valid request")
+}
+
 /// Order number `n`: a handler that answers 200 at once.
 fn numbered(n: u64) -> Request<Body> {
     request(&format!(r#"{{"item":"book","n":{n}}}"#), 0, 200)
@@ -399,11 +406,6 @@ async fn tokens_are_consumed_once_during_an_outage() {
     let store = fail_open_store(&redis.url(), Duration::from_millis(500)).await;
     let guard = TokenGuard::new(store.clone(), TokenSigner::random());
     let app = token_app(guard.clone());
-    let submit = |token: &str| {
-        post_with_token("/orders", "u1", token)
-            .body(Body::empty())
-            .expect("valid request")
-    };
 
     let before = guard.issue("u1");
     assert_eq!(
@@ -1245,11 +1247,6 @@ async fn a_token_used_before_an_outage_is_refused_during_it() {
     let store = fail_open_store(&redis.url(), Duration::from_secs(5)).await;
     let guard = TokenGuard::new(store.clone(), TokenSigner::random());
     let app = token_app(guard.clone());
-    let submit = |token: &str| {
-        post_with_token("/orders", "u1", token)
-            .body(Body::empty())
-            .expect("valid request")
-    };
     let used = guard.issue("u1");
     assert_eq!(send(&app, submit(&used.token)).await.status, StatusCode::OK);
 
@@ -1267,4 +1264,67 @@ async fn a_token_used_before_an_outage_is_refused_during_it() {
         send(&app, submit(&fresh.token)).await.status,
         StatusCode::CONFLICT
     );
+}
+
+/// The keys a `Fallback` remembers from its primary follow the owner and
+/// the primary's clock, checked key by key once the primary hangs
+/// (every reply swallowed): a released key is free, a renewed one is held
+/// past its first TTL, one replaced by a small value answers that value,
+/// one replaced by a stored response (over 32 bytes) is forgotten, and one
+/// whose TTL has passed is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_remembered_from_redis_follow_the_owner_and_end_with_it() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = fail_open_store(&proxy.url_for_redis(), Duration::from_secs(5)).await;
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(60);
+    for key in ["released", "renewed", "replaced", "stored", "ended"] {
+        let ttl = if key == "ended" { short } else { long };
+        let first = if key == "renewed" { short } else { ttl };
+        assert_eq!(
+            store.put_if_absent(key, b"me", first).await.unwrap(),
+            None,
+            "{key}"
+        );
+    }
+    assert!(store.delete_if_equals("released", b"me").await.unwrap());
+    assert!(
+        store
+            .expire_if_equals("renewed", b"me", long)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .replace_if_equals("replaced", b"me", b"done", long)
+            .await
+            .unwrap()
+    );
+    let response = [b'x'; 33];
+    assert!(
+        store
+            .replace_if_equals("stored", b"me", &response, long)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+
+    proxy.set_mode(ProxyMode::Swallow);
+    let put = |key: &'static str| store.put_if_absent(key, b"other", long);
+    assert_eq!(put("released").await.unwrap(), None, "released: free");
+    assert_eq!(
+        put("renewed").await.unwrap().as_deref(),
+        Some(&b"me"[..]),
+        "renewed"
+    );
+    assert_eq!(
+        put("replaced").await.unwrap().as_deref(),
+        Some(&b"done"[..]),
+        "replaced"
+    );
+    assert_eq!(put("stored").await.unwrap(), None, "stored: forgotten");
+    assert_eq!(put("ended").await.unwrap(), None, "ended: free");
+    drop(proxy);
+    assert_every_key_expires(&redis).await;
 }
