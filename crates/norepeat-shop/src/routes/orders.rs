@@ -11,9 +11,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use norepeat::fingerprint::{
-    FingerprintGuard, FingerprintGuardError, FingerprintLayer, Fingerprinter, RequestParts,
+    Digest, FingerprintGuard, FingerprintGuardError, FingerprintLayer, Fingerprinter, RequestParts,
 };
 use norepeat::problem::Problem;
 use norepeat::token::{TokenGuardError, TokenLayer};
@@ -87,6 +87,7 @@ async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Re
 /// store down or slow, another instance) still makes no second order.
 async fn create(
     State(s): State<AppState>,
+    admitted: Option<Extension<Digest>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -94,19 +95,26 @@ async fn create(
     let user = user(&headers)?;
     let bytes = body::read(body, &headers).await?;
     let mut req = OrderRequest::parse(&bytes)?;
-    if req.biz_id.is_none() {
-        let parts = RequestParts {
-            user: &user,
-            method: "POST",
-            route: "/orders/quick",
-            query: None,
-            json: true,
-            body: &bytes,
+    if req.biz_id.is_none() && s.cfg.defence.safe_db() {
+        // The fingerprint the door admitted the request under; computed
+        // here only when there is no door (the `db` defence).
+        let fp = match admitted {
+            Some(Extension(fp)) => fp,
+            None => {
+                let parts = RequestParts {
+                    user: &user,
+                    method: "POST",
+                    route: "/orders/quick",
+                    query: None,
+                    json: true,
+                    body: &bytes,
+                };
+                // Parsed above: the body is JSON.
+                QUICK
+                    .fingerprint(&parts)
+                    .map_err(|e| ApiError::Invalid(e.to_string()))?
+            }
         };
-        // Parsed above: the body is JSON.
-        let fp = QUICK
-            .fingerprint(&parts)
-            .map_err(|e| ApiError::Invalid(e.to_string()))?;
         req.window = Some((fp.0, arrived));
     }
     write_order(&s, &user, &req).await

@@ -329,3 +329,25 @@ async fn with_redis_down_one_token_over_two_instances_makes_one_order() {
     assert_eq!(created, 1);
     assert_eq!(orders_of(&http, &bases[1], "replay-user").await, 1);
 }
+
+/// The `db` defence (no entry guard, no door fingerprint to hand on): the
+/// handler fingerprints the quick order itself, and the database's window
+/// still makes identical ones over two instances one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_alone_identical_quick_orders_make_one() {
+    let db = TestDb::sqlite();
+    let env = vec![
+        ("DATABASE_URL".to_owned(), db.url()),
+        ("NOREPEAT_DEFENCE".to_owned(), "db".to_owned()),
+    ];
+    let a = ShopProcess::start(BIN, env.clone()).await;
+    let b = ShopProcess::start(BIN, env).await;
+    identical_quick_orders_make_one(&[a.base_url(), b.base_url()], "db-user").await;
+    // No door: every one of the 19 repeats was the database's to refuse.
+    let http = reqwest::Client::new();
+    let mut caught = 0.0;
+    for base in [a.base_url(), b.base_url()] {
+        caught += scrape(&http, &base, "shop_orders_repeated_total", &[]).await;
+    }
+    assert_eq!(caught, 19.0);
+}

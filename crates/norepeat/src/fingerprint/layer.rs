@@ -47,6 +47,27 @@ pub type Fingerprint<S, G> = Middleware<FingerprintLayer<G>, S>;
 /// );
 /// ```
 ///
+/// # The fingerprint, for the handler
+/// An admitted request carries its fingerprint, the [`Digest`](super::Digest) the layer
+/// claimed, in its extensions: a handler that writes to a database can
+/// commit the fingerprint with its effect (a unique row for the window), so
+/// that a repeat the layer let through (its store down, another instance)
+/// still finds it, without computing it again.
+///
+/// ```
+/// use axum::{Extension, Router, routing::post};
+/// use norepeat::fingerprint::{Digest, FingerprintGuard, FingerprintLayer};
+/// use norepeat::store::MemoryStore;
+///
+/// async fn create(Extension(fp): Extension<Digest>) -> String {
+///     // e.g. INSERT INTO windows (fingerprint, until) ... in the order's transaction
+///     format!("{:02x}", fp.0[0])
+/// }
+/// let guard = FingerprintGuard::new(MemoryStore::default());
+/// let app: Router = Router::new()
+///     .route("/orders", post(create).layer(FingerprintLayer::new(guard)));
+/// ```
+///
 /// # Shadow mode
 /// With [`shadow(true)`](Self::shadow) the layer decides every request as
 /// above and lets every one through: see [`shadow`](Self::shadow).
@@ -320,7 +341,9 @@ where
             return Decided::Refused(p, req, Some(user));
         }
     };
-    Decided::Admitted(claim, Request::from_parts(parts, ReqBody::from(bytes)))
+    let mut req = Request::from_parts(parts, ReqBody::from(bytes));
+    req.extensions_mut().insert(fp);
+    Decided::Admitted(claim, req)
 }
 
 impl From<FingerprintGuardError> for Problem {

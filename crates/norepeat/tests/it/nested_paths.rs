@@ -99,3 +99,45 @@ each_store!(
     fingerprint_is_per_order,
     by_route_bucket_is_per_order,
 );
+
+/// A handler two nests deep reads the fingerprint its request was admitted
+/// under from the request's extensions: the digest of the path the client
+/// sent (`/shop/orders/1/pay`, not the nest's `/pay`), the same
+/// `Fingerprinter::fingerprint` gives for those parts, and another one for
+/// another order.
+#[tokio::test]
+async fn the_handler_gets_the_fingerprint_of_what_the_client_sent() {
+    use axum::Extension;
+    use norepeat::fingerprint::{Digest, Fingerprinter, RequestParts};
+    use norepeat::store::MemoryStore;
+    let layer = FingerprintLayer::new(FingerprintGuard::new(MemoryStore::default()));
+    let pay_route =
+        Router::new().route(
+            "/pay",
+            post(|Extension(fp): Extension<Digest>| async move {
+                (StatusCode::CREATED, hex::encode(fp.0))
+            })
+            .layer(layer),
+        );
+    let app = Router::new().nest("/shop", Router::new().nest("/orders/{id}", pay_route));
+    let want = |order: u32| {
+        let route = format!("/shop/orders/{order}/pay");
+        let parts = RequestParts {
+            user: "u1",
+            method: "POST",
+            route: &route,
+            query: None,
+            json: true,
+            body: br#"{"amount":1999}"#,
+        };
+        hex::encode(Fingerprinter::default().fingerprint(&parts).unwrap().0)
+    };
+    let (status, _, one) = pay(&app, 1).await;
+    assert_eq!(
+        (status, one.as_str()),
+        (StatusCode::CREATED, want(1).as_str())
+    );
+    let (_, _, two) = pay(&app, 2).await;
+    assert_eq!(two, want(2));
+    assert_ne!(one, two);
+}
