@@ -46,10 +46,8 @@ pub struct Fallback<S> {
     /// Milliseconds after `origin` until which the local store may hold a
     /// key written during an outage (0: never wrote one).
     local_until: Arc<AtomicU64>,
-    /// Whether a failed primary call is answered locally.
-    enabled: bool,
-    /// The keys the primary took through this instance (`None` when
-    /// disabled).
+    /// The keys the primary took through this instance; `None` when
+    /// disabled (a failed primary call is then not answered locally).
     recent: Option<Arc<Recent>>,
 }
 
@@ -62,7 +60,6 @@ impl<S: KeyValueStore> Fallback<S> {
             local,
             origin: Instant::now(),
             local_until: Arc::new(AtomicU64::new(0)),
-            enabled: true,
             recent: Some(Arc::new(Recent::new())),
         }
     }
@@ -78,7 +75,6 @@ impl<S: KeyValueStore> Fallback<S> {
             local: MemoryStore::new(1),
             origin: Instant::now(),
             local_until: Arc::new(AtomicU64::new(0)),
-            enabled: false,
             recent: None,
         }
     }
@@ -254,7 +250,7 @@ fn remember_change(
 impl<S: RateStore> RateStore for Fallback<S> {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
         match self.primary.rate(op).await {
-            Err(e) if !self.enabled => Err(e),
+            Err(e) if self.recent.is_none() => Err(e),
             Err(e) => {
                 self.degraded(&e);
                 self.local.rate(op).await
