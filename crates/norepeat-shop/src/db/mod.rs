@@ -156,10 +156,10 @@ impl Db {
     ///
     /// This is the database's line behind a fingerprint guard: it holds over
     /// every instance even when the guard's store is down or slow and each
-    /// instance admitted one. Windows are kept per pair; a user's ended ones
-    /// are deleted after each new order, everyone's by
-    /// [`drop_ended_windows`](Self::drop_ended_windows). A quantity below 1
-    /// is [`DbError::InvalidInput`].
+    /// instance admitted one. Windows are kept per pair (an ended one is
+    /// taken over by the next claim) until
+    /// [`drop_ended_windows`](Self::drop_ended_windows) sweeps them. A
+    /// quantity below 1 is [`DbError::InvalidInput`].
     pub async fn create_order_in_window(
         &self,
         user: &str,
@@ -179,9 +179,9 @@ impl Db {
         dispatch!(self, q => q.create_order(user, sku, quantity, &biz_id, Some(&window)).await)
     }
 
-    /// Deletes every ended window of [`create_order_in_window`](Self::create_order_in_window)
-    /// (each new order already deletes its user's): housekeeping for the
-    /// periodic reconciler. How many rows went.
+    /// Deletes every ended window of [`create_order_in_window`](Self::create_order_in_window):
+    /// housekeeping for the periodic reconciler, so that the orders
+    /// themselves pay no statement for it. How many rows went.
     pub async fn drop_ended_windows(&self) -> Result<u64, DbError> {
         dispatch!(self, q => q.drop_all_ended_windows().await)
     }

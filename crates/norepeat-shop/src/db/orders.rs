@@ -47,7 +47,6 @@ const CLAIM_WINDOW: &str = "INSERT INTO order_windows (user_id, fingerprint, unt
      WHERE order_windows.until_ms <= $4";
 const WINDOW_UNTIL: &str =
     "SELECT until_ms FROM order_windows WHERE user_id = $1 AND fingerprint = $2";
-const DROP_ENDED_WINDOWS: &str = "DELETE FROM order_windows WHERE user_id = $1 AND until_ms <= $2";
 const DROP_ALL_ENDED_WINDOWS: &str = "DELETE FROM order_windows WHERE until_ms <= $1";
 const TRANSITION_ORDER: &str =
     "UPDATE orders SET status = $1, updated_at = $2 WHERE order_id = $3 AND status = $4";
@@ -232,11 +231,6 @@ where
             if let Some(outcome) =
                 retry(|| self.create_order_once(user, sku, quantity, biz_id, window)).await?
             {
-                if window.is_some()
-                    && matches!(outcome, WindowOutcome::Order(CreateOutcome::Created(_)))
-                {
-                    self.drop_ended_windows(user).await;
-                }
                 return Ok(outcome);
             }
         }
@@ -245,24 +239,10 @@ where
         )))
     }
 
-    /// Deletes `user`'s ended windows, in a statement of its own after the
-    /// order's commit: inside the order's transaction it would lock the
-    /// rows of other submissions in no fixed order (two orders of one user
-    /// could deadlock). Best effort: a failure leaves rows a later order
-    /// deletes.
-    async fn drop_ended_windows(&self, user: &str) {
-        let dropped = sqlx::query::<DB>(DROP_ENDED_WINDOWS)
-            .bind(user)
-            .bind(now_ms())
-            .execute(self.pool)
-            .await;
-        if let Err(e) = dropped {
-            tracing::warn!(user, error = %e, "ended order windows not deleted");
-        }
-    }
-
-    /// Deletes every ended window: the rows of users who have not ordered
-    /// again since. How many.
+    /// Deletes every ended window (a claim takes an ended row over, so
+    /// these are the rows of submissions not sent again). Outside any
+    /// order's transaction: there it would lock other submissions' rows in
+    /// no fixed order. How many.
     pub(super) async fn drop_all_ended_windows(&self) -> Result<u64, DbError> {
         let dropped = retry(|| async {
             Ok(sqlx::query::<DB>(DROP_ALL_ENDED_WINDOWS)

@@ -1039,8 +1039,9 @@ async fn a_window_makes_one_order_per_submission(fresh: &TestDb) {
     assert_eq!(db.orders_of("w4").await.unwrap().len(), 2);
     assert_eq!(db.duplicates().await.unwrap(), 0);
 
-    // Housekeeping: a window of a user who orders no more, once ended, is
-    // deleted by the reconciler's sweep (w1..w3's still run).
+    // Housekeeping: the reconciler's sweep deletes ended windows (w4's one
+    // row, taken over by its second order), not running ones (w1..w3's).
+    assert_eq!(db.drop_ended_windows().await.unwrap(), 1);
     let short = Duration::from_secs(1);
     let made = db
         .create_order_in_window("w5", "SKU-1", 1, &fp, SystemTime::now(), short)
