@@ -46,7 +46,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
 /// process, across processes: the process's random prefix and a counter,
 /// 32 hex digits. No system call per request (a random id each was a
 /// `getrandom` per request on the pass-through's hot path).
-fn fresh_id() -> [u8; 32] {
+pub(super) fn fresh_id() -> [u8; 32] {
     static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(|| {

@@ -50,6 +50,11 @@ impl Front {
         }
     }
 
+    /// The gateway this front serves.
+    pub(super) fn gateway(&self) -> &Arc<Gateway> {
+        &self.gw
+    }
+
     /// `req`'s answer. Any prefix spelled otherwise (`/.norepeat%2F`,
     /// `//.norepeat/`) is no own route for the router either: it goes to
     /// `dispatch` both ways.

@@ -111,6 +111,11 @@ impl Caller {
             .is_some_and(|PeerAddr(a)| self.ip.is_trusted(a.ip()))
     }
 
+    /// Whether a peer at `ip` is one of `trusted_proxies`.
+    pub(crate) fn is_trusted(&self, ip: std::net::IpAddr) -> bool {
+        self.ip.is_trusted(ip)
+    }
+
     /// The client's address, for `rate_limit.by: address`: the library's
     /// [`ByClientIp`] key (an IPv6 client counted by its /64).
     #[must_use]

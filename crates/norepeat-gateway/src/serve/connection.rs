@@ -82,6 +82,7 @@ pub(super) async fn serve(
     builder.http1().writev(false);
     let builder = Arc::new(builder);
     let mut shutdown = std::pin::pin!(shutdown);
+    let stop = Arc::new(Stop::default());
     let mut pause = ACCEPT_PAUSE;
     loop {
         let (stream, peer) = tokio::select! {
@@ -121,6 +122,7 @@ pub(super) async fn serve(
         // The slot goes with the socket: an upgraded connection, served
         // on after hyper lets it go, still holds it.
         let timed = Timed::new(stream, Arc::clone(&watch), limits, slot, tls.is_none());
+        let gw = Arc::clone(front.gateway());
         let front = front.clone();
         let secure = tls.is_some();
         let service_watch = Arc::clone(&watch);
@@ -152,11 +154,27 @@ pub(super) async fn serve(
             }
         });
         let builder = Arc::clone(&builder);
+        // Held while the connection is served, by the lane too: the
+        // shutdown waits for it.
         let watcher = graceful.watcher();
         let tls = tls.clone();
+        let stop = Arc::clone(&stop);
         tokio::spawn(async move {
             let io = match tls {
-                None => Io::Plain(timed),
+                // Cleartext: the pass-through's lane first, hyper from the
+                // first request the lane does not take.
+                None => {
+                    let mut timed = timed;
+                    let mut read = bytes::BytesMut::new();
+                    let left =
+                        super::passthrough::serve(&mut timed, &mut read, &watch, peer, &gw, &stop)
+                            .await;
+                    if left == super::passthrough::Left::Closed {
+                        return;
+                    }
+                    timed.unread = read.freeze();
+                    Io::Plain(timed)
+                }
                 // Within `header_timeout`: the handshake is read in the
                 // head phase.
                 Some(acceptor) => match acceptor.accept(timed).await {
@@ -183,6 +201,7 @@ pub(super) async fn serve(
         });
     }
     drop(listener);
+    stop.stop();
     graceful.shutdown().await;
     Ok(())
 }
@@ -283,8 +302,39 @@ impl AsyncWrite for Io {
     }
 }
 
+/// The listener's shutdown, as the pass-through's lane sees it: an idle
+/// connection closes at once, a busy one after its answer.
+#[derive(Default)]
+pub(super) struct Stop {
+    stopped: AtomicBool,
+    told: tokio::sync::Notify,
+}
+
+impl Stop {
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.told.notify_waiters();
+    }
+
+    /// Whether the shutdown has begun.
+    pub(super) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the shutdown has begun.
+    pub(super) async fn wait(&self) {
+        let told = self.told.notified();
+        let mut told = std::pin::pin!(told);
+        told.as_mut().enable();
+        if self.stopped() {
+            return;
+        }
+        told.await;
+    }
+}
+
 /// A connection's phase and since when (see the module docs).
-struct Watch {
+pub(super) struct Watch {
     phase: AtomicU8,
     /// An HTTP/2 connection: its bytes while idle start no head.
     multiplexed: AtomicBool,
@@ -336,10 +386,10 @@ impl Watch {
 
 /// One request in flight on its connection; the connection is idle again
 /// once the last one's answer is sent (or dropped).
-struct InFlight(Arc<Watch>);
+pub(super) struct InFlight(Arc<Watch>);
 
 impl InFlight {
-    fn start(watch: &Arc<Watch>) -> Self {
+    pub(super) fn start(watch: &Arc<Watch>) -> Self {
         watch.in_flight.fetch_add(1, Ordering::AcqRel);
         watch.phase.store(BUSY, Ordering::Release);
         Self(Arc::clone(watch))
@@ -402,6 +452,8 @@ struct Timed {
     _slot: OwnedSemaphorePermit,
     /// Cleartext, first bytes not yet seen: they tell HTTP/2's preface.
     sniff: bool,
+    /// Bytes read by the pass-through's lane and not used, read first.
+    unread: bytes::Bytes,
 }
 
 impl Timed {
@@ -420,6 +472,7 @@ impl Timed {
             armed: None,
             _slot: slot,
             sniff: cleartext,
+            unread: bytes::Bytes::new(),
         }
     }
 }
@@ -443,6 +496,11 @@ impl AsyncRead for Timed {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if !this.unread.is_empty() {
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {

@@ -88,6 +88,16 @@ pub(crate) struct Client {
     connector: HttpsConnector<HttpConnector>,
     to: Target,
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
+    /// The pass-through lane's connections (`passthrough.rs`): plain
+    /// sockets it speaks HTTP/1.1 on itself, kept as hyper's are.
+    raw: std::sync::Mutex<VecDeque<RawIdle>>,
+    connect: Duration,
+}
+
+/// A lane's connection waiting for its next request.
+struct RawIdle {
+    stream: tokio::net::TcpStream,
+    since: std::time::Instant,
 }
 
 /// A connection waiting for its next request.
@@ -131,7 +141,82 @@ impl Client {
             connector,
             to,
             idle: std::sync::Arc::default(),
+            raw: std::sync::Mutex::default(),
+            connect,
         }
+    }
+
+    /// Whether the upstream is spoken to in the clear (`http://`): the
+    /// pass-through's lane takes only those.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.to.origin.scheme() == Some(&http::uri::Scheme::HTTP)
+    }
+
+    /// The upstream's base path (`/base`), none for `/`.
+    pub(crate) fn base(&self) -> Option<&str> {
+        self.to.base.as_deref()
+    }
+
+    /// The most recently idle lane connection that is still open: one
+    /// whose socket has nothing to read (a backend that closed it, or
+    /// wrote out of turn, leaves it readable). The check is the reactor's
+    /// readiness, no system call when nothing came.
+    pub(crate) fn take_raw(&self) -> Option<tokio::net::TcpStream> {
+        let mut idle = self
+            .raw
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(c) = idle.pop_back() {
+            if c.since.elapsed() >= IDLE_FOR {
+                idle.clear();
+                return None;
+            }
+            let mut probe = [0u8; 1];
+            if matches!(c.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            {
+                return Some(c.stream);
+            }
+        }
+        None
+    }
+
+    /// Keeps `stream` for the lane's next request, the oldest dropped
+    /// past [`IDLE_FOR`] or [`MAX_IDLE`].
+    pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
+        let mut idle = self
+            .raw
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        while idle
+            .front()
+            .is_some_and(|c| now.duration_since(c.since) >= IDLE_FOR)
+            || idle.len() >= MAX_IDLE
+        {
+            idle.pop_front();
+        }
+        idle.push_back(RawIdle { stream, since: now });
+    }
+
+    /// A new plain connection to the upstream, within the client's
+    /// connection timeout.
+    pub(crate) async fn connect_raw(&self) -> std::io::Result<tokio::net::TcpStream> {
+        let host = self.to.authority.host();
+        // `[::1]` is the authority's spelling of an IPv6 address.
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = self.to.authority.port_u16().unwrap_or(80);
+        let stream =
+            match tokio::time::timeout(self.connect, tokio::net::TcpStream::connect((host, port)))
+                .await
+            {
+                Ok(connected) => connected?,
+                Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+            };
+        stream.set_nodelay(true)?;
+        Ok(stream)
     }
 
     /// The most recently idle connection that is still open.

@@ -44,6 +44,7 @@ mod files;
 mod forward;
 mod gateway;
 mod metrics;
+mod passthrough;
 mod request;
 mod run;
 mod scope;

@@ -34,7 +34,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 
 /// How long an unmatched request's upstream has to answer.
-const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Any request not for the gateway's own routes. Routes are matched on
 /// the normalized path ([`normalize_path`]); a matched request goes on
@@ -109,35 +109,11 @@ pub(super) async fn route_request(
         .then(|| super::scope::site(req.headers(), req.uri()))
         .flatten();
     let path = normalized.as_deref().unwrap_or(req.uri().path());
-    let method = req.method().as_str();
-    let find = |p: &str| {
-        live.list.iter().position(|r| {
-            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site.as_ref() == Some(h))
-        })
+    let (found_at, keyed) = match choose(&live, req.method().as_str(), path, site.as_ref()) {
+        Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
+        Choice::Passthrough => (None, None),
+        Choice::Route { at, keyed } => (Some(at), keyed),
     };
-    // No route, or one that only routes (`ANY /api/{*rest}`): another
-    // spelling of a guarded route listed before it must not pass by it.
-    let unguarded = |at: Option<usize>| at.is_none_or(|i| !live.list[i].guarded);
-    // A format suffix the back end drops (`/payments.json`) is the route
-    // too, keyed as its spelling without it: the route that spelling
-    // takes, when it is guarded or when nothing took the suffixed one.
-    let mut keyed = None;
-    let mut found_at = find(path);
-    if unguarded(found_at)
-        && let Some(plain) = without_format_suffix(path)
-    {
-        let plain_at = find(&plain);
-        if !unguarded(plain_at) || (found_at.is_none() && plain_at.is_some()) {
-            found_at = plain_at;
-            keyed = Some(plain);
-        }
-    }
-    if unguarded(found_at) {
-        let before = found_at.unwrap_or(live.list.len());
-        if let Some(why) = other_spelling(&live, before, site.as_ref(), method, path) {
-            return (invalid_request(why), None, "invalid_request");
-        }
-    }
     let found = found_at.map(|i| &live.list[i]);
     // A guarded route decides on one request and its one answer: a
     // connection that switches protocols is neither (GATEWAY.md).
@@ -186,6 +162,57 @@ pub(super) async fn route_request(
         Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),
     };
     (res, Some(Arc::clone(&route.metrics)), outcome)
+}
+
+/// Which way a request goes, from its method, its normalized path and
+/// its site: what [`route_request`] and the pass-through's lane
+/// (`passthrough.rs`) both decide by.
+pub(super) enum Choice {
+    /// Refused 400 `invalid_request`: a spelling of a guarded route that
+    /// would pass it by ([`other_spelling`]).
+    Refused(&'static str),
+    /// No route: straight through.
+    Passthrough,
+    /// The route at `at` in the list; `keyed`: the spelling without a
+    /// format suffix it was found by, if it was.
+    Route { at: usize, keyed: Option<String> },
+}
+
+/// The route `method` and `path` (normalized) take on `site`, the first
+/// that matches; or the pass-through; or a refusal.
+pub(super) fn choose(live: &Routes, method: &str, path: &str, site: Option<&String>) -> Choice {
+    let find = |p: &str| {
+        live.list.iter().position(|r| {
+            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site == Some(h))
+        })
+    };
+    // No route, or one that only routes (`ANY /api/{*rest}`): another
+    // spelling of a guarded route listed before it must not pass by it.
+    let unguarded = |at: Option<usize>| at.is_none_or(|i| !live.list[i].guarded);
+    // A format suffix the back end drops (`/payments.json`) is the route
+    // too, keyed as its spelling without it: the route that spelling
+    // takes, when it is guarded or when nothing took the suffixed one.
+    let mut keyed = None;
+    let mut found_at = find(path);
+    if unguarded(found_at)
+        && let Some(plain) = without_format_suffix(path)
+    {
+        let plain_at = find(&plain);
+        if !unguarded(plain_at) || (found_at.is_none() && plain_at.is_some()) {
+            found_at = plain_at;
+            keyed = Some(plain);
+        }
+    }
+    if unguarded(found_at) {
+        let before = found_at.unwrap_or(live.list.len());
+        if let Some(why) = other_spelling(live, before, site, method, path) {
+            return Choice::Refused(why);
+        }
+    }
+    match found_at {
+        Some(at) => Choice::Route { at, keyed },
+        None => Choice::Passthrough,
+    }
 }
 
 /// The forwarding headers a client outside `trusted_proxies` may not set.

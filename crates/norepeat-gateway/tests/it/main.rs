@@ -18,6 +18,7 @@ mod identity;
 mod lifecycle;
 mod never_panics;
 mod operator;
+mod passthrough;
 mod requests_never_5xx;
 mod routing;
 mod store_down;

@@ -1,0 +1,911 @@
+//! The pass-through's lane: an unguarded HTTP/1.1 request read, rewritten
+//! and written in one pass over its bytes, on the client's own task, as
+//! NGINX's `proxy_pass` does (issue 39).
+//!
+//! A cleartext connection starts here. A request the lane takes is one no
+//! route takes and that has nothing the lane leaves to hyper: HTTP/1.1, no
+//! body (no `Transfer-Encoding`, a `Content-Length` of 0 at most), no
+//! `Upgrade` or `Expect`, one `Host` in visible ASCII, a `Connection` of
+//! `keep-alive` or `close` at most, an `http://` upstream, the gateway not
+//! draining. Its head is parsed once (`httparse`, the parser hyper uses),
+//! the route chosen as [`super::request::route_request`] chooses it
+//! ([`choose`]), and the upstream's request written from the client's bytes
+//! with the hop-by-hop headers dropped and the forwarding headers and
+//! request id added as `forward` adds them. The answer's head is parsed
+//! and written on the same way, its body streamed through (a chunked one
+//! as it came, one with no length chunked by the lane); the upstream
+//! connection goes back to its pool ([`super::forward::Client::take_raw`])
+//! when the answer has ended. No `HeaderMap`, no task per upstream
+//! connection, no channel between the two.
+//!
+//! Every other request, and every request after it on its connection, is
+//! hyper's: the connection is handed over with the bytes read so far
+//! ([`Left::ToHyper`]), so a route, a refusal, an odd request or a
+//! protocol upgrade is answered by the one implementation of each.
+
+use super::access::{self, Owed};
+use super::answers::{upstream_timeout, upstream_unavailable};
+use super::connection::{InFlight, Stop, Watch};
+use super::forward::{Client, ip_text};
+use super::gateway::Gateway;
+use super::request::{Choice, PASSTHROUGH_TIMEOUT, choose};
+use crate::config::{normalize_host, normalize_path};
+use axum::body::Body;
+use bytes::{Buf, BytesMut};
+use http::{HeaderValue, Response};
+use http_body_util::BodyExt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How a connection left the lane.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Left {
+    /// Closed: by the client, after `Connection: close`, a broken answer,
+    /// a timeout or the shutdown.
+    Closed,
+    /// A request the lane does not take: hyper serves the connection from
+    /// that request on (the bytes read so far are still to be read).
+    ToHyper,
+}
+
+/// A request head longer than this is hyper's (which answers one past its
+/// own limit).
+const MAX_HEAD: usize = 16 * 1024;
+/// The most headers a request the lane takes has (hyper takes 100).
+const REQUEST_HEADERS: usize = 64;
+/// An answer's head longer than this, or with more headers, is a broken
+/// answer (hyper's client limits alike).
+const MAX_ANSWER_HEAD: usize = 64 * 1024;
+const ANSWER_HEADERS: usize = 100;
+/// What a read asks for at least.
+const READ: usize = 8 * 1024;
+
+/// The first bytes of an HTTP/2 connection (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// Serves requests from `io` while the lane takes them. `buf` holds the
+/// bytes read and not yet used (handed on to hyper with [`Left::ToHyper`]).
+pub(super) async fn serve<S>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    watch: &Arc<Watch>,
+    peer: SocketAddr,
+    gw: &Gateway,
+    stop: &Stop,
+) -> Left
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut lane = Lane {
+        out: Vec::with_capacity(1024),
+        answer: BytesMut::with_capacity(READ),
+    };
+    loop {
+        // A whole head, or the connection's end.
+        let request = loop {
+            if !buf.is_empty() {
+                let n = buf.len().min(PREFACE.len());
+                if buf[..n] == PREFACE[..n] {
+                    return Left::ToHyper;
+                }
+                match lane.prepare(buf, gw, peer.ip()) {
+                    Prepared::Ready(r) => break r,
+                    Prepared::Partial if buf.len() < MAX_HEAD => {}
+                    Prepared::Partial | Prepared::ToHyper => return Left::ToHyper,
+                }
+            }
+            buf.reserve(READ);
+            let read = if buf.is_empty() {
+                // Between requests: the shutdown closes an idle connection.
+                tokio::select! {
+                    read = io.read_buf(buf) => read,
+                    () = stop.wait() => return Left::Closed,
+                }
+            } else {
+                io.read_buf(buf).await
+            };
+            match read {
+                Ok(0) | Err(_) => return Left::Closed,
+                Ok(_) => {}
+            }
+        };
+        let in_flight = InFlight::start(watch);
+        buf.advance(request.len);
+        let owed = gw
+            .access
+            .as_ref()
+            .zip(request.logged.as_ref())
+            .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
+        let kept = lane.exchange(io, &request, stop, owed).await;
+        drop(in_flight);
+        if !kept {
+            let _ = io.shutdown().await;
+            return Left::Closed;
+        }
+    }
+}
+
+/// A request the lane takes, its upstream bytes in [`Lane::out`].
+struct Request {
+    /// Its head's length in the client's bytes.
+    len: usize,
+    /// `HEAD`: an answer without a body.
+    head: bool,
+    /// The client asked for `Connection: close`.
+    close: bool,
+    id: HeaderValue,
+    /// Its method and path, for the access log (when there is one).
+    logged: Option<(http::Method, String)>,
+    live: Arc<super::gateway::Routes>,
+}
+
+enum Prepared {
+    Ready(Request),
+    Partial,
+    ToHyper,
+}
+
+/// What a header is to the lane.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Host,
+    ContentLength,
+    TransferEncoding,
+    Upgrade,
+    Expect,
+    Connection,
+    /// `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`: dropped.
+    HopByHop,
+    XForwardedFor,
+    /// `X-Forwarded-Host`, `X-Forwarded-Proto`: the gateway's own.
+    XForwardedOwn,
+    Forwarded,
+    RequestId,
+    Other,
+}
+
+fn kind(name: &str) -> Kind {
+    let is = |s: &str| name.eq_ignore_ascii_case(s);
+    match name.len() {
+        2 if is("te") => Kind::HopByHop,
+        4 if is("host") => Kind::Host,
+        6 if is("expect") => Kind::Expect,
+        7 if is("upgrade") => Kind::Upgrade,
+        7 if is("trailer") => Kind::HopByHop,
+        9 if is("forwarded") => Kind::Forwarded,
+        10 if is("connection") => Kind::Connection,
+        10 if is("keep-alive") => Kind::HopByHop,
+        12 if is("x-request-id") => Kind::RequestId,
+        14 if is("content-length") => Kind::ContentLength,
+        15 if is("x-forwarded-for") => Kind::XForwardedFor,
+        16 if is("proxy-connection") => Kind::HopByHop,
+        16 if is("x-forwarded-host") => Kind::XForwardedOwn,
+        17 if is("transfer-encoding") => Kind::TransferEncoding,
+        17 if is("x-forwarded-proto") => Kind::XForwardedOwn,
+        _ => Kind::Other,
+    }
+}
+
+/// How an answer's body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes: chunked by the lane for the client.
+    UntilClose,
+}
+
+/// An answer's head, written for the client in [`Lane::out`].
+struct AnswerHead {
+    len: usize,
+    status: u16,
+    framing: Framing,
+    /// The upstream connection may carry a next request once this answer
+    /// has ended.
+    reusable: bool,
+}
+
+/// A connection's buffers, kept from one request to the next.
+struct Lane {
+    /// The upstream's request, then the client's answer head.
+    out: Vec<u8>,
+    /// The upstream's bytes.
+    answer: BytesMut,
+}
+
+impl Lane {
+    /// Reads the head at the start of `buf`: the request to forward (its
+    /// bytes for the upstream in `self.out`), or why not.
+    fn prepare(&mut self, buf: &[u8], gw: &Gateway, peer: IpAddr) -> Prepared {
+        let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let len = match req.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Prepared::Partial,
+            Err(_) => return Prepared::ToHyper,
+        };
+        let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+            return Prepared::ToHyper;
+        };
+        // A method not in upper case is refused (hyper's path says why);
+        // CONNECT tunnels. The gateway's own routes are the router's.
+        if method == "CONNECT"
+            || method.bytes().any(|b| b.is_ascii_lowercase())
+            || !target.starts_with('/')
+            || target.starts_with("/.norepeat/")
+            || gw.draining.started()
+        {
+            return Prepared::ToHyper;
+        }
+        // The target as hyper would take it (the `http` crate's rules).
+        let Ok(pq) = http::uri::PathAndQuery::try_from(target) else {
+            return Prepared::ToHyper;
+        };
+        let mut host = None;
+        let mut hosts = 0;
+        let mut lengths = 0;
+        let mut close = false;
+        let mut ids = 0;
+        let mut given_id = None;
+        for h in req.headers.iter() {
+            match kind(h.name) {
+                Kind::Host => {
+                    hosts += 1;
+                    host = Some(h.value);
+                }
+                Kind::ContentLength => {
+                    lengths += 1;
+                    if h.value.trim_ascii() != b"0" || lengths > 1 {
+                        return Prepared::ToHyper;
+                    }
+                }
+                Kind::TransferEncoding | Kind::Upgrade | Kind::Expect => {
+                    return Prepared::ToHyper;
+                }
+                Kind::Connection => {
+                    for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                        if token.eq_ignore_ascii_case(b"close") {
+                            close = true;
+                        } else if !(token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive")) {
+                            // It names headers to drop: hyper's path.
+                            return Prepared::ToHyper;
+                        }
+                    }
+                }
+                Kind::RequestId => {
+                    ids += 1;
+                    given_id = Some(h.value);
+                }
+                _ => {}
+            }
+        }
+        let Some(host) = host.filter(|h| hosts == 1 && h.iter().all(u8::is_ascii_graphic)) else {
+            return Prepared::ToHyper;
+        };
+        // Visible ASCII: text.
+        let host_text = std::str::from_utf8(host).unwrap_or_default();
+        let live = gw.live.load_full();
+        let path = pq.path();
+        let normalized = normalize_path(path);
+        let site = live.by_host.then(|| normalize_host(host_text)).flatten();
+        if !matches!(
+            choose(&live, method, &normalized, site.as_ref()),
+            Choice::Passthrough
+        ) {
+            return Prepared::ToHyper;
+        }
+        let client = live.passthrough.get();
+        if !client.is_plain() {
+            return Prepared::ToHyper;
+        }
+        let trusted = live.caller.is_trusted(peer);
+        let kept_id = given_id
+            .filter(|v| trusted && ids == 1 && norepeat::identity::is_visible_ascii(v, 200));
+        let id = match kept_id {
+            Some(v) => HeaderValue::from_bytes(v),
+            None => HeaderValue::from_bytes(&access::fresh_id()),
+        };
+        let Ok(id) = id else {
+            return Prepared::ToHyper;
+        };
+
+        // The upstream's request.
+        let out = &mut self.out;
+        out.clear();
+        out.extend_from_slice(method.as_bytes());
+        out.push(b' ');
+        if let Some(base) = client.base() {
+            out.extend_from_slice(base.as_bytes());
+        }
+        out.extend_from_slice(target.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for h in req.headers.iter() {
+            let keep = match kind(h.name) {
+                Kind::Connection | Kind::HopByHop | Kind::XForwardedFor | Kind::XForwardedOwn => {
+                    false
+                }
+                Kind::Forwarded => trusted,
+                Kind::RequestId => kept_id.is_some(),
+                _ => true,
+            };
+            if keep {
+                header(out, h.name.as_bytes(), h.value);
+            }
+        }
+        if kept_id.is_none() {
+            header(out, b"x-request-id", id.as_bytes());
+        }
+        let mut ip = [0u8; 64];
+        let ip = ip_text(peer, &mut ip);
+        out.extend_from_slice(b"x-forwarded-for: ");
+        if trusted {
+            for h in req.headers.iter() {
+                if kind(h.name) == Kind::XForwardedFor {
+                    out.extend_from_slice(h.value);
+                    out.extend_from_slice(b", ");
+                }
+            }
+        }
+        out.extend_from_slice(ip);
+        out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
+        header(out, b"x-forwarded-host", host);
+        out.extend_from_slice(b"forwarded: for=");
+        match peer {
+            IpAddr::V4(_) => out.extend_from_slice(ip),
+            IpAddr::V6(_) => {
+                out.extend_from_slice(b"\"[");
+                out.extend_from_slice(ip);
+                out.extend_from_slice(b"]\"");
+            }
+        }
+        out.extend_from_slice(b";proto=http");
+        if !host.contains(&b'"') {
+            out.extend_from_slice(b";host=\"");
+            out.extend_from_slice(host);
+            out.push(b'"');
+        }
+        out.extend_from_slice(b"\r\n\r\n");
+
+        let logged = match gw.access {
+            Some(_) => match http::Method::from_bytes(method.as_bytes()) {
+                Ok(m) => Some((m, path.to_owned())),
+                Err(_) => return Prepared::ToHyper,
+            },
+            None => None,
+        };
+        Prepared::Ready(Request {
+            len,
+            head: method == "HEAD",
+            close,
+            id,
+            logged,
+            live,
+        })
+    }
+
+    /// Sends the request in `self.out` upstream and its answer to the
+    /// client. `false`: the client's connection is to be closed.
+    async fn exchange<S>(
+        &mut self,
+        io: &mut S,
+        request: &Request,
+        stop: &Stop,
+        owed: Option<Owed<'_>>,
+    ) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let client = request.live.passthrough.get();
+        let start = std::time::Instant::now();
+        let sent = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request)).await;
+        let upstream_took = start.elapsed();
+        let (mut up, head) = match sent {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(failure)) => {
+                let (res, outcome) = match failure {
+                    Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),
+                    Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
+                };
+                let status = res.status().as_u16();
+                let closing = request.close || stop.stopped();
+                let written = write_problem(io, res, &request.id, closing).await;
+                if let Some(owed) = owed {
+                    owed.answered(None, status, outcome, Some(upstream_took));
+                }
+                return written && !closing;
+            }
+            Err(_) => {
+                let res = upstream_timeout();
+                let status = res.status().as_u16();
+                let closing = request.close || stop.stopped();
+                let written = write_problem(io, res, &request.id, closing).await;
+                if let Some(owed) = owed {
+                    owed.answered(None, status, "upstream_timeout", Some(upstream_took));
+                }
+                return written && !closing;
+            }
+        };
+        if let Some(owed) = owed {
+            owed.answered(None, head.status, "passthrough", Some(upstream_took));
+        }
+        self.answer.advance(head.len);
+        let closing = request.close || stop.stopped();
+        if closing {
+            // Before the blank line that ends the head.
+            self.out.truncate(self.out.len() - 2);
+            self.out.extend_from_slice(b"connection: close\r\n\r\n");
+        }
+        let streamed = self.body(io, &mut up, head.framing).await;
+        if streamed == Streamed::Whole && head.reusable && self.answer.is_empty() {
+            client.put_raw(up);
+        }
+        streamed == Streamed::Whole && !closing
+    }
+
+    /// Writes the request to an idle upstream connection (another, new,
+    /// one when it turns out closed before a byte of the request left) and
+    /// reads its answer's head, written for the client in `self.out`.
+    async fn send(
+        &mut self,
+        client: &Client,
+        request: &Request,
+    ) -> Result<(TcpStream, AnswerHead), Failed> {
+        let mut reused = client.take_raw();
+        loop {
+            let (mut up, fresh) = match reused.take() {
+                Some(up) => (up, false),
+                None => (
+                    client
+                        .connect_raw()
+                        .await
+                        .map_err(|_| Failed::Unavailable)?,
+                    true,
+                ),
+            };
+            match up.write(&self.out).await {
+                Ok(0) | Err(_) if !fresh => continue,
+                Ok(0) | Err(_) => return Err(Failed::Unavailable),
+                Ok(n) if n < self.out.len() => {
+                    up.write_all(&self.out[n..])
+                        .await
+                        .map_err(|_| Failed::Unknown)?;
+                }
+                Ok(_) => {}
+            }
+            self.answer.clear();
+            let head = self.read_head(&mut up, request).await?;
+            return Ok((up, head));
+        }
+    }
+
+    /// Reads the upstream's answer head into `self.answer` (1xx answers
+    /// skipped) and writes the client's head in `self.out`.
+    async fn read_head(
+        &mut self,
+        up: &mut TcpStream,
+        request: &Request,
+    ) -> Result<AnswerHead, Failed> {
+        loop {
+            if !self.answer.is_empty() {
+                match self.answer_head(request)? {
+                    Some(head) if (100..200).contains(&head.status) => {
+                        // 101 was not asked for (an upgrade is hyper's).
+                        if head.status == 101 {
+                            return Err(Failed::Unknown);
+                        }
+                        self.answer.advance(head.len);
+                        continue;
+                    }
+                    Some(head) => return Ok(head),
+                    None if self.answer.len() >= MAX_ANSWER_HEAD => return Err(Failed::Unknown),
+                    None => {}
+                }
+            }
+            self.answer.reserve(READ);
+            match up.read_buf(&mut self.answer).await {
+                Ok(0) | Err(_) => return Err(Failed::Unknown),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The answer head at the start of `self.answer`, if whole: its
+    /// framing, and the client's head written in `self.out`.
+    fn answer_head(&mut self, request: &Request) -> Result<Option<AnswerHead>, Failed> {
+        let mut headers = [httparse::EMPTY_HEADER; ANSWER_HEADERS];
+        let mut res = httparse::Response::new(&mut headers);
+        let len = match res.parse(&self.answer) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(Failed::Unknown),
+        };
+        let (Some(version), Some(status)) = (res.version, res.code) else {
+            return Err(Failed::Unknown);
+        };
+        if (100..200).contains(&status) {
+            return Ok(Some(AnswerHead {
+                len,
+                status,
+                framing: Framing::Empty,
+                reusable: false,
+            }));
+        }
+        // The names `Connection` lists are hop-by-hop too.
+        let mut named: [&[u8]; 8] = [b""; 8];
+        let mut names = 0;
+        let mut reusable = version == 1;
+        let mut length: Option<u64> = None;
+        let mut chunked = None;
+        for h in res.headers.iter() {
+            if h.name.eq_ignore_ascii_case("connection") {
+                for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        reusable = false;
+                    } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
+                        if names == named.len() {
+                            return Err(Failed::Unknown);
+                        }
+                        named[names] = token;
+                        names += 1;
+                    }
+                }
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                // The last coding is what frames the body: chunked, or
+                // none that tells its end (then it ends with the
+                // connection).
+                let last = h
+                    .value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .map(<[u8]>::trim_ascii);
+                chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+            } else if h.name.eq_ignore_ascii_case("content-length") {
+                for v in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    let n = std::str::from_utf8(v)
+                        .ok()
+                        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                        .and_then(|t| t.parse::<u64>().ok())
+                        .ok_or(Failed::Unknown)?;
+                    // Several lengths must agree (RFC 9112 §6.3).
+                    if length.is_some_and(|l| l != n) {
+                        return Err(Failed::Unknown);
+                    }
+                    length = Some(n);
+                }
+            }
+        }
+        let framing = if request.head || status == 204 || status == 304 {
+            Framing::Empty
+        } else {
+            match (chunked, length) {
+                (Some(true), _) => Framing::Chunked,
+                (Some(false), _) => {
+                    reusable = false;
+                    Framing::UntilClose
+                }
+                (None, Some(0)) => Framing::Empty,
+                (None, Some(n)) => Framing::Length(n),
+                (None, None) => {
+                    reusable = false;
+                    Framing::UntilClose
+                }
+            }
+        };
+        let out = &mut self.out;
+        out.clear();
+        out.extend_from_slice(b"HTTP/1.1 ");
+        let mut code = itoa::Buffer::new();
+        out.extend_from_slice(code.format(status).as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(res.reason.unwrap_or_default().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for h in res.headers.iter() {
+            let name = h.name;
+            let dropped = HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+                || name.eq_ignore_ascii_case("x-request-id")
+                // A length beside a chunked body is not the body's.
+                || (chunked.is_some() && name.eq_ignore_ascii_case("content-length"))
+                || named[..names].iter().any(|n| name.as_bytes().eq_ignore_ascii_case(n));
+            if !dropped {
+                header(out, name.as_bytes(), h.value);
+            }
+        }
+        if matches!(framing, Framing::Chunked | Framing::UntilClose) {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        header(out, b"x-request-id", request.id.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        Ok(Some(AnswerHead {
+            len,
+            status,
+            framing,
+            reusable,
+        }))
+    }
+
+    /// Writes the head in `self.out` and the body after it: the bytes in
+    /// `self.answer` first (in the head's write), then what `up` sends,
+    /// until `framing` says the body has ended. A body that ends with the
+    /// connection is chunked for the client.
+    async fn body<S>(&mut self, io: &mut S, up: &mut TcpStream, framing: Framing) -> Streamed
+    where
+        S: AsyncWrite + Unpin,
+    {
+        let mut left = match framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        let mut chunks = Chunks::default();
+        let mut first = true;
+        loop {
+            // What of `self.answer` is this body's, and whether it ends it.
+            let (take, done) = match framing {
+                Framing::Empty => (0, true),
+                Framing::Length(_) => {
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(self.answer.len());
+                    left -= take as u64;
+                    (take, left == 0)
+                }
+                Framing::Chunked => match chunks.scan(&self.answer) {
+                    Ok(Some(end)) => (end, true),
+                    Ok(None) => (self.answer.len(), false),
+                    Err(()) => return Streamed::Broken,
+                },
+                Framing::UntilClose => (self.answer.len(), false),
+            };
+            let written = if framing == Framing::UntilClose {
+                if !first {
+                    self.out.clear();
+                }
+                if take > 0 {
+                    let mut size = [0u8; 16];
+                    self.out.extend_from_slice(hex_len(take, &mut size));
+                    self.out.extend_from_slice(b"\r\n");
+                    self.out.extend_from_slice(&self.answer[..take]);
+                    self.out.extend_from_slice(b"\r\n");
+                }
+                io.write_all(&self.out).await
+            } else if first {
+                self.out.extend_from_slice(&self.answer[..take]);
+                io.write_all(&self.out).await
+            } else {
+                io.write_all(&self.answer[..take]).await
+            };
+            first = false;
+            if written.is_err() {
+                return Streamed::ClientGone;
+            }
+            self.answer.advance(take);
+            if done {
+                return Streamed::Whole;
+            }
+            self.answer.clear();
+            self.answer.reserve(READ);
+            match up.read_buf(&mut self.answer).await {
+                Ok(0) if framing == Framing::UntilClose => {
+                    if io.write_all(b"0\r\n\r\n").await.is_err() {
+                        return Streamed::ClientGone;
+                    }
+                    return Streamed::Whole;
+                }
+                Ok(0) | Err(_) => return Streamed::Broken,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// The hop-by-hop headers of an answer (RFC 9110 §7.6.1), besides those
+/// its `Connection` names.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// How a body's streaming ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streamed {
+    Whole,
+    /// The client's connection failed.
+    ClientGone,
+    /// The upstream's answer broke off, or was not HTTP.
+    Broken,
+}
+
+/// Why an upstream gave no answer head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failed {
+    /// Nothing reached it: 502.
+    Unavailable,
+    /// The request went, no answer came: 504, the outcome unknown.
+    Unknown,
+}
+
+/// `name: value` and its line end.
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in hexadecimal digits, in `buf`.
+fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = DIGITS[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// One of the gateway's own answers (502, 504), with the request's id.
+/// `false`: it could not be written.
+async fn write_problem<S>(io: &mut S, res: Response<Body>, id: &HeaderValue, close: bool) -> bool
+where
+    S: AsyncWrite + Unpin,
+{
+    let (parts, body) = res.into_parts();
+    let Ok(body) = body
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+    else {
+        return false;
+    };
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name != http::header::CONTENT_LENGTH {
+            header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    let mut n = itoa::Buffer::new();
+    header(&mut out, b"content-length", n.format(body.len()).as_bytes());
+    header(&mut out, b"x-request-id", id.as_bytes());
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&body);
+    io.write_all(&out).await.is_ok()
+}
+
+/// Where a chunked body ends (RFC 9112 §7.1), told from its bytes as they
+/// come: the sizes, the data, the last chunk and the trailer section.
+#[derive(Debug, Default)]
+struct Chunks {
+    state: ChunkState,
+    /// The current chunk's size, then what is left of its data.
+    size: u64,
+    digits: u8,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    #[default]
+    Size,
+    /// A chunk extension, to its line end.
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    /// The start of a trailer line, or of the blank line that ends all.
+    TrailerStart,
+    Trailer,
+    TrailerLf,
+    EndLf,
+}
+
+impl Chunks {
+    /// Scans `bytes`, which follow those scanned before: `Some(n)` when
+    /// the body ends after the first `n` of them.
+    ///
+    /// # Errors
+    /// The bytes are not a chunked body.
+    fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            match self.state {
+                ChunkState::Size => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        if self.digits == 16 {
+                            return Err(());
+                        }
+                        let d = (b as char).to_digit(16).ok_or(())?;
+                        self.size = self.size << 4 | u64::from(d);
+                        self.digits += 1;
+                    }
+                    b';' | b' ' | b'\t' if self.digits > 0 => self.state = ChunkState::Extension,
+                    b'\r' if self.digits > 0 => self.state = ChunkState::SizeLf,
+                    _ => return Err(()),
+                },
+                ChunkState::Extension => match b {
+                    b'\r' => self.state = ChunkState::SizeLf,
+                    b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                    _ => return Err(()),
+                },
+                ChunkState::SizeLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.digits = 0;
+                    self.state = if self.size == 0 {
+                        ChunkState::TrailerStart
+                    } else {
+                        ChunkState::Data
+                    };
+                }
+                ChunkState::Data => {
+                    let take = usize::try_from(self.size)
+                        .unwrap_or(usize::MAX)
+                        .min(bytes.len() - i);
+                    self.size -= take as u64;
+                    i += take;
+                    if self.size == 0 {
+                        self.state = ChunkState::DataCr;
+                    }
+                    continue;
+                }
+                ChunkState::DataCr => {
+                    if b != b'\r' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::DataLf;
+                }
+                ChunkState::DataLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::TrailerStart => {
+                    self.state = if b == b'\r' {
+                        ChunkState::EndLf
+                    } else {
+                        ChunkState::Trailer
+                    };
+                }
+                ChunkState::Trailer => match b {
+                    b'\r' => self.state = ChunkState::TrailerLf,
+                    b'\n' => return Err(()),
+                    _ => {}
+                },
+                ChunkState::TrailerLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::TrailerStart;
+                }
+                ChunkState::EndLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    return Ok(Some(i + 1));
+                }
+            }
+            i += 1;
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,320 @@
+//! The pass-through's lane (`serve/passthrough.rs`, issue 39): unguarded
+//! HTTP/1.1 requests without a body, read and written by the gateway
+//! itself. Every answer framing a backend may use comes through whole and
+//! leaves the client's connection usable; pipelined requests, and requests
+//! the lane leaves to hyper in the middle of a connection, are answered in
+//! order; a head sent a byte at a time is served; a broken answer is a 504
+//! or a closed connection, never a wrong body; an idle connection does not
+//! hold the shutdown. The backend is a raw TCP server in the test, which
+//! answers each path with the bytes below and keeps the heads it read.
+
+use crate::common::*;
+use http_body_util::BodyExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The backend's answer to `path` (`None`: read the request, then close).
+fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
+    Some(match (method, path) {
+        ("HEAD", _) => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+        (_, "/plain") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        // No length: the body ends with the connection.
+        (_, "/until-close") => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nstreamed to the end",
+        (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
+        (_, "/early-hints") => b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        (_, "/no-content") => b"HTTP/1.1 204 No Content\r\n\r\n",
+        (_, "/hop") => b"HTTP/1.1 200 OK\r\nconnection: x-internal\r\nx-internal: 1\r\nkeep-alive: timeout=5\r\nx-request-id: the-backends\r\nx-kept: yes\r\ncontent-length: 2\r\n\r\nok",
+        (_, "/two-lengths") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
+        (_, "/cut-short") => b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+        (_, "/upload") => b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\ncreated",
+        _ => return None,
+    })
+}
+
+/// The backend: its port, the connections it accepted, the heads it read.
+struct Backend {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+async fn backend() -> Backend {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let (c, h) = (Arc::clone(&connections), Arc::clone(&heads));
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(s, Arc::clone(&h)));
+        }
+    });
+    Backend {
+        port,
+        connections,
+        heads,
+    }
+}
+
+async fn serve(mut s: tokio::net::TcpStream, heads: Arc<Mutex<Vec<String>>>) {
+    loop {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match s.read(&mut byte).await {
+                Ok(1) => head.push(byte[0]),
+                _ => return,
+            }
+        }
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let length = text
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        if s.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        let mut words = text.split(' ');
+        let (method, path) = (
+            words.next().unwrap().to_owned(),
+            words.next().unwrap().to_owned(),
+        );
+        heads.lock().unwrap().push(text);
+        let Some(bytes) = answer(&method, &path) else {
+            return;
+        };
+        if s.write_all(bytes).await.is_err() {
+            return;
+        }
+        let framed = bytes
+            .windows(15)
+            .any(|w| w.eq_ignore_ascii_case(b"content-length:"))
+            || bytes
+                .windows(18)
+                .any(|w| w.eq_ignore_ascii_case(b"transfer-encoding:"))
+            || bytes.starts_with(b"HTTP/1.1 204")
+            || method == "HEAD";
+        if !framed || path == "/cut-short" {
+            let _ = s.shutdown().await;
+            return;
+        }
+    }
+}
+
+async fn gateway_for(b: &Backend) -> Process {
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n",
+        b.port
+    );
+    gateway_with(&yaml, &["--workers", "1"]).await
+}
+
+/// One client connection to `g`, spoken to by hyper's client: a request
+/// on it fails once the gateway has closed it.
+async fn connection(
+    g: &Process,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// `method path` on `send`'s connection: the status, the headers, the body.
+async fn ask(
+    send: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    method: &str,
+    path: &str,
+) -> (u16, http::HeaderMap, String) {
+    send.ready().await.expect("the connection is still open");
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "shop.test")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = send.send_request(req).await.expect("an answer");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let body = res.into_body().collect().await.expect("a whole body");
+    (
+        status,
+        headers,
+        String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+    )
+}
+
+/// Each framing on one client connection, in turn, the connection kept:
+/// a body that ends with the upstream's connection comes chunked (and a
+/// new upstream connection serves the next request), a chunked one with
+/// its extension and trailers comes decoded whole, a 103 is passed over,
+/// a 204 and a `HEAD` have no body, and the answer's hop-by-hop headers
+/// (those its `Connection` names too) are dropped and its request id is
+/// the gateway's.
+#[tokio::test]
+async fn every_answer_framing_comes_whole_on_a_kept_connection() {
+    let b = backend().await;
+    let g = gateway_for(&b).await;
+    let mut send = connection(&g).await;
+    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+    let (status, headers, body) = ask(&mut send, "GET", "/until-close").await;
+    assert_eq!((status, body.as_str()), (200, "streamed to the end"));
+    assert_eq!(headers["transfer-encoding"], "chunked");
+    assert_eq!(headers["content-type"], "text/plain");
+    assert_eq!(ask(&mut send, "GET", "/chunked").await.2, "abcde");
+    let (status, _, body) = ask(&mut send, "GET", "/early-hints").await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, _, body) = ask(&mut send, "GET", "/no-content").await;
+    assert_eq!((status, body.as_str()), (204, ""));
+    let (status, headers, body) = ask(&mut send, "HEAD", "/plain").await;
+    assert_eq!((status, body.as_str()), (200, ""));
+    assert_eq!(headers["content-length"], "5");
+    let (status, headers, body) = ask(&mut send, "GET", "/hop").await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    for dropped in ["connection", "x-internal", "keep-alive"] {
+        assert!(headers.get(dropped).is_none(), "{dropped}: {headers:?}");
+    }
+    assert_eq!(headers["x-kept"], "yes");
+    assert_eq!(headers.get_all("x-request-id").iter().count(), 1);
+    assert_ne!(headers["x-request-id"], "the-backends");
+    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+    // The request as the backend read it: its own id, the forwarding
+    // headers, `Host` as sent.
+    let first = b.heads.lock().unwrap()[0].to_ascii_lowercase();
+    assert!(first.starts_with("get /plain http/1.1\r\n"), "{first}");
+    assert!(first.contains("\r\nhost: shop.test\r\n"), "{first}");
+    assert!(
+        first.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"),
+        "{first}"
+    );
+    assert!(
+        first.contains("\r\nx-forwarded-host: shop.test\r\n"),
+        "{first}"
+    );
+    assert!(
+        first.contains("\r\nforwarded: for=127.0.0.1;proto=http;host=\"shop.test\"\r\n"),
+        "{first}"
+    );
+    assert_eq!(first.matches("x-request-id: ").count(), 1, "{first}");
+    // One upstream connection, and one more after the answer that ended
+    // with its own.
+    assert_eq!(b.connections.load(Ordering::SeqCst), 2);
+}
+
+/// Three requests in one write: the lane answers the first, leaves the
+/// upload (a body) to hyper with the bytes it has read, and hyper answers
+/// the rest, in order.
+#[tokio::test]
+async fn pipelined_requests_and_one_left_to_hyper_are_answered_in_order() {
+    let b = backend().await;
+    let g = gateway_for(&b).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(
+        b"GET /plain HTTP/1.1\r\nhost: a\r\n\r\n\
+          POST /upload HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhello\
+          GET /chunked HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let statuses: Vec<&str> = text
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &text[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "201", "200"], "{text}");
+    let created = text.find("created").expect("the upload's answer");
+    assert!(text.find("\r\n\r\nok").unwrap() < created, "{text}");
+    assert!(text[created..].contains("abc"), "{text}");
+    let heads = b.heads.lock().unwrap();
+    let paths: Vec<&str> = heads.iter().map(|h| h.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(paths, ["/plain", "/upload", "/chunked"]);
+}
+
+/// A head sent a byte at a time (within `header_timeout`) is read whole
+/// and answered.
+#[tokio::test]
+async fn a_head_sent_a_byte_at_a_time_is_served() {
+    let b = backend().await;
+    let g = gateway_for(&b).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.set_nodelay(true).unwrap();
+    for byte in b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n" {
+        s.write_all(&[*byte]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
+}
+
+/// An answer with two lengths is not passed on: 504 `upstream_timeout`
+/// (the request went, the outcome is unknown), the client's connection
+/// kept. One cut short ends the client's connection before the length it
+/// announced: never a whole-looking wrong body.
+#[tokio::test]
+async fn a_broken_answer_is_a_504_or_a_connection_cut_never_a_wrong_body() {
+    let b = backend().await;
+    let g = gateway_for(&b).await;
+    let mut send = connection(&g).await;
+    let (status, headers, body) = ask(&mut send, "GET", "/two-lengths").await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(body.contains("\"code\":\"upstream_timeout\""), "{body}");
+    assert!(headers.contains_key("x-request-id"));
+    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /cut-short HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("the connection is closed")
+        .ok();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains("content-length: 10\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nabc"), "{text}");
+}
+
+/// A client's idle keep-alive connection does not hold the shutdown: the
+/// gateway exits at once after `SIGTERM` (it waited for its 10 s grace
+/// with the connection left open).
+#[tokio::test]
+async fn an_idle_connection_does_not_hold_the_shutdown() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\ndrain_delay: 0s\n",
+        b.port
+    );
+    let mut g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut send = connection(&g).await;
+    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+    g.signal("-TERM").await;
+    let exited = g.process.wait_exit(Duration::from_secs(7)).await;
+    let status = exited.expect("the gateway still runs 7 s after SIGTERM");
+    assert!(status.success(), "{status}");
+}
