@@ -84,17 +84,27 @@ where
     };
     loop {
         // A whole head, or the connection's end.
+        // Up to where `buf` is known to hold no head's end.
+        let mut scanned = 0;
         let request = loop {
             if !buf.is_empty() {
                 let n = buf.len().min(PREFACE.len());
                 if buf[..n] == PREFACE[..n] {
                     return Left::ToHyper;
                 }
-                match lane.prepare(buf, gw, peer.ip()) {
-                    Prepared::Ready(r) => break r,
-                    Prepared::Partial if buf.len() < MAX_HEAD => {}
-                    Prepared::Partial | Prepared::ToHyper => return Left::ToHyper,
+                // A head is parsed once its end may have come: one sent a
+                // byte at a time is not parsed again at every byte.
+                if head_may_end(buf, scanned) {
+                    match lane.prepare(buf, gw, peer.ip()) {
+                        Prepared::Ready(r) => break r,
+                        Prepared::Partial => {}
+                        Prepared::ToHyper => return Left::ToHyper,
+                    }
                 }
+                if buf.len() >= MAX_HEAD {
+                    return Left::ToHyper;
+                }
+                scanned = buf.len();
             }
             buf.reserve(READ);
             let read = if buf.is_empty() {
@@ -539,6 +549,7 @@ impl Lane {
         let mut reusable = version == 1;
         let mut length: Option<u64> = None;
         let mut chunked = None;
+        let mut codings: &[u8] = b"";
         for h in res.headers.iter() {
             if h.name.eq_ignore_ascii_case("connection") {
                 for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
@@ -562,6 +573,12 @@ impl Lane {
                     .next()
                     .map(<[u8]>::trim_ascii);
                 chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+                if !codings.is_empty() {
+                    // Several fields: hyper's client reads them as one
+                    // list; a backend that splits them is not followed.
+                    return Err(Failed::Unknown);
+                }
+                codings = h.value;
             } else if h.name.eq_ignore_ascii_case("content-length") {
                 for v in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                     let n = std::str::from_utf8(v)
@@ -613,8 +630,17 @@ impl Lane {
                 header(out, name.as_bytes(), h.value);
             }
         }
-        if matches!(framing, Framing::Chunked | Framing::UntilClose) {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        // The codings as the upstream applied them (a `gzip` before the
+        // `chunked` stays the client's to undo), `chunked` last.
+        match framing {
+            Framing::Chunked => header(out, b"transfer-encoding", codings),
+            Framing::UntilClose if !codings.is_empty() => {
+                out.extend_from_slice(b"transfer-encoding: ");
+                out.extend_from_slice(codings);
+                out.extend_from_slice(b", chunked\r\n");
+            }
+            Framing::UntilClose => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            _ => {}
         }
         header(out, b"x-request-id", request.id.as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -729,6 +755,18 @@ enum Failed {
     Unavailable,
     /// The request went, no answer came: 504, the outcome unknown.
     Unknown,
+}
+
+/// Whether `buf` may hold a head's end (a blank line, `\n\n` or
+/// `\n\r\n`, as httparse takes either) in its bytes from `from` on, the
+/// three before them included.
+fn head_may_end(buf: &[u8], from: usize) -> bool {
+    let start = from.saturating_sub(3);
+    buf.get(start..).is_some_and(|tail| {
+        tail.windows(2).enumerate().any(|(i, w)| {
+            w[0] == b'\n' && (w[1] == b'\n' || (w[1] == b'\r' && tail.get(i + 2) == Some(&b'\n')))
+        })
+    })
 }
 
 /// `name: value` and its line end.
@@ -907,5 +945,103 @@ impl Chunks {
             i += 1;
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &[u8] =
+        b"3;name=value\r\nabc\r\nA\r\n0123456789\r\n0\r\nx-sum: 13\r\nx-more: 1\r\n\r\n";
+
+    /// Where [`Chunks`] says `bytes` end, fed in pieces of `piece` bytes.
+    fn end_in_pieces(bytes: &[u8], piece: usize) -> Result<Option<usize>, ()> {
+        let mut chunks = Chunks::default();
+        let mut at = 0;
+        for part in bytes.chunks(piece) {
+            if let Some(end) = chunks.scan(part)? {
+                return Ok(Some(at + end));
+            }
+            at += part.len();
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn a_chunked_body_ends_where_its_trailers_end_however_it_is_split() {
+        let mut followed = BODY.to_vec();
+        followed.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        for piece in 1..=followed.len() {
+            assert_eq!(
+                end_in_pieces(&followed, piece),
+                Ok(Some(BODY.len())),
+                "{piece}"
+            );
+        }
+        // Without trailers, and cut anywhere before its end: not yet.
+        assert_eq!(end_in_pieces(b"2\r\nok\r\n0\r\n\r\n", 3), Ok(Some(12)));
+        for cut in 0..BODY.len() {
+            assert_eq!(end_in_pieces(&BODY[..cut], 4), Ok(None), "{cut}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_chunked_body_is_told() {
+        for broken in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"3\nabc\r\n",
+            b"3\r\nabcd\r\n",
+            b"3\r\nabc\r\r",
+            b"11111111111111111\r\n",
+            b"0\r\nx-sum: 1\n\r\n",
+            b"0\r\n\r\r",
+            b"3;\x01\r\nabc\r\n",
+        ] {
+            assert_eq!(
+                end_in_pieces(broken, 1),
+                Err(()),
+                "{}",
+                String::from_utf8_lossy(broken)
+            );
+        }
+    }
+
+    #[test]
+    fn a_head_is_parsed_once_its_blank_line_may_have_come() {
+        let head = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        assert!(head_may_end(head, 0));
+        assert!(head_may_end(b"GET / HTTP/1.1\nhost: a\n\n", 0));
+        // The end came in the last byte, after bytes already scanned.
+        assert!(head_may_end(head, head.len() - 1));
+        for cut in 0..head.len() - 1 {
+            assert!(!head_may_end(&head[..cut], 0), "{cut}");
+        }
+    }
+
+    #[test]
+    fn lengths_are_written_in_hex() {
+        let mut buf = [0u8; 16];
+        assert_eq!(hex_len(0, &mut buf), b"0");
+        assert_eq!(hex_len(255, &mut buf), b"ff");
+        assert_eq!(hex_len(4096, &mut buf), b"1000");
+        assert_eq!(
+            hex_len(usize::MAX, &mut buf).len(),
+            usize::BITS as usize / 4
+        );
+    }
+
+    #[test]
+    fn header_kinds_are_told_in_any_case() {
+        assert!(kind("Transfer-Encoding") == Kind::TransferEncoding);
+        assert!(kind("X-FORWARDED-FOR") == Kind::XForwardedFor);
+        assert!(kind("x-forwarded-proto") == Kind::XForwardedOwn);
+        assert!(kind("Proxy-Connection") == Kind::HopByHop);
+        assert!(kind("TE") == Kind::HopByHop);
+        assert!(kind("Host") == Kind::Host);
+        assert!(kind("x-request-id") == Kind::RequestId);
+        assert!(kind("x-forwarded-fox") == Kind::Other);
+        assert!(kind("hostx") == Kind::Other);
     }
 }

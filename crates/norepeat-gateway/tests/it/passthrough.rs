@@ -22,6 +22,8 @@ fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
         // No length: the body ends with the connection.
         (_, "/until-close") => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nstreamed to the end",
         (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
+        // A coding before `chunked` (the bytes stand for gzip's).
+        (_, "/gzip") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
         (_, "/early-hints") => b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         (_, "/no-content") => b"HTTP/1.1 204 No Content\r\n\r\n",
         (_, "/hop") => b"HTTP/1.1 200 OK\r\nconnection: x-internal\r\nx-internal: 1\r\nkeep-alive: timeout=5\r\nx-request-id: the-backends\r\nx-kept: yes\r\ncontent-length: 2\r\n\r\nok",
@@ -159,6 +161,7 @@ async fn ask(
 /// a body that ends with the upstream's connection comes chunked (and a
 /// new upstream connection serves the next request), a chunked one with
 /// its extension and trailers comes decoded whole, a 103 is passed over,
+/// a transfer coding before `chunked` is kept for the client to undo,
 /// a 204 and a `HEAD` have no body, and the answer's hop-by-hop headers
 /// (those its `Connection` names too) are dropped and its request id is
 /// the gateway's.
@@ -173,6 +176,9 @@ async fn every_answer_framing_comes_whole_on_a_kept_connection() {
     assert_eq!(headers["transfer-encoding"], "chunked");
     assert_eq!(headers["content-type"], "text/plain");
     assert_eq!(ask(&mut send, "GET", "/chunked").await.2, "abcde");
+    let (_, headers, body) = ask(&mut send, "GET", "/gzip").await;
+    assert_eq!(headers["transfer-encoding"], "gzip, chunked");
+    assert_eq!(body, "abc");
     let (status, _, body) = ask(&mut send, "GET", "/early-hints").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
     let (status, _, body) = ask(&mut send, "GET", "/no-content").await;
