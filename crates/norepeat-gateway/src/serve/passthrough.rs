@@ -83,9 +83,9 @@ where
         answer: BytesMut::with_capacity(READ),
     };
     loop {
-        // A whole head, or the connection's end.
         // Up to where `buf` is known to hold no head's end.
         let mut scanned = 0;
+        // A whole head, or the connection's end.
         let request = loop {
             if !buf.is_empty() {
                 let n = buf.len().min(PREFACE.len());
@@ -410,11 +410,15 @@ impl Lane {
     {
         let client = request.live.passthrough.get();
         let start = std::time::Instant::now();
-        let sent = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request)).await;
+        // The head must come within the pass-through's timeout (no body
+        // to wait for: it counts from now).
+        let sent = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request))
+            .await
+            .unwrap_or(Err(Failed::Unknown));
         let upstream_took = start.elapsed();
         let (mut up, head) = match sent {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(failure)) => {
+            Ok(answer) => answer,
+            Err(failure) => {
                 let (res, outcome) = match failure {
                     Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
@@ -424,16 +428,6 @@ impl Lane {
                 let written = write_problem(io, res, &request.id, closing).await;
                 if let Some(owed) = owed {
                     owed.answered(None, status, outcome, Some(upstream_took));
-                }
-                return written && !closing;
-            }
-            Err(_) => {
-                let res = upstream_timeout();
-                let status = res.status().as_u16();
-                let closing = request.close || stop.stopped();
-                let written = write_problem(io, res, &request.id, closing).await;
-                if let Some(owed) = owed {
-                    owed.answered(None, status, "upstream_timeout", Some(upstream_took));
                 }
                 return written && !closing;
             }

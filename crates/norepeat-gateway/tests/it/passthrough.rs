@@ -324,3 +324,21 @@ async fn an_idle_connection_does_not_hold_the_shutdown() {
     let status = exited.expect("the gateway still runs 7 s after SIGTERM");
     assert!(status.success(), "{status}");
 }
+
+/// An upstream nobody listens on: 502 `upstream_unavailable` (nothing
+/// reached it), RFC 9457, on a connection that stays open for the next.
+#[tokio::test]
+async fn an_upstream_that_is_down_is_a_502_on_a_kept_connection() {
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\n",
+        free_port()
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut send = connection(&g).await;
+    for _ in 0..2 {
+        let (status, headers, body) = ask(&mut send, "GET", "/plain").await;
+        assert_eq!(status, 502, "{body}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert!(body.contains("\"code\":\"upstream_unavailable\""), "{body}");
+    }
+}
