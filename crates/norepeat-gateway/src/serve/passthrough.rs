@@ -128,7 +128,7 @@ where
             .as_ref()
             .zip(request.logged.as_ref())
             .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
-        let kept = lane.exchange(io, &request, stop, owed).await;
+        let kept = lane.exchange(io, buf, &request, stop, owed).await;
         drop(in_flight);
         if !kept {
             let _ = io.shutdown().await;
@@ -401,6 +401,7 @@ impl Lane {
     async fn exchange<S>(
         &mut self,
         io: &mut S,
+        buf: &mut BytesMut,
         request: &Request,
         stop: &Stop,
         owed: Option<Owed<'_>>,
@@ -411,10 +412,25 @@ impl Lane {
         let client = request.live.passthrough.get();
         let start = std::time::Instant::now();
         // The head must come within the pass-through's timeout (no body
-        // to wait for: it counts from now).
-        let sent = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request))
-            .await
-            .unwrap_or(Err(Failed::Unknown));
+        // to wait for: it counts from now). Meanwhile the client's socket
+        // is read: a client that leaves (its end of the connection read)
+        // cancels the upstream request, as hyper's path does, and its
+        // access-log line says 499; the bytes of a next request wait in
+        // `buf`.
+        let sent = {
+            let send = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request));
+            let mut send = std::pin::pin!(send);
+            loop {
+                tokio::select! {
+                    biased;
+                    sent = &mut send => break sent.unwrap_or(Err(Failed::Unknown)),
+                    read = io.read_buf(buf), if buf.len() < MAX_HEAD => match read {
+                        Ok(0) | Err(_) => return false,
+                        Ok(_) => {}
+                    },
+                }
+            }
+        };
         let upstream_took = start.elapsed();
         let (mut up, head) = match sent {
             Ok(answer) => answer,

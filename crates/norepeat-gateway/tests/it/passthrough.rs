@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
     Some(match (method, path) {
         ("HEAD", _) => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
-        (_, "/plain") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        (_, "/plain" | "/slow") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         // No length: the body ends with the connection.
         (_, "/until-close") => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nstreamed to the end",
         (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
@@ -89,6 +89,9 @@ async fn serve(mut s: tokio::net::TcpStream, heads: Arc<Mutex<Vec<String>>>) {
             words.next().unwrap().to_owned(),
         );
         heads.lock().unwrap().push(text);
+        if path == "/slow" {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
         let Some(bytes) = answer(&method, &path) else {
             return;
         };
@@ -341,4 +344,48 @@ async fn an_upstream_that_is_down_is_a_502_on_a_kept_connection() {
         assert_eq!(headers["content-type"], "application/problem+json");
         assert!(body.contains("\"code\":\"upstream_unavailable\""), "{body}");
     }
+}
+
+/// A client that leaves while the upstream is still working: the upstream
+/// request is given up and the access log says 499 `client_closed`, as on
+/// hyper's path (the lane wrote the upstream's 200 for a client long gone).
+#[tokio::test]
+async fn a_client_that_leaves_before_the_answer_is_logged_499() {
+    let b = backend().await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-lane-{}", rand_n()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let yaml = format!(
+        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\n",
+        log.display(),
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(s);
+    let line = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(l) = text.lines().find(|l| l.contains("/slow")) {
+                break l.to_owned();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["status"], 499, "{line}");
+    assert_eq!(entry["outcome"], "client_closed", "{line}");
+    assert_eq!(entry["path"], "/slow", "{line}");
+    // Served on: the next client is answered.
+    let mut send = connection(&g).await;
+    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+    let _ = std::fs::remove_dir_all(&dir);
 }
