@@ -88,16 +88,36 @@ pub(crate) struct Client {
     connector: HttpsConnector<HttpConnector>,
     to: Target,
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
-    /// The pass-through lane's connections (`passthrough.rs`): plain
-    /// sockets it speaks HTTP/1.1 on itself, kept as hyper's are.
-    raw: std::sync::Mutex<VecDeque<RawIdle>>,
+    /// Plain sockets spoken HTTP/1.1 on by hand (`h1.rs`: the lane's,
+    /// and a route's request whose body is in hand), kept as hyper's are.
+    raw: std::sync::Arc<std::sync::Mutex<VecDeque<RawIdle>>>,
+    /// Gives a connection back to `raw` (what an answer's body calls at
+    /// its end).
+    give_back: super::h1::Idle,
     connect: Duration,
 }
 
-/// A lane's connection waiting for its next request.
+/// A plain connection waiting for its next request.
 struct RawIdle {
     stream: tokio::net::TcpStream,
     since: std::time::Instant,
+}
+
+/// Keeps `stream` among `idle`, the oldest dropped past [`IDLE_FOR`] or
+/// [`MAX_IDLE`].
+fn park_raw(idle: &std::sync::Mutex<VecDeque<RawIdle>>, stream: tokio::net::TcpStream) {
+    let mut idle = idle
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = std::time::Instant::now();
+    while idle
+        .front()
+        .is_some_and(|c| now.duration_since(c.since) >= IDLE_FOR)
+        || idle.len() >= MAX_IDLE
+    {
+        idle.pop_front();
+    }
+    idle.push_back(RawIdle { stream, since: now });
 }
 
 /// A connection waiting for its next request.
@@ -117,7 +137,7 @@ enum SendError {
     /// No connection: nothing reached the backend.
     Connect,
     /// The request went (or may have gone) and no answer came.
-    Request(hyper::Error),
+    Request(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Client {
@@ -137,11 +157,17 @@ impl Client {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
+        let raw: std::sync::Arc<std::sync::Mutex<VecDeque<RawIdle>>> = std::sync::Arc::default();
+        let give_back: super::h1::Idle = {
+            let raw = std::sync::Arc::clone(&raw);
+            std::sync::Arc::new(move |stream| park_raw(&raw, stream))
+        };
         Self {
             connector,
             to,
             idle: std::sync::Arc::default(),
-            raw: std::sync::Mutex::default(),
+            raw,
+            give_back,
             connect,
         }
     }
@@ -180,22 +206,9 @@ impl Client {
         None
     }
 
-    /// Keeps `stream` for the lane's next request, the oldest dropped
-    /// past [`IDLE_FOR`] or [`MAX_IDLE`].
+    /// Keeps `stream` for a next request.
     pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
-        let mut idle = self
-            .raw
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = std::time::Instant::now();
-        while idle
-            .front()
-            .is_some_and(|c| now.duration_since(c.since) >= IDLE_FOR)
-            || idle.len() >= MAX_IDLE
-        {
-            idle.pop_front();
-        }
-        idle.push_back(RawIdle { stream, since: now });
+        park_raw(&self.raw, stream);
     }
 
     /// A new plain connection to the upstream, within the client's
@@ -259,8 +272,47 @@ impl Client {
 
     /// Sends `req` (its URI in origin form, its `Host` set) on an idle
     /// connection or a new one; the connection goes back to the idle ones
-    /// when the answer's body has ended.
-    async fn send(&self, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
+    /// when the answer's body has ended. A request to an `http://` upstream
+    /// whose body is in hand (none, or one read whole already: a guarded
+    /// route's) is written by hand (`h1.rs`); the others, an upgrade, a
+    /// streaming upload, an `https://` upstream, by hyper's client.
+    async fn send(&self, req: Request<Body>) -> Result<Response<Body>, SendError> {
+        if !self.is_plain()
+            || req.headers().contains_key(header::UPGRADE)
+            || !super::h1::body_in_hand(&req)
+        {
+            return self.send_by_hyper(req).await;
+        }
+        let (parts, body) = req.into_parts();
+        let body = match in_hand(body).await {
+            InHand::Whole(bytes) => bytes,
+            InHand::Broke(e) => return Err(SendError::Request(e)),
+            InHand::Streaming(body) => {
+                return self.send_by_hyper(Request::from_parts(parts, body)).await;
+            }
+        };
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or("/", PathAndQuery::as_str)
+            .to_owned();
+        super::h1::exchange(
+            self.take_raw(),
+            || self.connect_raw(),
+            parts,
+            target.as_bytes(),
+            body,
+            std::sync::Arc::clone(&self.give_back),
+        )
+        .await
+        .map_err(|e| match e {
+            super::h1::Failed::Unavailable => SendError::Connect,
+            super::h1::Failed::Unknown(e) => SendError::Request(Box::new(e)),
+        })
+    }
+
+    /// [`Client::send`] by hyper's client connections.
+    async fn send_by_hyper(&self, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
         loop {
             let (mut send, reused) = match self.take() {
                 Some(send) => (send, true),
@@ -294,10 +346,100 @@ impl Client {
                     // one only once).
                     Some(unsent) if reused => req = unsent,
                     Some(_) => return Err(SendError::Connect),
-                    None => return Err(SendError::Request(e.into_error())),
+                    None => return Err(SendError::Request(Box::new(e.into_error()))),
                 },
             }
         }
+    }
+}
+
+/// A request body, taken as far as it is already there.
+enum InHand {
+    /// All of it.
+    Whole(Bytes),
+    /// It broke (the client's side).
+    Broke(Box<dyn std::error::Error + Send + Sync>),
+    /// More is still to come: the body, with what was taken put back.
+    Streaming(Body),
+}
+
+/// Takes `body`'s frames while each is ready at once: a body read whole
+/// already (a guarded route's), or a small one that came with its head,
+/// is [`InHand::Whole`].
+async fn in_hand(mut body: Body) -> InHand {
+    let mut taken: Option<Bytes> = None;
+    let mut more = bytes::BytesMut::new();
+    let done = std::future::poll_fn(|cx| {
+        loop {
+            match http_body::Body::poll_frame(Pin::new(&mut body), cx) {
+                Poll::Ready(None) => return Poll::Ready(Ok(true)),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if taken.is_none() && more.is_empty() => taken = Some(data),
+                    Ok(data) => {
+                        let data: Bytes = data;
+                        if let Some(first) = taken.take() {
+                            more.extend_from_slice(&first);
+                        }
+                        more.extend_from_slice(&data);
+                    }
+                    // Trailers: hyper's to send.
+                    Err(_) => return Poll::Ready(Ok(false)),
+                },
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Ready(Ok(false)),
+            }
+            if http_body::Body::is_end_stream(&body) {
+                return Poll::Ready(Ok(true));
+            }
+        }
+    })
+    .await;
+    let got = match taken {
+        Some(first) => first,
+        None => more.freeze(),
+    };
+    match done {
+        Ok(true) => InHand::Whole(got),
+        Ok(false) => InHand::Streaming(Body::new(Prepended {
+            first: (!got.is_empty()).then_some(got),
+            rest: body,
+        })),
+        Err(e) => InHand::Broke(e.into()),
+    }
+}
+
+/// A body whose first bytes were taken already, given back in front.
+struct Prepended {
+    first: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prepended {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        http_body::Body::poll_frame(Pin::new(&mut self.rest), cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && http_body::Body::is_end_stream(&self.rest)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = http_body::Body::size_hint(&self.rest);
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        hint.set_lower(hint.lower() + first);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint
     }
 }
 

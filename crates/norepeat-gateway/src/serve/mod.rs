@@ -43,6 +43,7 @@ mod cors;
 mod files;
 mod forward;
 mod gateway;
+mod h1;
 mod metrics;
 mod passthrough;
 mod request;

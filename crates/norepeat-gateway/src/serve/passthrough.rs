@@ -28,6 +28,9 @@ use super::answers::{upstream_timeout, upstream_unavailable};
 use super::connection::{InFlight, Stop, Watch};
 use super::forward::{Client, ip_text};
 use super::gateway::Gateway;
+use super::h1::{
+    ANSWER_HEADERS, Chunks, Framing, MAX_ANSWER_HEAD, READ, answer_framing, header, hex_len,
+};
 use super::request::{Choice, PASSTHROUGH_TIMEOUT, choose};
 use crate::config::{normalize_host, normalize_path};
 use axum::body::Body;
@@ -55,12 +58,6 @@ pub(super) enum Left {
 const MAX_HEAD: usize = 16 * 1024;
 /// The most headers a request the lane takes has (hyper takes 100).
 const REQUEST_HEADERS: usize = 64;
-/// An answer's head longer than this, or with more headers, is a broken
-/// answer (hyper's client limits alike).
-const MAX_ANSWER_HEAD: usize = 64 * 1024;
-const ANSWER_HEADERS: usize = 100;
-/// What a read asks for at least.
-const READ: usize = 8 * 1024;
 
 /// The first bytes of an HTTP/2 connection (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0";
@@ -196,16 +193,6 @@ fn kind(name: &str) -> Kind {
         17 if is("x-forwarded-proto") => Kind::XForwardedOwn,
         _ => Kind::Other,
     }
-}
-
-/// How an answer's body ends (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Empty,
-    Length(u64),
-    Chunked,
-    /// Until the upstream closes: chunked by the lane for the client.
-    UntilClose,
 }
 
 /// An answer's head, written for the client in [`Lane::out`].
@@ -459,10 +446,10 @@ impl Lane {
             self.out.extend_from_slice(b"connection: close\r\n\r\n");
         }
         let streamed = self.body(io, &mut up, head.framing).await;
-        if streamed == Streamed::Whole && head.reusable && self.answer.is_empty() {
+        if streamed == Passed::Whole && head.reusable && self.answer.is_empty() {
             client.put_raw(up);
         }
-        streamed == Streamed::Whole && !closing
+        streamed == Passed::Whole && !closing
     }
 
     /// Writes the request to an idle upstream connection (another, new,
@@ -553,74 +540,9 @@ impl Lane {
                 reusable: false,
             }));
         }
-        // The names `Connection` lists are hop-by-hop too.
-        let mut named: [&[u8]; 8] = [b""; 8];
-        let mut names = 0;
-        let mut reusable = version == 1;
-        let mut length: Option<u64> = None;
-        let mut chunked = None;
-        let mut codings: &[u8] = b"";
-        for h in res.headers.iter() {
-            if h.name.eq_ignore_ascii_case("connection") {
-                for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        reusable = false;
-                    } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
-                        if names == named.len() {
-                            return Err(Failed::Unknown);
-                        }
-                        named[names] = token;
-                        names += 1;
-                    }
-                }
-            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                // The last coding is what frames the body: chunked, or
-                // none that tells its end (then it ends with the
-                // connection).
-                let last = h
-                    .value
-                    .rsplit(|&b| b == b',')
-                    .next()
-                    .map(<[u8]>::trim_ascii);
-                chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
-                if !codings.is_empty() {
-                    // Several fields: hyper's client reads them as one
-                    // list; a backend that splits them is not followed.
-                    return Err(Failed::Unknown);
-                }
-                codings = h.value;
-            } else if h.name.eq_ignore_ascii_case("content-length") {
-                for v in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    let n = std::str::from_utf8(v)
-                        .ok()
-                        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-                        .and_then(|t| t.parse::<u64>().ok())
-                        .ok_or(Failed::Unknown)?;
-                    // Several lengths must agree (RFC 9112 §6.3).
-                    if length.is_some_and(|l| l != n) {
-                        return Err(Failed::Unknown);
-                    }
-                    length = Some(n);
-                }
-            }
-        }
-        let framing = if request.head || status == 204 || status == 304 {
-            Framing::Empty
-        } else {
-            match (chunked, length) {
-                (Some(true), _) => Framing::Chunked,
-                (Some(false), _) => {
-                    reusable = false;
-                    Framing::UntilClose
-                }
-                (None, Some(0)) => Framing::Empty,
-                (None, Some(n)) => Framing::Length(n),
-                (None, None) => {
-                    reusable = false;
-                    Framing::UntilClose
-                }
-            }
-        };
+        let answer = answer_framing(request.head, status, version, res.headers)
+            .map_err(|()| Failed::Unknown)?;
+        let framing = answer.framing;
         let out = &mut self.out;
         out.clear();
         out.extend_from_slice(b"HTTP/1.1 ");
@@ -631,11 +553,10 @@ impl Lane {
         out.extend_from_slice(b"\r\n");
         for h in res.headers.iter() {
             let name = h.name;
-            let dropped = HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+            let dropped = answer.is_hop_by_hop(name)
                 || name.eq_ignore_ascii_case("x-request-id")
                 // A length beside a chunked body is not the body's.
-                || (chunked.is_some() && name.eq_ignore_ascii_case("content-length"))
-                || named[..names].iter().any(|n| name.as_bytes().eq_ignore_ascii_case(n));
+                || (!answer.codings.is_empty() && name.eq_ignore_ascii_case("content-length"));
             if !dropped {
                 header(out, name.as_bytes(), h.value);
             }
@@ -643,10 +564,10 @@ impl Lane {
         // The codings as the upstream applied them (a `gzip` before the
         // `chunked` stays the client's to undo), `chunked` last.
         match framing {
-            Framing::Chunked => header(out, b"transfer-encoding", codings),
-            Framing::UntilClose if !codings.is_empty() => {
+            Framing::Chunked => header(out, b"transfer-encoding", answer.codings),
+            Framing::UntilClose if !answer.codings.is_empty() => {
                 out.extend_from_slice(b"transfer-encoding: ");
-                out.extend_from_slice(codings);
+                out.extend_from_slice(answer.codings);
                 out.extend_from_slice(b", chunked\r\n");
             }
             Framing::UntilClose => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -658,7 +579,7 @@ impl Lane {
             len,
             status,
             framing,
-            reusable,
+            reusable: answer.reusable,
         }))
     }
 
@@ -666,7 +587,7 @@ impl Lane {
     /// `self.answer` first (in the head's write), then what `up` sends,
     /// until `framing` says the body has ended. A body that ends with the
     /// connection is chunked for the client.
-    async fn body<S>(&mut self, io: &mut S, up: &mut TcpStream, framing: Framing) -> Streamed
+    async fn body<S>(&mut self, io: &mut S, up: &mut TcpStream, framing: Framing) -> Passed
     where
         S: AsyncWrite + Unpin,
     {
@@ -690,7 +611,7 @@ impl Lane {
                 Framing::Chunked => match chunks.scan(&self.answer) {
                     Ok(Some(end)) => (end, true),
                     Ok(None) => (self.answer.len(), false),
-                    Err(()) => return Streamed::Broken,
+                    Err(()) => return Passed::Broken,
                 },
                 Framing::UntilClose => (self.answer.len(), false),
             };
@@ -714,43 +635,31 @@ impl Lane {
             };
             first = false;
             if written.is_err() {
-                return Streamed::ClientGone;
+                return Passed::ClientGone;
             }
             self.answer.advance(take);
             if done {
-                return Streamed::Whole;
+                return Passed::Whole;
             }
             self.answer.clear();
             self.answer.reserve(READ);
             match up.read_buf(&mut self.answer).await {
                 Ok(0) if framing == Framing::UntilClose => {
                     if io.write_all(b"0\r\n\r\n").await.is_err() {
-                        return Streamed::ClientGone;
+                        return Passed::ClientGone;
                     }
-                    return Streamed::Whole;
+                    return Passed::Whole;
                 }
-                Ok(0) | Err(_) => return Streamed::Broken,
+                Ok(0) | Err(_) => return Passed::Broken,
                 Ok(_) => {}
             }
         }
     }
 }
 
-/// The hop-by-hop headers of an answer (RFC 9110 §7.6.1), besides those
-/// its `Connection` names.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
 /// How a body's streaming ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Streamed {
+enum Passed {
     Whole,
     /// The client's connection failed.
     ClientGone,
@@ -777,28 +686,6 @@ fn head_may_end(buf: &[u8], from: usize) -> bool {
             w[0] == b'\n' && (w[1] == b'\n' || (w[1] == b'\r' && tail.get(i + 2) == Some(&b'\n')))
         })
     })
-}
-
-/// `name: value` and its line end.
-fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// `n` in hexadecimal digits, in `buf`.
-fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = DIGITS[n & 0xf];
-        n >>= 4;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
 }
 
 /// One of the gateway's own answers (502, 504), with the request's id.
@@ -837,186 +724,9 @@ where
     io.write_all(&out).await.is_ok()
 }
 
-/// Where a chunked body ends (RFC 9112 §7.1), told from its bytes as they
-/// come: the sizes, the data, the last chunk and the trailer section.
-#[derive(Debug, Default)]
-struct Chunks {
-    state: ChunkState,
-    /// The current chunk's size, then what is left of its data.
-    size: u64,
-    digits: u8,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    #[default]
-    Size,
-    /// A chunk extension, to its line end.
-    Extension,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    /// The start of a trailer line, or of the blank line that ends all.
-    TrailerStart,
-    Trailer,
-    TrailerLf,
-    EndLf,
-}
-
-impl Chunks {
-    /// Scans `bytes`, which follow those scanned before: `Some(n)` when
-    /// the body ends after the first `n` of them.
-    ///
-    /// # Errors
-    /// The bytes are not a chunked body.
-    fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
-        let mut i = 0;
-        while i < bytes.len() {
-            let b = bytes[i];
-            match self.state {
-                ChunkState::Size => match b {
-                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        if self.digits == 16 {
-                            return Err(());
-                        }
-                        let d = (b as char).to_digit(16).ok_or(())?;
-                        self.size = self.size << 4 | u64::from(d);
-                        self.digits += 1;
-                    }
-                    b';' | b' ' | b'\t' if self.digits > 0 => self.state = ChunkState::Extension,
-                    b'\r' if self.digits > 0 => self.state = ChunkState::SizeLf,
-                    _ => return Err(()),
-                },
-                ChunkState::Extension => match b {
-                    b'\r' => self.state = ChunkState::SizeLf,
-                    b'\t' | b' '..=b'~' | 0x80..=0xff => {}
-                    _ => return Err(()),
-                },
-                ChunkState::SizeLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    self.digits = 0;
-                    self.state = if self.size == 0 {
-                        ChunkState::TrailerStart
-                    } else {
-                        ChunkState::Data
-                    };
-                }
-                ChunkState::Data => {
-                    let take = usize::try_from(self.size)
-                        .unwrap_or(usize::MAX)
-                        .min(bytes.len() - i);
-                    self.size -= take as u64;
-                    i += take;
-                    if self.size == 0 {
-                        self.state = ChunkState::DataCr;
-                    }
-                    continue;
-                }
-                ChunkState::DataCr => {
-                    if b != b'\r' {
-                        return Err(());
-                    }
-                    self.state = ChunkState::DataLf;
-                }
-                ChunkState::DataLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    self.state = ChunkState::Size;
-                }
-                ChunkState::TrailerStart => {
-                    self.state = if b == b'\r' {
-                        ChunkState::EndLf
-                    } else {
-                        ChunkState::Trailer
-                    };
-                }
-                ChunkState::Trailer => match b {
-                    b'\r' => self.state = ChunkState::TrailerLf,
-                    b'\n' => return Err(()),
-                    _ => {}
-                },
-                ChunkState::TrailerLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    self.state = ChunkState::TrailerStart;
-                }
-                ChunkState::EndLf => {
-                    if b != b'\n' {
-                        return Err(());
-                    }
-                    return Ok(Some(i + 1));
-                }
-            }
-            i += 1;
-        }
-        Ok(None)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const BODY: &[u8] =
-        b"3;name=value\r\nabc\r\nA\r\n0123456789\r\n0\r\nx-sum: 13\r\nx-more: 1\r\n\r\n";
-
-    /// Where [`Chunks`] says `bytes` end, fed in pieces of `piece` bytes.
-    fn end_in_pieces(bytes: &[u8], piece: usize) -> Result<Option<usize>, ()> {
-        let mut chunks = Chunks::default();
-        let mut at = 0;
-        for part in bytes.chunks(piece) {
-            if let Some(end) = chunks.scan(part)? {
-                return Ok(Some(at + end));
-            }
-            at += part.len();
-        }
-        Ok(None)
-    }
-
-    #[test]
-    fn a_chunked_body_ends_where_its_trailers_end_however_it_is_split() {
-        let mut followed = BODY.to_vec();
-        followed.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-        for piece in 1..=followed.len() {
-            assert_eq!(
-                end_in_pieces(&followed, piece),
-                Ok(Some(BODY.len())),
-                "{piece}"
-            );
-        }
-        // Without trailers, and cut anywhere before its end: not yet.
-        assert_eq!(end_in_pieces(b"2\r\nok\r\n0\r\n\r\n", 3), Ok(Some(12)));
-        for cut in 0..BODY.len() {
-            assert_eq!(end_in_pieces(&BODY[..cut], 4), Ok(None), "{cut}");
-        }
-    }
-
-    #[test]
-    fn what_is_not_a_chunked_body_is_told() {
-        for broken in [
-            &b"x\r\n"[..],
-            b"\r\n",
-            b"3\nabc\r\n",
-            b"3\r\nabcd\r\n",
-            b"3\r\nabc\r\r",
-            b"11111111111111111\r\n",
-            b"0\r\nx-sum: 1\n\r\n",
-            b"0\r\n\r\r",
-            b"3;\x01\r\nabc\r\n",
-        ] {
-            assert_eq!(
-                end_in_pieces(broken, 1),
-                Err(()),
-                "{}",
-                String::from_utf8_lossy(broken)
-            );
-        }
-    }
 
     #[test]
     fn a_head_is_parsed_once_its_blank_line_may_have_come() {
@@ -1028,18 +738,6 @@ mod tests {
         for cut in 0..head.len() - 1 {
             assert!(!head_may_end(&head[..cut], 0), "{cut}");
         }
-    }
-
-    #[test]
-    fn lengths_are_written_in_hex() {
-        let mut buf = [0u8; 16];
-        assert_eq!(hex_len(0, &mut buf), b"0");
-        assert_eq!(hex_len(255, &mut buf), b"ff");
-        assert_eq!(hex_len(4096, &mut buf), b"1000");
-        assert_eq!(
-            hex_len(usize::MAX, &mut buf).len(),
-            usize::BITS as usize / 4
-        );
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! The pass-through's lane (`serve/passthrough.rs`, issue 39): unguarded
+//! HTTP/1.1 spoken by hand (issue 39): the pass-through's lane
+//! (`serve/passthrough.rs`) and a route's upstream exchange of a request
+//! whose body is in hand (`serve/h1.rs`). The lane takes unguarded
 //! HTTP/1.1 requests without a body, read and written by the gateway
 //! itself. Every answer framing a backend may use comes through whole and
 //! leaves the client's connection usable; pipelined requests, and requests
@@ -21,7 +23,7 @@ fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
         (_, "/plain" | "/slow") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         // No length: the body ends with the connection.
         (_, "/until-close") => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nstreamed to the end",
-        (_, "/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
+        (_, "/chunked" | "/pay/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
         // A coding before `chunked` (the bytes stand for gzip's).
         (_, "/gzip") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
         (_, "/early-hints") => b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
@@ -388,4 +390,79 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
     let mut send = connection(&g).await;
     assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A route's request whose body is in hand goes out by hand too: each
+/// framing of the answer comes through whole on a fingerprint route, the
+/// upstream connection kept but after the answer that ended with it, and
+/// an idempotency route replays a chunked answer's body byte for byte. An
+/// answer with two lengths is 504 there too.
+#[tokio::test]
+async fn a_routes_answer_comes_whole_in_every_framing_and_replays_byte_for_byte() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /pay/{{what}}\n    guard: idempotency\n  - match: POST /{{what}}\n    guard: fingerprint\n",
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let c = Client::new();
+    let post = |path: &str, body: &str| {
+        c.post(url(&g, path))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    let plain = post("/plain", "{\"n\":1}").await.unwrap();
+    assert_eq!(plain.text().await.unwrap(), "ok");
+    let streamed = post("/until-close", "{\"n\":2}").await.unwrap();
+    assert_eq!(streamed.status(), 200);
+    assert_eq!(streamed.text().await.unwrap(), "streamed to the end");
+    let chunked = post("/chunked", "{\"n\":3}").await.unwrap();
+    assert_eq!(chunked.text().await.unwrap(), "abcde");
+    let hinted = post("/early-hints", "{\"n\":4}").await.unwrap();
+    assert_eq!(hinted.status(), 200);
+    assert_eq!(hinted.text().await.unwrap(), "ok");
+    let (status, body) = code(post("/two-lengths", "{\"n\":5}").await.unwrap()).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("upstream_timeout"), "{body}");
+    // The repeat of a fingerprint is refused before the upstream.
+    assert_eq!(post("/plain", "{\"n\":1}").await.unwrap().status(), 409);
+
+    let pay = |key: &'static str| {
+        c.post(url(&g, "/pay/chunked"))
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    let first = pay("k-1").await.unwrap();
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert_eq!(first.text().await.unwrap(), "abcde");
+    let again = pay("k-1").await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.unwrap(), "abcde");
+
+    let heads = b.heads.lock().unwrap().clone();
+    let paths: Vec<&str> = heads.iter().map(|h| h.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/plain",
+            "/until-close",
+            "/chunked",
+            "/early-hints",
+            "/two-lengths",
+            "/pay/chunked"
+        ]
+    );
+    // The body went with its length.
+    assert!(
+        heads[0]
+            .to_ascii_lowercase()
+            .contains("\r\ncontent-length: 7\r\n"),
+        "{}",
+        heads[0]
+    );
+    // One connection, one more after the answer that ended with its own
+    // and one after the answer that could not be framed.
+    assert_eq!(b.connections.load(Ordering::SeqCst), 3);
 }

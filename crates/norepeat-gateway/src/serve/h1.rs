@@ -1,0 +1,720 @@
+//! HTTP/1.1 by hand, over plain upstream connections: the framing of an
+//! answer (RFC 9112 §6.3), a chunked body told and decoded as its bytes
+//! come (§7.1), and the exchange of a request whose body is in hand
+//! ([`exchange`]) with its answer's body streamed from the connection
+//! ([`Streamed`]). The pass-through's lane (`passthrough.rs`) and the
+//! routes' upstream stage (`forward.rs`) both speak it: no task per
+//! connection and no channel to one, as hyper's client has (its
+//! connection task was a fifth of a guarded request's instructions;
+//! BENCHMARKS.md, issue 39). A request whose body is still coming, an
+//! upgrade and an `https://` upstream stay hyper's.
+
+use axum::body::Body;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What a read asks for at least.
+pub(super) const READ: usize = 8 * 1024;
+/// An answer's head longer than this, or with more headers, is a broken
+/// answer (hyper's client limits alike).
+pub(super) const MAX_ANSWER_HEAD: usize = 64 * 1024;
+pub(super) const ANSWER_HEADERS: usize = 100;
+
+/// How an answer's body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes: chunked by the lane for the client.
+    UntilClose,
+}
+
+/// What an answer's head says of its body and its connection.
+pub(super) struct AnswerFraming<'h> {
+    pub(super) framing: Framing,
+    /// The connection may carry a next request once the body has ended.
+    pub(super) reusable: bool,
+    /// `Transfer-Encoding` as the upstream wrote it (empty: none).
+    pub(super) codings: &'h [u8],
+    /// The names its `Connection` lists (hop-by-hop too).
+    pub(super) named: [&'h [u8]; 8],
+    pub(super) names: usize,
+}
+
+impl AnswerFraming<'_> {
+    /// Whether `name` is one of the hop-by-hop headers of this answer: the
+    /// fixed ones and those its `Connection` names.
+    pub(super) fn is_hop_by_hop(&self, name: &str) -> bool {
+        HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+            || self.named[..self.names]
+                .iter()
+                .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+    }
+}
+
+/// The hop-by-hop headers (RFC 9110 §7.6.1), besides those a `Connection`
+/// names.
+pub(super) const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The framing of an answer with `status` and `headers` (`version`: 1 for
+/// HTTP/1.1, 0 for 1.0) to a request that was a `HEAD` or not.
+///
+/// # Errors
+/// Lengths that disagree or are not numbers, several `Transfer-Encoding`
+/// fields, a `Connection` naming more than 8 headers: not followed.
+pub(super) fn answer_framing<'h>(
+    head: bool,
+    status: u16,
+    version: u8,
+    headers: &[httparse::Header<'h>],
+) -> Result<AnswerFraming<'h>, ()> {
+    let mut named: [&[u8]; 8] = [b""; 8];
+    let mut names = 0;
+    let mut reusable = version == 1;
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut codings: &[u8] = b"";
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    reusable = false;
+                } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
+                    *named.get_mut(names).ok_or(())? = token;
+                    names += 1;
+                }
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            // The last coding is what frames the body: chunked, or none
+            // that tells its end (then it ends with the connection).
+            // Several fields are one list to hyper's client; a backend
+            // that splits them is not followed.
+            if !codings.is_empty() {
+                return Err(());
+            }
+            let last = h
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .map(<[u8]>::trim_ascii);
+            chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+            codings = h.value;
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            for v in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                let n = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .ok_or(())?;
+                // Several lengths must agree (RFC 9112 §6.3).
+                if length.is_some_and(|l| l != n) {
+                    return Err(());
+                }
+                length = Some(n);
+            }
+        }
+    }
+    let framing = if head || status == 204 || status == 304 {
+        Framing::Empty
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) | (None, None) => {
+                reusable = false;
+                Framing::UntilClose
+            }
+            (None, Some(0)) => Framing::Empty,
+            (None, Some(n)) => Framing::Length(n),
+        }
+    };
+    Ok(AnswerFraming {
+        framing,
+        reusable,
+        codings,
+        named,
+        names,
+    })
+}
+
+/// `name: value` and its line end.
+pub(super) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in hexadecimal digits, in `buf`.
+pub(super) fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = DIGITS[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// Where a chunked body ends (RFC 9112 §7.1), told from its bytes as they
+/// come: the sizes, the data, the last chunk and the trailer section.
+#[derive(Debug, Default)]
+pub(super) struct Chunks {
+    state: ChunkState,
+    /// The current chunk's size, then what is left of its data.
+    size: u64,
+    digits: u8,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    #[default]
+    Size,
+    /// A chunk extension, to its line end.
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    /// The start of a trailer line, or of the blank line that ends all.
+    TrailerStart,
+    Trailer,
+    TrailerLf,
+    EndLf,
+    Done,
+}
+
+/// What [`Chunks::decode`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Decoded {
+    /// A chunk's data (or a part of it).
+    Data(Bytes),
+    /// More bytes are needed.
+    More,
+    /// The body has ended (its trailers are dropped).
+    End,
+}
+
+impl Chunks {
+    /// One byte outside a chunk's data. `true`: the body ended with it.
+    fn step(&mut self, b: u8) -> Result<bool, ()> {
+        match self.state {
+            ChunkState::Size => match b {
+                b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                    if self.digits == 16 {
+                        return Err(());
+                    }
+                    let d = char::from(b).to_digit(16).ok_or(())?;
+                    self.size = self.size << 4 | u64::from(d);
+                    self.digits += 1;
+                }
+                b';' | b' ' | b'\t' if self.digits > 0 => self.state = ChunkState::Extension,
+                b'\r' if self.digits > 0 => self.state = ChunkState::SizeLf,
+                _ => return Err(()),
+            },
+            ChunkState::Extension => match b {
+                b'\r' => self.state = ChunkState::SizeLf,
+                b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                _ => return Err(()),
+            },
+            ChunkState::SizeLf => {
+                if b != b'\n' {
+                    return Err(());
+                }
+                self.digits = 0;
+                self.state = if self.size == 0 {
+                    ChunkState::TrailerStart
+                } else {
+                    ChunkState::Data
+                };
+            }
+            ChunkState::DataCr => {
+                if b != b'\r' {
+                    return Err(());
+                }
+                self.state = ChunkState::DataLf;
+            }
+            ChunkState::DataLf => {
+                if b != b'\n' {
+                    return Err(());
+                }
+                self.state = ChunkState::Size;
+            }
+            ChunkState::TrailerStart => {
+                self.state = if b == b'\r' {
+                    ChunkState::EndLf
+                } else {
+                    ChunkState::Trailer
+                };
+            }
+            ChunkState::Trailer => match b {
+                b'\r' => self.state = ChunkState::TrailerLf,
+                b'\n' => return Err(()),
+                _ => {}
+            },
+            ChunkState::TrailerLf => {
+                if b != b'\n' {
+                    return Err(());
+                }
+                self.state = ChunkState::TrailerStart;
+            }
+            ChunkState::EndLf => {
+                if b != b'\n' {
+                    return Err(());
+                }
+                self.state = ChunkState::Done;
+                return Ok(true);
+            }
+            // Data is the callers'; nothing follows the end.
+            ChunkState::Data | ChunkState::Done => return Err(()),
+        }
+        Ok(false)
+    }
+
+    /// The data bytes at hand of the current chunk: `(take, ends)`.
+    fn data(&mut self, available: usize) -> usize {
+        let take = usize::try_from(self.size)
+            .unwrap_or(usize::MAX)
+            .min(available);
+        self.size -= take as u64;
+        if self.size == 0 {
+            self.state = ChunkState::DataCr;
+        }
+        take
+    }
+
+    /// Scans `bytes`, which follow those scanned before: `Some(n)` when
+    /// the body ends after the first `n` of them.
+    ///
+    /// # Errors
+    /// The bytes are not a chunked body.
+    pub(super) fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.state == ChunkState::Data {
+                i += self.data(bytes.len() - i);
+                continue;
+            }
+            if self.step(bytes[i])? {
+                return Ok(Some(i + 1));
+            }
+            i += 1;
+        }
+        Ok(None)
+    }
+
+    /// Takes from `buf` what of the body it holds: the next data, or
+    /// that more is needed, or the end.
+    ///
+    /// # Errors
+    /// The bytes are not a chunked body.
+    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, ()> {
+        loop {
+            if self.state == ChunkState::Done {
+                return Ok(Decoded::End);
+            }
+            if buf.is_empty() {
+                return Ok(Decoded::More);
+            }
+            if self.state == ChunkState::Data {
+                let take = self.data(buf.len());
+                return Ok(Decoded::Data(buf.split_to(take).freeze()));
+            }
+            let b = buf[0];
+            buf.advance(1);
+            if self.step(b)? {
+                return Ok(Decoded::End);
+            }
+        }
+    }
+}
+
+/// Why an upstream exchange has no answer.
+#[derive(Debug)]
+pub(super) enum Failed {
+    /// Nothing reached the upstream: no connection, or one that was found
+    /// closed before a byte of the request left (only a new one is).
+    Unavailable,
+    /// The request went (or may have gone) and no answer head came.
+    Unknown(std::io::Error),
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Self {
+        Failed::Unknown(e)
+    }
+}
+
+fn broken(what: &'static str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+}
+
+/// The idle connections a [`Streamed`] body gives its connection back to.
+pub(super) type Idle = Arc<dyn Fn(TcpStream) + Send + Sync>;
+
+/// Sends `head` and `body` (in hand, whole) on `up` (a connection from
+/// the pool when `reused`, else a new one made by `connect`), then reads
+/// the answer's head: the answer, its body streamed from the connection,
+/// which goes back through `idle` once that body has ended.
+///
+/// # Errors
+/// [`Failed`]: whether anything reached the upstream.
+pub(super) async fn exchange<F, Fut>(
+    up: Option<TcpStream>,
+    connect: F,
+    req: http::request::Parts,
+    target: &[u8],
+    body: Bytes,
+    idle: Idle,
+) -> Result<Response<Body>, Failed>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<TcpStream>>,
+{
+    let head = req.method == http::Method::HEAD;
+    let mut out = Vec::with_capacity(512 + body.len());
+    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &req.headers {
+        if name != http::header::CONTENT_LENGTH {
+            header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    // The body's own length: what hyper's client writes for a body whose
+    // size it knows (none for a bodiless GET, HEAD, DELETE...).
+    let declared = req.headers.contains_key(http::header::CONTENT_LENGTH);
+    let with_body = matches!(
+        req.method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH
+    );
+    if !body.is_empty() || declared || with_body {
+        let mut n = itoa::Buffer::new();
+        header(&mut out, b"content-length", n.format(body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&body);
+
+    let mut up = match up {
+        Some(reused) => {
+            let mut reused = reused;
+            match reused.write(&out).await {
+                // Closed before a byte left: a new connection, once.
+                Ok(0) | Err(_) => None,
+                Ok(n) => {
+                    reused.write_all(&out[n..]).await?;
+                    Some(reused)
+                }
+            }
+        }
+        None => None,
+    };
+    if up.is_none() {
+        let mut fresh = connect().await.map_err(|_| Failed::Unavailable)?;
+        match fresh.write(&out).await {
+            Ok(0) | Err(_) => return Err(Failed::Unavailable),
+            Ok(n) => fresh.write_all(&out[n..]).await?,
+        }
+        up = Some(fresh);
+    }
+    let Some(mut up) = up else {
+        return Err(Failed::Unavailable);
+    };
+
+    let mut buf = BytesMut::with_capacity(READ);
+    loop {
+        if !buf.is_empty() {
+            let mut headers = [httparse::EMPTY_HEADER; ANSWER_HEADERS];
+            let mut parsed = httparse::Response::new(&mut headers);
+            match parsed.parse(&buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let (Some(version), Some(code)) = (parsed.version, parsed.code) else {
+                        return Err(broken("an answer without a status").into());
+                    };
+                    if (100..200).contains(&code) {
+                        // 101 was not asked for (an upgrade is hyper's).
+                        if code == 101 {
+                            return Err(broken("an unasked 101").into());
+                        }
+                        buf.advance(len);
+                        continue;
+                    }
+                    let framing = answer_framing(head, code, version, parsed.headers)
+                        .map_err(|()| broken("an answer whose body cannot be framed"))?;
+                    let status =
+                        StatusCode::from_u16(code).map_err(|_| broken("an invalid status"))?;
+                    let mut res = Response::new(Body::empty());
+                    *res.status_mut() = status;
+                    if let Some(reason) = parsed.reason
+                        && status.canonical_reason() != Some(reason)
+                        && let Ok(r) = hyper::ext::ReasonPhrase::try_from(reason.as_bytes())
+                    {
+                        res.extensions_mut().insert(r);
+                    }
+                    let map = res.headers_mut();
+                    map.reserve(parsed.headers.len());
+                    for h in parsed.headers.iter() {
+                        // A length beside a transfer coding is not the body's.
+                        if !framing.codings.is_empty()
+                            && h.name.eq_ignore_ascii_case("content-length")
+                        {
+                            continue;
+                        }
+                        let name = HeaderName::from_bytes(h.name.as_bytes())
+                            .map_err(|_| broken("an invalid header name"))?;
+                        let value = HeaderValue::from_bytes(h.value)
+                            .map_err(|_| broken("an invalid header value"))?;
+                        map.append(name, value);
+                    }
+                    let reusable = framing.reusable;
+                    let framing = framing.framing;
+                    buf.advance(len);
+                    let mut body = Streamed {
+                        up: Some(up),
+                        buf,
+                        framing,
+                        left: match framing {
+                            Framing::Length(n) => n,
+                            _ => 0,
+                        },
+                        chunks: Chunks::default(),
+                        reusable,
+                        idle,
+                        done: false,
+                    };
+                    if framing == Framing::Empty {
+                        body.finish();
+                    }
+                    *res.body_mut() = Body::new(body);
+                    return Ok(res);
+                }
+                Ok(httparse::Status::Partial) if buf.len() < MAX_ANSWER_HEAD => {}
+                Ok(httparse::Status::Partial) | Err(_) => {
+                    return Err(broken("an answer head past its limits or malformed").into());
+                }
+            }
+        }
+        buf.reserve(READ);
+        if up.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+    }
+}
+
+/// An answer's body, read from its connection as the client takes it; the
+/// connection goes back to the idle ones once the body has ended (a body
+/// dropped before closes it).
+pub(super) struct Streamed {
+    up: Option<TcpStream>,
+    buf: BytesMut,
+    framing: Framing,
+    /// What is left of a body of known length.
+    left: u64,
+    chunks: Chunks,
+    reusable: bool,
+    idle: Idle,
+    done: bool,
+}
+
+impl Streamed {
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(up) = self.up.take()
+            && self.reusable
+            && self.buf.is_empty()
+        {
+            (self.idle)(up);
+        }
+    }
+}
+
+impl http_body::Body for Streamed {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if !this.buf.is_empty() {
+                match this.framing {
+                    Framing::Empty => {
+                        this.finish();
+                        return Poll::Ready(None);
+                    }
+                    Framing::Length(_) => {
+                        let take = usize::try_from(this.left)
+                            .unwrap_or(usize::MAX)
+                            .min(this.buf.len());
+                        this.left -= take as u64;
+                        let data = this.buf.split_to(take).freeze();
+                        if this.left == 0 {
+                            this.finish();
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Framing::Chunked => match this.chunks.decode(&mut this.buf) {
+                        Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                        Ok(Decoded::End) => {
+                            this.finish();
+                            return Poll::Ready(None);
+                        }
+                        Ok(Decoded::More) => {}
+                        Err(()) => {
+                            this.up = None;
+                            this.done = true;
+                            return Poll::Ready(Some(Err(broken("a malformed chunked body"))));
+                        }
+                    },
+                    Framing::UntilClose => {
+                        let data = this.buf.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+            }
+            let Some(up) = this.up.as_mut() else {
+                return Poll::Ready(None);
+            };
+            this.buf.reserve(READ);
+            match tokio_util::io::poll_read_buf(Pin::new(up), cx, &mut this.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if this.framing == Framing::UntilClose => {
+                    this.up = None;
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    this.up = None;
+                    this.done = true;
+                    return Poll::Ready(Some(Err(std::io::ErrorKind::UnexpectedEof.into())));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    this.up = None;
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(_) => SizeHint::with_exact(self.left),
+            Framing::Empty => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// A request whose body is in hand, or why not: hyper's client takes
+/// the others.
+pub(super) fn body_in_hand(req: &Request<Body>) -> bool {
+    http_body::Body::size_hint(req.body())
+        .exact()
+        .is_some_and(|n| n <= IN_HAND)
+}
+
+/// The largest body the exchange takes whole (a larger one streams, by
+/// hyper's client).
+pub(super) const IN_HAND: u64 = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &[u8] =
+        b"3;name=value\r\nabc\r\nA\r\n0123456789\r\n0\r\nx-sum: 13\r\nx-more: 1\r\n\r\n";
+
+    /// Where [`Chunks`] says `bytes` end, fed in pieces of `piece` bytes.
+    fn end_in_pieces(bytes: &[u8], piece: usize) -> Result<Option<usize>, ()> {
+        let mut chunks = Chunks::default();
+        let mut at = 0;
+        for part in bytes.chunks(piece) {
+            if let Some(end) = chunks.scan(part)? {
+                return Ok(Some(at + end));
+            }
+            at += part.len();
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn a_chunked_body_ends_where_its_trailers_end_however_it_is_split() {
+        let mut followed = BODY.to_vec();
+        followed.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        for piece in 1..=followed.len() {
+            assert_eq!(
+                end_in_pieces(&followed, piece),
+                Ok(Some(BODY.len())),
+                "{piece}"
+            );
+        }
+        // Without trailers, and cut anywhere before its end: not yet.
+        assert_eq!(end_in_pieces(b"2\r\nok\r\n0\r\n\r\n", 3), Ok(Some(12)));
+        for cut in 0..BODY.len() {
+            assert_eq!(end_in_pieces(&BODY[..cut], 4), Ok(None), "{cut}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_chunked_body_is_told() {
+        for broken in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"3\nabc\r\n",
+            b"3\r\nabcd\r\n",
+            b"3\r\nabc\r\r",
+            b"11111111111111111\r\n",
+            b"0\r\nx-sum: 1\n\r\n",
+            b"0\r\n\r\r",
+            b"3;\x01\r\nabc\r\n",
+        ] {
+            assert_eq!(
+                end_in_pieces(broken, 1),
+                Err(()),
+                "{}",
+                String::from_utf8_lossy(broken)
+            );
+        }
+    }
+
+    #[test]
+    fn lengths_are_written_in_hex() {
+        let mut buf = [0u8; 16];
+        assert_eq!(hex_len(0, &mut buf), b"0");
+        assert_eq!(hex_len(255, &mut buf), b"ff");
+        assert_eq!(hex_len(4096, &mut buf), b"1000");
+        assert_eq!(
+            hex_len(usize::MAX, &mut buf).len(),
+            usize::BITS as usize / 4
+        );
+    }
+}
