@@ -706,6 +706,41 @@ mod tests {
         }
     }
 
+    /// The data [`Chunks::decode`] gives for `bytes` fed in pieces of
+    /// `piece` bytes, and whether it saw the end.
+    fn decoded_in_pieces(bytes: &[u8], piece: usize) -> Result<(Vec<u8>, bool), ()> {
+        let mut chunks = Chunks::default();
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        for part in bytes.chunks(piece) {
+            buf.extend_from_slice(part);
+            loop {
+                match chunks.decode(&mut buf)? {
+                    Decoded::Data(d) => data.extend_from_slice(&d),
+                    Decoded::More => break,
+                    Decoded::End => return Ok((data, true)),
+                }
+            }
+        }
+        Ok((data, false))
+    }
+
+    #[test]
+    fn a_chunked_body_decodes_to_its_data_however_it_is_split() {
+        for piece in 1..=BODY.len() {
+            assert_eq!(
+                decoded_in_pieces(BODY, piece),
+                Ok((b"abc0123456789".to_vec(), true)),
+                "{piece}"
+            );
+        }
+        assert_eq!(
+            decoded_in_pieces(&BODY[..BODY.len() - 1], 5),
+            Ok((b"abc0123456789".to_vec(), false))
+        );
+        assert_eq!(decoded_in_pieces(b"3\r\nabcd\r\n", 2), Err(()));
+    }
+
     #[test]
     fn lengths_are_written_in_hex() {
         let mut buf = [0u8; 16];
