@@ -382,7 +382,9 @@ async fn in_hand(mut body: Body) -> InHand {
                         }
                         more.extend_from_slice(&data);
                     }
-                    // Trailers: hyper's to send.
+                    // Trailers, which a body of a known length (the only
+                    // kind taken here) cannot have: hyper's client then
+                    // sends the rest, these trailers not among it.
                     Err(_) => return Poll::Ready(Ok(false)),
                 },
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
@@ -433,12 +435,14 @@ impl http_body::Body for Prepended {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = http_body::Body::size_hint(&self.rest);
+        let rest = http_body::Body::size_hint(&self.rest);
         let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
-        hint.set_lower(hint.lower() + first);
-        if let Some(upper) = hint.upper() {
+        // The upper bound first: a lower one above it is refused.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = rest.upper() {
             hint.set_upper(upper + first);
         }
+        hint.set_lower(rest.lower() + first);
         hint
     }
 }
@@ -1089,7 +1093,7 @@ impl http_body::Body for ReadAhead {
 
 #[cfg(test)]
 mod tests {
-    use super::{Broken, add_forwarded, connect_timeout, read_ahead, strip_hop_by_hop};
+    use super::{Broken, Prepended, add_forwarded, connect_timeout, read_ahead, strip_hop_by_hop};
     use http::{HeaderMap, HeaderValue};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -1211,6 +1215,25 @@ mod tests {
     async fn text(body: Body) -> Result<String, axum::Error> {
         let bytes = axum::body::to_bytes(body, usize::MAX).await?;
         Ok(String::from_utf8(bytes.to_vec()).unwrap_or_default())
+    }
+
+    #[test]
+    fn a_body_with_its_first_bytes_put_back_is_as_long_as_it_was() {
+        let body = Prepended {
+            first: Some(Bytes::from_static(b"hello")),
+            rest: Body::from(" world"),
+        };
+        let hint = http_body::Body::size_hint(&body);
+        assert_eq!(hint.exact(), Some(11));
+    }
+
+    #[tokio::test]
+    async fn a_body_put_back_yields_its_first_bytes_then_the_rest() {
+        let body = Body::new(Prepended {
+            first: Some(Bytes::from_static(b"hello")),
+            rest: Body::from(" world"),
+        });
+        assert_eq!(text(body).await.unwrap(), "hello world");
     }
 
     #[tokio::test]

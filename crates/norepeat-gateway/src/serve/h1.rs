@@ -104,7 +104,8 @@ pub(super) fn answer_framing<'h>(
             // that tells its end (then it ends with the connection).
             // Several fields are one list to hyper's client; a backend
             // that splits them is not followed.
-            if !codings.is_empty() {
+            // An empty one frames nothing: not followed either.
+            if chunked.is_some() || h.value.trim_ascii().is_empty() {
                 return Err(());
             }
             let last = h
@@ -266,8 +267,8 @@ impl Chunks {
             }
             ChunkState::Trailer => match b {
                 b'\r' => self.state = ChunkState::TrailerLf,
-                b'\n' => return Err(()),
-                _ => {}
+                b'\t' | b' '..=b'~' | 0x80..=0xff => {}
+                _ => return Err(()),
             },
             ChunkState::TrailerLf => {
                 if b != b'\n' {
@@ -288,7 +289,8 @@ impl Chunks {
         Ok(false)
     }
 
-    /// The data bytes at hand of the current chunk: `(take, ends)`.
+    /// How many of `available` data bytes are the current chunk's (the
+    /// chunk's data then ends when they are all of it).
     fn data(&mut self, available: usize) -> usize {
         let take = usize::try_from(self.size)
             .unwrap_or(usize::MAX)
@@ -369,10 +371,12 @@ fn broken(what: &'static str) -> std::io::Error {
 /// The idle connections a [`Streamed`] body gives its connection back to.
 pub(super) type Idle = Arc<dyn Fn(TcpStream) + Send + Sync>;
 
-/// Sends `head` and `body` (in hand, whole) on `up` (a connection from
-/// the pool when `reused`, else a new one made by `connect`), then reads
-/// the answer's head: the answer, its body streamed from the connection,
-/// which goes back through `idle` once that body has ended.
+/// Sends `req`'s head for `target` and `body` (in hand, whole) on `up`,
+/// an idle connection from the pool, or on a new one from `connect` (when
+/// there is none, or the idle one was found closed before a byte of the
+/// request left), then reads the answer's head: the answer, its body
+/// streamed from the connection, which goes back through `idle` once that
+/// body has ended.
 ///
 /// # Errors
 /// [`Failed`]: whether anything reached the upstream.
@@ -696,6 +700,7 @@ mod tests {
             b"0\r\nx-sum: 1\n\r\n",
             b"0\r\n\r\r",
             b"3;\x01\r\nabc\r\n",
+            b"0\r\nx\x00: 1\r\n\r\n",
         ] {
             assert_eq!(
                 end_in_pieces(broken, 1),
@@ -739,6 +744,76 @@ mod tests {
             Ok((b"abc0123456789".to_vec(), false))
         );
         assert_eq!(decoded_in_pieces(b"3\r\nabcd\r\n", 2), Err(()));
+    }
+
+    fn framing_of(
+        head: bool,
+        status: u16,
+        headers: &[(&str, &[u8])],
+    ) -> Result<(Framing, bool), ()> {
+        let parsed: Vec<httparse::Header<'_>> = headers
+            .iter()
+            .map(|(name, value)| httparse::Header { name, value })
+            .collect();
+        answer_framing(head, status, 1, &parsed).map(|a| (a.framing, a.reusable))
+    }
+
+    #[test]
+    fn an_answer_is_framed_as_rfc_9112_says_or_not_followed() {
+        let cl: &[u8] = b"2";
+        assert_eq!(
+            framing_of(false, 200, &[("Content-Length", cl)]),
+            Ok((Framing::Length(2), true))
+        );
+        assert_eq!(
+            framing_of(false, 200, &[("content-length", b"2, 2")]),
+            Ok((Framing::Length(2), true))
+        );
+        assert_eq!(
+            framing_of(true, 200, &[("content-length", cl)]),
+            Ok((Framing::Empty, true))
+        );
+        assert_eq!(framing_of(false, 304, &[]), Ok((Framing::Empty, true)));
+        assert_eq!(
+            framing_of(
+                false,
+                200,
+                &[
+                    ("transfer-encoding", b"gzip, chunked"),
+                    ("content-length", cl)
+                ]
+            ),
+            Ok((Framing::Chunked, true))
+        );
+        assert_eq!(
+            framing_of(false, 200, &[("transfer-encoding", b"gzip")]),
+            Ok((Framing::UntilClose, false))
+        );
+        assert_eq!(
+            framing_of(false, 200, &[]),
+            Ok((Framing::UntilClose, false))
+        );
+        assert_eq!(
+            framing_of(
+                false,
+                200,
+                &[("connection", b"close"), ("content-length", cl)]
+            ),
+            Ok((Framing::Length(2), false))
+        );
+        for broken in [
+            &[("content-length", cl), ("content-length", b"3")][..],
+            &[("content-length", b"-1")],
+            &[("content-length", b"")],
+            &[("transfer-encoding", b"")],
+            &[
+                ("transfer-encoding", b"chunked"),
+                ("transfer-encoding", b"chunked"),
+            ],
+            &[("connection", b"a, b, c, d, e, f, g, h, i")],
+        ] {
+            assert_eq!(framing_of(false, 200, broken), Err(()), "{broken:?}");
+        }
     }
 
     #[test]

@@ -229,9 +229,12 @@ impl Lane {
         };
         // A method not in upper case is refused (hyper's path says why);
         // CONNECT tunnels. The gateway's own routes are the router's.
+        // A target with a fragment is hyper's, which forwards it without
+        // (the lane writes the target as it came).
         if method == "CONNECT"
             || method.bytes().any(|b| b.is_ascii_lowercase())
             || !target.starts_with('/')
+            || target.contains('#')
             || target.starts_with("/.norepeat/")
             || gw.draining.started()
         {
@@ -428,7 +431,7 @@ impl Lane {
                 };
                 let status = res.status().as_u16();
                 let closing = request.close || stop.stopped();
-                let written = write_problem(io, res, &request.id, closing).await;
+                let written = write_problem(io, res, &request.id, closing, request.head).await;
                 if let Some(owed) = owed {
                     owed.answered(None, status, outcome, Some(upstream_took));
                 }
@@ -690,7 +693,14 @@ fn head_may_end(buf: &[u8], from: usize) -> bool {
 
 /// One of the gateway's own answers (502, 504), with the request's id.
 /// `false`: it could not be written.
-async fn write_problem<S>(io: &mut S, res: Response<Body>, id: &HeaderValue, close: bool) -> bool
+/// The answer to a `HEAD` (`head`) has its length and not its body.
+async fn write_problem<S>(
+    io: &mut S,
+    res: Response<Body>,
+    id: &HeaderValue,
+    close: bool,
+    head: bool,
+) -> bool
 where
     S: AsyncWrite + Unpin,
 {
@@ -720,7 +730,9 @@ where
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
+    if !head {
+        out.extend_from_slice(&body);
+    }
     io.write_all(&out).await.is_ok()
 }
 
