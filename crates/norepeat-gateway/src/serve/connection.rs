@@ -80,6 +80,13 @@ pub(super) async fn serve(
     // less CPU per request than hyper's vectored writes here (BENCHMARKS.md,
     // issue 39); a large body costs one more copy.
     builder.http1().writev(false);
+    // For a connection the lane hands over once the shutdown has begun
+    // (a head that was still coming): its request is served, then the
+    // connection closes. hyper's graceful shutdown would close it before
+    // reading the request it already holds.
+    let mut closing = builder.clone();
+    closing.http1().keep_alive(false);
+    let closing = Arc::new(closing);
     let builder = Arc::new(builder);
     let mut shutdown = std::pin::pin!(shutdown);
     let stop = Arc::new(Stop::default());
@@ -154,6 +161,7 @@ pub(super) async fn serve(
             }
         });
         let builder = Arc::clone(&builder);
+        let closing = Arc::clone(&closing);
         // Held while the connection is served, by the lane too: the
         // shutdown waits for it.
         let watcher = graceful.watcher();
@@ -190,12 +198,23 @@ pub(super) async fn serve(
                     }
                 },
             };
-            let conn = watcher.watch(
-                builder
+            let ended = if stop.stopped() {
+                // The watcher, held to the end, keeps the shutdown waiting.
+                let ended = closing
                     .serve_connection_with_upgrades(TokioIo::new(io), service)
-                    .into_owned(),
-            );
-            if let Err(e) = conn.await {
+                    .await;
+                drop(watcher);
+                ended
+            } else {
+                watcher
+                    .watch(
+                        builder
+                            .serve_connection_with_upgrades(TokioIo::new(io), service)
+                            .into_owned(),
+                    )
+                    .await
+            };
+            if let Err(e) = ended {
                 tracing::trace!(error = %e, "connection ended");
             }
         });
@@ -302,8 +321,9 @@ impl AsyncWrite for Io {
     }
 }
 
-/// The listener's shutdown, as the pass-through's lane sees it: an idle
-/// connection closes at once, a busy one after its answer.
+/// The listener's shutdown, as the pass-through's lane sees it: a
+/// connection waiting for a next request closes at once, one whose
+/// request (or its head) is under way closes after its answer.
 #[derive(Default)]
 pub(super) struct Stop {
     stopped: AtomicBool,

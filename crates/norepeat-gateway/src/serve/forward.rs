@@ -1,5 +1,6 @@
-//! Forwarding written by us: hyper's HTTP/1.1 client connections, pooled
-//! per worker and per route ([`Client`]), streamed bodies
+//! Forwarding written by us: HTTP/1.1 connections pooled per worker and
+//! per route ([`Client`]), spoken to by hand (`h1.rs`) for a request whose
+//! body is in hand and by hyper's client for the others, streamed bodies
 //! both ways, hop-by-hop headers dropped both ways (RFC 9110 §7.6.1), the
 //! `X-Forwarded-*` and `Forwarded` headers added, `Host` kept; an
 //! `https://` upstream over rustls, and an HTTP/1.1 `Upgrade` (WebSocket
@@ -183,10 +184,12 @@ impl Client {
         self.to.base.as_deref()
     }
 
-    /// The most recently idle lane connection that is still open: one
+    /// The most recently idle plain connection that is still open: one
     /// whose socket has nothing to read (a backend that closed it, or
     /// wrote out of turn, leaves it readable). The check is the reactor's
-    /// readiness, no system call when nothing came.
+    /// readiness first: usually no system call when nothing came. A close
+    /// that the reactor has not seen yet is missed (as by hyper's pool):
+    /// the request then meets it, and is answered 504, never sent again.
     pub(crate) fn take_raw(&self) -> Option<tokio::net::TcpStream> {
         let mut idle = self
             .raw

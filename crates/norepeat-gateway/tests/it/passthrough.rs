@@ -525,3 +525,36 @@ async fn an_upload_in_two_pieces_reaches_the_backend_whole() {
     assert!(text.starts_with("HTTP/1.1 201 "), "{text}");
     assert!(text.ends_with("created"), "{text}");
 }
+
+/// A head still coming when the shutdown begins is read to its end and
+/// answered (with `Connection: close`) before the gateway exits; hyper's
+/// graceful shutdown closed the handed-over connection unanswered.
+#[tokio::test]
+async fn a_head_still_coming_at_the_shutdown_is_answered() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\ndrain_delay: 0s\n",
+        b.port
+    );
+    let mut g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /plain HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.signal("-TERM").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.write_all(b"\r\n").await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed")
+        .ok();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text:?}");
+    let exited = g.process.wait_exit(Duration::from_secs(10)).await;
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+}
