@@ -98,15 +98,20 @@ pub(crate) struct Client {
     connect: Duration,
 }
 
-/// A plain connection waiting for its next request.
-struct RawIdle {
-    stream: tokio::net::TcpStream,
+/// A connection waiting for its next request, since when.
+struct Parked<C> {
+    conn: C,
     since: std::time::Instant,
 }
 
-/// Keeps `stream` among `idle`, the oldest dropped past [`IDLE_FOR`] or
+/// A hyper client connection waiting.
+type Idle = Parked<hyper::client::conn::http1::SendRequest<Body>>;
+/// A plain connection waiting (`h1.rs`).
+type RawIdle = Parked<tokio::net::TcpStream>;
+
+/// Keeps `conn` among `idle`, the oldest dropped past [`IDLE_FOR`] or
 /// [`MAX_IDLE`].
-fn park_raw(idle: &std::sync::Mutex<VecDeque<RawIdle>>, stream: tokio::net::TcpStream) {
+fn park<C>(idle: &std::sync::Mutex<VecDeque<Parked<C>>>, conn: C) {
     let mut idle = idle
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -118,13 +123,7 @@ fn park_raw(idle: &std::sync::Mutex<VecDeque<RawIdle>>, stream: tokio::net::TcpS
     {
         idle.pop_front();
     }
-    idle.push_back(RawIdle { stream, since: now });
-}
-
-/// A connection waiting for its next request.
-struct Idle {
-    send: hyper::client::conn::http1::SendRequest<Body>,
-    since: std::time::Instant,
+    idle.push_back(Parked { conn, since: now });
 }
 
 impl std::fmt::Debug for Client {
@@ -161,7 +160,7 @@ impl Client {
         let raw: std::sync::Arc<std::sync::Mutex<VecDeque<RawIdle>>> = std::sync::Arc::default();
         let give_back: super::h1::Idle = {
             let raw = std::sync::Arc::clone(&raw);
-            std::sync::Arc::new(move |stream| park_raw(&raw, stream))
+            std::sync::Arc::new(move |stream| park(&raw, stream))
         };
         Self {
             connector,
@@ -201,9 +200,9 @@ impl Client {
                 return None;
             }
             let mut probe = [0u8; 1];
-            if matches!(c.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            if matches!(c.conn.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
             {
-                return Some(c.stream);
+                return Some(c.conn);
             }
         }
         None
@@ -211,7 +210,7 @@ impl Client {
 
     /// Keeps `stream` for a next request.
     pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
-        park_raw(&self.raw, stream);
+        park(&self.raw, stream);
     }
 
     /// A new plain connection to the upstream, within the client's
@@ -247,8 +246,8 @@ impl Client {
                 idle.clear();
                 return None;
             }
-            if !c.send.is_closed() {
-                return Some(c.send);
+            if !c.conn.is_closed() {
+                return Some(c.conn);
             }
         }
         None
@@ -494,19 +493,7 @@ impl GiveBack {
     /// Among the idle connections, the oldest dropped past [`IDLE_FOR`]
     /// or [`MAX_IDLE`].
     fn park(self) {
-        let GiveBack { send, idle } = self;
-        let mut idle = idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = std::time::Instant::now();
-        while idle
-            .front()
-            .is_some_and(|c| now.duration_since(c.since) >= IDLE_FOR)
-            || idle.len() >= MAX_IDLE
-        {
-            idle.pop_front();
-        }
-        idle.push_back(Idle { send, since: now });
+        park(&self.idle, self.send);
     }
 }
 

@@ -5,9 +5,9 @@
 //! A cleartext connection starts here. A request the lane takes is one no
 //! route takes and that has nothing the lane leaves to hyper: HTTP/1.1, no
 //! body (no `Transfer-Encoding`, a `Content-Length` of 0 at most), no
-//! `Upgrade` or `Expect`, one `Host` in visible ASCII, a `Connection` of
-//! `keep-alive` or `close` at most, an `http://` upstream, the gateway not
-//! draining. Its head is parsed once (`httparse`, the parser hyper uses),
+//! `Upgrade` or `Expect`, a target without a fragment, one `Host` in
+//! visible ASCII, a `Connection` of `keep-alive` or `close` at most, an
+//! `http://` upstream, the gateway not draining. Its head is parsed once (`httparse`, the parser hyper uses),
 //! the route chosen as [`super::request::route_request`] chooses it
 //! ([`choose`]), and the upstream's request written from the client's bytes
 //! with the hop-by-hop headers dropped and the forwarding headers and

@@ -303,3 +303,33 @@ pub(crate) async fn pay_on(g: &Process, path: &str, key: &str) -> Response {
         .await
         .unwrap()
 }
+
+/// The first line of the access log at `log` that contains `needle`,
+/// waited for up to 10 s (the line is written when the request ends).
+pub(crate) async fn log_line(log: &std::path::Path, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains(needle)) {
+            return l.to_owned();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes `bytes` on a new TCP connection to `g` and reads until the
+/// gateway closes it (at most 10 s): what came back, as text.
+pub(crate) async fn over_tcp(g: &Process, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("the gateway closed the connection")
+        .ok();
+    String::from_utf8_lossy(&out).into_owned()
+}

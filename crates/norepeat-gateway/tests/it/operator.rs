@@ -597,17 +597,7 @@ async fn a_client_that_leaves_before_its_answer_is_logged_499_client_closed() {
     )
     .await;
     assert!(gave_up.is_err(), "the client gave up before the answer");
-    let line = {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(l) = text.lines().find(|l| l.contains("/slow-report")) {
-                break l.to_owned();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let line = log_line(&log, "/slow-report").await;
     let entry: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["status"], 499, "{line}");
     assert_eq!(entry["outcome"], "client_closed", "{line}");

@@ -230,22 +230,13 @@ async fn every_answer_framing_comes_whole_on_a_kept_connection() {
 async fn pipelined_requests_and_one_left_to_hyper_are_answered_in_order() {
     let b = backend().await;
     let g = gateway_for(&b).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
-    s.write_all(
+    let text = over_tcp(
+        &g,
         b"GET /plain HTTP/1.1\r\nhost: a\r\n\r\n\
           POST /upload HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhello\
           GET /chunked HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("answered and closed")
-        .unwrap();
-    let text = String::from_utf8_lossy(&out);
+    .await;
     let statuses: Vec<&str> = text
         .match_indices("HTTP/1.1 ")
         .map(|(i, _)| &text[i + 9..i + 12])
@@ -295,18 +286,7 @@ async fn a_broken_answer_is_a_504_or_a_connection_cut_never_a_wrong_body() {
     assert!(headers.contains_key("x-request-id"));
     assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
 
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
-    s.write_all(b"GET /cut-short HTTP/1.1\r\nhost: a\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("the connection is closed")
-        .ok();
-    let text = String::from_utf8_lossy(&out);
+    let text = over_tcp(&g, b"GET /cut-short HTTP/1.1\r\nhost: a\r\n\r\n").await;
     assert!(text.contains("content-length: 10\r\n"), "{text}");
     assert!(text.ends_with("\r\n\r\nabc"), "{text}");
 }
@@ -361,19 +341,12 @@ async fn an_upstream_that_is_down_is_a_502_on_a_kept_connection() {
 async fn a_fragment_is_not_forwarded() {
     let b = backend().await;
     let g = gateway_for(&b).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
-    s.write_all(b"GET /plain#\\x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.unwrap();
-    assert!(
-        out.starts_with(b"HTTP/1.1 200 OK\r\n"),
-        "{}",
-        String::from_utf8_lossy(&out)
-    );
+    let text = over_tcp(
+        &g,
+        b"GET /plain#\\x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     let head = b.heads.lock().unwrap()[0].clone();
     assert!(head.starts_with("GET /plain HTTP/1.1\r\n"), "{head}");
 }
@@ -401,17 +374,7 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(s);
-    let line = {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(l) = text.lines().find(|l| l.contains("/slow")) {
-                break l.to_owned();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let line = log_line(&log, "/slow").await;
     let entry: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["status"], 499, "{line}");
     assert_eq!(entry["outcome"], "client_closed", "{line}");
