@@ -772,27 +772,44 @@ fn add_forwarded(
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     let mut forwarded = Vec::with_capacity(64);
-    forwarded.extend_from_slice(b"for=");
-    match peer {
-        IpAddr::V4(_) => forwarded.extend_from_slice(ip),
-        IpAddr::V6(_) => {
-            forwarded.extend_from_slice(b"\"[");
-            forwarded.extend_from_slice(ip);
-            forwarded.extend_from_slice(b"]\"");
-        }
-    }
-    forwarded.extend_from_slice(b";proto=");
-    forwarded.extend_from_slice(proto.as_bytes());
+    let named = host
+        .as_ref()
+        .filter(|h| h.to_str().is_ok())
+        .map(HeaderValue::as_bytes);
+    forwarded_element(&mut forwarded, peer, ip, proto, named);
     if let Some(host) = host {
-        if host.to_str().is_ok_and(|h| !h.contains('"')) {
-            forwarded.extend_from_slice(b";host=\"");
-            forwarded.extend_from_slice(host.as_bytes());
-            forwarded.push(b'"');
-        }
         headers.insert(X_FORWARDED_HOST, host);
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(forwarded)) {
         headers.append(header::FORWARDED, v);
+    }
+}
+
+/// The `Forwarded` element (RFC 7239) of a request from `peer` (its
+/// address as text in `ip`) over `proto`: `for=...;proto=...`, and
+/// `;host="..."` for a `host` without a quote in it.
+pub(super) fn forwarded_element(
+    out: &mut Vec<u8>,
+    peer: IpAddr,
+    ip: &[u8],
+    proto: &str,
+    host: Option<&[u8]>,
+) {
+    out.extend_from_slice(b"for=");
+    match peer {
+        IpAddr::V4(_) => out.extend_from_slice(ip),
+        IpAddr::V6(_) => {
+            out.extend_from_slice(b"\"[");
+            out.extend_from_slice(ip);
+            out.extend_from_slice(b"]\"");
+        }
+    }
+    out.extend_from_slice(b";proto=");
+    out.extend_from_slice(proto.as_bytes());
+    if let Some(host) = host.filter(|h| !h.contains(&b'"')) {
+        out.extend_from_slice(b";host=\"");
+        out.extend_from_slice(host);
+        out.push(b'"');
     }
 }
 

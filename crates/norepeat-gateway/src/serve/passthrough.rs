@@ -26,7 +26,7 @@
 use super::access::{self, Owed};
 use super::answers::{upstream_timeout, upstream_unavailable};
 use super::connection::{InFlight, Stop, Watch};
-use super::forward::{Client, ip_text};
+use super::forward::{Client, forwarded_element, ip_text};
 use super::gateway::Gateway;
 use super::h1::{
     ANSWER_HEADERS, Chunks, Framing, MAX_ANSWER_HEAD, READ, answer_framing, header, hex_len,
@@ -352,21 +352,8 @@ impl Lane {
         out.extend_from_slice(ip);
         out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
         header(out, b"x-forwarded-host", host);
-        out.extend_from_slice(b"forwarded: for=");
-        match peer {
-            IpAddr::V4(_) => out.extend_from_slice(ip),
-            IpAddr::V6(_) => {
-                out.extend_from_slice(b"\"[");
-                out.extend_from_slice(ip);
-                out.extend_from_slice(b"]\"");
-            }
-        }
-        out.extend_from_slice(b";proto=http");
-        if !host.contains(&b'"') {
-            out.extend_from_slice(b";host=\"");
-            out.extend_from_slice(host);
-            out.push(b'"');
-        }
+        out.extend_from_slice(b"forwarded: ");
+        forwarded_element(out, peer, ip, "http", Some(host));
         out.extend_from_slice(b"\r\n\r\n");
 
         let logged = match gw.access {
