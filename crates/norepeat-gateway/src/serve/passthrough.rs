@@ -79,6 +79,8 @@ where
         out: Vec::with_capacity(1024),
         answer: BytesMut::with_capacity(READ),
     };
+    // Whether a request was answered on this connection.
+    let mut served = false;
     loop {
         // Up to where `buf` is known to hold no head's end.
         let mut scanned = 0;
@@ -87,7 +89,9 @@ where
             if !buf.is_empty() {
                 let n = buf.len().min(PREFACE.len());
                 if buf[..n] == PREFACE[..n] {
-                    return Left::ToHyper;
+                    // HTTP/2 by prior knowledge is hyper's; after HTTP/1.1
+                    // requests on the same connection it is no request.
+                    return if served { Left::Closed } else { Left::ToHyper };
                 }
                 // A head is parsed once its end may have come: one sent a
                 // byte at a time is not parsed again at every byte.
@@ -127,6 +131,7 @@ where
             .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
         let kept = lane.exchange(io, buf, &request, stop, owed).await;
         drop(in_flight);
+        served = true;
         if !kept {
             let _ = io.shutdown().await;
             return Left::Closed;

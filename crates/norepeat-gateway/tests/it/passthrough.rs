@@ -521,3 +521,19 @@ async fn a_head_still_coming_at_the_shutdown_is_answered() {
     let exited = g.process.wait_exit(Duration::from_secs(10)).await;
     assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
 }
+
+/// HTTP/2's preface after an HTTP/1.1 request on the same connection is
+/// no request: the connection is closed after the first answer (it was
+/// handed to hyper, which switched protocols mid-connection).
+#[tokio::test]
+async fn an_http2_preface_after_a_request_closes_the_connection() {
+    let b = backend().await;
+    let g = gateway_for(&b).await;
+    let text = over_tcp(
+        &g,
+        b"GET /plain HTTP/1.1\r\nhost: a\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text:?}");
+}
