@@ -546,8 +546,10 @@ impl Lane {
         out.push(b' ');
         out.extend_from_slice(res.reason.unwrap_or_default().as_bytes());
         out.extend_from_slice(b"\r\n");
+        let mut dated = false;
         for h in res.headers.iter() {
             let name = h.name;
+            dated |= name.eq_ignore_ascii_case("date");
             let dropped = answer.is_hop_by_hop(name)
                 || name.eq_ignore_ascii_case("x-request-id")
                 // A length beside a chunked body is not the body's.
@@ -569,6 +571,11 @@ impl Lane {
             _ => {}
         }
         header(out, b"x-request-id", request.id.as_bytes());
+        // As hyper's server does for an answer without one (RFC 9110
+        // §6.6.1: a server with a clock sends it).
+        if !dated {
+            now_as_http_date(|date| header(out, b"date", date));
+        }
         out.extend_from_slice(b"\r\n");
         Ok(Some(AnswerHead {
             len,
@@ -718,6 +725,7 @@ where
     let mut n = itoa::Buffer::new();
     header(&mut out, b"content-length", n.format(body.len()).as_bytes());
     header(&mut out, b"x-request-id", id.as_bytes());
+    now_as_http_date(|date| header(&mut out, b"date", date));
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -726,6 +734,26 @@ where
         out.extend_from_slice(&body);
     }
     io.write_all(&out).await.is_ok()
+}
+
+/// Calls `with` on the current time as an HTTP date (IMF-fixdate),
+/// formatted once a second per thread.
+fn now_as_http_date(with: impl FnOnce(&[u8])) {
+    thread_local! {
+        static DATE: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|date| {
+        let mut date = date.borrow_mut();
+        if date.0 != second {
+            *date = (second, httpdate::fmt_http_date(now));
+        }
+        with(date.1.as_bytes());
+    });
 }
 
 #[cfg(test)]

@@ -168,14 +168,18 @@ async fn ask(
 /// its extension and trailers comes decoded whole, a 103 is passed over,
 /// a transfer coding before `chunked` is kept for the client to undo,
 /// a 204 and a `HEAD` have no body, and the answer's hop-by-hop headers
-/// (those its `Connection` names too) are dropped and its request id is
-/// the gateway's.
+/// (those its `Connection` names too) are dropped, its request id is the
+/// gateway's, and one without a `Date` gets the gateway's.
 #[tokio::test]
 async fn every_answer_framing_comes_whole_on_a_kept_connection() {
     let b = backend().await;
     let g = gateway_for(&b).await;
     let mut send = connection(&g).await;
-    assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
+    let (_, headers, body) = ask(&mut send, "GET", "/plain").await;
+    assert_eq!(body, "ok");
+    // The backend sent no Date: the gateway's, as hyper's server adds.
+    let date = headers["date"].to_str().unwrap();
+    assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
     let (status, headers, body) = ask(&mut send, "GET", "/until-close").await;
     assert_eq!((status, body.as_str()), (200, "streamed to the end"));
     assert_eq!(headers["transfer-encoding"], "chunked");
@@ -324,6 +328,7 @@ async fn an_upstream_that_is_down_is_a_502_on_a_kept_connection() {
         let (status, headers, body) = ask(&mut send, method, "/plain").await;
         assert_eq!(status, 502, "{method} {body}");
         assert_eq!(headers["content-type"], "application/problem+json");
+        assert!(headers.contains_key("date"));
         if method == "HEAD" {
             // Its length, not its body (which the next answer would be
             // read as).
