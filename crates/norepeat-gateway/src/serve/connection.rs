@@ -168,6 +168,8 @@ pub(super) async fn serve(
         let tls = tls.clone();
         let stop = Arc::clone(&stop);
         tokio::spawn(async move {
+            // Handed over by the lane once the shutdown had begun.
+            let mut late = false;
             let io = match tls {
                 // Cleartext: the pass-through's lane first, hyper from the
                 // first request the lane does not take.
@@ -181,6 +183,7 @@ pub(super) async fn serve(
                         return;
                     }
                     timed.unread = read.freeze();
+                    late = stop.stopped();
                     Io::Plain(timed)
                 }
                 // Within `header_timeout`: the handshake is read in the
@@ -198,7 +201,7 @@ pub(super) async fn serve(
                     }
                 },
             };
-            let ended = if stop.stopped() {
+            let ended = if late {
                 // The watcher, held to the end, keeps the shutdown waiting.
                 let ended = closing
                     .serve_connection_with_upgrades(TokioIo::new(io), service)
