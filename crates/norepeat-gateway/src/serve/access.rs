@@ -29,10 +29,10 @@ pub(super) fn note_upstream(took: Duration) {
 /// proxy (`trusted`) and is 1 to 200 visible ASCII characters, else a
 /// fresh one ([`fresh_id`]), put in `headers` so the backend sees it.
 pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
-    let mut given = headers.get_all(&REQUEST_ID).iter();
-    if trusted
-        && let (Some(v), None) = (given.next(), given.next())
-        && norepeat::identity::is_visible_ascii(v.as_bytes(), 200)
+    let given = headers.get_all(&REQUEST_ID);
+    let count = given.iter().count();
+    if let Some(v) = given.iter().next()
+        && keeps_given_id(v.as_bytes(), count, trusted)
     {
         return v.clone();
     }
@@ -40,6 +40,13 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
     let id = HeaderValue::from_bytes(&fresh_id()).unwrap_or(HeaderValue::from_static("0"));
     headers.insert(REQUEST_ID, id.clone());
     id
+}
+
+/// Whether the request id a request carries (`given`, the first of
+/// `count`) is kept: it came from a trusted proxy, alone, 1 to 200
+/// visible ASCII characters.
+pub(super) fn keeps_given_id(given: &[u8], count: usize, trusted: bool) -> bool {
+    trusted && count == 1 && norepeat::identity::is_visible_ascii(given, 200)
 }
 
 /// A request id unique in this process and, with 64 random bits per

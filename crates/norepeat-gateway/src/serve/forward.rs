@@ -404,48 +404,16 @@ async fn in_hand(mut body: Body) -> InHand {
     };
     match done {
         Ok(true) => InHand::Whole(got),
-        Ok(false) => InHand::Streaming(Body::new(Prepended {
-            first: (!got.is_empty()).then_some(got),
-            rest: body,
+        // What was taken, put back in front: the read-ahead body's shape.
+        Ok(false) => InHand::Streaming(Body::new(ReadAhead {
+            buffered: got.len() as u64,
+            frames: (!got.is_empty())
+                .then(|| Frame::data(got))
+                .into_iter()
+                .collect(),
+            rest: Some(body),
         })),
         Err(e) => InHand::Broke(e.into()),
-    }
-}
-
-/// A body whose first bytes were taken already, given back in front.
-struct Prepended {
-    first: Option<Bytes>,
-    rest: Body,
-}
-
-impl http_body::Body for Prepended {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        if let Some(first) = self.first.take() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        http_body::Body::poll_frame(Pin::new(&mut self.rest), cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.first.is_none() && http_body::Body::is_end_stream(&self.rest)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let rest = http_body::Body::size_hint(&self.rest);
-        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
-        // The upper bound first: a lower one above it is refused.
-        let mut hint = SizeHint::new();
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper + first);
-        }
-        hint.set_lower(rest.lower() + first);
-        hint
     }
 }
 
@@ -674,7 +642,7 @@ impl http_body::Body for Watched {
 /// long-standing `Keep-Alive` and `Proxy-Connection`), `Connection` first.
 /// Names, not strings: a `&str` is parsed into a name on every call, and
 /// this runs twice per request (BENCHMARKS.md, issue 39).
-static HOP_BY_HOP: [HeaderName; 7] = [
+pub(super) static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -1100,7 +1068,7 @@ impl http_body::Body for ReadAhead {
 
 #[cfg(test)]
 mod tests {
-    use super::{Broken, Prepended, add_forwarded, connect_timeout, read_ahead, strip_hop_by_hop};
+    use super::{Broken, ReadAhead, add_forwarded, connect_timeout, read_ahead, strip_hop_by_hop};
     use http::{HeaderMap, HeaderValue};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -1226,9 +1194,10 @@ mod tests {
 
     #[test]
     fn a_body_with_its_first_bytes_put_back_is_as_long_as_it_was() {
-        let body = Prepended {
-            first: Some(Bytes::from_static(b"hello")),
-            rest: Body::from(" world"),
+        let body = ReadAhead {
+            frames: [http_body::Frame::data(Bytes::from_static(b"hello"))].into(),
+            buffered: 5,
+            rest: Some(Body::from(" world")),
         };
         let hint = http_body::Body::size_hint(&body);
         assert_eq!(hint.exact(), Some(11));
@@ -1236,9 +1205,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_put_back_yields_its_first_bytes_then_the_rest() {
-        let body = Body::new(Prepended {
-            first: Some(Bytes::from_static(b"hello")),
-            rest: Body::from(" world"),
+        let body = Body::new(ReadAhead {
+            frames: [http_body::Frame::data(Bytes::from_static(b"hello"))].into(),
+            buffered: 5,
+            rest: Some(Body::from(" world")),
         });
         assert_eq!(text(body).await.unwrap(), "hello world");
     }

@@ -52,24 +52,14 @@ impl AnswerFraming<'_> {
     /// Whether `name` is one of the hop-by-hop headers of this answer: the
     /// fixed ones and those its `Connection` names.
     pub(super) fn is_hop_by_hop(&self, name: &str) -> bool {
-        HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+        super::forward::HOP_BY_HOP
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_str()))
             || self.named[..self.names]
                 .iter()
                 .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
     }
 }
-
-/// The hop-by-hop headers (RFC 9110 §7.6.1), besides those a `Connection`
-/// names.
-pub(super) const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// The framing of an answer with `status` and `headers` (`version`: 1 for
 /// HTTP/1.1, 0 for 1.0) to a request that was a `HEAD` or not.
@@ -202,6 +192,11 @@ enum ChunkState {
     Done,
 }
 
+/// `b` is the byte a chunked body has there, or the body is broken.
+fn expect(b: u8, want: u8) -> Result<(), ()> {
+    if b == want { Ok(()) } else { Err(()) }
+}
+
 /// What [`Chunks::decode`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Decoded {
@@ -236,9 +231,7 @@ impl Chunks {
                 _ => return Err(()),
             },
             ChunkState::SizeLf => {
-                if b != b'\n' {
-                    return Err(());
-                }
+                expect(b, b'\n')?;
                 self.digits = 0;
                 self.state = if self.size == 0 {
                     ChunkState::TrailerStart
@@ -247,15 +240,11 @@ impl Chunks {
                 };
             }
             ChunkState::DataCr => {
-                if b != b'\r' {
-                    return Err(());
-                }
+                expect(b, b'\r')?;
                 self.state = ChunkState::DataLf;
             }
             ChunkState::DataLf => {
-                if b != b'\n' {
-                    return Err(());
-                }
+                expect(b, b'\n')?;
                 self.state = ChunkState::Size;
             }
             ChunkState::TrailerStart => {
@@ -271,15 +260,11 @@ impl Chunks {
                 _ => return Err(()),
             },
             ChunkState::TrailerLf => {
-                if b != b'\n' {
-                    return Err(());
-                }
+                expect(b, b'\n')?;
                 self.state = ChunkState::TrailerStart;
             }
             ChunkState::EndLf => {
-                if b != b'\n' {
-                    return Err(());
-                }
+                expect(b, b'\n')?;
                 self.state = ChunkState::Done;
                 return Ok(true);
             }

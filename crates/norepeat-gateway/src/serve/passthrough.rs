@@ -255,8 +255,11 @@ impl Lane {
         let mut close = false;
         let mut ids = 0;
         let mut given_id = None;
-        for h in req.headers.iter() {
-            match kind(h.name) {
+        // Each header's kind, told once for the passes below.
+        let mut kinds = [Kind::Other; REQUEST_HEADERS];
+        for (h, k) in req.headers.iter().zip(kinds.iter_mut()) {
+            *k = kind(h.name);
+            match *k {
                 Kind::Host => {
                     hosts += 1;
                     host = Some(h.value);
@@ -307,8 +310,7 @@ impl Lane {
             return Prepared::ToHyper;
         }
         let trusted = live.caller.is_trusted(peer);
-        let kept_id = given_id
-            .filter(|v| trusted && ids == 1 && norepeat::identity::is_visible_ascii(v, 200));
+        let kept_id = given_id.filter(|v| access::keeps_given_id(v, ids, trusted));
         let id = match kept_id {
             Some(v) => HeaderValue::from_bytes(v),
             None => HeaderValue::from_bytes(&access::fresh_id()),
@@ -327,8 +329,8 @@ impl Lane {
         }
         out.extend_from_slice(target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        for h in req.headers.iter() {
-            let keep = match kind(h.name) {
+        for (h, k) in req.headers.iter().zip(kinds) {
+            let keep = match k {
                 Kind::Connection | Kind::HopByHop | Kind::XForwardedFor | Kind::XForwardedOwn => {
                     false
                 }
@@ -347,8 +349,8 @@ impl Lane {
         let ip = ip_text(peer, &mut ip);
         out.extend_from_slice(b"x-forwarded-for: ");
         if trusted {
-            for h in req.headers.iter() {
-                if kind(h.name) == Kind::XForwardedFor {
+            for (h, k) in req.headers.iter().zip(kinds) {
+                if k == Kind::XForwardedFor {
                     out.extend_from_slice(h.value);
                     out.extend_from_slice(b", ");
                 }

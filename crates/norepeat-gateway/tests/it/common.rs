@@ -321,11 +321,17 @@ pub(crate) async fn log_line(log: &std::path::Path, needle: &str) -> String {
 /// Writes `bytes` on a new TCP connection to `g` and reads until the
 /// gateway closes it (at most 10 s): what came back, as text.
 pub(crate) async fn over_tcp(g: &Process, bytes: &[u8]) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
         .await
         .unwrap();
     s.write_all(bytes).await.unwrap();
+    read_rest(&mut s).await
+}
+
+/// Reads `s` until the gateway closes it (at most 10 s), as text.
+pub(crate) async fn read_rest(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
         .await

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
     Some(match (method, path) {
         ("HEAD", _) => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
-        (_, "/plain" | "/slow") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        (_, "/plain" | "/slow" | "/items/1") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         // No length: the body ends with the connection.
         (_, "/until-close") => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nstreamed to the end",
         (_, "/chunked" | "/pay/chunked") => b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nx-sum: 5\r\n\r\n",
@@ -118,6 +118,16 @@ async fn serve(mut s: tokio::net::TcpStream, heads: Arc<Mutex<Vec<String>>>) {
 async fn gateway_for(b: &Backend) -> Process {
     let yaml = format!(
         "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n",
+        b.port
+    );
+    gateway_with(&yaml, &["--workers", "1"]).await
+}
+
+/// A gateway in front of `b` that stops accepting as soon as it is told
+/// to stop (`drain_delay: 0s`).
+async fn stopping_at_once(b: &Backend) -> Process {
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\ndrain_delay: 0s\n",
         b.port
     );
     gateway_with(&yaml, &["--workers", "1"]).await
@@ -268,8 +278,7 @@ async fn a_head_sent_a_byte_at_a_time_is_served() {
         s.write_all(&[*byte]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
+    let out = read_rest(&mut s).await;
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     assert!(out.ends_with("\r\n\r\nok"), "{out}");
 }
@@ -301,11 +310,7 @@ async fn a_broken_answer_is_a_504_or_a_connection_cut_never_a_wrong_body() {
 #[tokio::test]
 async fn an_idle_connection_does_not_hold_the_shutdown() {
     let b = backend().await;
-    let yaml = format!(
-        "upstream: http://127.0.0.1:{}\nstore: memory\ndrain_delay: 0s\n",
-        b.port
-    );
-    let mut g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut g = stopping_at_once(&b).await;
     let mut send = connection(&g).await;
     assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
     g.signal("-TERM").await;
@@ -484,12 +489,7 @@ async fn an_upload_in_two_pieces_reaches_the_backend_whole() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.write_all(b" world").await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("answered")
-        .unwrap();
-    let text = String::from_utf8_lossy(&out);
+    let text = read_rest(&mut s).await;
     assert!(text.starts_with("HTTP/1.1 201 "), "{text}");
     assert!(text.ends_with("created"), "{text}");
 }
@@ -500,11 +500,7 @@ async fn an_upload_in_two_pieces_reaches_the_backend_whole() {
 #[tokio::test]
 async fn a_head_still_coming_at_the_shutdown_is_answered() {
     let b = backend().await;
-    let yaml = format!(
-        "upstream: http://127.0.0.1:{}\nstore: memory\ndrain_delay: 0s\n",
-        b.port
-    );
-    let mut g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut g = stopping_at_once(&b).await;
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
         .await
         .unwrap();
@@ -515,12 +511,7 @@ async fn a_head_still_coming_at_the_shutdown_is_answered() {
     g.signal("-TERM").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     s.write_all(b"\r\n").await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("answered and closed")
-        .ok();
-    let text = String::from_utf8_lossy(&out);
+    let text = read_rest(&mut s).await;
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
     assert!(text.ends_with("\r\n\r\nok"), "{text:?}");
     let exited = g.process.wait_exit(Duration::from_secs(10)).await;
@@ -541,4 +532,44 @@ async fn an_http2_preface_after_a_request_closes_the_connection() {
     .await;
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
     assert!(text.ends_with("\r\n\r\nok"), "{text:?}");
+}
+
+/// Bodiless requests the lane reads first, in the spellings that would
+/// pass a guarded route by: a method not in upper case, an encoded slash
+/// that decodes onto the route, the route in another case, are 400 and
+/// never forwarded; the route's own spellings are the route's (guarded:
+/// the second is a repeat, 409). The backend gets one request.
+#[tokio::test]
+async fn bodiless_spellings_of_a_guarded_route_never_pass_it_by() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: DELETE /items/{{id}}\n    guard: fingerprint\n",
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let g = &g;
+    let ask = |line: &str| {
+        let bytes = format!("{line} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
+        async move { over_tcp(g, bytes.as_bytes()).await }
+    };
+    for line in [
+        "delete /items/1",
+        "Delete /items/1",
+        "DELETE /items%2F1",
+        "DELETE /Items/1",
+    ] {
+        let text = ask(line).await;
+        assert!(text.starts_with("HTTP/1.1 400 "), "{line}: {text}");
+        assert!(text.contains("invalid_request"), "{line}: {text}");
+    }
+    let first = ask("DELETE //items/1").await;
+    assert!(first.starts_with("HTTP/1.1 200 "), "{first}");
+    let repeat = ask("DELETE /items/1/").await;
+    assert!(repeat.starts_with("HTTP/1.1 409 "), "{repeat}");
+    let heads = b.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        heads[0].starts_with("DELETE /items/1 HTTP/1.1\r\n"),
+        "{heads:?}"
+    );
 }
