@@ -207,6 +207,9 @@ pub(super) struct Compiled {
     /// A guard or a rate limit: a spelling of its path that a back end
     /// would take alike must not pass it by.
     pub(super) guarded: bool,
+    /// Its guard reads the body whole before anything else (fingerprint,
+    /// idempotency): the pass-through's lane may read it first.
+    pub(super) reads_body: bool,
     /// A guarded route that refuses while the store does not answer.
     pub(super) fails_closed: bool,
     /// An idempotency route's layer: the admin routes read and clear its
@@ -419,6 +422,13 @@ impl Routes {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
+                    reads_body: matches!(
+                        r.guard,
+                        Some(
+                            crate::config::Guard::Fingerprint { .. }
+                                | crate::config::Guard::Idempotency { .. }
+                        )
+                    ),
                     fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
                         && r.on_store_failure == OnStoreFailure::Closed
                         && !r.shadow,

@@ -47,6 +47,7 @@ mod h1;
 mod metrics;
 mod passthrough;
 mod request;
+mod routed;
 mod run;
 mod scope;
 mod stack;

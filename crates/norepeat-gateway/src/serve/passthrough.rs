@@ -18,6 +18,10 @@
 //! when the answer has ended. No `HeaderMap`, no task per upstream
 //! connection, no channel between the two.
 //!
+//! A route's request, or one with a body, is read on the lane too when it
+//! has none of the above and its body (up to 64 KiB) may be read first:
+//! it is answered by `dispatch`, its answer written by hand (`routed.rs`).
+//!
 //! Every other request, and every request after it on its connection, is
 //! hyper's: the connection is handed over with the bytes read so far
 //! ([`Left::ToHyper`]), so a route, a refusal, an odd request or a
@@ -29,9 +33,11 @@ use super::connection::{InFlight, Stop, Watch};
 use super::forward::{Client, forwarded_element, ip_text};
 use super::gateway::Gateway;
 use super::h1::{
-    ANSWER_HEADERS, Chunks, Framing, MAX_ANSWER_HEAD, READ, answer_framing, header, hex_len,
+    ANSWER_HEADERS, Chunks, Framing, IN_HAND, MAX_ANSWER_HEAD, READ, answer_framing, header,
+    hex_len,
 };
 use super::request::{Choice, PASSTHROUGH_TIMEOUT, choose};
+use super::routed;
 use crate::config::{normalize_host, normalize_path};
 use axum::body::Body;
 use bytes::{Buf, BytesMut};
@@ -39,6 +45,7 @@ use http::{HeaderValue, Response};
 use http_body_util::BodyExt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -55,7 +62,7 @@ pub(super) enum Left {
 
 /// A request head longer than this is hyper's (which answers one past its
 /// own limit).
-const MAX_HEAD: usize = 16 * 1024;
+pub(super) const MAX_HEAD: usize = 16 * 1024;
 /// The most headers a request the lane takes has (hyper takes 100).
 const REQUEST_HEADERS: usize = 64;
 
@@ -69,8 +76,7 @@ pub(super) async fn serve<S>(
     buf: &mut BytesMut,
     watch: &Arc<Watch>,
     peer: SocketAddr,
-    gw: &Gateway,
-    stop: &Stop,
+    (gw, stop, body_timeout): (&Arc<Gateway>, &Stop, Duration),
 ) -> Left
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -97,7 +103,8 @@ where
                 // byte at a time is not parsed again at every byte.
                 if head_may_end(buf, scanned) {
                     match lane.prepare(buf, gw, peer.ip()) {
-                        Prepared::Ready(r) => break r,
+                        Prepared::Ready(r) => break Next::Forward(r),
+                        Prepared::Routed(head) => break Next::Routed(head),
                         Prepared::Partial => {}
                         Prepared::ToHyper => return Left::ToHyper,
                     }
@@ -123,6 +130,21 @@ where
             }
         };
         let in_flight = InFlight::start(watch);
+        let request = match request {
+            Next::Forward(request) => request,
+            Next::Routed(head) => {
+                let kept =
+                    routed::serve(io, buf, head, (gw, peer, stop), body_timeout, &mut lane.out)
+                        .await;
+                drop(in_flight);
+                served = true;
+                if !kept {
+                    let _ = io.shutdown().await;
+                    return Left::Closed;
+                }
+                continue;
+            }
+        };
         buf.advance(request.len);
         let owed = gw
             .access
@@ -153,8 +175,18 @@ struct Request {
     live: Arc<super::gateway::Routes>,
 }
 
+/// The next request on a connection.
+enum Next {
+    /// Forwarded by the lane itself.
+    Forward(Request),
+    /// `dispatch`'s, read and answered on the lane.
+    Routed(routed::Head),
+}
+
 enum Prepared {
     Ready(Request),
+    /// A request for `dispatch`, the whole stack's (`routed.rs`).
+    Routed(routed::Head),
     Partial,
     ToHyper,
 }
@@ -252,6 +284,7 @@ impl Lane {
         let mut host = None;
         let mut hosts = 0;
         let mut lengths = 0;
+        let mut length = 0u64;
         let mut close = false;
         let mut ids = 0;
         let mut given_id = None;
@@ -266,9 +299,19 @@ impl Lane {
                 }
                 Kind::ContentLength => {
                     lengths += 1;
-                    if h.value.trim_ascii() != b"0" || lengths > 1 {
+                    let digits = h.value.trim_ascii();
+                    // Digits only, as hyper reads it; two are hyper's.
+                    if lengths > 1 || digits.is_empty() || digits.len() > 6 {
                         return Prepared::ToHyper;
                     }
+                    let mut n = 0u64;
+                    for &d in digits {
+                        if !d.is_ascii_digit() {
+                            return Prepared::ToHyper;
+                        }
+                        n = n * 10 + u64::from(d - b'0');
+                    }
+                    length = n;
                 }
                 Kind::TransferEncoding | Kind::Upgrade | Kind::Expect => {
                     return Prepared::ToHyper;
@@ -299,15 +342,32 @@ impl Lane {
         let path = pq.path();
         let normalized = normalize_path(path);
         let site = live.by_host.then(|| normalize_host(host_text)).flatten();
-        if !matches!(
-            choose(&live, method, &normalized, site.as_ref()),
-            Choice::Passthrough
-        ) {
-            return Prepared::ToHyper;
-        }
+        let choice = choose(&live, method, &normalized, site.as_ref());
+        let passthrough = matches!(choice, Choice::Passthrough);
         let client = live.passthrough.get();
-        if !client.is_plain() {
-            return Prepared::ToHyper;
+        if !passthrough || length > 0 || !client.is_plain() {
+            // A route's request, or one with a body: `dispatch`'s, served
+            // on the lane when its body is small enough to be read whole
+            // and reading it first changes nothing: it is here already, or
+            // the route's guard reads it whole before anything else. Other
+            // bodies stream through hyper (a backend may answer before
+            // reading all of an upload).
+            let reads_body = match choice {
+                Choice::Route { at, .. } => live.list[at].reads_body,
+                _ => false,
+            };
+            let here = buf.len() as u64 >= len as u64 + length;
+            if length > IN_HAND || !(length == 0 || here || reads_body) {
+                return Prepared::ToHyper;
+            }
+            return Prepared::Routed(routed::Head::new(
+                len,
+                length,
+                (method, target),
+                req.headers,
+                close,
+                buf,
+            ));
         }
         let trusted = live.caller.is_trusted(peer);
         let kept_id = given_id.filter(|v| access::keeps_given_id(v, ids, trusted));
@@ -695,7 +755,7 @@ fn head_may_end(buf: &[u8], from: usize) -> bool {
 /// One of the gateway's own answers (502, 504), with the request's id.
 /// `false`: it could not be written.
 /// The answer to a `HEAD` (`head`) has its length and not its body.
-async fn write_problem<S>(
+pub(super) async fn write_problem<S>(
     io: &mut S,
     res: Response<Body>,
     id: &HeaderValue,
@@ -740,7 +800,7 @@ where
 
 /// Calls `with` on the current time as an HTTP date (IMF-fixdate),
 /// formatted once a second per thread.
-fn now_as_http_date(with: impl FnOnce(&[u8])) {
+pub(super) fn now_as_http_date(with: impl FnOnce(&[u8])) {
     thread_local! {
         static DATE: std::cell::RefCell<(u64, String)> =
             const { std::cell::RefCell::new((u64::MAX, String::new())) };

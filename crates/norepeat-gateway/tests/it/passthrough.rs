@@ -573,3 +573,151 @@ async fn bodiless_spellings_of_a_guarded_route_never_pass_it_by() {
         "{heads:?}"
     );
 }
+
+/// A guarded route's requests with bodies, pipelined on one connection
+/// between unguarded ones, are read and answered on the lane
+/// (`serve/routed.rs`) in order: the fingerprint route's answer with its
+/// length, one that ended with the upstream's connection chunked for the
+/// client, a repeat refused 409 before the backend, a `HEAD` without a
+/// body; each with the gateway's request id and a `Date`; the last,
+/// `Connection: close`, closes the connection after its answer. The
+/// backend reads each body whole.
+#[tokio::test]
+async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
+    let b = backend().await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-routed-{}", rand_n()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let yaml = format!(
+        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
+        log.display(),
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let post = |path: &str, body: &str, last: bool| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: a\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
+            body.len(),
+            if last { "connection: close\r\n" } else { "" }
+        )
+    };
+    let pipelined = [
+        post("/plain", "{\"n\":1}", false),
+        "GET /plain HTTP/1.1\r\nhost: a\r\n\r\n".to_owned(),
+        post("/plain", "{\"n\":1}", false),
+        "HEAD /plain HTTP/1.1\r\nhost: a\r\n\r\n".to_owned(),
+        post("/until-close", "{\"n\":2}", true),
+    ]
+    .concat();
+    let text = over_tcp(&g, pipelined.as_bytes()).await;
+    let answers: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(answers.len(), 5, "{text}");
+    assert!(answers[0].starts_with("200 OK\r\n"), "{text}");
+    assert!(answers[0].contains("\r\ncontent-length: 2\r\n"), "{text}");
+    assert!(answers[0].ends_with("\r\n\r\nok"), "{text}");
+    assert!(answers[1].ends_with("\r\n\r\nok"), "{text}");
+    assert!(answers[2].starts_with("409 Conflict\r\n"), "{text}");
+    assert!(answers[2].contains("duplicate_submission"), "{text}");
+    assert!(answers[3].starts_with("200 OK\r\n"), "{text}");
+    assert!(
+        answers[3].ends_with("\r\n\r\n"),
+        "a HEAD's answer has no body: {text}"
+    );
+    let last = answers[4];
+    assert!(last.starts_with("200 OK\r\n"), "{text}");
+    assert!(
+        last.contains("\r\ntransfer-encoding: chunked\r\n"),
+        "{text}"
+    );
+    assert!(last.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(
+        last.ends_with("\r\n\r\n13\r\nstreamed to the end\r\n0\r\n\r\n"),
+        "{text}"
+    );
+    for a in &answers {
+        let head = a.to_ascii_lowercase();
+        assert!(head.contains("\r\nx-request-id: "), "{a}");
+        assert!(head.contains("\r\ndate: "), "{a}");
+    }
+    let heads = b.heads.lock().unwrap().clone();
+    let lines: Vec<&str> = heads.iter().map(|h| h.lines().next().unwrap()).collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /plain HTTP/1.1",
+            "GET /plain HTTP/1.1",
+            "HEAD /plain HTTP/1.1",
+            "POST /until-close HTTP/1.1"
+        ]
+    );
+    assert!(heads[0].contains("content-length: 7\r\n"), "{}", heads[0]);
+    // The route's lines name it; the repeat's says why it was refused.
+    let line = log_line(&log, "\"status\":409").await;
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["path"], "/plain", "{line}");
+    assert_eq!(entry["outcome"], "duplicate", "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A guarded route's body on the lane: one sent in two pieces is read
+/// whole and forwarded once; one that stops half-way is answered 400
+/// `invalid_request` after `body_timeout` and never forwarded; a client
+/// that leaves half-way has its line, 499, and nothing forwarded.
+#[tokio::test]
+async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
+    let b = backend().await;
+    let dir = std::env::temp_dir().join(format!("norepeat-gw-routed-{}", rand_n()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let yaml = format!(
+        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nlimits:\n  body_timeout: 1s\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
+        log.display(),
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", g.port));
+    let head =
+        "POST /upload HTTP/1.1\r\nhost: a\r\nconnection: close\r\ncontent-length: 11\r\n\r\n";
+
+    let mut s = connect().await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(format!("{head}hello").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(b" world").await.unwrap();
+    let text = read_rest(&mut s).await;
+    assert!(text.starts_with("HTTP/1.1 201 "), "{text}");
+    assert!(text.ends_with("created"), "{text}");
+
+    let mut stalled = connect().await.unwrap();
+    stalled
+        .write_all(
+            format!("{head}hel")
+                .replace("/upload", "/stalled")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let text = read_rest(&mut stalled).await;
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    assert!(text.contains("invalid_request"), "{text}");
+    let line = log_line(&log, "/stalled").await;
+    assert!(line.contains("\"status\":400"), "{line}");
+
+    let mut left = connect().await.unwrap();
+    left.write_all(format!("{head}hel").replace("/upload", "/left").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(left);
+    let line = log_line(&log, "/left").await;
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["status"], 499, "{line}");
+    assert_eq!(entry["outcome"], "client_closed", "{line}");
+
+    let heads = b.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("POST /upload "), "{heads:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
