@@ -558,6 +558,14 @@ pub(crate) enum Failure {
     ClientBody,
 }
 
+/// A request extension: its body is whole in memory (read by the
+/// pass-through's lane before the request was made, `routed.rs`). It
+/// cannot stall or break on its way, so the upstream's `timeout` counts
+/// from the call, as for a request without a body, with no [`Sent`] to
+/// watch it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BodyInHand;
+
 /// What became of a request body on its way to the upstream.
 struct Sent {
     /// When its last piece went (or the request started): the upstream's
@@ -872,10 +880,11 @@ pub(crate) async fn forward(
     // The upstream's `timeout` counts from the request's last body byte (or
     // its start): a slow upload is the client's time, not the backend's
     // (each of its pauses is bounded by `limits.body_timeout`).
-    // A request without a body (most GETs) has nothing to watch: its
-    // `timeout` counts from now.
-    let sent =
-        (!http_body::Body::is_end_stream(req.body())).then(|| std::sync::Arc::new(Sent::new()));
+    // A request without a body (most GETs), or with one already whole in
+    // memory, has nothing to watch: its `timeout` counts from now.
+    let streams = !http_body::Body::is_end_stream(req.body())
+        && req.extensions().get::<BodyInHand>().is_none();
+    let sent = streams.then(|| std::sync::Arc::new(Sent::new()));
     let res = match &sent {
         Some(sent) => {
             let req = req.map(|inner| {

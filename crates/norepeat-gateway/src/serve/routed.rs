@@ -19,6 +19,7 @@
 use super::access::{self, Owed};
 use super::answers::client_body_broke;
 use super::connection::Stop;
+use super::forward::BodyInHand;
 use super::gateway::Gateway;
 use super::h1::header;
 use super::passthrough::{MAX_HEAD, now_as_http_date, write_problem};
@@ -98,6 +99,9 @@ impl Head {
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         req.extensions_mut().insert(ConnectInfo(peer));
+        if self.length > 0 {
+            req.extensions_mut().insert(BodyInHand);
+        }
         Some(req)
     }
 }
