@@ -91,7 +91,7 @@ pub(crate) struct Client {
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
     /// Plain sockets spoken HTTP/1.1 on by hand (`h1.rs`: the lane's,
     /// and a route's request whose body is in hand), kept as hyper's are.
-    raw: std::sync::Arc<std::sync::Mutex<VecDeque<RawIdle>>>,
+    raw: std::sync::Arc<RawPool>,
     /// Gives a connection back to `raw` (what an answer's body calls at
     /// its end).
     give_back: super::h1::Idle,
@@ -108,6 +108,82 @@ struct Parked<C> {
 type Idle = Parked<hyper::client::conn::http1::SendRequest<Body>>;
 /// A plain connection waiting (`h1.rs`).
 type RawIdle = Parked<tokio::net::TcpStream>;
+
+/// The plain idle connections (`h1.rs`, the pass-through's lane). No task
+/// watches each, as hyper's connection task does: while any waits, one
+/// sweep a second ([`sweep`]) closes those the upstream closed (else they
+/// would wait in `CLOSE_WAIT` until the next request) or that waited past
+/// [`IDLE_FOR`].
+#[derive(Default)]
+struct RawPool {
+    idle: std::sync::Mutex<VecDeque<RawIdle>>,
+    /// A sweep is under way.
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+/// How often the plain idle connections are looked at.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+impl RawPool {
+    /// Keeps `conn`, and makes sure a sweep will look at it.
+    fn park(self: &std::sync::Arc<Self>, conn: tokio::net::TcpStream) {
+        park(&self.idle, conn);
+        if !self
+            .sweeping
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(sweep(std::sync::Arc::clone(self)));
+                }
+                Err(_) => self
+                    .sweeping
+                    .store(false, std::sync::atomic::Ordering::Release),
+            }
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<RawIdle>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether `conn`, idle, is still open: nothing to read, no end read (the
+/// upstream's `FIN` or anything it sent unasked ends it). Costs no system
+/// call unless the socket was reported readable.
+fn still_open(conn: &tokio::net::TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(conn.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// Once a [`SWEEP_EVERY`], closes the idle connections of `pool` the
+/// upstream closed or that waited past [`IDLE_FOR`]; ends when none is
+/// left (the next one parked starts another).
+async fn sweep(pool: std::sync::Arc<RawPool>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let now = std::time::Instant::now();
+        let empty = {
+            let mut idle = pool.idle();
+            idle.retain(|c| now.duration_since(c.since) < IDLE_FOR && still_open(&c.conn));
+            idle.is_empty()
+        };
+        if empty {
+            pool.sweeping
+                .store(false, std::sync::atomic::Ordering::Release);
+            // One parked since saw this sweep under way: go on for it.
+            if pool.idle().is_empty()
+                || pool
+                    .sweeping
+                    .swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
+                return;
+            }
+        }
+    }
+}
 
 /// Keeps `conn` among `idle`, the oldest dropped past [`IDLE_FOR`] or
 /// [`MAX_IDLE`].
@@ -157,10 +233,10 @@ impl Client {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let raw: std::sync::Arc<std::sync::Mutex<VecDeque<RawIdle>>> = std::sync::Arc::default();
+        let raw: std::sync::Arc<RawPool> = std::sync::Arc::default();
         let give_back: super::h1::Idle = {
             let raw = std::sync::Arc::clone(&raw);
-            std::sync::Arc::new(move |stream| park(&raw, stream))
+            std::sync::Arc::new(move |stream| raw.park(stream))
         };
         Self {
             connector,
@@ -190,18 +266,13 @@ impl Client {
     /// that the reactor has not seen yet is missed (as by hyper's pool):
     /// the request then meets it, and is answered 504, never sent again.
     pub(crate) fn take_raw(&self) -> Option<tokio::net::TcpStream> {
-        let mut idle = self
-            .raw
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.raw.idle();
         while let Some(c) = idle.pop_back() {
             if c.since.elapsed() >= IDLE_FOR {
                 idle.clear();
                 return None;
             }
-            let mut probe = [0u8; 1];
-            if matches!(c.conn.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-            {
+            if still_open(&c.conn) {
                 return Some(c.conn);
             }
         }
@@ -210,7 +281,7 @@ impl Client {
 
     /// Keeps `stream` for a next request.
     pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
-        park(&self.raw, stream);
+        self.raw.park(stream);
     }
 
     /// A new plain connection to the upstream, within the client's

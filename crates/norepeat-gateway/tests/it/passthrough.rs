@@ -721,3 +721,69 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     assert!(heads[0].starts_with("POST /upload "), "{heads:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An idle upstream connection that the backend closes (its keep-alive
+/// timeout) is closed by the gateway too, within a sweep of its idle
+/// connections, with no next request: before, it waited in `CLOSE_WAIT`
+/// until one came. Both the lane's connections and a route's (the upstream
+/// call by hand) are swept: the backend reads the gateway's end of each
+/// within 5 s of closing its own.
+#[tokio::test]
+async fn an_idle_upstream_connection_the_backend_closes_is_closed_here_too() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (ended, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                if let Some(n) = text.lines().find_map(|l| l.strip_prefix("content-length:")) {
+                    let mut body = vec![0u8; n.trim().parse().unwrap()];
+                    s.read_exact(&mut body).await.unwrap();
+                }
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                // The backend's keep-alive timeout: its end closes.
+                s.shutdown().await.unwrap();
+                let mut rest = [0u8; 16];
+                let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
+                let _ = ended.send(matches!(read, Ok(Ok(0))));
+            });
+        }
+    });
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{port}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n"
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let text = over_tcp(
+        &g,
+        b"GET /plain HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+    assert!(
+        closed.recv().await.unwrap(),
+        "the lane's idle connection stayed open after the backend closed its end"
+    );
+    let text = over_tcp(
+        &g,
+        b"POST /orders HTTP/1.1\r\nhost: a\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await;
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+    assert!(
+        closed.recv().await.unwrap(),
+        "a route's idle connection stayed open after the backend closed its end"
+    );
+}
