@@ -368,7 +368,7 @@ pub(super) type Idle = Arc<dyn Fn(TcpStream) + Send + Sync>;
 pub(super) async fn exchange<F, Fut>(
     up: Option<TcpStream>,
     connect: F,
-    req: http::request::Parts,
+    (mut req, forwarding): (http::request::Parts, Option<&super::forward::Forwarding>),
     target: &[u8],
     body: Bytes,
     idle: Idle,
@@ -383,9 +383,14 @@ where
     out.push(b' ');
     out.extend_from_slice(target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &req.headers {
-        if name != http::header::CONTENT_LENGTH {
-            header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+    match forwarding {
+        Some(f) => f.write(&mut req.headers, &mut out),
+        None => {
+            for (name, value) in &req.headers {
+                if name != http::header::CONTENT_LENGTH {
+                    header(&mut out, name.as_str().as_bytes(), value.as_bytes());
+                }
+            }
         }
     }
     // The body's own length: what hyper's client writes for a body whose
