@@ -95,9 +95,13 @@ pub(super) async fn route_request(
     if !trusted {
         // What a client wrote there is not what a proxy of ours saw: the
         // gateway writes its own (in `forward`), never appends to theirs.
+        // One pass over the names first: the common request has none, and
+        // a removal hashes its name even when it finds nothing.
         let h = req.headers_mut();
-        for name in &FORWARDING {
-            h.remove(name);
+        if h.keys().any(|n| FORWARDING.contains(n)) {
+            for name in &FORWARDING {
+                h.remove(name);
+            }
         }
     }
     let normalized = match normalize_path(req.uri().path()) {
