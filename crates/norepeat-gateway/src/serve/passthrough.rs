@@ -479,6 +479,8 @@ impl Lane {
         let (mut up, head) = match sent {
             Ok(answer) => answer,
             Err(failure) => {
+                // As hyper's path says it (`forward`).
+                tracing::debug!(failure = ?failure, "no answer from the upstream");
                 let (res, outcome) = match failure {
                     Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
