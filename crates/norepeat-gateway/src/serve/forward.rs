@@ -134,7 +134,7 @@ impl RawPool {
         {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    runtime.spawn(sweep(std::sync::Arc::clone(self)));
+                    runtime.spawn(sweep(std::sync::Arc::downgrade(self)));
                 }
                 Err(_) => self
                     .sweeping
@@ -160,10 +160,14 @@ fn still_open(conn: &tokio::net::TcpStream) -> bool {
 
 /// Once a [`SWEEP_EVERY`], closes the idle connections of `pool` the
 /// upstream closed or that waited past [`IDLE_FOR`]; ends when none is
-/// left (the next one parked starts another).
-async fn sweep(pool: std::sync::Arc<RawPool>) {
+/// left (the next one parked starts another), or when the pool is gone (a
+/// reload replaced its client: its connections closed with it).
+async fn sweep(weak: std::sync::Weak<RawPool>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(pool) = weak.upgrade() else {
+            return;
+        };
         let now = std::time::Instant::now();
         let empty = {
             let mut idle = pool.idle();

@@ -62,7 +62,7 @@ pub(super) enum Left {
 
 /// A request head longer than this is hyper's (which answers one past its
 /// own limit).
-pub(super) const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEAD: usize = 16 * 1024;
 /// The most headers a request the lane takes has (hyper takes 100).
 const REQUEST_HEADERS: usize = 64;
 
@@ -456,25 +456,14 @@ impl Lane {
         let client = request.live.passthrough.get();
         let start = std::time::Instant::now();
         // The head must come within the pass-through's timeout (no body
-        // to wait for: it counts from now). Meanwhile the client's socket
-        // is read: a client that leaves (its end of the connection read)
+        // to wait for: it counts from now). A client that leaves meanwhile
         // cancels the upstream request, as hyper's path does, and its
-        // access-log line says 499; the bytes of a next request wait in
-        // `buf`.
-        let sent = {
-            let send = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request));
-            let mut send = std::pin::pin!(send);
-            loop {
-                tokio::select! {
-                    biased;
-                    sent = &mut send => break sent.unwrap_or(Err(Failed::Unknown)),
-                    read = io.read_buf(buf), if buf.len() < MAX_HEAD => match read {
-                        Ok(0) | Err(_) => return false,
-                        Ok(_) => {}
-                    },
-                }
-            }
+        // access-log line says 499.
+        let send = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request));
+        let Some(sent) = unless_client_leaves(io, buf, send).await else {
+            return false;
         };
+        let sent = sent.unwrap_or(Err(Failed::Unknown));
         let upstream_took = start.elapsed();
         let (mut up, head) = match sent {
             Ok(answer) => answer,
@@ -504,7 +493,7 @@ impl Lane {
             self.out.truncate(self.out.len() - 2);
             self.out.extend_from_slice(b"connection: close\r\n\r\n");
         }
-        let streamed = self.body(io, &mut up, head.framing).await;
+        let streamed = self.body(io, buf, &mut up, head.framing).await;
         if streamed == Passed::Whole && head.reusable && self.answer.is_empty() {
             client.put_raw(up);
         }
@@ -653,9 +642,15 @@ impl Lane {
     /// `self.answer` first (in the head's write), then what `up` sends,
     /// until `framing` says the body has ended. A body that ends with the
     /// connection is chunked for the client.
-    async fn body<S>(&mut self, io: &mut S, up: &mut TcpStream, framing: Framing) -> Passed
+    async fn body<S>(
+        &mut self,
+        io: &mut S,
+        buf: &mut BytesMut,
+        up: &mut TcpStream,
+        framing: Framing,
+    ) -> Passed
     where
-        S: AsyncWrite + Unpin,
+        S: AsyncRead + AsyncWrite + Unpin,
     {
         let mut left = match framing {
             Framing::Length(n) => n,
@@ -709,7 +704,13 @@ impl Lane {
             }
             self.answer.clear();
             self.answer.reserve(READ);
-            match up.read_buf(&mut self.answer).await {
+            // A client that leaves while the upstream is quiet (a stream,
+            // a long poll) ends the answer, and the upstream connection.
+            let read = unless_client_leaves(io, buf, up.read_buf(&mut self.answer)).await;
+            let Some(read) = read else {
+                return Passed::ClientGone;
+            };
+            match read {
                 Ok(0) if framing == Framing::UntilClose => {
                     if io.write_all(b"0\r\n\r\n").await.is_err() {
                         return Passed::ClientGone;
@@ -719,6 +720,35 @@ impl Lane {
                 Ok(0) | Err(_) => return Passed::Broken,
                 Ok(_) => {}
             }
+        }
+    }
+}
+
+/// `work`'s output, unless the client leaves first (`None`): its end of
+/// the connection read while `work` waits, as hyper's server notices it.
+/// Only a client with nothing of a next request in `buf` is read: bytes
+/// of a pipelined request wait there, and an end read after them ends
+/// those requests, not this one (hyper does not look either), so a client
+/// that sends its requests and then closes its side gets the answer in
+/// flight.
+pub(super) async fn unless_client_leaves<S, F>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    work: F,
+) -> Option<F::Output>
+where
+    S: AsyncRead + Unpin,
+    F: std::future::Future,
+{
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return Some(out),
+            read = io.read_buf(buf), if buf.is_empty() => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
         }
     }
 }

@@ -22,7 +22,7 @@ use super::connection::Stop;
 use super::forward::BodyInHand;
 use super::gateway::Gateway;
 use super::h1::header;
-use super::passthrough::{MAX_HEAD, now_as_http_date, write_problem};
+use super::passthrough::{now_as_http_date, unless_client_leaves, write_problem};
 use super::request::dispatch;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -160,20 +160,11 @@ where
     };
     drop(bytes);
     let is_head = req.method() == Method::HEAD;
-    let answer = dispatch(Arc::clone(gw), req);
-    let mut answer = std::pin::pin!(answer);
-    let res = loop {
-        tokio::select! {
-            biased;
-            res = &mut answer => break res,
-            read = io.read_buf(buf), if buf.len() < MAX_HEAD => match read {
-                Ok(0) | Err(_) => return false,
-                Ok(_) => {}
-            },
-        }
+    let Some(res) = unless_client_leaves(io, buf, dispatch(Arc::clone(gw), req)).await else {
+        return false;
     };
     let closing = head.close || stop.stopped();
-    write_answer(io, out, res, is_head, closing).await
+    write_answer((io, buf), out, res, is_head, closing).await
 }
 
 /// The access-log line owed for a request whose body never came whole.
@@ -213,14 +204,14 @@ const GATHER: usize = 64 * 1024;
 /// the body's first pieces go in one write. `false`: the connection is to
 /// be closed (asked for, or the body broke off).
 async fn write_answer<S>(
-    io: &mut S,
+    (io, buf): (&mut S, &mut BytesMut),
     out: &mut Vec<u8>,
     res: Response<Body>,
     head: bool,
     mut closing: bool,
 ) -> bool
 where
-    S: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let (parts, mut body) = res.into_parts();
     let status = parts.status;
@@ -228,7 +219,11 @@ where
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    // The upstream's own phrase when it had one (`h1.rs` keeps it).
+    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+        Some(reason) => out.extend_from_slice(reason.as_bytes()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
+    }
     out.extend_from_slice(b"\r\n");
     let mut given = None;
     let mut dated = false;
@@ -249,9 +244,12 @@ where
             if given.is_some() {
                 continue;
             }
-            match std::str::from_utf8(value.as_bytes())
+            // Digits only, as the upstream parsers let through.
+            let digits = value.as_bytes().trim_ascii();
+            match std::str::from_utf8(digits)
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse::<u64>().ok())
             {
                 Some(n) => given = Some(n),
                 None => continue,
@@ -311,7 +309,13 @@ where
                     return false;
                 }
                 out.clear();
-                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                // A client that leaves while the body is quiet (a stream,
+                // a long poll) ends it, and the upstream's connection.
+                let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx));
+                match unless_client_leaves(io, buf, next).await {
+                    Some(frame) => frame,
+                    None => return false,
+                }
             }
         };
         let data = match frame {

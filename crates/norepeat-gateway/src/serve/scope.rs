@@ -151,7 +151,11 @@ fn site_hash(headers: &HeaderMap, uri: &Uri) -> Option<blake3::Hash> {
                     Some((seen, hash)) if seen.as_slice() == &*site => *hash,
                     _ => {
                         let hash = blake3::keyed_hash(SITE_KEY, site);
-                        *last = Some((site.to_vec(), hash));
+                        // The kept bytes' room is used again.
+                        let mut seen = last.take().map(|(v, _)| v).unwrap_or_default();
+                        seen.clear();
+                        seen.extend_from_slice(site);
+                        *last = Some((seen, hash));
                         hash
                     }
                 }

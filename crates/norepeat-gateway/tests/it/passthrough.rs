@@ -32,6 +32,7 @@ fn answer(method: &str, path: &str) -> Option<&'static [u8]> {
         (_, "/two-lengths") => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
         (_, "/cut-short") => b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
         (_, "/upload") => b"HTTP/1.1 201 Created\r\ncontent-length: 7\r\n\r\ncreated",
+        (_, "/reason") => b"HTTP/1.1 200 Fine Thanks\r\ncontent-length: 2\r\n\r\nok",
         _ => return None,
     })
 }
@@ -579,7 +580,8 @@ async fn bodiless_spellings_of_a_guarded_route_never_pass_it_by() {
 /// (`serve/routed.rs`) in order: the fingerprint route's answer with its
 /// length, one that ended with the upstream's connection chunked for the
 /// client, a repeat refused 409 before the backend, a `HEAD` without a
-/// body; each with the gateway's request id and a `Date`; the last,
+/// body, the upstream's own reason phrase; each with the gateway's
+/// request id and a `Date`; the last,
 /// `Connection: close`, closes the connection after its answer. The
 /// backend reads each body whole.
 #[tokio::test]
@@ -606,12 +608,13 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
         "GET /plain HTTP/1.1\r\nhost: a\r\n\r\n".to_owned(),
         post("/plain", "{\"n\":1}", false),
         "HEAD /plain HTTP/1.1\r\nhost: a\r\n\r\n".to_owned(),
+        post("/reason", "{\"n\":3}", false),
         post("/until-close", "{\"n\":2}", true),
     ]
     .concat();
     let text = over_tcp(&g, pipelined.as_bytes()).await;
     let answers: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
-    assert_eq!(answers.len(), 5, "{text}");
+    assert_eq!(answers.len(), 6, "{text}");
     assert!(answers[0].starts_with("200 OK\r\n"), "{text}");
     assert!(answers[0].contains("\r\ncontent-length: 2\r\n"), "{text}");
     assert!(answers[0].ends_with("\r\n\r\nok"), "{text}");
@@ -623,7 +626,9 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
         answers[3].ends_with("\r\n\r\n"),
         "a HEAD's answer has no body: {text}"
     );
-    let last = answers[4];
+    // The upstream's own reason phrase.
+    assert!(answers[4].starts_with("200 Fine Thanks\r\n"), "{text}");
+    let last = answers[5];
     assert!(last.starts_with("200 OK\r\n"), "{text}");
     assert!(
         last.contains("\r\ntransfer-encoding: chunked\r\n"),
@@ -647,6 +652,7 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
             "POST /plain HTTP/1.1",
             "GET /plain HTTP/1.1",
             "HEAD /plain HTTP/1.1",
+            "POST /reason HTTP/1.1",
             "POST /until-close HTTP/1.1"
         ]
     );
@@ -786,4 +792,106 @@ async fn an_idle_upstream_connection_the_backend_closes_is_closed_here_too() {
         closed.recv().await.unwrap(),
         "a route's idle connection stayed open after the backend closed its end"
     );
+}
+
+/// A client that leaves while its answer's body is quiet (a stream, a long
+/// poll) ends that answer: the gateway closes the upstream's connection at
+/// once, on the lane's forwarding (a `GET` no route takes) and on a
+/// route's request read on the lane (a fingerprint `POST`). Before, the
+/// upstream connection stayed open as long as the backend kept it.
+#[tokio::test]
+async fn a_client_that_leaves_a_quiet_stream_closes_the_upstream_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (ended, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                if let Some(n) = text.lines().find_map(|l| l.strip_prefix("content-length:")) {
+                    let mut body = vec![0u8; n.trim().parse().unwrap()];
+                    s.read_exact(&mut body).await.unwrap();
+                }
+                // A stream: its first piece, then nothing.
+                s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+                    .await
+                    .unwrap();
+                let mut rest = [0u8; 16];
+                let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
+                let _ = ended.send(matches!(read, Ok(Ok(0) | Err(_))));
+            });
+        }
+    });
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{port}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n"
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let requests: [(&[u8], &str); 2] = [
+        (
+            b"GET /events HTTP/1.1\r\nhost: a\r\n\r\n",
+            "the lane's forwarding",
+        ),
+        (
+            b"POST /orders HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}",
+            "a route's request",
+        ),
+    ];
+    for (request, way) in requests {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+            .await
+            .unwrap();
+        s.write_all(request).await.unwrap();
+        let mut got = Vec::new();
+        let mut piece = [0u8; 256];
+        while !got.ends_with(b"abc\r\n") {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut piece))
+                .await
+                .expect("the stream's first piece")
+                .unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&piece[..n]);
+        }
+        drop(s);
+        assert!(
+            closed.recv().await.unwrap(),
+            "{way}: the upstream connection stayed open after the client left"
+        );
+    }
+}
+
+/// Requests pipelined and then the client's side closed (a half-close):
+/// the request in flight is answered, as hyper's server answers it, not
+/// dropped as though the client had left (the lane read the end behind
+/// the next request's bytes and gave up the first, which the backend may
+/// already have run).
+#[tokio::test]
+async fn pipelined_requests_then_a_half_close_get_the_answer_in_flight() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let post = |n: u32| {
+        format!("POST /slow HTTP/1.1\r\nhost: a\r\ncontent-length: 7\r\n\r\n{{\"n\":{n}}}")
+    };
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(format!("{}{}", post(1), post(2)).as_bytes())
+        .await
+        .unwrap();
+    s.shutdown().await.unwrap();
+    let text = read_rest(&mut s).await;
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
+    assert!(text.contains("\r\n\r\nok"), "{text:?}");
 }
