@@ -210,6 +210,9 @@ pub(super) struct Compiled {
     /// Its guard reads the body whole before anything else (fingerprint,
     /// idempotency): the pass-through's lane may read it first.
     pub(super) reads_body: bool,
+    /// `max_request_body`: a longer declared body is refused (413) from
+    /// its head, without reading it.
+    pub(super) max_body: u64,
     /// A guarded route that refuses while the store does not answer.
     pub(super) fails_closed: bool,
     /// An idempotency route's layer: the admin routes read and clear its
@@ -422,6 +425,7 @@ impl Routes {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
+                    max_body: r.max_request_body,
                     reads_body: matches!(
                         r.guard,
                         Some(

@@ -352,12 +352,14 @@ impl Lane {
             // the route's guard reads it whole before anything else. Other
             // bodies stream through hyper (a backend may answer before
             // reading all of an upload).
-            let reads_body = match choice {
-                Choice::Route { at, .. } => live.list[at].reads_body,
-                _ => false,
+            // A body over the route's `max_request_body` is refused from
+            // its length by hyper's path (413), not read first.
+            let (reads_body, max_body) = match choice {
+                Choice::Route { at, .. } => (live.list[at].reads_body, live.list[at].max_body),
+                _ => (false, u64::MAX),
             };
             let here = buf.len() as u64 >= len as u64 + length;
-            if length > IN_HAND || !(length == 0 || here || reads_body) {
+            if length > IN_HAND.min(max_body) || !(length == 0 || here || reads_body) {
                 return Prepared::ToHyper;
             }
             return Prepared::Routed(routed::Head::new(

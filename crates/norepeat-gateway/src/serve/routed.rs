@@ -128,14 +128,14 @@ where
         match tokio::time::timeout(body_timeout, io.read_buf(buf)).await {
             Ok(Ok(0) | Err(_)) => {
                 // The client left: its line (499) says so.
-                let id = fresh_id();
+                let id = request_id(gw, &head, buf, peer);
                 drop(owed_line(gw, &head, buf, &id));
                 return false;
             }
             Err(_) => {
                 // Stalled past `body_timeout`: 400, as hyper's path
                 // answers a body that broke off.
-                let id = fresh_id();
+                let id = request_id(gw, &head, buf, peer);
                 let owed = owed_line(gw, &head, buf, &id);
                 let res = client_body_broke();
                 let status = res.status().as_u16();
@@ -179,6 +179,26 @@ fn owed_line<'a>(
     let target = std::str::from_utf8(&buf[head.target.clone()]).ok()?;
     let path = target.split('?').next().unwrap_or(target);
     Some(Owed::new(sink, id, &method, path))
+}
+
+/// The id of a request `dispatch` never saw, by its rule
+/// ([`access::keeps_given_id`]): the one a trusted proxy sent, else a
+/// fresh one.
+fn request_id(gw: &Gateway, head: &Head, buf: &[u8], peer: SocketAddr) -> HeaderValue {
+    let mut given = head
+        .headers
+        .iter()
+        .filter(|(name, _)| {
+            buf[name.clone()].eq_ignore_ascii_case(access::REQUEST_ID.as_str().as_bytes())
+        })
+        .map(|(_, value)| &buf[value.clone()]);
+    let first = given.next();
+    let count = usize::from(first.is_some()) + given.count();
+    let trusted = gw.live.load().caller.is_trusted(peer.ip());
+    first
+        .filter(|v| access::keeps_given_id(v, count, trusted))
+        .and_then(|v| HeaderValue::from_bytes(v).ok())
+        .unwrap_or_else(fresh_id)
 }
 
 fn fresh_id() -> HeaderValue {

@@ -667,8 +667,9 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
 
 /// A guarded route's body on the lane: one sent in two pieces is read
 /// whole and forwarded once; one that stops half-way is answered 400
-/// `invalid_request` after `body_timeout` and never forwarded; a client
-/// that leaves half-way has its line, 499, and nothing forwarded.
+/// `invalid_request` after `body_timeout` (with the request id a trusted
+/// proxy gave, as `dispatch` keeps it) and never forwarded; a client that
+/// leaves half-way has its line, 499, and nothing forwarded.
 #[tokio::test]
 async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let b = backend().await;
@@ -676,7 +677,7 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("access.log");
     let yaml = format!(
-        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nlimits:\n  body_timeout: 1s\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
+        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nidentity:\n  ip: true\n  trusted_proxies: [127.0.0.0/8]\nlimits:\n  body_timeout: 1s\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
         log.display(),
         b.port
     );
@@ -701,6 +702,7 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
         .write_all(
             format!("{head}hel")
                 .replace("/upload", "/stalled")
+                .replace("host: a\r\n", "host: a\r\nx-request-id: edge-7\r\n")
                 .as_bytes(),
         )
         .await
@@ -708,8 +710,11 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let text = read_rest(&mut stalled).await;
     assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
     assert!(text.contains("invalid_request"), "{text}");
+    // The id a trusted proxy gave, on the answer and its line.
+    assert!(text.contains("\r\nx-request-id: edge-7\r\n"), "{text}");
     let line = log_line(&log, "/stalled").await;
     assert!(line.contains("\"status\":400"), "{line}");
+    assert!(line.contains("\"request_id\":\"edge-7\""), "{line}");
 
     let mut left = connect().await.unwrap();
     left.write_all(format!("{head}hel").replace("/upload", "/left").as_bytes())
@@ -894,4 +899,31 @@ async fn pipelined_requests_then_a_half_close_get_the_answer_in_flight() {
     let text = read_rest(&mut s).await;
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
     assert!(text.contains("\r\n\r\nok"), "{text:?}");
+}
+
+/// A body longer than its route's `max_request_body` is refused from its
+/// declared length, 413 at once, without waiting for it (the lane read it
+/// first, so a client that sent the head alone waited for `body_timeout`);
+/// nothing reaches the backend.
+#[tokio::test]
+async fn a_body_over_the_routes_limit_is_refused_from_its_length() {
+    let b = backend().await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n    max_request_body: 1KiB\n",
+        b.port
+    );
+    let g = gateway_with(&yaml, &["--workers", "1"]).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    s.write_all(b"POST /orders HTTP/1.1\r\nhost: a\r\ncontent-length: 5000\r\n\r\n{")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head))
+        .await
+        .expect("an answer before the body came")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413");
+    assert!(b.heads.lock().unwrap().is_empty());
 }
