@@ -353,29 +353,30 @@ impl Client {
     /// whose body is in hand (none, or one read whole already: a guarded
     /// route's) is written by hand (`h1.rs`); the others, an upgrade, a
     /// streaming upload, an `https://` upstream, by hyper's client.
-    /// `forwarding`: the gateway's headers, not yet applied.
+    /// `forwarding`: the gateway's headers, not yet applied (none for an
+    /// upgrade, hyper's, whose headers are already).
     async fn send(
         &self,
         mut req: Request<Body>,
         forwarding: Option<&Forwarding>,
     ) -> Result<Response<Body>, SendError> {
-        if !self.is_plain()
-            || req.headers().contains_key(header::UPGRADE)
-            || !super::h1::body_in_hand(&req)
-        {
+        let by_hand = forwarding.filter(|_| {
+            self.is_plain()
+                && !req.headers().contains_key(header::UPGRADE)
+                && super::h1::body_in_hand(&req)
+        });
+        let Some(forwarding) = by_hand else {
             if let Some(f) = forwarding {
                 f.apply(req.headers_mut());
             }
             return self.send_by_hyper(req).await;
-        }
+        };
         let (mut parts, body) = req.into_parts();
         let body = match in_hand(body).await {
             InHand::Whole(bytes) => bytes,
             InHand::Broke(e) => return Err(SendError::Request(e)),
             InHand::Streaming(body) => {
-                if let Some(f) = forwarding {
-                    f.apply(&mut parts.headers);
-                }
+                forwarding.apply(&mut parts.headers);
                 return self.send_by_hyper(Request::from_parts(parts, body)).await;
             }
         };
@@ -743,20 +744,20 @@ pub(super) static HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-/// Where `name` (lower case, as a `HeaderName` spells it) is in
-/// [`HOP_BY_HOP`]: told by its text, which costs less than comparing it
-/// with each of them.
-fn hop_by_hop_index(name: &str) -> Option<usize> {
-    Some(match name {
-        "connection" => 0,
-        "keep-alive" => 1,
-        "proxy-connection" => 2,
-        "te" => 3,
-        "trailer" => 4,
-        "transfer-encoding" => 5,
-        "upgrade" => 6,
-        _ => return None,
-    })
+/// Where `name` (in any case) is in [`HOP_BY_HOP`]: told by its length
+/// and text, which costs less than comparing it with each of them.
+pub(super) fn hop_by_hop_index(name: &str) -> Option<usize> {
+    let is = |s: &str| name.eq_ignore_ascii_case(s);
+    match name.len() {
+        10 if is("connection") => Some(0),
+        10 if is("keep-alive") => Some(1),
+        16 if is("proxy-connection") => Some(2),
+        2 if is("te") => Some(3),
+        7 if is("trailer") => Some(4),
+        17 if is("transfer-encoding") => Some(5),
+        7 if is("upgrade") => Some(6),
+        _ => None,
+    }
 }
 
 /// `X-Forwarded-For`, `X-Forwarded-Host`, `X-Forwarded-Proto`.
@@ -1342,12 +1343,14 @@ mod tests {
         }
     }
 
-    /// The names told by their text are the list's, in its order, and no
-    /// other.
+    /// The names told by their text, in any case, are the list's, in its
+    /// order, and no other.
     #[test]
     fn hop_by_hop_names_are_told_by_their_text() {
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
             assert_eq!(hop_by_hop_index(name.as_str()), Some(i), "{name}");
+            let upper = name.as_str().to_ascii_uppercase();
+            assert_eq!(hop_by_hop_index(&upper), Some(i), "{upper}");
         }
         for other in [
             "host",

@@ -1,10 +1,11 @@
-//! HTTP/1.1 by hand, over plain upstream connections: the framing of an
+//! HTTP/1.1 by hand. Over plain upstream connections: the framing of an
 //! answer (RFC 9112 §6.3), a chunked body told and decoded as its bytes
 //! come (§7.1), and the exchange of a request whose body is in hand
 //! ([`exchange`]) with its answer's body streamed from the connection
-//! ([`Streamed`]). The pass-through's lane (`passthrough.rs`) and the
-//! routes' upstream stage (`forward.rs`) both speak it: no task per
-//! connection and no channel to one, as hyper's client has (its
+//! ([`Streamed`]). To the client: an answer written as hyper's server
+//! writes it ([`write_answer`]). The pass-through's lane (`passthrough.rs`,
+//! `routed.rs`) and the routes' upstream stage (`forward.rs`) speak it: no
+//! task per connection and no channel to one, as hyper's client has (its
 //! connection task was a fifth of a guarded request's instructions;
 //! BENCHMARKS.md, issue 39). A request whose body is still coming, an
 //! upgrade and an `https://` upstream stay hyper's.
@@ -16,7 +17,7 @@ use http_body::{Frame, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// What a read asks for at least.
@@ -52,9 +53,7 @@ impl AnswerFraming<'_> {
     /// Whether `name` is one of the hop-by-hop headers of this answer: the
     /// fixed ones and those its `Connection` names.
     pub(super) fn is_hop_by_hop(&self, name: &str) -> bool {
-        super::forward::HOP_BY_HOP
-            .iter()
-            .any(|n| name.eq_ignore_ascii_case(n.as_str()))
+        super::forward::hop_by_hop_index(name).is_some()
             || self.named[..self.names]
                 .iter()
                 .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
@@ -106,12 +105,8 @@ pub(super) fn answer_framing<'h>(
             chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
             codings = h.value;
         } else if h.name.eq_ignore_ascii_case("content-length") {
-            for v in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                let n = std::str::from_utf8(v)
-                    .ok()
-                    .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .ok_or(())?;
+            for v in h.value.split(|&b| b == b',') {
+                let n = content_length(v).ok_or(())?;
                 // Several lengths must agree (RFC 9112 §6.3).
                 if length.is_some_and(|l| l != n) {
                     return Err(());
@@ -148,6 +143,35 @@ pub(super) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `data` as one chunk (RFC 9112 §7.1): nothing for no data, as
+/// an empty chunk would end the body.
+pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let mut size = [0u8; 16];
+    out.extend_from_slice(hex_len(data.len(), &mut size));
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A `Content-Length` value (RFC 9110 §8.6): digits only, blanks around
+/// them aside, that fit a `u64`; anything else is no length.
+pub(super) fn content_length(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if d.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        } else {
+            None
+        }
+    })
 }
 
 /// `n` in hexadecimal digits, in `buf`.
@@ -368,7 +392,7 @@ pub(super) type Idle = Arc<dyn Fn(TcpStream) + Send + Sync>;
 pub(super) async fn exchange<F, Fut>(
     up: Option<TcpStream>,
     connect: F,
-    (mut req, forwarding): (http::request::Parts, Option<&super::forward::Forwarding>),
+    (mut req, forwarding): (http::request::Parts, &super::forward::Forwarding),
     target: &[u8],
     body: Bytes,
     idle: Idle,
@@ -383,16 +407,7 @@ where
     out.push(b' ');
     out.extend_from_slice(target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    match forwarding {
-        Some(f) => f.write(&mut req.headers, &mut out),
-        None => {
-            for (name, value) in &req.headers {
-                if name != http::header::CONTENT_LENGTH {
-                    header(&mut out, name.as_str().as_bytes(), value.as_bytes());
-                }
-            }
-        }
-    }
+    forwarding.write(&mut req.headers, &mut out);
     // The body's own length: what hyper's client writes for a body whose
     // size it knows (none for a bodiless GET, HEAD, DELETE...).
     let declared = req.headers.contains_key(http::header::CONTENT_LENGTH);
@@ -466,9 +481,12 @@ where
                     let map = res.headers_mut();
                     map.reserve(parsed.headers.len());
                     for h in parsed.headers.iter() {
-                        // A length beside a transfer coding is not the body's.
-                        if !framing.codings.is_empty()
-                            && h.name.eq_ignore_ascii_case("content-length")
+                        // A length beside a transfer coding is not the body's;
+                        // the hop-by-hop headers are this connection's (left
+                        // out here, `forward` finds none to strip).
+                        if (!framing.codings.is_empty()
+                            && h.name.eq_ignore_ascii_case("content-length"))
+                            || framing.is_hop_by_hop(h.name)
                         {
                             continue;
                         }
@@ -640,6 +658,222 @@ pub(super) fn body_in_hand(req: &Request<Body>) -> bool {
 /// hyper's client).
 pub(super) const IN_HAND: u64 = 64 * 1024;
 
+/// The most of an answer's body gathered before a write.
+const GATHER: usize = 64 * 1024;
+
+/// Writes `res` to the client's `io` as hyper's server writes an answer
+/// (a route's, or one of the gateway's own: 400, 502, 504): its headers
+/// as they are but its framing's (a `Content-Length` its body or its
+/// header gives, else chunked), a `Date` when it has none, and
+/// `Connection: close` when the connection closes after it; a `HEAD`'s
+/// (`head`) without its body. The head and the body's first pieces go in
+/// one write, gathered in `out`. While the body is quiet the client is
+/// watched through `buf`, its read buffer ([`unless_client_leaves`]).
+/// `false`: the connection is to be closed (asked for, the client gone,
+/// or the body broke off).
+pub(super) async fn write_answer<S>(
+    (io, buf): (&mut S, &mut BytesMut),
+    out: &mut Vec<u8>,
+    res: Response<Body>,
+    head: bool,
+    mut closing: bool,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use http_body::Body as _;
+    let (parts, mut body) = res.into_parts();
+    let status = parts.status;
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    // The upstream's own phrase when it had one (`h1.rs` keeps it).
+    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+        Some(reason) => out.extend_from_slice(reason.as_bytes()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
+    }
+    out.extend_from_slice(b"\r\n");
+    let mut given = None;
+    let mut dated = false;
+    for (name, value) in &parts.headers {
+        if name == http::header::CONNECTION {
+            // `dispatch` asks a draining connection's client to leave.
+            closing |= value
+                .as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            continue;
+        }
+        if name == http::header::TRANSFER_ENCODING {
+            continue;
+        }
+        if name == http::header::CONTENT_LENGTH {
+            // The first that reads as a length is the answer's.
+            if given.is_some() {
+                continue;
+            }
+            match content_length(value.as_bytes()) {
+                Some(n) => given = Some(n),
+                None => continue,
+            }
+        }
+        dated |= name == http::header::DATE;
+        header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let no_body = head
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let exact = body.size_hint().exact();
+    let framing = match (given, exact) {
+        _ if no_body => Framing::Empty,
+        (Some(n), _) => Framing::Length(n),
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::Chunked,
+    };
+    let mut n = itoa::Buffer::new();
+    match framing {
+        Framing::Length(len) if given.is_none() => {
+            header(out, b"content-length", n.format(len).as_bytes());
+        }
+        // A HEAD's answer says the length a GET's body would have.
+        Framing::Empty if head && given.is_none() && status != StatusCode::NOT_MODIFIED => {
+            if let Some(len) = exact.filter(|&len| len > 0) {
+                header(out, b"content-length", n.format(len).as_bytes());
+            }
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
+    }
+    if !dated {
+        now_as_http_date(|date| header(out, b"date", date));
+    }
+    if closing {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if framing == Framing::Empty {
+        drop(body);
+        return io.write_all(out).await.is_ok() && !closing;
+    }
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => 0,
+    };
+    loop {
+        // A frame ready now joins the bytes still to write; one not yet
+        // ready is waited for once they are written.
+        let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)));
+        let frame = match ready.await {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                if io.write_all(out).await.is_err() {
+                    return false;
+                }
+                out.clear();
+                // A client that leaves while the body is quiet (a stream,
+                // a long poll) ends it, and the upstream's connection.
+                let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx));
+                match unless_client_leaves(io, buf, next).await {
+                    Some(frame) => frame,
+                    None => return false,
+                }
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(Ok(frame)) => match Frame::into_data(frame) {
+                Ok(data) => data,
+                // Trailers: not written (hyper's server writes them only
+                // to a client that asked with `TE: trailers`).
+                Err(_) => continue,
+            },
+            Some(Err(_)) => {
+                // Broken off: what came is written, the connection closed
+                // so the client sees the body is not whole.
+                let _ = io.write_all(out).await;
+                return false;
+            }
+        };
+        match framing {
+            Framing::Length(_) => {
+                let len = data.len() as u64;
+                if len > left {
+                    // More than it said: not sent, as hyper refuses it.
+                    let _ = io.write_all(out).await;
+                    return false;
+                }
+                left -= len;
+                out.extend_from_slice(&data);
+            }
+            _ => chunk(out, &data),
+        }
+        if out.len() >= GATHER {
+            if io.write_all(out).await.is_err() {
+                return false;
+            }
+            out.clear();
+        }
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    let written = io.write_all(out).await.is_ok();
+    out.clear();
+    // A body shorter than its length: the client must not wait for more.
+    written && left == 0 && !closing
+}
+
+/// Calls `with` on the current time as an HTTP date (IMF-fixdate),
+/// formatted once a second per thread.
+pub(super) fn now_as_http_date(with: impl FnOnce(&[u8])) {
+    thread_local! {
+        static DATE: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|date| {
+        let mut date = date.borrow_mut();
+        if date.0 != second {
+            *date = (second, httpdate::fmt_http_date(now));
+        }
+        with(date.1.as_bytes());
+    });
+}
+
+/// `work`'s output, unless the client leaves first (`None`): its end of
+/// the connection read while `work` waits, as hyper's server notices it.
+/// Only a client with nothing of a next request in `buf` is read: bytes
+/// of a pipelined request wait there, and an end read after them ends
+/// those requests, not this one (hyper does not look either), so a client
+/// that sends its requests and then closes its side gets the answer in
+/// flight.
+pub(super) async fn unless_client_leaves<S, F>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    work: F,
+) -> Option<F::Output>
+where
+    S: AsyncRead + Unpin,
+    F: std::future::Future,
+{
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return Some(out),
+            read = io.read_buf(buf), if buf.is_empty() => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,6 +1038,42 @@ mod tests {
         ] {
             assert_eq!(framing_of(false, 200, broken), Err(()), "{broken:?}");
         }
+    }
+
+    /// A length is digits, blanks around them aside, that fit a `u64`.
+    #[test]
+    fn a_content_length_is_digits_only() {
+        assert_eq!(content_length(b" 42 "), Some(42));
+        assert_eq!(content_length(b"007"), Some(7));
+        assert_eq!(content_length(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b" ",
+            b"+5",
+            b"-1",
+            b"5 5",
+            b"0x10",
+            b"1e3",
+            b"18446744073709551616",
+        ] {
+            assert_eq!(
+                content_length(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    /// A chunk is its size in hex, its data, each ended by CRLF; no data
+    /// writes nothing (an empty chunk would end the body).
+    #[test]
+    fn data_is_written_as_one_chunk() {
+        let mut out = Vec::new();
+        chunk(&mut out, b"");
+        assert!(out.is_empty());
+        chunk(&mut out, &[b'x'; 26]);
+        assert_eq!(out, [&b"1a\r\n"[..], &[b'x'; 26], b"\r\n"].concat());
     }
 
     #[test]

@@ -33,16 +33,14 @@ use super::connection::{InFlight, Stop, Watch};
 use super::forward::{Client, forwarded_element, ip_text};
 use super::gateway::Gateway;
 use super::h1::{
-    ANSWER_HEADERS, Chunks, Framing, IN_HAND, MAX_ANSWER_HEAD, READ, answer_framing, header,
-    hex_len,
+    ANSWER_HEADERS, Chunks, Framing, IN_HAND, MAX_ANSWER_HEAD, READ, answer_framing, chunk,
+    content_length, header, now_as_http_date, unless_client_leaves, write_answer,
 };
 use super::request::{Choice, PASSTHROUGH_TIMEOUT, choose};
 use super::routed;
 use crate::config::{normalize_host, normalize_path};
-use axum::body::Body;
 use bytes::{Buf, BytesMut};
-use http::{HeaderValue, Response};
-use http_body_util::BodyExt;
+use http::HeaderValue;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -299,19 +297,11 @@ impl Lane {
                 }
                 Kind::ContentLength => {
                     lengths += 1;
-                    let digits = h.value.trim_ascii();
                     // Digits only, as hyper reads it; two are hyper's.
-                    if lengths > 1 || digits.is_empty() || digits.len() > 6 {
-                        return Prepared::ToHyper;
+                    match content_length(h.value) {
+                        Some(n) if lengths == 1 => length = n,
+                        _ => return Prepared::ToHyper,
                     }
-                    let mut n = 0u64;
-                    for &d in digits {
-                        if !d.is_ascii_digit() {
-                            return Prepared::ToHyper;
-                        }
-                        n = n * 10 + u64::from(d - b'0');
-                    }
-                    length = n;
                 }
                 Kind::TransferEncoding | Kind::Upgrade | Kind::Expect => {
                     return Prepared::ToHyper;
@@ -472,17 +462,19 @@ impl Lane {
             Err(failure) => {
                 // As hyper's path says it (`forward`).
                 tracing::debug!(failure = ?failure, "no answer from the upstream");
-                let (res, outcome) = match failure {
+                let (mut res, outcome) = match failure {
                     Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
                 };
                 let status = res.status().as_u16();
+                res.headers_mut()
+                    .insert(access::REQUEST_ID, request.id.clone());
                 let closing = request.close || stop.stopped();
-                let written = write_problem(io, res, &request.id, closing, request.head).await;
+                let kept = write_answer((io, buf), &mut self.out, res, request.head, closing).await;
                 if let Some(owed) = owed {
                     owed.answered(None, status, outcome, Some(upstream_took));
                 }
-                return written && !closing;
+                return kept;
             }
         };
         if let Some(owed) = owed {
@@ -682,13 +674,7 @@ impl Lane {
                 if !first {
                     self.out.clear();
                 }
-                if take > 0 {
-                    let mut size = [0u8; 16];
-                    self.out.extend_from_slice(hex_len(take, &mut size));
-                    self.out.extend_from_slice(b"\r\n");
-                    self.out.extend_from_slice(&self.answer[..take]);
-                    self.out.extend_from_slice(b"\r\n");
-                }
+                chunk(&mut self.out, &self.answer[..take]);
                 io.write_all(&self.out).await
             } else if first {
                 self.out.extend_from_slice(&self.answer[..take]);
@@ -726,35 +712,6 @@ impl Lane {
     }
 }
 
-/// `work`'s output, unless the client leaves first (`None`): its end of
-/// the connection read while `work` waits, as hyper's server notices it.
-/// Only a client with nothing of a next request in `buf` is read: bytes
-/// of a pipelined request wait there, and an end read after them ends
-/// those requests, not this one (hyper does not look either), so a client
-/// that sends its requests and then closes its side gets the answer in
-/// flight.
-pub(super) async fn unless_client_leaves<S, F>(
-    io: &mut S,
-    buf: &mut BytesMut,
-    work: F,
-) -> Option<F::Output>
-where
-    S: AsyncRead + Unpin,
-    F: std::future::Future,
-{
-    let mut work = std::pin::pin!(work);
-    loop {
-        tokio::select! {
-            biased;
-            out = &mut work => return Some(out),
-            read = io.read_buf(buf), if buf.is_empty() => match read {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            },
-        }
-    }
-}
-
 /// How a body's streaming ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Passed {
@@ -784,72 +741,6 @@ fn head_may_end(buf: &[u8], from: usize) -> bool {
             w[0] == b'\n' && (w[1] == b'\n' || (w[1] == b'\r' && tail.get(i + 2) == Some(&b'\n')))
         })
     })
-}
-
-/// One of the gateway's own answers (502, 504), with the request's id.
-/// `false`: it could not be written.
-/// The answer to a `HEAD` (`head`) has its length and not its body.
-pub(super) async fn write_problem<S>(
-    io: &mut S,
-    res: Response<Body>,
-    id: &HeaderValue,
-    close: bool,
-    head: bool,
-) -> bool
-where
-    S: AsyncWrite + Unpin,
-{
-    let (parts, body) = res.into_parts();
-    let Ok(body) = body
-        .collect()
-        .await
-        .map(http_body_util::Collected::to_bytes)
-    else {
-        return false;
-    };
-    let mut out = Vec::with_capacity(256 + body.len());
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(parts.status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in &parts.headers {
-        if name != http::header::CONTENT_LENGTH {
-            header(&mut out, name.as_str().as_bytes(), value.as_bytes());
-        }
-    }
-    let mut n = itoa::Buffer::new();
-    header(&mut out, b"content-length", n.format(body.len()).as_bytes());
-    header(&mut out, b"x-request-id", id.as_bytes());
-    now_as_http_date(|date| header(&mut out, b"date", date));
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    if !head {
-        out.extend_from_slice(&body);
-    }
-    io.write_all(&out).await.is_ok()
-}
-
-/// Calls `with` on the current time as an HTTP date (IMF-fixdate),
-/// formatted once a second per thread.
-pub(super) fn now_as_http_date(with: impl FnOnce(&[u8])) {
-    thread_local! {
-        static DATE: std::cell::RefCell<(u64, String)> =
-            const { std::cell::RefCell::new((u64::MAX, String::new())) };
-    }
-    let now = std::time::SystemTime::now();
-    let second = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|date| {
-        let mut date = date.borrow_mut();
-        if date.0 != second {
-            *date = (second, httpdate::fmt_http_date(now));
-        }
-        with(date.1.as_bytes());
-    });
 }
 
 #[cfg(test)]

@@ -339,3 +339,40 @@ pub(crate) async fn read_rest(s: &mut tokio::net::TcpStream) -> String {
         .ok();
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// An access log's path, in a directory of its own that goes with it.
+pub(crate) struct AccessLog {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl AccessLog {
+    pub(crate) fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("norepeat-gw-log-{}", rand_n()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            path: dir.join("access.log"),
+            dir,
+        }
+    }
+}
+
+impl std::ops::Deref for AccessLog {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for AccessLog {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

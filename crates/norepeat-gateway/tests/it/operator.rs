@@ -309,9 +309,7 @@ async fn a_shadow_routes_counts_use_the_contracts_would_only() {
 #[tokio::test]
 async fn an_access_log_line_per_request_with_its_request_id_and_an_admin_listener() {
     let b = backend(0).await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-log-{}", rand_n()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let log = AccessLog::new();
     let admin = free_port();
     // The test client is a trusted proxy here: its X-Request-Id is kept.
     let trusting = file(&b, "memory", ROUTES).replace(
@@ -425,7 +423,6 @@ async fn an_access_log_line_per_request_with_its_request_id_and_an_admin_listene
     assert!(m.contains("norepeat_gateway_requests_total"), "{m}");
     let traffic = c.get(on_admin("/echo")).send().await.unwrap();
     assert_eq!(traffic.status(), 404, "no traffic on the admin listener");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 38, item 4: with an admin token, an operator reads one key's
@@ -578,9 +575,7 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
 #[tokio::test]
 async fn a_client_that_leaves_before_its_answer_is_logged_499_client_closed() {
     let b = backend(0).await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-log-{}", rand_n()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let log = AccessLog::new();
     let yaml = format!(
         "access_log: {}\n{}",
         log.display(),
@@ -607,5 +602,4 @@ async fn a_client_that_leaves_before_its_answer_is_logged_499_client_closed() {
         Some(32),
         "{line}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -63,29 +63,68 @@ async fn backend() -> Backend {
     }
 }
 
+/// One request from `s`, read a byte at a time up to its head's end, then
+/// its body (by its `Content-Length`): its head as text, or `None` once
+/// the connection ends first.
+async fn read_request(s: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let length = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).await.ok()?;
+    Some(text)
+}
+
+/// A backend that answers each connection's one request with `answer`,
+/// then (`closes`) closes its end 200 ms later, and reports whether the
+/// gateway's end of that connection closed within 5 s.
+async fn watching_backend(
+    answer: &'static [u8],
+    closes: bool,
+) -> (u16, tokio::sync::mpsc::UnboundedReceiver<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (ended, closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                if read_request(&mut s).await.is_none() {
+                    return;
+                }
+                s.write_all(answer).await.unwrap();
+                if closes {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    s.shutdown().await.unwrap();
+                }
+                let mut rest = [0u8; 16];
+                let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
+                let _ = ended.send(matches!(read, Ok(Ok(0) | Err(_))));
+            });
+        }
+    });
+    (port, closed)
+}
+
 async fn serve(mut s: tokio::net::TcpStream, heads: Arc<Mutex<Vec<String>>>) {
     loop {
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            match s.read(&mut byte).await {
-                Ok(1) => head.push(byte[0]),
-                _ => return,
-            }
-        }
-        let text = String::from_utf8_lossy(&head).into_owned();
-        let length = text
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().parse::<usize>().unwrap())
-            })
-            .unwrap_or(0);
-        let mut body = vec![0u8; length];
-        if s.read_exact(&mut body).await.is_err() {
+        let Some(text) = read_request(&mut s).await else {
             return;
-        }
+        };
         let mut words = text.split(' ');
         let (method, path) = (
             words.next().unwrap().to_owned(),
@@ -368,9 +407,7 @@ async fn a_fragment_is_not_forwarded() {
 #[tokio::test]
 async fn a_client_that_leaves_before_the_answer_is_logged_499() {
     let b = backend().await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-lane-{}", rand_n()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let log = AccessLog::new();
     let yaml = format!(
         "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\n",
         log.display(),
@@ -393,7 +430,6 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
     // Served on: the next client is answered.
     let mut send = connection(&g).await;
     assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A route's request whose body is in hand goes out by hand too: each
@@ -587,9 +623,7 @@ async fn bodiless_spellings_of_a_guarded_route_never_pass_it_by() {
 #[tokio::test]
 async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
     let b = backend().await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-routed-{}", rand_n()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let log = AccessLog::new();
     let yaml = format!(
         "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
         log.display(),
@@ -662,7 +696,6 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
     let entry: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["path"], "/plain", "{line}");
     assert_eq!(entry["outcome"], "duplicate", "{line}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A guarded route's body on the lane: one sent in two pieces is read
@@ -673,9 +706,7 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
 #[tokio::test]
 async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let b = backend().await;
-    let dir = std::env::temp_dir().join(format!("norepeat-gw-routed-{}", rand_n()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("access.log");
+    let log = AccessLog::new();
     let yaml = format!(
         "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nidentity:\n  ip: true\n  trusted_proxies: [127.0.0.0/8]\nlimits:\n  body_timeout: 1s\nroutes:\n  - match: POST /{{what}}\n    guard: fingerprint\n",
         log.display(),
@@ -730,7 +761,6 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let heads = b.heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 1, "{heads:?}");
     assert!(heads[0].starts_with("POST /upload "), "{heads:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An idle upstream connection that the backend closes (its keep-alive
@@ -741,38 +771,9 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
 /// within 5 s of closing its own.
 #[tokio::test]
 async fn an_idle_upstream_connection_the_backend_closes_is_closed_here_too() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (ended, mut closed) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let ended = ended.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                if let Some(n) = text.lines().find_map(|l| l.strip_prefix("content-length:")) {
-                    let mut body = vec![0u8; n.trim().parse().unwrap()];
-                    s.read_exact(&mut body).await.unwrap();
-                }
-                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                // The backend's keep-alive timeout: its end closes.
-                s.shutdown().await.unwrap();
-                let mut rest = [0u8; 16];
-                let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
-                let _ = ended.send(matches!(read, Ok(Ok(0))));
-            });
-        }
-    });
+    // The backend's keep-alive timeout: its end closes after the answer.
+    let (port, mut closed) =
+        watching_backend(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true).await;
     let yaml = format!(
         "upstream: http://127.0.0.1:{port}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n"
     );
@@ -806,36 +807,12 @@ async fn an_idle_upstream_connection_the_backend_closes_is_closed_here_too() {
 /// upstream connection stayed open as long as the backend kept it.
 #[tokio::test]
 async fn a_client_that_leaves_a_quiet_stream_closes_the_upstream_connection() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (ended, mut closed) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let ended = ended.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                if let Some(n) = text.lines().find_map(|l| l.strip_prefix("content-length:")) {
-                    let mut body = vec![0u8; n.trim().parse().unwrap()];
-                    s.read_exact(&mut body).await.unwrap();
-                }
-                // A stream: its first piece, then nothing.
-                s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
-                    .await
-                    .unwrap();
-                let mut rest = [0u8; 16];
-                let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await;
-                let _ = ended.send(matches!(read, Ok(Ok(0) | Err(_))));
-            });
-        }
-    });
+    // A stream: its first piece, then nothing.
+    let (port, mut closed) = watching_backend(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        false,
+    )
+    .await;
     let yaml = format!(
         "upstream: http://127.0.0.1:{port}\nstore: memory\nroutes:\n  - match: POST /orders\n    guard: fingerprint\n"
     );
