@@ -1,15 +1,14 @@
-// Over 400 lines on purpose: one store and its tests; 65 lines are tests.
+// Over 400 lines on purpose: one store and its tests; 90 lines are tests.
 //! The in-process store: bounded in bytes, every entry expiring.
 
 use super::rate::arithmetic::{self, FixedState, SlidingState};
 use super::{KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};
 use bytes::Bytes;
-use moka::notification::RemovalCause;
-use moka::ops::compute::Op;
-use moka::policy::EvictionPolicy;
-use moka::sync::Cache;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use hashlink::LinkedHashMap;
+use hashlink::linked_hash_map::RawEntryMut;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What one key holds in memory.
@@ -27,40 +26,64 @@ struct Entry {
     expires_at: Instant,
 }
 
-impl Entry {
-    fn live(self, now: Instant) -> Option<Self> {
-        (self.expires_at > now).then_some(self)
-    }
+/// What an operation does to its key.
+enum Op {
+    Nop,
+    Put(Entry),
+    Remove,
 }
 
-/// Bytes an entry costs beyond its key and value: the entry itself and
-/// moka's bookkeeping (hash table slot, queue nodes, timer wheel), rounded
-/// up.
+/// Bytes an entry costs beyond its key and value: the entry itself, the
+/// key's allocation, the map's slot and its two links, rounded up.
 const ENTRY_OVERHEAD: usize = 128;
 
 /// An entry's weight: its key, its value and [`ENTRY_OVERHEAD`], in bytes.
-fn weigh(key: &Arc<str>, e: &Entry) -> u32 {
+fn weigh(key: &str, e: &Entry) -> u64 {
     let value = match &e.value {
         Value::Bytes(b) => b.len(),
         Value::Gcra(_) | Value::Fixed(_) | Value::Sliding(_) => 0,
     };
-    u32::try_from(key.len() + value + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+    (key.len() + value + ENTRY_OVERHEAD) as u64
 }
 
-struct PerEntryTtl;
+/// The shards a store's keys are spread over: each has its own lock, so
+/// calls on different keys rarely wait for one another.
+const SHARDS: usize = 32;
 
-impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
-    fn expire_after_create(&self, _: &Arc<str>, e: &Entry, now: Instant) -> Option<Duration> {
-        Some(e.expires_at.saturating_duration_since(now))
-    }
-    fn expire_after_update(
-        &self,
-        _: &Arc<str>,
-        e: &Entry,
-        now: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(e.expires_at.saturating_duration_since(now))
+/// One shard's keys, the least recently used first.
+#[derive(Default)]
+struct Shard {
+    map: LinkedHashMap<Arc<str>, Entry, RandomState>,
+    /// Writes since the expired entries were last swept out.
+    writes: usize,
+    /// No entry in the shard expires before this: until then a sweep
+    /// would find nothing.
+    soonest: Option<Instant>,
+}
+
+impl Shard {
+    /// Removes the expired entries, when some may be and at least
+    /// `min_writes` writes came since the last sweep (a sweep reads the
+    /// whole shard: run once per so many writes, its cost per write stays
+    /// a few entries' reading however large the shard).
+    fn sweep(&mut self, now: Instant, used: &AtomicU64, min_writes: usize) {
+        if self.soonest.is_none_or(|s| s > now) || self.writes < min_writes {
+            return;
+        }
+        let mut freed = 0;
+        let mut soonest: Option<Instant> = None;
+        self.map.retain(|key, e| {
+            if e.expires_at > now {
+                soonest = Some(soonest.map_or(e.expires_at, |s| s.min(e.expires_at)));
+                true
+            } else {
+                freed += weigh(key, e);
+                false
+            }
+        });
+        used.fetch_sub(freed, Ordering::Relaxed);
+        self.soonest = soonest;
+        self.writes = 0;
     }
 }
 
@@ -68,8 +91,11 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 /// fallback that keeps catching one instance's own repeats while Redis is
 /// away.
 ///
-/// Each operation runs under moka's per-key lock, so it is atomic against
-/// every other operation on the same key. Entries expire at their own time
+/// Each operation runs under its key's lock (one of 32 shards'), so it is
+/// atomic against every other operation on the same key, and never waits
+/// on anything but that lock, held for the operation alone: no call
+/// sleeps or blocks the thread that makes it (an async runtime's worker
+/// goes on with its other tasks). Entries expire at their own time
 /// to live. A time to live past ten years (`Duration::MAX` as a
 /// lease or a retention) is ten years; none overflows. It is shared by clones, not across processes.
 ///
@@ -87,12 +113,13 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 /// # When it is full
 /// Its capacity is in bytes: each entry is counted as its key, its value
 /// (a stored response counts whole) and 128 bytes of bookkeeping (an
-/// estimate of moka's, rounded up, not a measurement), so a fingerprint or
+/// estimate, rounded up, not a measurement), so a fingerprint or
 /// a token counts under 200 bytes and the default 64 MiB holds over
 /// 330,000 of them (64 MiB / 200 B).
 ///
 /// A new key is always taken. To make room, the entries used least
-/// recently are evicted (LRU). A frequency-based policy would keep a
+/// recently are evicted (LRU within each shard: the shard of the new key
+/// first, then the others in turn). A frequency-based policy would keep a
 /// popular old key and drop the newcomer, and the newcomer is exactly the
 /// request whose duplicate the guard is there to catch.
 ///
@@ -107,17 +134,30 @@ impl moka::Expiry<Arc<str>, Entry> for PerEntryTtl {
 /// `norepeat_memory_evictions_total`, which should stay at zero.
 #[derive(Clone)]
 pub struct MemoryStore {
-    cache: Cache<Arc<str>, Entry>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    /// Hashes a key once: its shard, and its place in the shard's map
+    /// (every shard's map hashes with a clone of it).
+    hasher: RandomState,
+    capacity: u64,
+    /// Bytes held over all shards, by [`weigh`].
+    used: AtomicU64,
+    evictions: AtomicU64,
+    /// The next shard to evict from when a new key's own shard has
+    /// nothing older to give.
+    next_victim: AtomicUsize,
     origin: Instant,
-    evictions: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("entries", &self.cache.entry_count())
-            .field("bytes", &self.cache.weighted_size())
-            .field("evictions", &self.evictions.load(Ordering::Relaxed))
+            .field("entries", &self.len())
+            .field("bytes", &self.inner.used.load(Ordering::Relaxed))
+            .field("evictions", &self.inner.evictions.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -143,25 +183,25 @@ impl MemoryStore {
     /// than the whole capacity is not kept.
     #[must_use]
     pub fn new(capacity: u64) -> Self {
-        let evictions = Arc::new(AtomicU64::new(0));
-        let counted = Arc::clone(&evictions);
-        Self {
-            cache: Cache::builder()
-                .max_capacity(capacity.max(Self::MIN_CAPACITY))
-                .weigher(weigh)
-                .eviction_policy(EvictionPolicy::lru())
-                .expire_after(PerEntryTtl)
-                .eviction_listener(move |_key, entry: Entry, cause| {
-                    // `Size`: pushed out for room. An entry already past its
-                    // time to live was not lost, whatever moka calls it.
-                    if cause == RemovalCause::Size && entry.expires_at > Instant::now() {
-                        counted.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("norepeat_memory_evictions_total").increment(1);
-                    }
+        let hasher = RandomState::new();
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: LinkedHashMap::with_hasher(hasher.clone()),
+                    ..Shard::default()
                 })
-                .build(),
-            origin: Instant::now(),
-            evictions,
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                shards,
+                hasher,
+                capacity: capacity.max(Self::MIN_CAPACITY),
+                used: AtomicU64::new(0),
+                evictions: AtomicU64::new(0),
+                next_victim: AtomicUsize::new(0),
+                origin: Instant::now(),
+            }),
         }
     }
 
@@ -171,23 +211,21 @@ impl MemoryStore {
     /// [When it is full](Self#when-it-is-full).
     #[must_use]
     pub fn evictions(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.evictions.load(Ordering::Relaxed)
+        self.inner.evictions.load(Ordering::Relaxed)
     }
 
-    /// Bytes held, by the store's weighing (approximate: moka counts
-    /// lazily).
+    /// Bytes held, by the store's weighing (entries past their time to
+    /// live swept out first).
     #[must_use]
     pub fn weighted_size(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.weighted_size()
+        self.sweep_all();
+        self.inner.used.load(Ordering::Relaxed)
     }
 
-    /// Live entries (approximate: moka counts lazily).
+    /// Live entries (entries past their time to live swept out first).
     #[must_use]
     pub fn len(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.entry_count()
+        self.sweep_all()
     }
 
     /// Whether no entry is live.
@@ -196,41 +234,101 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Sweeps every shard of its expired entries: the live entries left.
+    fn sweep_all(&self) -> u64 {
+        let now = Instant::now();
+        let mut live = 0;
+        for at in 0..SHARDS {
+            let mut shard = self.inner.lock(at);
+            shard.sweep(now, &self.inner.used, 0);
+            live += shard.map.len() as u64;
+        }
+        live
+    }
+
     /// The bytes held under `key`, if it is live (a key of a rate limiter
-    /// reads as absent). A plain read: no lock, no write.
+    /// reads as absent). A read: it does not count as the key's use.
     pub(crate) fn peek(&self, key: &str) -> Option<Bytes> {
-        match self.cache.get(key)?.live(Instant::now())?.value {
-            Value::Bytes(b) => Some(b),
+        let hash = self.inner.hasher.hash_one(key);
+        let shard = self.inner.lock(shard_of(hash));
+        let (_, e) = shard.map.raw_entry().from_key_hashed_nocheck(hash, key)?;
+        match &e.value {
+            Value::Bytes(b) if e.expires_at > Instant::now() => Some(b.clone()),
             _ => None,
         }
     }
 
-    /// Runs `f` on the live entry under `key` (if any) under the key's lock.
-    fn compute<T>(&self, key: &str, f: impl FnOnce(Option<Entry>, Instant) -> (Op<Entry>, T)) -> T {
-        let mut out = None;
-        self.cache
-            .entry(Arc::from(key))
-            .and_compute_with(|current| {
-                let now = Instant::now();
-                let current = current.and_then(|e| e.into_value().live(now));
-                let (op, result) = f(current, now);
-                out = Some(result);
-                op
-            });
-        // moka runs the closure exactly once per call.
-        out.expect("and_compute_with runs its closure")
+    /// Runs `f` on the live entry under `key` (if any) under its shard's
+    /// lock, and applies the [`Op`] it returns.
+    fn compute<T>(&self, key: &str, f: impl FnOnce(Option<&Entry>, Instant) -> (Op, T)) -> T {
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        let at = shard_of(hash);
+        let mut guard = inner.lock(at);
+        let shard = &mut *guard;
+        // The clock is read under the key's lock, so calls on one key see
+        // time move forward in the order they run.
+        let now = Instant::now();
+        let (result, written) = match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(mut o) => {
+                let live = o.get().expires_at > now;
+                let (op, result) = f(live.then(|| o.get()), now);
+                let old = weigh(key, o.get());
+                match op {
+                    Op::Put(e) => {
+                        let new = weigh(key, &e);
+                        *o.get_mut() = e;
+                        o.to_back();
+                        inner.used.fetch_add(new, Ordering::Relaxed);
+                        inner.used.fetch_sub(old, Ordering::Relaxed);
+                        (result, Some(new))
+                    }
+                    Op::Remove => {
+                        o.remove();
+                        inner.used.fetch_sub(old, Ordering::Relaxed);
+                        (result, None)
+                    }
+                    Op::Nop if live => {
+                        o.to_back();
+                        (result, None)
+                    }
+                    // Past its time: gone, as if it had been swept.
+                    Op::Nop => {
+                        o.remove();
+                        inner.used.fetch_sub(old, Ordering::Relaxed);
+                        (result, None)
+                    }
+                }
+            }
+            RawEntryMut::Vacant(v) => match f(None, now) {
+                (Op::Put(e), result) => {
+                    let new = weigh(key, &e);
+                    v.insert_hashed_nocheck(hash, Arc::from(key), e);
+                    inner.used.fetch_add(new, Ordering::Relaxed);
+                    (result, Some(new))
+                }
+                (Op::Nop | Op::Remove, result) => (result, None),
+            },
+        };
+        if let Some(weight) = written {
+            let expires_at = shard.map.back().map(|(_, e)| e.expires_at);
+            shard.soonest = match (shard.soonest, expires_at) {
+                (Some(s), Some(e)) => Some(s.min(e)),
+                (s, e) => s.or(e),
+            };
+            shard.writes += 1;
+            let len = shard.map.len();
+            shard.sweep(now, &inner.used, len / 4 + 16);
+            if inner.used.load(Ordering::Relaxed) > inner.capacity {
+                inner.make_room(at, guard, key, weight, now);
+            }
+        }
+        result
     }
 
-    fn with_bytes<T>(
-        &self,
-        key: &str,
-        f: impl FnOnce(Option<&Bytes>, Instant) -> (Op<Entry>, T),
-    ) -> T {
-        self.compute(key, |cur, now| match cur {
-            Some(Entry {
-                value: Value::Bytes(b),
-                ..
-            }) => f(Some(&b), now),
+    fn with_bytes<T>(&self, key: &str, f: impl FnOnce(Option<&Bytes>, Instant) -> (Op, T)) -> T {
+        self.compute(key, |cur, now| match cur.map(|e| &e.value) {
+            Some(Value::Bytes(b)) => f(Some(b), now),
             // A key of another kind is never equal to bytes: leave it alone.
             Some(_) => f(Some(&Bytes::new()), now),
             None => f(None, now),
@@ -243,11 +341,10 @@ impl MemoryStore {
         step: impl FnOnce(Option<Value>, u64) -> (Value, Duration, RateDecision),
     ) -> RateDecision {
         self.compute(key, |cur, now| {
-            // The clock is read under the key's lock, so calls on one key see
-            // time move forward in the order they run.
-            let now_us = u64::try_from(now.saturating_duration_since(self.origin).as_micros())
-                .unwrap_or(u64::MAX);
-            let (value, ttl, decision) = step(cur.map(|e| e.value), now_us);
+            let now_us =
+                u64::try_from(now.saturating_duration_since(self.inner.origin).as_micros())
+                    .unwrap_or(u64::MAX);
+            let (value, ttl, decision) = step(cur.map(|e| e.value.clone()), now_us);
             (
                 Op::Put(Entry {
                     value,
@@ -259,6 +356,82 @@ impl MemoryStore {
     }
 }
 
+/// The shard of a key hashed to `hash`: bits the map's own use of the
+/// hash (its low bits for the slot, its top 7 for the tag) leaves alone.
+fn shard_of(hash: u64) -> usize {
+    (hash >> 40) as usize % SHARDS
+}
+
+impl Inner {
+    fn lock(&self, at: usize) -> MutexGuard<'_, Shard> {
+        // A panic under the lock leaves the shard consistent: each change
+        // is a single map operation.
+        self.shards[at]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Evicts until the store is within its capacity: first the least
+    /// recently used of the new key's own shard (`own`, still locked),
+    /// never the key just written, then the other shards' in turn, one
+    /// lock at a time. A key that alone outweighs the capacity is dropped.
+    fn make_room(
+        &self,
+        at: usize,
+        mut own: MutexGuard<'_, Shard>,
+        key: &str,
+        weight: u64,
+        now: Instant,
+    ) {
+        if weight > self.capacity {
+            if let Some(e) = own.map.remove(key) {
+                self.used.fetch_sub(weigh(key, &e), Ordering::Relaxed);
+            }
+            return;
+        }
+        // Past entries first: they cost no one anything. (Amortized as
+        // any sweep: a store that stays full sweeps a shard once per
+        // sixteenth of its entries written, not at every write.)
+        let len = own.map.len();
+        own.sweep(now, &self.used, len / 16 + 1);
+        while self.over() && own.map.len() > 1 {
+            self.evict_front(&mut own, now);
+        }
+        drop(own);
+        for _ in 0..SHARDS - 1 {
+            if !self.over() {
+                return;
+            }
+            let victim = self.next_victim.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            if victim == at {
+                continue;
+            }
+            let mut shard = self.lock(victim);
+            let len = shard.map.len();
+            shard.sweep(now, &self.used, len / 16 + 1);
+            while self.over() && self.evict_front(&mut shard, now) {}
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.used.load(Ordering::Relaxed) > self.capacity
+    }
+
+    /// Removes `shard`'s least recently used entry, counting it when it
+    /// was live. `false` when the shard is empty.
+    fn evict_front(&self, shard: &mut Shard, now: Instant) -> bool {
+        let Some((key, e)) = shard.map.pop_front() else {
+            return false;
+        };
+        self.used.fetch_sub(weigh(&key, &e), Ordering::Relaxed);
+        if e.expires_at > now {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("norepeat_memory_evictions_total").increment(1);
+        }
+        true
+    }
+}
+
 fn bytes_entry(value: &[u8], now: Instant, ttl: Duration) -> Entry {
     Entry {
         value: Value::Bytes(Bytes::copy_from_slice(value)),
@@ -267,7 +440,7 @@ fn bytes_entry(value: &[u8], now: Instant, ttl: Duration) -> Entry {
 }
 
 /// The longest an entry lives: ten years, far past any process's life,
-/// and far inside what moka's clock (nanoseconds in 64 bits) can add.
+/// and far inside what `Instant` can add.
 const LONGEST_TTL: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// When an entry written at `now` for `ttl` expires: a TTL past
@@ -427,6 +600,42 @@ mod tests {
         assert!(!s.delete_if_equals("k", b"a").await.unwrap());
         assert!(s.delete_if_equals("k", b"c").await.unwrap());
         assert!(!s.delete_if_equals("k", b"c").await.unwrap());
+    }
+
+    /// A value that alone outweighs the whole capacity is not kept, and
+    /// takes nothing else with it.
+    #[tokio::test]
+    async fn a_value_larger_than_the_store_is_not_kept() {
+        let s = MemoryStore::new(0);
+        let ttl = Duration::from_secs(60);
+        s.put_if_absent("small", b"v", ttl).await.unwrap();
+        let huge = vec![0u8; usize::try_from(MemoryStore::MIN_CAPACITY).unwrap() + 1];
+        assert!(s.put_if_absent("huge", &huge, ttl).await.unwrap().is_none());
+        assert_eq!(s.peek("huge"), None);
+        assert_eq!(s.peek("small").as_deref(), Some(&b"v"[..]));
+        assert_eq!(s.evictions(), 0);
+        assert_eq!(
+            s.weighted_size(),
+            weigh("small", &bytes_entry(b"v", Instant::now(), ttl))
+        );
+    }
+
+    /// The least recently used goes first: a key read again is kept over
+    /// one written after it and never read.
+    #[tokio::test]
+    async fn a_key_in_use_outlives_one_left_alone() {
+        let s = MemoryStore::new(0);
+        let ttl = Duration::from_secs(60);
+        s.put_if_absent("used", b"v", ttl).await.unwrap();
+        s.put_if_absent("idle", b"v", ttl).await.unwrap();
+        // Enough keys to go round every shard several times over.
+        for i in 0..5_000 {
+            s.put_if_absent("used", b"again", ttl).await.unwrap();
+            s.put_if_absent(&format!("k{i}"), b"v", ttl).await.unwrap();
+        }
+        assert_eq!(s.peek("used").as_deref(), Some(&b"v"[..]));
+        assert_eq!(s.peek("idle"), None);
+        assert!(s.weighted_size() <= MemoryStore::MIN_CAPACITY);
     }
 
     #[tokio::test]

@@ -86,3 +86,65 @@ async fn evictions_of_live_keys_are_counted() {
     assert!(live > 0 && live < 1_000, "{live} live");
     assert_eq!(store.evictions() + live, 1_000);
 }
+
+/// Forbids the calling thread to sleep: from here on its `nanosleep` and
+/// `clock_nanosleep` fail (`EPERM`), and `std::thread::sleep` panics.
+#[cfg(target_os = "linux")]
+fn forbid_sleeping() {
+    use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+    let rules = [libc::SYS_nanosleep, libc::SYS_clock_nanosleep]
+        .into_iter()
+        .map(|call| (call, vec![]))
+        .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM.unsigned_abs()),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap();
+    let program: BpfProgram = filter.try_into().unwrap();
+    seccompiler::apply_filter(&program).unwrap();
+}
+
+/// The store is called on an async runtime's worker thread: a call that
+/// slept there would stall every other task of that worker. Two threads
+/// write fresh keys, expiring at once (the churn that makes a store
+/// housekeep), as fast as they can, each on a runtime of its own and
+/// forbidden to sleep: every call returns. (The store on moka's cache
+/// slept its caller's thread 50 µs whenever moka's write log was full,
+/// which two writers filled within a few thousand writes: this test
+/// panicked there.)
+#[cfg(target_os = "linux")]
+#[test]
+fn two_threads_writing_at_once_never_sleep_in_a_call() {
+    const WRITES: u64 = 200_000;
+    let store = MemoryStore::default();
+    let writers: Vec<_> = (0..2)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                forbid_sleeping();
+                rt.block_on(async {
+                    for i in 0..WRITES {
+                        let key = format!("churn-{t}-{i}");
+                        store
+                            .put_if_absent(&key, b"v", Duration::from_millis(1))
+                            .await
+                            .unwrap();
+                    }
+                });
+            })
+        })
+        .collect();
+    for w in writers {
+        assert!(w.join().is_ok(), "a call slept its thread");
+    }
+    // What was written expired, and went.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(store.len(), 0);
+    assert_eq!(store.weighted_size(), 0);
+}
