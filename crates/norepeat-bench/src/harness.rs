@@ -25,6 +25,12 @@ pub(crate) struct Sample {
     /// Process CPU time (user + system, every thread) over the measured
     /// window, per operation; `None` where `/proc/self/stat` is missing.
     pub(crate) cpu_us_per_op: Option<f64>,
+    /// The Redis server's CPU time per operation, where the row reads it
+    /// (the gateway rows, on a Redis of this machine).
+    pub(crate) store_cpu_us_per_op: Option<f64>,
+    /// Every core's busy time per operation (`/proc/stat`), where the row
+    /// reads it (the gateway rows driven by a process).
+    pub(crate) machine_cpu_us_per_op: Option<f64>,
 }
 
 /// Runs `op` from `load.concurrency` tasks: a warm-up, then the measured
@@ -98,6 +104,8 @@ where
         p99_us: percentile(&all, 0.99),
         ops: all.len() as u64,
         cpu_us_per_op: cpu.map(|c| c.as_secs_f64() * 1e6 / ops),
+        store_cpu_us_per_op: None,
+        machine_cpu_us_per_op: None,
     })
 }
 

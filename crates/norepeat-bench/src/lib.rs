@@ -182,6 +182,8 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
                 p99_us: s.p99_us,
                 ops: s.ops,
                 cpu_us_per_op: s.cpu_us_per_op,
+                store_cpu_us_per_op: s.store_cpu_us_per_op,
+                machine_cpu_us_per_op: s.machine_cpu_us_per_op,
             });
         }
         bar.inc(1);
@@ -198,6 +200,8 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
                 p99_us: s.p99_us,
                 ops: s.ops,
                 cpu_us_per_op: s.cpu_us_per_op,
+                store_cpu_us_per_op: s.store_cpu_us_per_op,
+                machine_cpu_us_per_op: s.machine_cpu_us_per_op,
             });
         }
         bar.inc(1);

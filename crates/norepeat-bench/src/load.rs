@@ -306,15 +306,17 @@ fn request(spec: &Spec, c: usize, i: u64) -> Result<Request<Full<Bytes>>, BenchE
 }
 
 impl Measured {
-    /// The row's sample, with `cpu_us_per_op` given (the proxy's, read
-    /// by the bench).
-    pub(crate) fn sample(&self, cpu_us_per_op: Option<f64>) -> Sample {
+    /// The row's sample, with the CPU times per request the bench read
+    /// (the proxy's, the store's, the machine's).
+    pub(crate) fn sample(&self, [cpu, store, machine]: [Option<f64>; 3]) -> Sample {
         Sample {
             ops_per_s: self.ops_per_s,
             p50_us: self.p50_us,
             p99_us: self.p99_us,
             ops: self.ops,
-            cpu_us_per_op,
+            cpu_us_per_op: cpu,
+            store_cpu_us_per_op: store,
+            machine_cpu_us_per_op: machine,
         }
     }
 }

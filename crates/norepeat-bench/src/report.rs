@@ -23,6 +23,14 @@ pub struct BenchResult {
     /// measured window, per operation, in microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_us_per_op: Option<f64>,
+    /// The Redis server's CPU time per operation, over the same window
+    /// (the gateway rows, when that server runs on this machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_cpu_us_per_op: Option<f64>,
+    /// Every core's busy time per operation, over the same window (the
+    /// gateway rows driven by a load-generator process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine_cpu_us_per_op: Option<f64>,
 }
 
 /// Redis memory per key, each the settled growth of `used_memory` over
@@ -96,6 +104,18 @@ impl Report {
 
     fn over(&self, a: &str, b: &str) -> Option<f64> {
         self.ops(a).zip(self.ops(b)).map(|(a, b)| a / b)
+    }
+
+    /// The most `row` could reach against `gateway.nginx_post` if its
+    /// proxy cost no more CPU than NGINX's: NGINX's request costs the
+    /// machine `m` µs of busy time (generator, backend, proxy), `row`'s
+    /// adds at least the `s` µs its Redis server spends, so on cores all
+    /// of them share the ratio is at most `m / (m + s)`.
+    fn ceiling(&self, row: &str) -> Option<f64> {
+        let result = |name: &str| self.results.iter().find(|r| r.name == name);
+        let m = result("gateway.nginx_post")?.machine_cpu_us_per_op?;
+        let s = result(row)?.store_cpu_us_per_op?;
+        Some(m / (m + s))
     }
 
     fn goals(&self) -> Vec<Goal> {
@@ -259,6 +279,20 @@ impl Report {
                 met: at_least(self.over("gateway.idempotency", "gateway.nginx_post"), 0.5),
             },
             Goal {
+                name: "gateway.guarded's ceiling, by Redis's CPU",
+                json: Some("gateway_guarded_ceiling"),
+                value: self.ceiling("gateway.guarded"),
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
+                name: "gateway.idempotency's ceiling, by Redis's CPU",
+                json: Some("gateway_idempotency_ceiling"),
+                value: self.ceiling("gateway.idempotency"),
+                target: "(reference)",
+                met: None,
+            },
+            Goal {
                 name: "gateway.inproc.passthrough / .inproc.nginx",
                 json: Some("gateway_inproc_passthrough_over_nginx"),
                 value: self.over("gateway.inproc.passthrough", "gateway.inproc.nginx"),
@@ -329,17 +363,21 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<28} {:>12} {:>10} {:>10} {:>10}",
-            "name", "ops/s", "p50 µs", "p99 µs", "cpu µs/op"
+            "{:<28} {:>12} {:>10} {:>10} {:>10} {:>12} {:>14}",
+            "name", "ops/s", "p50 µs", "p99 µs", "cpu µs/op", "redis µs/op", "machine µs/op"
         );
+        let or_dash = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}"));
         for r in &self.results {
-            let cpu = r
-                .cpu_us_per_op
-                .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}"));
             let _ = writeln!(
                 out,
-                "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>10}",
-                r.name, r.ops_per_s, r.p50_us, r.p99_us, cpu
+                "{:<28} {:>12.0} {:>10.1} {:>10.1} {:>10} {:>12} {:>14}",
+                r.name,
+                r.ops_per_s,
+                r.p50_us,
+                r.p99_us,
+                or_dash(r.cpu_us_per_op),
+                or_dash(r.store_cpu_us_per_op),
+                or_dash(r.machine_cpu_us_per_op)
             );
         }
         let _ = writeln!(out);
@@ -399,5 +437,56 @@ impl Report {
             let _ = writeln!(out, "{:<44} {:>10}  {:<12} {met}", g.name, value, g.target);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &'static str, store: Option<f64>, machine: Option<f64>) -> BenchResult {
+        BenchResult {
+            name,
+            ops_per_s: 1.0,
+            p50_us: 1.0,
+            p99_us: 1.0,
+            ops: 1,
+            cpu_us_per_op: None,
+            store_cpu_us_per_op: store,
+            machine_cpu_us_per_op: machine,
+        }
+    }
+
+    fn report(results: Vec<BenchResult>) -> Report {
+        Report {
+            store: "redis",
+            url: None,
+            concurrency: 64,
+            duration: Duration::from_secs(1),
+            results,
+            memory: Err("not measured".to_owned()),
+            ceiling: Err("not measured".to_owned()),
+        }
+    }
+
+    /// NGINX's POST costs the machine 30 µs; the guarded request's Redis
+    /// 5 µs more: at most 30 / 35 of NGINX's rate.
+    #[test]
+    fn the_ceiling_is_nginx_machine_time_over_it_plus_the_store_time() {
+        let r = report(vec![
+            row("gateway.nginx_post", None, Some(30.0)),
+            row("gateway.guarded", Some(5.0), Some(40.0)),
+            row("gateway.idempotency", None, Some(50.0)),
+        ]);
+        let c = r.ceiling("gateway.guarded").unwrap();
+        assert!((c - 30.0 / 35.0).abs() < 1e-12, "{c}");
+        // Without the store's figure (a Redis elsewhere), none.
+        assert_eq!(r.ceiling("gateway.idempotency"), None);
+        let json = r.to_json();
+        assert!(json["ratios"]["gateway_guarded_ceiling"].as_f64().is_some());
+        assert!(json["ratios"]["gateway_idempotency_ceiling"].is_null());
+        // Without NGINX's, none either.
+        let r = report(vec![row("gateway.guarded", Some(5.0), Some(40.0))]);
+        assert_eq!(r.ceiling("gateway.guarded"), None);
     }
 }

@@ -23,7 +23,12 @@
 //!   (claim, forward, store the answer).
 //!
 //! Their `cpu_us_per_op` is the proxy process's CPU time per request (for
-//! `direct`, this process's: the backend), warm-up included on both sides.
+//! `direct`, this process's: the backend), warm-up included on both sides;
+//! `machine_cpu_us_per_op` every core's busy time per request (the load
+//! generator, the backend, the proxy, Redis and anything else running);
+//! and on a Redis of this machine, `store_cpu_us_per_op` the Redis
+//! server's CPU time per request (what the one round trip costs the cores
+//! the proxy shares with it: issue 39's ceiling, in `report`).
 //!
 //! The `gateway.inproc.*` rows are the earlier measure, kept to compare:
 //! `POST /orders` driven from this process by the `http.*` rows' load
@@ -178,7 +183,12 @@ async fn proxied(
     };
     let sample = match driver {
         Driver::InProcess => {
-            let (sample, cpu) = with_cpu(pid, drive(name, &base, load, run)).await;
+            let clocks = Clocks {
+                proxy: pid,
+                store: None,
+            };
+            let (sample, spent) = with_cpu(&clocks, drive(name, &base, load, run)).await;
+            let cpu = spent.proxy;
             if proxy != Proxy::None {
                 note_cpu(name, cpu, &sample);
             }
@@ -197,7 +207,16 @@ async fn proxied(
                 duration_ms: u64::try_from(load.duration.as_millis()).unwrap_or(u64::MAX),
                 run,
             };
-            let (measured, cpu) = with_cpu(pid, load::drive(name, cx.me, &spec)).await;
+            // The store's CPU where the gateway calls it and it runs here.
+            let store_pid = match (proxy, cx.url) {
+                (Proxy::Gateway(..), Some(url)) => crate::probe::local_server_pid(url).await,
+                _ => None,
+            };
+            let clocks = Clocks {
+                proxy: pid,
+                store: store_pid,
+            };
+            let (measured, spent) = with_cpu(&clocks, load::drive(name, cx.me, &spec)).await;
             measured.map(|m| {
                 if let Some(first) = &m.first_unexpected {
                     eprintln!(
@@ -206,11 +225,14 @@ async fn proxied(
                     );
                 }
                 #[allow(clippy::cast_precision_loss)]
-                let per = cpu.map(|c| c.as_secs_f64() * 1e6 / (m.requests.max(1) as f64));
-                if let (Some(per), true) = (per, proxy != Proxy::None) {
+                let per = spent.per(m.requests.max(1) as f64);
+                if let (Some(cpu), true) = (per[0], proxy != Proxy::None) {
                     eprintln!(
-                        "bench: {name}: the proxy process used {per:.1} µs of CPU per request"
+                        "bench: {name}: the proxy process used {cpu:.1} µs of CPU per request"
                     );
+                }
+                if let Some(store) = per[1] {
+                    eprintln!("bench: {name}: the Redis server used {store:.1} µs per request");
                 }
                 m.sample(per)
             })
@@ -271,12 +293,65 @@ async fn drive(
     .await
 }
 
-/// Runs `work` and the CPU time process `pid` used meanwhile.
-async fn with_cpu<T>(pid: Option<u32>, work: impl Future<Output = T>) -> (T, Option<Duration>) {
-    let before = pid.and_then(process_cpu);
+/// The processes whose CPU time a row reads.
+struct Clocks {
+    proxy: Option<u32>,
+    store: Option<u32>,
+}
+
+/// The CPU time a row's work took: the proxy's, the store's, and every
+/// core's busy time.
+struct Spent {
+    proxy: Option<Duration>,
+    store: Option<Duration>,
+    machine: Option<Duration>,
+}
+
+impl Spent {
+    /// Each per request, in microseconds.
+    fn per(&self, requests: f64) -> [Option<f64>; 3] {
+        [self.proxy, self.store, self.machine].map(|d| d.map(|d| d.as_secs_f64() * 1e6 / requests))
+    }
+}
+
+/// Runs `work` and the CPU time spent meanwhile.
+async fn with_cpu<T>(clocks: &Clocks, work: impl Future<Output = T>) -> (T, Spent) {
+    let read = || {
+        (
+            clocks.proxy.and_then(process_cpu),
+            clocks.store.and_then(process_cpu),
+            machine_busy(),
+        )
+    };
+    let before = read();
     let out = work.await;
-    let after = pid.and_then(process_cpu);
-    (out, before.zip(after).map(|(b, a)| a.saturating_sub(b)))
+    let after = read();
+    let spent =
+        |b: Option<Duration>, a: Option<Duration>| b.zip(a).map(|(b, a)| a.saturating_sub(b));
+    (
+        out,
+        Spent {
+            proxy: spent(before.0, after.0),
+            store: spent(before.1, after.1),
+            machine: spent(before.2, after.2),
+        },
+    )
+}
+
+/// Every core's busy time since boot: the first line of `/proc/stat`
+/// (`cpu  user nice system idle iowait irq softirq steal ...`, in clock
+/// ticks of 10 ms), all but `idle` and `iowait`.
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    busy_ticks(stat.lines().next()?).map(|t| Duration::from_millis(t * 10))
+}
+
+fn busy_ticks(line: &str) -> Option<u64> {
+    let mut fields = line.strip_prefix("cpu ")?.split_whitespace();
+    let mut next = || fields.next()?.parse::<u64>().ok();
+    let (user, nice, system, _idle, _iowait) = (next()?, next()?, next()?, next()?, next()?);
+    let (irq, softirq, steal) = (next()?, next()?, next()?);
+    Some(user + nice + system + irq + softirq + steal)
 }
 
 /// The proxy's CPU time per request, on stderr (warm-up included).
@@ -455,6 +530,15 @@ http {{
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_time_leaves_idle_and_iowait_out() {
+        let line = "cpu  100 2 30 5000 7 1 4 3 0 0";
+        assert_eq!(busy_ticks(line), Some(100 + 2 + 30 + 1 + 4 + 3));
+        assert_eq!(busy_ticks("cpu0 1 2 3 4 5 6 7 8"), None);
+        assert_eq!(busy_ticks("cpu  1 2"), None);
+        assert!(machine_busy().is_some_and(|d| d > Duration::ZERO));
+    }
 
     #[test]
     fn cpu_time_is_read_after_the_command_name() {

@@ -137,4 +137,22 @@ async fn the_gateway_rows_on_redis() {
         "{keys} keys for {idempotency} idempotency requests"
     );
     assert_eq!(redis.keys_without_ttl().await, Vec::<String>::new());
+    // This Redis runs here: the guarded rows say what it spent, and what
+    // the whole machine did, per request.
+    for row in ["gateway.guarded", "gateway.idempotency"] {
+        let r = json["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == row)
+            .unwrap();
+        assert!(
+            r["store_cpu_us_per_op"].as_f64().is_some_and(|v| v >= 0.0),
+            "{r}"
+        );
+        assert!(
+            r["machine_cpu_us_per_op"].as_f64().is_some_and(|v| v > 0.0),
+            "{r}"
+        );
+    }
 }
