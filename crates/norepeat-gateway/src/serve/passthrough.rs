@@ -344,10 +344,12 @@ impl Lane {
             // reading all of an upload).
             // A body over the route's `max_request_body` is refused from
             // its length by hyper's path (413), not read first.
-            let (reads_body, max_body) = match choice {
-                Choice::Route { at, .. } => (live.list[at].reads_body, live.list[at].max_body),
-                _ => (false, u64::MAX),
+            let route = match choice {
+                Choice::Route { at, .. } => Some(&live.list[at]),
+                _ => None,
             };
+            let (reads_body, max_body) =
+                route.map_or((false, u64::MAX), |r| (r.reads_body, r.max_body));
             let here = buf.len() as u64 >= len as u64 + length;
             if length > IN_HAND.min(max_body) || !(length == 0 || here || reads_body) {
                 return Prepared::ToHyper;
@@ -357,7 +359,7 @@ impl Lane {
                 length,
                 (method, target),
                 req.headers,
-                close,
+                (close, route.map(|r| Arc::clone(&r.metrics))),
                 buf,
             ));
         }

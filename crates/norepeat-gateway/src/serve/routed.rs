@@ -22,6 +22,7 @@ use super::connection::Stop;
 use super::forward::BodyInHand;
 use super::gateway::Gateway;
 use super::h1::{unless_client_leaves, write_answer};
+use super::metrics::{RouteMetrics, of_code};
 use super::request::dispatch;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -44,6 +45,10 @@ pub(super) struct Head {
     headers: Vec<(Range<usize>, Range<usize>)>,
     /// The client asked for `Connection: close`.
     close: bool,
+    /// The route the lane chose for it, if any: what its own refusal
+    /// (a stalled body) is counted under and named by in the access log,
+    /// as `dispatch` would have.
+    route: Option<Arc<RouteMetrics>>,
 }
 
 impl Head {
@@ -54,7 +59,7 @@ impl Head {
         length: u64,
         (method, target): (&str, &str),
         headers: &[httparse::Header<'_>],
-        close: bool,
+        (close, route): (bool, Option<Arc<RouteMetrics>>),
         buf: &[u8],
     ) -> Self {
         let at = |s: &[u8]| {
@@ -71,6 +76,7 @@ impl Head {
                 .map(|h| (at(h.name.as_bytes()), at(h.value)))
                 .collect(),
             close,
+            route,
         }
     }
 
@@ -135,8 +141,17 @@ where
                 let owed = owed_line(gw, &head, buf, &id);
                 let mut res = client_body_broke();
                 let status = res.status().as_u16();
+                let route = head.route.as_deref();
+                if let Some(route) = route {
+                    route.count(of_code("invalid_request"));
+                }
                 if let Some(owed) = owed {
-                    owed.answered(None, status, "invalid_request", None);
+                    owed.answered(
+                        route.map(RouteMetrics::label),
+                        status,
+                        "invalid_request",
+                        None,
+                    );
                 }
                 res.headers_mut().insert(access::REQUEST_ID, id.clone());
                 write_answer((io, buf), out, res, false, true).await;

@@ -701,7 +701,8 @@ async fn a_routes_pipelined_requests_are_answered_in_order_on_the_lane() {
 /// A guarded route's body on the lane: one sent in two pieces is read
 /// whole and forwarded once; one that stops half-way is answered 400
 /// `invalid_request` after `body_timeout` (with the request id a trusted
-/// proxy gave, as `dispatch` keeps it) and never forwarded; a client that
+/// proxy gave, as `dispatch` keeps it; named and counted under its route)
+/// and never forwarded; a client that
 /// leaves half-way has its line, 499, and nothing forwarded.
 #[tokio::test]
 async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
@@ -746,6 +747,19 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let line = log_line(&log, "/stalled").await;
     assert!(line.contains("\"status\":400"), "{line}");
     assert!(line.contains("\"request_id\":\"edge-7\""), "{line}");
+    // Named and counted under its route, as hyper's path does.
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["route"], "POST /{what}", "{line}");
+    let text = scrape(&g).await;
+    assert_eq!(
+        value(
+            &text,
+            "norepeat_gateway_invalid_total",
+            r#"route="POST /{what}",code="invalid_request""#
+        ),
+        1,
+        "{text}"
+    );
 
     let mut left = connect().await.unwrap();
     left.write_all(format!("{head}hel").replace("/upload", "/left").as_bytes())
