@@ -1,4 +1,4 @@
-// Over 400 lines on purpose: one store and its tests; 90 lines are tests.
+// Over 400 lines on purpose: one store and its tests; 100 lines are tests.
 //! The in-process store: bounded in bytes, every entry expiring.
 
 use super::rate::arithmetic::{self, FixedState, SlidingState};

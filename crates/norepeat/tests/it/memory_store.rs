@@ -148,3 +148,100 @@ fn two_threads_writing_at_once_never_sleep_in_a_call() {
     assert_eq!(store.len(), 0);
     assert_eq!(store.weighted_size(), 0);
 }
+
+/// Against a plain map (no expiry, no eviction): every answer, every
+/// value left and the bytes counted agree, whatever the order of the
+/// operations on a handful of keys and values.
+mod model {
+    use super::*;
+    use norepeat::store::ReadStoreExt;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// What the docs say an entry costs beyond its key and value.
+    const ENTRY_OVERHEAD: usize = 128;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Put(u8, u8),
+        Delete(u8, u8),
+        Expire(u8, u8),
+        Replace(u8, u8, u8),
+        Get(u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let k = 0..6u8;
+        let v = 0..3u8;
+        prop_oneof![
+            (k.clone(), v.clone()).prop_map(|(k, v)| Step::Put(k, v)),
+            (k.clone(), v.clone()).prop_map(|(k, v)| Step::Delete(k, v)),
+            (k.clone(), v.clone()).prop_map(|(k, v)| Step::Expire(k, v)),
+            (k.clone(), v.clone(), v).prop_map(|(k, a, b)| Step::Replace(k, a, b)),
+            k.prop_map(Step::Get),
+        ]
+    }
+
+    /// Values of different lengths, so the bytes counted tell them
+    /// apart.
+    fn value(v: u8) -> Vec<u8> {
+        vec![b'a' + v; usize::from(v) + 1]
+    }
+
+    proptest! {
+        #[test]
+        fn the_store_agrees_with_a_map(steps in proptest::collection::vec(step(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let s = MemoryStore::default();
+            let ttl = Duration::from_secs(600);
+            let mut map: HashMap<String, Vec<u8>> = HashMap::new();
+            for st in steps {
+                match st {
+                    Step::Put(k, v) => {
+                        let key = format!("k{k}");
+                        let got = rt.block_on(s.put_if_absent(&key, &value(v), ttl)).unwrap();
+                        prop_assert_eq!(got.map(|b| b.to_vec()), map.get(&key).cloned());
+                        map.entry(key).or_insert_with(|| value(v));
+                    }
+                    Step::Delete(k, v) => {
+                        let key = format!("k{k}");
+                        let got = rt.block_on(s.delete_if_equals(&key, &value(v))).unwrap();
+                        let held = map.get(&key) == Some(&value(v));
+                        prop_assert_eq!(got, held);
+                        if held {
+                            map.remove(&key);
+                        }
+                    }
+                    Step::Expire(k, v) => {
+                        let key = format!("k{k}");
+                        let got = rt.block_on(s.expire_if_equals(&key, &value(v), ttl)).unwrap();
+                        prop_assert_eq!(got, map.get(&key) == Some(&value(v)));
+                    }
+                    Step::Replace(k, a, b) => {
+                        let key = format!("k{k}");
+                        let got = rt
+                            .block_on(s.replace_if_equals(&key, &value(a), &value(b), ttl))
+                            .unwrap();
+                        let held = map.get(&key) == Some(&value(a));
+                        prop_assert_eq!(got, held);
+                        if held {
+                            map.insert(key, value(b));
+                        }
+                    }
+                    Step::Get(k) => {
+                        let key = format!("k{k}");
+                        let got = rt.block_on(s.get(&key)).unwrap();
+                        prop_assert_eq!(got.map(|b| b.to_vec()), map.get(&key).cloned());
+                    }
+                }
+                let bytes: u64 = map
+                    .iter()
+                    .map(|(k, v)| (k.len() + v.len() + ENTRY_OVERHEAD) as u64)
+                    .sum();
+                prop_assert_eq!(s.weighted_size(), bytes);
+                prop_assert_eq!(s.len(), map.len() as u64);
+            }
+            prop_assert_eq!(s.evictions(), 0);
+        }
+    }
+}
