@@ -1271,8 +1271,8 @@ impl http_body::Body for ReadAhead {
 #[cfg(test)]
 mod tests {
     use super::{
-        Broken, HOP_BY_HOP, ReadAhead, add_forwarded, connect_timeout, hop_by_hop_index,
-        read_ahead, strip_hop_by_hop,
+        Broken, HOP_BY_HOP, InHand, ReadAhead, add_forwarded, connect_timeout, hop_by_hop_index,
+        in_hand, read_ahead, strip_hop_by_hop,
     };
     use http::{HeaderMap, HeaderValue};
 
@@ -1526,6 +1526,68 @@ mod tests {
             .unwrap();
         assert!(text(late).await.is_err());
     }
+    /// A body of `ready` frames, then not ready once, then `later`'s.
+    struct Paused {
+        ready: std::vec::IntoIter<&'static str>,
+        paused: bool,
+        later: std::vec::IntoIter<&'static str>,
+    }
+
+    impl http_body::Body for Paused {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            let frame = |s: &'static str| {
+                Some(Ok(http_body::Frame::data(Bytes::from_static(s.as_bytes()))))
+            };
+            if let Some(s) = self.ready.next() {
+                return std::task::Poll::Ready(frame(s));
+            }
+            if !self.paused {
+                self.paused = true;
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(self.later.next().and_then(frame))
+        }
+    }
+
+    /// A body whose frames are all ready is taken whole (one frame as it
+    /// is, several joined); one that breaks is told; one still coming
+    /// streams on, what was taken first.
+    #[tokio::test]
+    async fn a_body_ready_at_once_is_in_hand_one_still_coming_streams_on() {
+        let whole = |got: InHand| match got {
+            InHand::Whole(b) => b,
+            InHand::Broke(e) => panic!("broke: {e}"),
+            InHand::Streaming(_) => panic!("streaming"),
+        };
+        assert_eq!(whole(in_hand(chunks(vec![Ok("abc")])).await), "abc");
+        assert_eq!(
+            whole(in_hand(chunks(vec![Ok("ab"), Ok("cd")])).await),
+            "abcd"
+        );
+        assert_eq!(whole(in_hand(chunks(vec![])).await), "");
+        assert_eq!(whole(in_hand(Body::from("whole")).await), "whole");
+        assert!(matches!(
+            in_hand(chunks(vec![Ok("ab"), Err("reset")])).await,
+            InHand::Broke(_)
+        ));
+        let paused = Body::new(Paused {
+            ready: vec!["ab", "cd"].into_iter(),
+            paused: false,
+            later: vec!["ef"].into_iter(),
+        });
+        let InHand::Streaming(rest) = in_hand(paused).await else {
+            panic!("a body still coming was taken as whole or broken");
+        };
+        assert_eq!(text(rest).await.unwrap(), "abcdef");
+    }
+
     use std::time::Duration;
 
     /// A connection attempt gives up before the route's timeout, so a

@@ -982,6 +982,28 @@ mod tests {
         answer_framing(head, status, 1, &parsed).map(|a| (a.framing, a.reusable))
     }
 
+    /// An HTTP/1.0 answer's connection is not used again, even with
+    /// `Connection: keep-alive` (a 1.0 server's persistence is its own
+    /// extension, which the gateway does not count on); its framing is
+    /// read as a 1.1 answer's.
+    #[test]
+    fn an_http_1_0_answer_ends_its_connection() {
+        let headers = [
+            httparse::Header {
+                name: "Content-Length",
+                value: b"2",
+            },
+            httparse::Header {
+                name: "Connection",
+                value: b"keep-alive",
+            },
+        ];
+        let old = answer_framing(false, 200, 0, &headers).unwrap();
+        assert_eq!((old.framing, old.reusable), (Framing::Length(2), false));
+        let new = answer_framing(false, 200, 1, &headers).unwrap();
+        assert_eq!((new.framing, new.reusable), (Framing::Length(2), true));
+    }
+
     #[test]
     fn an_answer_is_framed_as_rfc_9112_says_or_not_followed() {
         let cl: &[u8] = b"2";
