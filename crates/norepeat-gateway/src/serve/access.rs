@@ -1,11 +1,12 @@
 //! The access log (`access_log: stdout | stderr | FILE | off`): one JSON
 //! line per request, and the request id every request carries.
 
+use super::metrics::RouteMetrics;
 use crate::config::AccessLog;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::cell::Cell;
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The header that names a request, forwarded to the backend and given
@@ -129,7 +130,8 @@ impl Sink {
 /// is answered ([`Owed::answered`]) or, when the client leaves first (the
 /// request's future dropped; an idempotency route's upstream call goes on
 /// in a task of its own), with status 499 and outcome `client_closed`, as
-/// NGINX logs a client that closed its connection.
+/// NGINX logs a client that closed its connection (naming the route the
+/// request had been given to, if it had: [`Owed::routed_by`]).
 pub(super) struct Owed<'a> {
     sink: &'a Sink,
     request_id: &'a HeaderValue,
@@ -137,6 +139,8 @@ pub(super) struct Owed<'a> {
     path: String,
     started: std::time::Instant,
     written: bool,
+    /// Where the route is put once the request is given to one.
+    route: Option<&'a OnceLock<Arc<RouteMetrics>>>,
 }
 
 impl<'a> Owed<'a> {
@@ -153,7 +157,15 @@ impl<'a> Owed<'a> {
             path: path.to_owned(),
             started: std::time::Instant::now(),
             written: false,
+            route: None,
         }
+    }
+
+    /// The line of a client that leaves names the route set in `route`
+    /// by then.
+    pub(super) fn routed_by(mut self, route: &'a OnceLock<Arc<RouteMetrics>>) -> Self {
+        self.route = Some(route);
+        self
     }
 
     /// The answered request's line.
@@ -191,7 +203,13 @@ impl<'a> Owed<'a> {
 impl Drop for Owed<'_> {
     fn drop(&mut self) {
         if !self.written {
-            self.write(None, 499, "client_closed", None);
+            let route = self.route.and_then(OnceLock::get).map(Arc::clone);
+            self.write(
+                route.as_deref().map(RouteMetrics::label),
+                499,
+                "client_closed",
+                None,
+            );
         }
     }
 }

@@ -29,7 +29,7 @@ use norepeat::degrade::FailedOpen;
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tower::ServiceExt;
 
@@ -52,15 +52,19 @@ pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // connection (as Envoy's drain does): its next request goes to another
     // instance instead of meeting the listener's close.
     let leave = gw.draining.started() && req.version() < http::Version::HTTP_2;
+    // The route, once one takes the request: the line of a client that
+    // leaves before its answer names it.
+    let chosen = OnceLock::new();
     let mut res = match &gw.access {
-        None => route_request(live, trusted, req).await.0,
+        None => route_request(live, trusted, req, None).await.0,
         Some(sink) => {
             // Owed from here: a client that leaves before its answer gets
             // its line too (499 `client_closed`).
-            let owed = access::Owed::new(sink, &id, req.method(), req.uri().path());
+            let owed =
+                access::Owed::new(sink, &id, req.method(), req.uri().path()).routed_by(&chosen);
             let ((res, route, outcome), upstream) = access::UPSTREAM
                 .scope(Cell::new(None), async {
-                    let answer = route_request(live, trusted, req).await;
+                    let answer = route_request(live, trusted, req, Some(&chosen)).await;
                     (answer, access::UPSTREAM.with(Cell::get))
                 })
                 .await;
@@ -85,6 +89,7 @@ pub(super) async fn route_request(
     live: Arc<Routes>,
     trusted: bool,
     mut req: Request<Body>,
+    chosen: Option<&OnceLock<Arc<RouteMetrics>>>,
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
@@ -145,6 +150,9 @@ pub(super) async fn route_request(
             Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
         };
     };
+    if let Some(chosen) = chosen {
+        let _ = chosen.set(Arc::clone(&route.metrics));
+    }
     let (res, decided_locally) = STORE_FAILED
         .scope(Cell::new(false), async {
             let res = match route.service.clone().oneshot(req).await {

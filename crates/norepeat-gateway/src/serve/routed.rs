@@ -129,9 +129,13 @@ where
         buf.reserve(whole - buf.len());
         match tokio::time::timeout(body_timeout, io.read_buf(buf)).await {
             Ok(Ok(0) | Err(_)) => {
-                // The client left: its line (499) says so.
+                // The client left: its line (499) says so, and names the
+                // route it was for.
                 let id = request_id(gw, &head, buf, peer);
-                drop(owed_line(gw, &head, buf, &id));
+                if let Some(owed) = owed_line(gw, &head, buf, &id) {
+                    let route = head.route.as_deref().map(RouteMetrics::label);
+                    owed.answered(route, 499, "client_closed", None);
+                }
                 return false;
             }
             Err(_) => {

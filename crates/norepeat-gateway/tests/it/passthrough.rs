@@ -404,12 +404,14 @@ async fn a_fragment_is_not_forwarded() {
 /// A client that leaves while the upstream is still working: the upstream
 /// request is given up and the access log says 499 `client_closed`, as on
 /// hyper's path (the lane wrote the upstream's 200 for a client long gone).
+/// A route's request names its route there, on the lane and on hyper's
+/// path alike (its line had no route).
 #[tokio::test]
 async fn a_client_that_leaves_before_the_answer_is_logged_499() {
     let b = backend().await;
     let log = AccessLog::new();
     let yaml = format!(
-        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\n",
+        "access_log: {}\nupstream: http://127.0.0.1:{}\nstore: memory\nidentity:\n  ip: true\nroutes:\n  - match: POST /slow\n    guard: fingerprint\n",
         log.display(),
         b.port
     );
@@ -427,6 +429,38 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
     assert_eq!(entry["status"], 499, "{line}");
     assert_eq!(entry["outcome"], "client_closed", "{line}");
     assert_eq!(entry["path"], "/slow", "{line}");
+    assert!(entry["route"].is_null(), "{line}");
+    // A route's request, its body with its head (the lane) and chunked
+    // (hyper's path): each line names the route.
+    let posts = [
+        "POST /slow HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nhi",
+        "POST /slow HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nho\r\n0\r\n\r\n",
+    ];
+    for (n, post) in posts.iter().enumerate() {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+            .await
+            .unwrap();
+        s.write_all(post.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(s);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let lines = loop {
+            let text = std::fs::read_to_string(&*log).unwrap_or_default();
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains("\"method\":\"POST\""))
+                .map(str::to_owned)
+                .collect();
+            if lines.len() > n {
+                break lines;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let entry: Value = serde_json::from_str(&lines[n]).unwrap();
+        assert_eq!(entry["status"], 499, "{post}: {entry}");
+        assert_eq!(entry["route"], "POST /slow", "{post}: {entry}");
+    }
     // Served on: the next client is answered.
     let mut send = connection(&g).await;
     assert_eq!(ask(&mut send, "GET", "/plain").await.2, "ok");
@@ -771,6 +805,7 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     let entry: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["status"], 499, "{line}");
     assert_eq!(entry["outcome"], "client_closed", "{line}");
+    assert_eq!(entry["route"], "POST /{what}", "{line}");
 
     let heads = b.heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 1, "{heads:?}");
