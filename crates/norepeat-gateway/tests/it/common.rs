@@ -307,24 +307,55 @@ pub(crate) async fn pay_on(g: &Process, path: &str, key: &str) -> Response {
 /// The first line of the access log at `log` that contains `needle`,
 /// waited for up to 10 s (the line is written when the request ends).
 pub(crate) async fn log_line(log: &std::path::Path, needle: &str) -> String {
+    log_lines(log, needle, 1).await.swap_remove(0)
+}
+
+/// The lines of the access log at `log` that contain `needle`, once there
+/// are at least `n` of them (waited for up to 10 s).
+pub(crate) async fn log_lines(log: &std::path::Path, needle: &str, n: usize) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(l) = text.lines().find(|l| l.contains(needle)) {
-            return l.to_owned();
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect();
+        if lines.len() >= n {
+            return lines;
         }
         assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
+/// A new TCP connection to the gateway `g`.
+pub(crate) async fn connect(g: &Process) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap()
+}
+
+/// One request head from `s`, read a byte at a time up to its blank line
+/// (nothing of its body): `None` once the connection ends first.
+pub(crate) async fn read_head_bytes(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(head)
+}
+
 /// Writes `bytes` on a new TCP connection to `g` and reads until the
 /// gateway closes it (at most 10 s): what came back, as text.
 pub(crate) async fn over_tcp(g: &Process, bytes: &[u8]) -> String {
     use tokio::io::AsyncWriteExt;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(g).await;
     s.write_all(bytes).await.unwrap();
     read_rest(&mut s).await
 }

@@ -116,9 +116,7 @@ async fn past_max_connections_a_new_one_waits_for_a_free_slot() {
     .await;
     let mut reading = tokio::task::JoinSet::new();
     for i in 0..3 {
-        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-            .await
-            .unwrap();
+        let mut c = connect(&g).await;
         c.write_all(b"GET /.norepeat/healthz HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();

@@ -67,14 +67,7 @@ async fn backend() -> Backend {
 /// its body (by its `Content-Length`): its head as text, or `None` once
 /// the connection ends first.
 async fn read_request(s: &mut tokio::net::TcpStream) -> Option<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte).await {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
+    let head = read_head_bytes(s).await?;
     let text = String::from_utf8_lossy(&head).into_owned();
     let length = text
         .lines()
@@ -178,9 +171,7 @@ async fn stopping_at_once(b: &Backend) -> Process {
 async fn connection(
     g: &Process,
 ) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>> {
-    let s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let s = connect(g).await;
     let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
         .await
         .unwrap();
@@ -310,9 +301,7 @@ async fn pipelined_requests_and_one_left_to_hyper_are_answered_in_order() {
 async fn a_head_sent_a_byte_at_a_time_is_served() {
     let b = backend().await;
     let g = gateway_for(&b).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.set_nodelay(true).unwrap();
     for byte in b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n" {
         s.write_all(&[*byte]).await.unwrap();
@@ -416,9 +405,7 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
         b.port
     );
     let g = gateway_with(&yaml, &["--workers", "1"]).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.write_all(b"GET /slow HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
@@ -437,26 +424,11 @@ async fn a_client_that_leaves_before_the_answer_is_logged_499() {
         "POST /slow HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nho\r\n0\r\n\r\n",
     ];
     for (n, post) in posts.iter().enumerate() {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-            .await
-            .unwrap();
+        let mut s = connect(&g).await;
         s.write_all(post.as_bytes()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(s);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let lines = loop {
-            let text = std::fs::read_to_string(&*log).unwrap_or_default();
-            let lines: Vec<String> = text
-                .lines()
-                .filter(|l| l.contains("\"method\":\"POST\""))
-                .map(str::to_owned)
-                .collect();
-            if lines.len() > n {
-                break lines;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no line: {text}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let lines = log_lines(&log, "\"method\":\"POST\"", n + 1).await;
         let entry: Value = serde_json::from_str(&lines[n]).unwrap();
         assert_eq!(entry["status"], 499, "{post}: {entry}");
         assert_eq!(entry["route"], "POST /slow", "{post}: {entry}");
@@ -549,9 +521,7 @@ async fn a_routes_answer_comes_whole_in_every_framing_and_replays_byte_for_byte(
 async fn an_upload_in_two_pieces_reaches_the_backend_whole() {
     let b = backend().await;
     let g = gateway_for(&b).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.set_nodelay(true).unwrap();
     s.write_all(
         b"POST /upload HTTP/1.1\r\nhost: a\r\nconnection: close\r\ncontent-length: 11\r\n\r\nhello",
@@ -572,9 +542,7 @@ async fn an_upload_in_two_pieces_reaches_the_backend_whole() {
 async fn a_head_still_coming_at_the_shutdown_is_answered() {
     let b = backend().await;
     let mut g = stopping_at_once(&b).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.write_all(b"GET /plain HTTP/1.1\r\nhost: a\r\n")
         .await
         .unwrap();
@@ -748,11 +716,10 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
         b.port
     );
     let g = gateway_with(&yaml, &["--workers", "1"]).await;
-    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", g.port));
     let head =
         "POST /upload HTTP/1.1\r\nhost: a\r\nconnection: close\r\ncontent-length: 11\r\n\r\n";
 
-    let mut s = connect().await.unwrap();
+    let mut s = connect(&g).await;
     s.set_nodelay(true).unwrap();
     s.write_all(format!("{head}hello").as_bytes())
         .await
@@ -763,7 +730,7 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
     assert!(text.starts_with("HTTP/1.1 201 "), "{text}");
     assert!(text.ends_with("created"), "{text}");
 
-    let mut stalled = connect().await.unwrap();
+    let mut stalled = connect(&g).await;
     stalled
         .write_all(
             format!("{head}hel")
@@ -795,7 +762,7 @@ async fn a_routes_body_in_pieces_stalled_or_abandoned_on_the_lane() {
         "{text}"
     );
 
-    let mut left = connect().await.unwrap();
+    let mut left = connect(&g).await;
     left.write_all(format!("{head}hel").replace("/upload", "/left").as_bytes())
         .await
         .unwrap();
@@ -877,9 +844,7 @@ async fn a_client_that_leaves_a_quiet_stream_closes_the_upstream_connection() {
         ),
     ];
     for (request, way) in requests {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-            .await
-            .unwrap();
+        let mut s = connect(&g).await;
         s.write_all(request).await.unwrap();
         let mut got = Vec::new();
         let mut piece = [0u8; 256];
@@ -915,9 +880,7 @@ async fn pipelined_requests_then_a_half_close_get_the_answer_in_flight() {
     let post = |n: u32| {
         format!("POST /slow HTTP/1.1\r\nhost: a\r\ncontent-length: 7\r\n\r\n{{\"n\":{n}}}")
     };
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.write_all(format!("{}{}", post(1), post(2)).as_bytes())
         .await
         .unwrap();
@@ -939,9 +902,7 @@ async fn a_body_over_the_routes_limit_is_refused_from_its_length() {
         b.port
     );
     let g = gateway_with(&yaml, &["--workers", "1"]).await;
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut s = connect(&g).await;
     s.write_all(b"POST /orders HTTP/1.1\r\nhost: a\r\ncontent-length: 5000\r\n\r\n{")
         .await
         .unwrap();

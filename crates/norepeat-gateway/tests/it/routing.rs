@@ -114,9 +114,7 @@ async fn a_streamed_routes_body_is_capped_at_its_max_request_body() {
     // proves nothing either way: try again; any answer must be the 413.
     let mut answer = String::new();
     for _ in 0..5 {
-        let con = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-            .await
-            .unwrap();
+        let con = connect(&g).await;
         let (mut read, mut write) = con.into_split();
         let sent = req.clone();
         let writer = tokio::spawn(async move {
@@ -161,9 +159,7 @@ async fn a_request_a_backend_could_read_otherwise_is_400_not_forwarded() {
             "POST /echo HTTP/1.1\r\nhost: a\r\nhost: b\r\ncontent-length: 0\r\n",
         ),
     ] {
-        let mut con = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-            .await
-            .unwrap();
+        let mut con = connect(&g).await;
         con.write_all(format!("{head}connection: close\r\n\r\n").as_bytes())
             .await
             .unwrap();

@@ -62,15 +62,7 @@ async fn backend_in(mode: Mode) -> Backend {
 /// Reads one request head (its body, if any, is left unread): `None` at
 /// the connection's end, else whether it is a `POST`.
 async fn read_head(s: &mut tokio::net::TcpStream) -> Option<bool> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte).await {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    Some(head.starts_with(b"POST"))
+    Some(read_head_bytes(s).await?.starts_with(b"POST"))
 }
 
 async fn serve(mut s: tokio::net::TcpStream, mode: Mode, requests: Arc<AtomicUsize>) {
@@ -210,9 +202,7 @@ async fn a_request_the_backend_read_is_never_sent_again() {
 async fn a_connection_still_sending_an_upload_is_not_given_to_the_next_request() {
     let b = backend_in(Mode::EarlyAnswer).await;
     let g = gateway_before(&b).await;
-    let mut upload = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
-        .await
-        .unwrap();
+    let mut upload = connect(&g).await;
     upload
         .write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789")
         .await
