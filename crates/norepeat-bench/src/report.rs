@@ -95,11 +95,12 @@ struct Goal {
 }
 
 impl Report {
+    fn result(&self, name: &str) -> Option<&BenchResult> {
+        self.results.iter().find(|r| r.name == name)
+    }
+
     fn ops(&self, name: &str) -> Option<f64> {
-        self.results
-            .iter()
-            .find(|r| r.name == name)
-            .map(|r| r.ops_per_s)
+        self.result(name).map(|r| r.ops_per_s)
     }
 
     fn over(&self, a: &str, b: &str) -> Option<f64> {
@@ -112,9 +113,8 @@ impl Report {
     /// adds at least the `s` µs its Redis server spends, so on cores all
     /// of them share the ratio is at most `m / (m + s)`.
     fn ceiling(&self, row: &str) -> Option<f64> {
-        let result = |name: &str| self.results.iter().find(|r| r.name == name);
-        let m = result("gateway.nginx_post")?.machine_cpu_us_per_op?;
-        let s = result(row)?.store_cpu_us_per_op?;
+        let m = self.result("gateway.nginx_post")?.machine_cpu_us_per_op?;
+        let s = self.result(row)?.store_cpu_us_per_op?;
         Some(m / (m + s))
     }
 
