@@ -37,10 +37,15 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
     {
         return v.clone();
     }
-    // Hex digits: always a valid value.
-    let id = HeaderValue::from_bytes(&fresh_id()).unwrap_or(HeaderValue::from_static("0"));
+    let id = fresh_id_value();
     headers.insert(REQUEST_ID, id.clone());
     id
+}
+
+/// A [`fresh_id`] as a header value.
+pub(super) fn fresh_id_value() -> HeaderValue {
+    // Hex digits: always a valid value.
+    HeaderValue::from_bytes(&fresh_id()).unwrap_or(HeaderValue::from_static("0"))
 }
 
 /// Whether the request id a request carries (`given`, the first of

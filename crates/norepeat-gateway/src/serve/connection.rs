@@ -176,14 +176,9 @@ pub(super) async fn serve(
                 None => {
                     let mut timed = timed;
                     let mut read = bytes::BytesMut::new();
-                    let left = super::passthrough::serve(
-                        &mut timed,
-                        &mut read,
-                        &watch,
-                        peer,
-                        (&gw, &stop, limits.body_timeout),
-                    )
-                    .await;
+                    let left =
+                        super::passthrough::serve(&mut timed, &mut read, &watch, peer, &gw, &stop)
+                            .await;
                     if left == super::passthrough::Left::Closed {
                         return;
                     }

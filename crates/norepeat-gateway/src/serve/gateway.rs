@@ -207,9 +207,6 @@ pub(super) struct Compiled {
     /// A guard or a rate limit: a spelling of its path that a back end
     /// would take alike must not pass it by.
     pub(super) guarded: bool,
-    /// Its guard reads the body whole before anything else (fingerprint,
-    /// idempotency): the pass-through's lane may read it first.
-    pub(super) reads_body: bool,
     /// `max_request_body`: a longer declared body is refused (413) from
     /// its head, without reading it.
     pub(super) max_body: u64,
@@ -426,13 +423,6 @@ impl Routes {
                     host: r.host.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
                     max_body: r.max_request_body,
-                    reads_body: matches!(
-                        r.guard,
-                        Some(
-                            crate::config::Guard::Fingerprint { .. }
-                                | crate::config::Guard::Idempotency { .. }
-                        )
-                    ),
                     fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
                         && r.on_store_failure == OnStoreFailure::Closed
                         && !r.shadow,

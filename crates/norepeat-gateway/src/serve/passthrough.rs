@@ -43,7 +43,6 @@ use bytes::{Buf, BytesMut};
 use http::HeaderValue;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -74,7 +73,8 @@ pub(super) async fn serve<S>(
     buf: &mut BytesMut,
     watch: &Arc<Watch>,
     peer: SocketAddr,
-    (gw, stop, body_timeout): (&Arc<Gateway>, &Stop, Duration),
+    gw: &Arc<Gateway>,
+    stop: &Stop,
 ) -> Left
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -131,9 +131,7 @@ where
         let request = match request {
             Next::Forward(request) => request,
             Next::Routed(head) => {
-                let kept =
-                    routed::serve(io, buf, head, (gw, peer, stop), body_timeout, &mut lane.out)
-                        .await;
+                let kept = routed::serve(io, buf, head, (gw, peer, stop), &mut lane.out).await;
                 drop(in_flight);
                 served = true;
                 if !kept {
@@ -337,21 +335,18 @@ impl Lane {
         let client = live.passthrough.get();
         if !passthrough || length > 0 || !client.is_plain() {
             // A route's request, or one with a body: `dispatch`'s, served
-            // on the lane when its body is small enough to be read whole
-            // and reading it first changes nothing: it is here already, or
-            // the route's guard reads it whole before anything else. Other
-            // bodies stream through hyper (a backend may answer before
-            // reading all of an upload).
-            // A body over the route's `max_request_body` is refused from
-            // its length by hyper's path (413), not read first.
-            let route = match choice {
-                Choice::Route { at, .. } => Some(&live.list[at]),
-                _ => None,
+            // on the lane when its body, small, came whole with its head.
+            // Any other body streams through hyper, read as the route asks:
+            // after what it refuses from the head (its rate limit, its
+            // guard's identity), and over the route's `max_request_body`
+            // refused from its length (413); a backend may answer an
+            // upload before reading all of it.
+            let max_body = match choice {
+                Choice::Route { at, .. } => live.list[at].max_body,
+                _ => u64::MAX,
             };
-            let (reads_body, max_body) =
-                route.map_or((false, u64::MAX), |r| (r.reads_body, r.max_body));
             let here = buf.len() as u64 >= len as u64 + length;
-            if length > IN_HAND.min(max_body) || !(length == 0 || here || reads_body) {
+            if length > IN_HAND.min(max_body) || !here {
                 return Prepared::ToHyper;
             }
             return Prepared::Routed(routed::Head::new(
@@ -359,7 +354,7 @@ impl Lane {
                 length,
                 (method, target),
                 req.headers,
-                (close, route.map(|r| Arc::clone(&r.metrics))),
+                close,
                 buf,
             ));
         }
