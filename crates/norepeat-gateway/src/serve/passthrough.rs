@@ -128,26 +128,20 @@ where
             }
         };
         let in_flight = InFlight::start(watch);
-        let request = match request {
-            Next::Forward(request) => request,
+        let kept = match request {
+            Next::Forward(request) => {
+                buf.advance(request.len);
+                let owed = gw
+                    .access
+                    .as_ref()
+                    .zip(request.logged.as_ref())
+                    .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
+                lane.exchange(io, buf, &request, stop, owed).await
+            }
             Next::Routed(head) => {
-                let kept = routed::serve(io, buf, head, (gw, peer, stop), &mut lane.out).await;
-                drop(in_flight);
-                served = true;
-                if !kept {
-                    let _ = io.shutdown().await;
-                    return Left::Closed;
-                }
-                continue;
+                routed::serve(io, buf, head, (gw, peer, stop), &mut lane.out).await
             }
         };
-        buf.advance(request.len);
-        let owed = gw
-            .access
-            .as_ref()
-            .zip(request.logged.as_ref())
-            .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
-        let kept = lane.exchange(io, buf, &request, stop, owed).await;
         drop(in_flight);
         served = true;
         if !kept {
