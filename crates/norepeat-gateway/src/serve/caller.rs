@@ -54,6 +54,9 @@ use std::time::{Duration, Instant, SystemTime};
 /// };
 /// assert_eq!(with("sid=abc; _ga=GA1.1"), with("_ga=GA1.2; sid=abc"));
 /// assert!(with("sid=abc").starts_with("c:"));
+/// // One value however it is spelled: quoted, escaped, percent-encoded.
+/// assert_eq!(with("sid=abc"), with(r#"sid="\141bc""#));
+/// assert_eq!(with("sid=abc"), with("sid=%61bc"));
 /// # Ok::<(), norepeat_gateway::config::Problems>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -182,7 +185,7 @@ impl Source {
                 }
             }
             Source::Cookie(name) => match cookie(&parts.headers, name) {
-                Some(v) => Read::Found(hashed("c", &[v])),
+                Some(v) => Read::Found(hashed("c", &[&v])),
                 None => Read::Absent,
             },
             Source::Jwt(bearer) => bearer.read(&parts.headers),
@@ -243,32 +246,129 @@ fn ip_id(ip: std::net::IpAddr) -> String {
 }
 
 /// The value of cookie `name` across every `Cookie` header (HTTP/2 sends
-/// one a cookie; RFC 9113 §8.2.3 reads them as one list), without its
-/// quotes. `None` when it is absent, empty or over 4 KiB, or sent twice
-/// with two values: the client does not choose which counts.
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
-    let trim = |b: &'a [u8]| b.trim_ascii();
-    let mut found: Option<&[u8]> = None;
+/// one a cookie; RFC 9113 §8.2.3 reads them as one list), decoded as the
+/// backend's framework reads it ([`cookie_value`]). `None` when it is
+/// absent, empty or over 4 KiB, its quote left open, or sent twice with
+/// two values: the client does not choose which counts. A plain value (no
+/// `\` in quotes, no `%`) is borrowed from the header, as it was before.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<Cow<'a, [u8]>> {
+    let mut found: Option<Cow<'a, [u8]>> = None;
     for line in headers.get_all(http::header::COOKIE) {
         for pair in line.as_bytes().split(|&b| b == b';') {
             let Some((k, v)) = pair.split_once_byte(b'=') else {
                 continue;
             };
-            if trim(k) != name.as_bytes() {
+            if k.trim_ascii() != name.as_bytes() {
                 continue;
             }
-            let v = trim(v);
-            let v = v
-                .strip_prefix(b"\"")
-                .and_then(|q| q.strip_suffix(b"\""))
-                .unwrap_or(v);
-            match found {
-                Some(f) if f != v => return None,
-                _ => found = Some(v),
+            let v = cookie_value(v.trim_ascii())?;
+            match &found {
+                Some(f) if *f != v => return None,
+                Some(_) => {}
+                None => found = Some(v),
             }
         }
     }
     found.filter(|v| !v.is_empty() && v.len() <= 4096)
+}
+
+/// A cookie's value (trimmed) as the frameworks behind the gateway read
+/// it, one reading for every spelling of one value, so that one session
+/// is one caller however its cookie is written:
+///
+/// 1. In DQUOTEs (RFC 6265 §4.1.1), without them, and the backslash
+///    escapes inside undone as Python's `http.cookies._unquote` and
+///    werkzeug's `parse_cookie` undo them: `\NNN` (three octal digits,
+///    the first 0 to 3) is that byte, `\X` is `X`, a last lone `\` stays.
+///    Unquoted, a `\` is itself (to them and to Express).
+/// 2. Then percent-decoded as `decodeURIComponent` decodes it for
+///    Express's `cookie` package (Java and Go applications commonly
+///    decode theirs so too): every `%XX` once, and `+` stays `+`; a value
+///    it refuses (a `%` that starts no escape, or escapes that do not
+///    spell UTF-8) is kept as sent, as `cookie` keeps it.
+///
+/// So `abc`, `"abc"`, `"\141bc"`, `"\a\b\c"` and `%61bc` are `abc`. A
+/// value opened with `"` and not closed (`"abc1`) is `None`: Python reads
+/// it as sent, Express's `cookie` (0.x) without its first and last bytes
+/// (`abc`), Tomcat without the quote (`abc1`); no reading of it is the
+/// caller's. The value stays bytes: nothing is replaced (werkzeug puts
+/// U+FFFD for bytes that are not UTF-8), so two decoded values are never
+/// one.
+fn cookie_value(v: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let v: Cow<'_, [u8]> = match v {
+        [b'"', inner @ .., b'"'] if inner.contains(&b'\\') => Cow::Owned(unescaped(inner)),
+        [b'"', inner @ .., b'"'] => Cow::Borrowed(inner),
+        [b'"', ..] => return None,
+        _ => Cow::Borrowed(v),
+    };
+    Some(match percent_decoded(&v) {
+        Some(decoded) => Cow::Owned(decoded),
+        None => v,
+    })
+}
+
+/// A quoted value's backslash escapes undone (`\NNN` octal, `\X`), left
+/// to right, as Python's `http.cookies` and werkzeug do.
+fn unescaped(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rest.len());
+    loop {
+        rest = match *rest {
+            [
+                b'\\',
+                a @ b'0'..=b'3',
+                b @ b'0'..=b'7',
+                c @ b'0'..=b'7',
+                ref tail @ ..,
+            ] => {
+                out.push(((a - b'0') << 6) | ((b - b'0') << 3) | (c - b'0'));
+                tail
+            }
+            [b'\\', x, ref tail @ ..] | [x, ref tail @ ..] => {
+                out.push(x);
+                tail
+            }
+            [] => return out,
+        };
+    }
+}
+
+/// `v` percent-decoded as `decodeURIComponent` decodes it; `None` when it
+/// holds no `%`, or when `decodeURIComponent` would refuse it (a `%` not
+/// followed by two hex digits, or a run of escapes that is not UTF-8: a
+/// character's bytes all escaped, none overlong or a surrogate).
+fn percent_decoded(v: &[u8]) -> Option<Vec<u8>> {
+    if !v.contains(&b'%') {
+        return None;
+    }
+    let hex = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(v.len());
+    // Where the run of escaped bytes being decoded began in `out`.
+    let mut run: Option<usize> = None;
+    let mut i = 0;
+    while i < v.len() {
+        if v[i] == b'%' {
+            let hi = hex(*v.get(i + 1)?)?;
+            let lo = hex(*v.get(i + 2)?)?;
+            run.get_or_insert(out.len());
+            out.push((hi << 4) | lo);
+            i += 3;
+        } else {
+            if let Some(start) = run.take() {
+                std::str::from_utf8(&out[start..]).ok()?;
+            }
+            out.push(v[i]);
+            i += 1;
+        }
+    }
+    if let Some(start) = run {
+        std::str::from_utf8(&out[start..]).ok()?;
+    }
+    Some(out)
 }
 
 /// `split_once` for bytes.
@@ -776,6 +876,120 @@ mod tests {
         }
         let long = format!("sid={}", "a".repeat(4097));
         assert_eq!(id(&[&long]), None);
+    }
+
+    /// The finding: `sid=abc`, `sid="abc"`, `sid="\141bc"` and `sid=%61bc`
+    /// are one session to werkzeug, Python's `http.cookies` or Express's
+    /// `cookie`, and were three callers (one key paid three times, one
+    /// rate limit spent three times over). Every spelling of `abc` is the
+    /// caller `abc` now, hashed as `abc` was before (its records stay its
+    /// own); other values stay other callers.
+    #[test]
+    fn every_spelling_of_a_cookie_value_is_one_caller() {
+        let caller = caller_of("identity: { cookie: sid, required: true }\n");
+        let id = |lines: &[&str]| {
+            let h: Vec<(&str, &str)> = lines.iter().map(|l| ("cookie", *l)).collect();
+            with_headers(&caller, &h)
+        };
+        let abc = id(&["sid=abc"]).unwrap();
+        let before = blake3::keyed_hash(KEY, b"abc");
+        assert_eq!(abc, format!("c:{}", &before.to_hex()[..32]));
+        for lines in [
+            &[r#"sid="abc""#][..],
+            &[r#"sid="\141bc""#],
+            &[r#"sid="\141\142\143""#],
+            &[r#"sid="\a\b\c""#],
+            &["sid=%61bc"],
+            &["sid=%61%62%63"],
+            &[r#"sid="%61bc""#],
+            &[r#"sid="\%61bc""#],
+            &[r#"sid= "ab\c" "#],
+            // One value in two spellings is not two values.
+            &["sid=abc; sid=%61bc"],
+            &["_ga=1; sid=%61bc", r#"sid="\141bc""#],
+        ] {
+            assert_eq!(id(lines).as_ref(), Some(&abc), "{lines:?}");
+        }
+        for lines in [
+            &["sid=abd"][..],
+            // Unquoted, a backslash is itself (to Python and Express).
+            &[r"sid=\141bc"],
+            // Decoded once: `%2561` is `%61`.
+            &["sid=%2561bc"],
+            // Quotes percent-encoded are the value's own.
+            &["sid=%22abc%22"],
+            // `+` is not a space (decodeURIComponent).
+            &["sid=a+c"],
+        ] {
+            let other = id(lines);
+            assert!(other.is_some() && other != Some(abc.clone()), "{lines:?}");
+        }
+        for lines in [
+            // A quote left open: read three ways, so none.
+            &[r#"sid="abc1"#][..],
+            &[r#"sid=""#],
+            &[r#"sid="abc"x"#],
+            // Python and werkzeug read `a;b` here, the others `"a`.
+            &[r#"sid="a;b""#],
+            &["sid=abc", r#"sid="abc"#],
+            // Two values, however spelled.
+            &["sid=abc; sid=%62bc"],
+            &[r#"sid="""#],
+        ] {
+            assert_eq!(id(lines), None, "{lines:?}");
+        }
+        // The limit is the value's: 4 KiB escaped thrice over is 4 KiB.
+        let escaped = format!("sid={}", "%61".repeat(4096));
+        assert_eq!(id(&[&escaped]), id(&[&format!("sid={}", "a".repeat(4096))]));
+        assert!(id(&[&escaped]).is_some());
+    }
+
+    /// Each step of [`cookie_value`], checked against what Python's
+    /// `http.cookies._unquote` (and werkzeug) and `decodeURIComponent`
+    /// give; a plain value is borrowed, never copied.
+    #[test]
+    fn a_cookie_value_is_read_as_the_frameworks_read_it() {
+        let read = |v: &str| cookie_value(v.as_bytes()).map(Cow::into_owned);
+        let is = |v: &str, want: &[u8]| assert_eq!(read(v).as_deref(), Some(want), "{v}");
+        // Python: _unquote('"\\400"') == '400', '"\\18"' == '18',
+        // '"\\\\141"' == '\\141', '"abc\\"' == 'abc\\', '"\\"' == '\\'.
+        is(r#""\400""#, b"400");
+        is(r#""\18""#, b"18");
+        is(r#""\\141""#, br"\141");
+        is(r#""abc\""#, br"abc\");
+        is(r#""\""#, br"\");
+        is(r#""\"q\"""#, br#""q""#);
+        // Bytes stay bytes: werkzeug turns bytes that are not UTF-8 into
+        // U+FFFD, which would make two values one.
+        is(r#""\377\000""#, b"\xff\0");
+        // UTF-8, escaped either way, or sent as it is.
+        is(r#""\303\251""#, "é".as_bytes());
+        is("%C3%A9", "é".as_bytes());
+        is("%c3%a9", "é".as_bytes());
+        // decodeURIComponent refuses these: the value as sent.
+        for v in [
+            "%ZZ",
+            "%6",
+            "a%",
+            "%FF",
+            "%C3",
+            "%C3x%A9",
+            "%ED%A0%80",
+            "%C0%80",
+        ] {
+            is(v, v.as_bytes());
+        }
+        is("%25FF", b"%FF");
+        is("s%3Aabc.sig%2B%2F", b"s:abc.sig+/");
+        is("a+b c", b"a+b c");
+        assert!(matches!(cookie_value(b"abc"), Some(Cow::Borrowed(b"abc"))));
+        assert!(matches!(
+            cookie_value(b"\"abc\""),
+            Some(Cow::Borrowed(b"abc"))
+        ));
+        assert!(matches!(cookie_value(br"a\b"), Some(Cow::Borrowed(_))));
+        assert_eq!(read("\""), None);
+        assert_eq!(read("\"abc"), None);
     }
 
     #[test]

@@ -134,6 +134,65 @@ async fn a_cookie_that_changes_beside_the_named_one_does_not_run_a_payment_twice
     assert_eq!(runs(&b, "/payments").await, 2);
 }
 
+/// The finding: `sid=abc`, `sid="abc"` (RFC 6265's quoted form),
+/// `sid="\141bc"` (an octal escape, undone by Python's `http.cookies` and
+/// werkzeug) and `sid=%61bc` (percent-encoded, decoded by Express's
+/// `cookie`) are one session to the backend's framework, and were three
+/// callers here (only the quotes were dropped): one Idempotency-Key ran
+/// the payment three times, and a 2/m rate limit let all four through.
+/// Now each is the caller `abc`: one payment, replayed to the others, and
+/// one budget. A quote left open (`"abc1`: Express's `cookie` 0.x reads
+/// `abc`, Python `"abc1`, Tomcat `abc1`) is no caller.
+#[tokio::test]
+async fn every_spelling_of_one_session_cookie_is_one_caller() {
+    let b = backend(0).await;
+    let g = gateway(
+        &b,
+        &format!(
+            "identity: {{ cookie: sid, required: true }}\n{PAYMENTS}  - match: POST /flash\n    rate_limit: {{ rate: 2/m, by: identity }}\n"
+        ),
+        &[],
+    )
+    .await;
+    let spellings = [r"sid=abc", r#"sid="abc""#, r#"sid="\141bc""#, r"sid=%61bc"];
+    assert_outcome(
+        pay(&g, "pay-1").header("cookie", spellings[0]),
+        CREATED,
+        spellings[0],
+    )
+    .await;
+    for cookie in &spellings[1..] {
+        assert_outcome(pay(&g, "pay-1").header("cookie", *cookie), REPLAYED, cookie).await;
+    }
+    assert_eq!(runs(&b, "/payments").await, 1, "one payment");
+    // Another session is still another caller; a quote left open is none.
+    assert_outcome(
+        pay(&g, "pay-1").header("cookie", "sid=%61bd"),
+        CREATED,
+        "another session",
+    )
+    .await;
+    assert_outcome(
+        pay(&g, "pay-1").header("cookie", r#"sid="abc1"#),
+        UNAUTHENTICATED,
+        "a quote left open",
+    )
+    .await;
+
+    let flash = |cookie: &str| {
+        Client::new()
+            .post(url(&g, "/flash"))
+            .header("cookie", cookie)
+            .body("{}")
+    };
+    let mut statuses = Vec::new();
+    for cookie in spellings {
+        statuses.push(flash(cookie).send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [201, 201, 429, 429], "one budget of 2/m");
+    assert_eq!(runs(&b, "/flash").await, 2);
+}
+
 fn now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
