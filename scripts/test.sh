@@ -2,8 +2,8 @@
 # Runs every norepeat test against real services.
 #
 # On a fresh Debian machine, as root, it first installs what is missing
-# (redis-server, PostgreSQL, NATS, Chromium, Node.js, Python, cargo-nextest,
-# Schemathesis) from Debian's packages, crates.io and PyPI,
+# (redis-server, PostgreSQL, NATS, Chromium, Node.js, Python, Tomcat 10 and
+# a JDK, cargo-nextest, Schemathesis) from Debian's packages, crates.io and PyPI,
 # starts PostgreSQL, Redis and NATS (with JetStream) if they are not running,
 # and installs the browser test's npm packages. Then it runs the whole suite.
 set -euo pipefail
@@ -31,10 +31,20 @@ command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v python3 >/dev/null || missing+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+# The gateway's Tomcat test (crates/norepeat-gateway/tests/it/tomcat.rs)
+# starts Tomcat instances of its own and compiles their servlet with javac.
+[ -f /usr/share/tomcat10/bin/bootstrap.jar ] || missing+=(tomcat10)
+command -v javac >/dev/null || missing+=(default-jdk-headless)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+# Where systemd runs, the package starts its own Tomcat on port 8080: the
+# test needs none of it, and it would hold the port and the memory.
+if command -v systemctl >/dev/null && systemctl is-active --quiet tomcat10 2>/dev/null; then
+  log "stopping Debian's tomcat10 service (the tests start their own)"
+  systemctl disable --now tomcat10 || true
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"

@@ -13,6 +13,7 @@
 //!   [`post_with_token`]: a token-guarded request to send.
 //! * [`SqlBackend`]: [`PgDatabase`] or [`SqliteFile`] as a type, fresh and pooled alike, for tests stamped once per SQL backend.
 //! * [`Recorded`]: a metrics recorder that keeps the counters and the names the code under test recorded.
+//! * [`Tomcat`]: a private Tomcat 10 with a servlet that counts payments, on a default and a lenient connector.
 //! * [`free_port`]: a currently free loopback TCP port.
 //!
 //! Helpers in this crate panic with a descriptive message when the test
@@ -41,6 +42,7 @@ mod proxy;
 mod redis_server;
 mod shop;
 mod sql;
+mod tomcat;
 mod util;
 
 pub use cluster::RedisCluster;
@@ -55,4 +57,5 @@ pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;
 pub use shop::{CALLBACK_SECRET_ENV, KEPT_ENV, ShopProcess, sign_callback, sign_callback_now};
 pub use sql::SqlBackend;
+pub use tomcat::{TOMCAT_HOME_ENV, Tomcat, TomcatConnector};
 pub use util::free_port;

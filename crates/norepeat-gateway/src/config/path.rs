@@ -1,6 +1,8 @@
+// Over 400 lines on purpose: the path rules and their tests (half the file), tables of spellings read beside the rules they pin down.
 //! A request path as routes see it: normalized as RFC 3986 §6 says, with
 //! repeated slashes merged, as Envoy's `normalize_path` and
-//! `merge_slashes` do.
+//! `merge_slashes` do, and a segment of `;` parameters alone taken for an
+//! empty one, as Tomcat does.
 
 use std::borrow::Cow;
 
@@ -8,19 +10,32 @@ use std::borrow::Cow;
 /// (`%6D` is `m`, `%2E` is `.`) and every other percent-encoding written in
 /// upper case (`%2f` is `%2F`; RFC 3986 §6.2.2.1-2), dot segments removed
 /// (`/a/./b/../c` is `/a/c`; §5.2.4), and runs of `/` merged into one. A
-/// trailing slash stays (`/a/` is not `/a` here; a route's match ignores
-/// it, see [`RouteMatch::matches`](super::RouteMatch::matches)). An encoded
-/// slash (`%2F`) stays encoded, as Envoy keeps it by default: it is no
-/// segment separator. A path that is already normal is returned as it is,
-/// without a copy.
+/// segment is read by its name, the part before its `;` parameters: one
+/// with no name (`/;x/`, `/;jsessionid=A1/`, `/;/`) is empty and merged
+/// like `//`, and `..;x` is a dot segment. Tomcat (and Spring's
+/// `UrlPathHelper`) drop every segment's parameters before they merge
+/// slashes and resolve dots, so `/;x/payments` and `/a/;x/../payments` are
+/// their `/payments`: read otherwise here, such a spelling would pass a
+/// route by and run unguarded. A segment with a name keeps its parameters
+/// (`/payments;v=1`). A trailing slash stays (`/a/` is not `/a` here; a
+/// route's match ignores it, see
+/// [`RouteMatch::matches`](super::RouteMatch::matches)). An encoded slash
+/// (`%2F`) stays encoded, as Envoy keeps it by default, and so does a
+/// backslash (`\`, `%5C`): neither is a segment separator here (see
+/// [`with_slashes_decoded`] for the back ends that take them for one). A
+/// path that is already normal is returned as it is, without a copy.
 ///
 /// ```
 /// use norepeat_gateway::config::normalize_path;
 ///
-/// for variant in ["/payments", "//payments", "/./payments", "/pay%6Dents", "/a/../payments"] {
+/// for variant in [
+///     "/payments", "//payments", "/./payments", "/pay%6Dents", "/a/../payments",
+///     "/;x/payments", "/a/;x/../payments", "/x/..;/payments",
+/// ] {
 ///     assert_eq!(normalize_path(variant), "/payments", "{variant}");
 /// }
 /// assert_eq!(normalize_path("/payments/"), "/payments/");
+/// assert_eq!(normalize_path("/payments/;x"), "/payments/");
 /// assert_eq!(normalize_path("/a/%2e%2E/b%2f"), "/b%2F");
 /// assert_eq!(normalize_path("/../.."), "/");
 /// ```
@@ -30,19 +45,20 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
         return Cow::Borrowed(path);
     }
     let decoded = decode_unreserved(path);
-    let trailing = decoded.ends_with('/')
-        || decoded
-            .rsplit('/')
-            .next()
-            .is_some_and(|last| matches!(dot(last), "." | ".."));
+    // A last segment that leaves nothing of itself leaves its slash:
+    // `/a/.`, `/a/b/..` and `/a/;x` are `/a/` (Tomcat's too).
+    let trailing = decoded
+        .rsplit('/')
+        .next()
+        .is_some_and(|last| matches!(name(last), "" | "." | ".."));
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
-        match (segment, dot(segment)) {
-            ("", _) | (_, ".") => {}
-            (_, "..") => {
+        match name(segment) {
+            "" | "." => {}
+            ".." => {
                 segments.pop();
             }
-            (s, _) => segments.push(s),
+            _ => segments.push(segment),
         }
     }
     let mut out = String::with_capacity(decoded.len());
@@ -56,15 +72,16 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// A segment without its `;` parameters: `..;x` is a dot segment to a
-/// back end that drops parameters before it resolves dots (Tomcat), so it
-/// is one here too.
-fn dot(segment: &str) -> &str {
+/// A segment's name: the segment without its `;` parameters, what a back
+/// end that drops them (Tomcat) reads it as. `..;x` is a dot segment and
+/// `;x` an empty one to it, so they are here too.
+fn name(segment: &str) -> &str {
     segment.split_once(';').map_or(segment, |(name, _)| name)
 }
 
-/// No `%`, no empty segment but a trailing one, no dot segment: nothing to
-/// normalize (the common case, checked without allocating).
+/// No `%`, no segment without a name (`//`, `/;x/`) but a trailing empty
+/// one, no dot segment: nothing to normalize (the common case, checked
+/// without allocating).
 fn is_normal(path: &str) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
@@ -76,7 +93,7 @@ fn is_normal(path: &str) -> bool {
         return true;
     }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.split('/').all(|s| !matches!(dot(s), "" | "." | ".."))
+    rest.split('/').all(|s| !matches!(name(s), "" | "." | ".."))
 }
 
 /// The one spelling of a normalized `path` that a route's guards key on:
@@ -107,7 +124,7 @@ pub fn route_spelling(path: &str) -> Cow<'_, str> {
         if i > 0 {
             out.push('/');
         }
-        out.push_str(dot(segment));
+        out.push_str(name(segment));
     }
     Cow::Owned(out)
 }
@@ -136,31 +153,96 @@ pub fn without_format_suffix(path: &str) -> Option<String> {
         path
     };
     let (dir, last) = body.rsplit_once('/')?;
-    let name = dot(last);
-    let (stem, ext) = name.rsplit_once('.')?;
+    let named = name(last);
+    let (stem, ext) = named.rsplit_once('.')?;
     let is_ext =
         !ext.is_empty() && ext.len() <= 8 && ext.bytes().all(|b| b.is_ascii_alphanumeric());
     if stem.is_empty() || !is_ext {
         return None;
     }
-    let params = &last[name.len()..];
+    let params = &last[named.len()..];
     Some(format!(
         "{dir}/{stem}{params}{}",
         if trailing { "/" } else { "" }
     ))
 }
 
-/// `path` with its encoded slashes (`%2F`) decoded and normalized again:
-/// what a back end that decodes them (Flask, Express) takes it for. `None`
-/// when it has none.
+/// `path` as a back end that takes more for a slash than `/` reads it,
+/// normalized again; `None` when it has nothing such. An encoded slash
+/// (`%2F`) anywhere, which Flask and Express decode; a backslash, raw or
+/// encoded (`\`, `%5C`), in a segment's name, which Tomcat's lenient
+/// connector (`allowBackslash`, `encodedReverseSolidusHandling="decode"`)
+/// takes for `/`. Tomcat drops a segment's `;` parameters before it reads
+/// backslashes, so one among them separates nothing
+/// (`/x%5C..%5Cpayments;a%5Cb` is its `/payments`). A route a spelling
+/// reaches only this way is refused, not guarded: the gateway cannot know
+/// which reading its back end has.
+///
+/// It reads the path as it was sent best: normalizing first resolves `..`
+/// over a whole segment, where Tomcat resolves it over the part after the
+/// segment's last backslash (`/payments%5Cx/..` normalized is `/`, and
+/// `/payments/` to Tomcat).
+///
+/// ```
+/// use norepeat_gateway::config::with_slashes_decoded;
+/// let read = |p| with_slashes_decoded(p);
+/// assert_eq!(read("/payments%2f").as_deref(), Some("/payments/"));
+/// assert_eq!(read("/x\\..\\payments").as_deref(), Some("/payments"));
+/// assert_eq!(read("/x%5C..%5Cpayments;a%5Cb").as_deref(), Some("/payments;a%5Cb"));
+/// assert_eq!(read("/payments;a%5Cb"), None);
+/// assert_eq!(read("/payments"), None);
+/// ```
 #[must_use]
 pub fn with_slashes_decoded(path: &str) -> Option<String> {
-    let encoded = |w: &[u8]| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f');
-    if !path.as_bytes().windows(3).any(encoded) {
+    // The common path has neither: no copy.
+    if !path.contains(['%', '\\']) {
         return None;
     }
-    let decoded = path.replace("%2F", "/").replace("%2f", "/");
-    Some(normalize_path(&decoded).into_owned())
+    let mut out = String::with_capacity(path.len());
+    let mut changed = false;
+    for (i, segment) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        let named = name(segment);
+        changed |= push_slashes(&mut out, named, true);
+        changed |= push_slashes(&mut out, &segment[named.len()..], false);
+    }
+    changed.then(|| normalize_path(&out).into_owned())
+}
+
+/// Pushes `part` onto `out` with each `%2F` written `/`, and with each
+/// `\` and `%5C` too when `backslashes`; whether it wrote any.
+fn push_slashes(out: &mut String, part: &str, backslashes: bool) -> bool {
+    let mut changed = false;
+    let mut rest = part;
+    while let Some(at) = rest.find(['%', '\\']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let hex = |h: &str| {
+            tail.as_bytes()
+                .get(1..3)
+                .is_some_and(|t| t.eq_ignore_ascii_case(h.as_bytes()))
+        };
+        let taken = if tail.starts_with('\\') {
+            usize::from(backslashes)
+        } else if hex("2F") || (backslashes && hex("5C")) {
+            3
+        } else {
+            0
+        };
+        if taken == 0 {
+            // A `%` of something else, or a backslash among parameters.
+            out.push_str(&tail[..1]);
+            rest = &tail[1..];
+        } else {
+            out.push('/');
+            rest = &tail[taken..];
+            changed = true;
+        }
+    }
+    out.push_str(rest);
+    changed
 }
 
 /// A site (a `Host` header, an `:authority`, a route's `host`) in one
@@ -240,8 +322,139 @@ fn decode_unreserved(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize_path;
+    use super::{normalize_path, route_spelling, with_slashes_decoded};
+    use crate::config::RouteMatch;
     use std::borrow::Cow;
+
+    /// The spellings Tomcat 10.1 runs as `/payments` on its default
+    /// connector (tests/it/tomcat.rs sends each to a real one): each
+    /// segment's `;` parameters dropped, then `//` merged and dots
+    /// resolved.
+    const TOMCAT_PAYMENTS: [&str; 18] = [
+        "/;x/payments",
+        "/;jsessionid=x/payments",
+        "/;/payments",
+        "/a/;x/../payments",
+        "/;x/./payments",
+        "/x/;/../payments",
+        "/payments/;x",
+        "/payments;x/;y",
+        "/payments/x/;/..",
+        "/payments;x;y",
+        "/payments;x",
+        "/payments/",
+        "/payments//",
+        "/.;/payments",
+        "/%2e;x/payments",
+        "/x/..;/payments",
+        "/pay%6Dents",
+        "/payments;x%5C..",
+    ];
+
+    /// What Tomcat's lenient connector runs as `/payments` besides: a
+    /// backslash, raw or encoded, is a slash (in a segment's name: its
+    /// parameters are dropped first).
+    const LENIENT_PAYMENTS: [&str; 11] = [
+        "/x\\..\\payments",
+        "/payments\\",
+        "/\\payments",
+        "/x/..\\payments",
+        "/x\\..\\payments;a\\b",
+        "/x\\..\\;y/payments",
+        "/payments%5C",
+        "/payments%5c",
+        "/x%5C..%5Cpayments",
+        "/x%5C..%5Cpayments;a%5Cb",
+        "/x%5C..%5C;y/payments",
+    ];
+
+    #[test]
+    fn a_segment_of_parameters_alone_is_empty_as_tomcat_reads_it() {
+        for (raw, want) in [
+            ("/;x/payments", "/payments"),
+            ("/;jsessionid=x/payments", "/payments"),
+            ("/;/payments", "/payments"),
+            ("/a/;x/../payments", "/payments"),
+            ("/;x/./payments", "/payments"),
+            ("/x/;/../payments", "/payments"),
+            ("/payments/;x", "/payments/"),
+            ("/payments;x/;y", "/payments;x/"),
+            ("/payments/x/;/..", "/payments/"),
+            ("/;x", "/"),
+            ("/;x/;y", "/"),
+            ("/a;v=1/b", "/a;v=1/b"),
+            ("/a/;x;y/b", "/a/b"),
+        ] {
+            assert_eq!(normalize_path(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn every_tomcat_spelling_of_a_route_is_the_route_and_one_key() {
+        let route: RouteMatch = "POST /payments".parse().unwrap();
+        for raw in TOMCAT_PAYMENTS {
+            let normal = normalize_path(raw);
+            assert!(route.matches("POST", &normal), "{raw:?} read {normal:?}");
+            assert_eq!(route_spelling(&normal), "/payments", "{raw:?}");
+        }
+        // The absolute form: the path of its URI is read alike.
+        for target in [
+            "http://shop.example/;x/payments",
+            "http://shop.example/payments/;x",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            assert!(
+                route.matches("POST", &normalize_path(uri.path())),
+                "{target}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_backslash_spelling_of_a_route_is_read_as_tomcat_reads_it() {
+        let route: RouteMatch = "POST /payments".parse().unwrap();
+        for raw in LENIENT_PAYMENTS {
+            // Not the route as written (a backslash is no separator to the
+            // RFC) ...
+            let normal = normalize_path(raw);
+            assert!(!route.matches("POST", &normal), "{raw:?}");
+            // ... but it is once backslashes are slashes, read on the path
+            // as sent and on the normalized one alike.
+            for path in [raw, &normal] {
+                let read = with_slashes_decoded(path);
+                assert!(
+                    read.as_deref().is_some_and(|p| route.matches("POST", p)),
+                    "{path:?} read {read:?}"
+                );
+            }
+        }
+        // A `..` after a backslash takes the part after it only: read on
+        // the path as sent (normalized, the `..` took the whole segment).
+        for raw in ["/payments%5Cx/..", "/payments\\x/.."] {
+            assert_eq!(with_slashes_decoded(raw).as_deref(), Some("/payments/"));
+        }
+    }
+
+    #[test]
+    fn slashes_decoded_only_where_a_back_end_would() {
+        for (raw, want) in [
+            ("/payments", None),
+            ("/pay%6Dents", None),
+            ("/a%20b", None),
+            ("/payments;a%5Cb", None),
+            ("/payments;a\\b", None),
+            ("/a%25%35%43", None),
+            ("/a%2Fb", Some("/a/b")),
+            ("/a%2fb;x%2Fy", Some("/a/b;x/y")),
+            ("/files/a%5Cb", Some("/files/a/b")),
+            ("/files/a\\b;c\\d", Some("/files/a/b;c\\d")),
+            ("/x%5C..%5C%2F..%2Fpayments", Some("/payments")),
+            ("/\\", Some("/")),
+            ("/é%5Ca", Some("/é/a")),
+        ] {
+            assert_eq!(with_slashes_decoded(raw).as_deref(), want, "{raw:?}");
+        }
+    }
 
     #[test]
     fn rfc_3986_and_merged_slashes() {
@@ -280,14 +493,29 @@ mod tests {
 
     #[test]
     fn a_normal_path_is_not_copied() {
-        for p in ["/", "/payments", "/payments/", "/a/b.c/d"] {
+        for p in [
+            "/",
+            "/payments",
+            "/payments/",
+            "/a/b.c/d",
+            "/payments;x",
+            "/payments;x/",
+            "/x\\..\\payments",
+        ] {
             assert!(matches!(normalize_path(p), Cow::Borrowed(_)), "{p}");
         }
     }
 
     #[test]
     fn normalizing_twice_changes_nothing() {
-        for p in ["//a/./b/../c/", "/%2e%2E/x%2f/", "/a/%7e/..", "/a%25%32%46"] {
+        for p in [
+            "//a/./b/../c/",
+            "/%2e%2E/x%2f/",
+            "/a/%7e/..",
+            "/a%25%32%46",
+            "/;x/a/;y",
+            "/a;x/;y/..;z/b",
+        ] {
             let once = normalize_path(p).into_owned();
             assert_eq!(normalize_path(&once), once, "{p}");
         }

@@ -22,6 +22,7 @@ mod passthrough;
 mod requests_never_5xx;
 mod routing;
 mod store_down;
+mod tomcat;
 mod transport;
 mod upstream;
 mod workers;
