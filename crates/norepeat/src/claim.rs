@@ -459,6 +459,40 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         self.delete().await;
     }
 
+    /// Releases the key by writing `mark` of the value it holds for this
+    /// claim (owner-checked: one compare-and-set), where the key's next
+    /// claim finds it: the idempotency guard's released record, which
+    /// carries the attempt number on. A value `mark` has no spelling for
+    /// is deleted, as [`release`](Self::release) does.
+    pub(crate) async fn release_marked(mut self, mark: fn(&[u8]) -> Option<Vec<u8>>) {
+        self.settled = true;
+        let mut unmarked = false;
+        {
+            let values = self.fence.lock().await;
+            for v in values.newest_first() {
+                let Some(marked) = mark(v) else {
+                    unmarked = true;
+                    continue;
+                };
+                match self
+                    .store
+                    .replace_if_equals(&self.key, v, &marked, self.ttl)
+                    .await
+                {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(key = &*self.key, error = %e, "could not release a key; it ends with its lease");
+                        return;
+                    }
+                }
+            }
+        }
+        if unmarked {
+            self.delete().await;
+        }
+    }
+
     /// Leaves the key as it is: it ends with its TTL.
     pub(crate) fn keep(mut self) {
         self.settled = true;

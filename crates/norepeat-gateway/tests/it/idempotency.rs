@@ -126,6 +126,10 @@ async fn a_backend_past_its_timeout_is_504_and_the_retry_never_runs_it_again() {
     let e = effects(&b).await;
     assert_eq!(e["/payments"], 1, "never twice: {e}");
     assert_eq!(e["/refunds"], 2, "release lets the retry run: {e}");
+    // The retry is the second attempt: the first reached the backend
+    // (issue 52, item 6: it came as attempt 1 again).
+    let seen = attempts(&b, "/refunds").await;
+    assert_eq!(seen, [serde_json::json!("1"), serde_json::json!("2")]);
 }
 
 #[tokio::test]

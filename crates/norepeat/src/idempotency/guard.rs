@@ -177,6 +177,31 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 Ok(r) => r,
                 Err(e) => return self.on_failure(StoreError::Protocol(e.to_string())),
             };
+            // Released by a request that ended with nothing kept (a 5xx):
+            // taken over by this one, whatever its body, as the next attempt
+            // (the backend may have seen the last one).
+            let released = rec.released.then_some(rec.lease).flatten();
+            if let Some(lease) = released {
+                let attempt = lease.attempt.saturating_add(1);
+                let value = Bytes::from(record::in_progress(
+                    &owner,
+                    fingerprint,
+                    attempt,
+                    self.lease_end(),
+                ));
+                let key = Arc::clone(&key);
+                match Claim::take_over(&self.store, key, &existing, value, ttl, stamped).await {
+                    Ok(Some(c)) => {
+                        self.admitted
+                            .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted"))
+                            .increment(1);
+                        return Claimed::Owned(c, owner, attempt);
+                    }
+                    // Someone changed it first: look again.
+                    Ok(None) => continue,
+                    Err(e) => return self.on_failure(e),
+                }
+            }
             if !rec.is_for(fingerprint) && !legacy.is_some_and(|l| rec.is_for(l)) {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
                 return Claimed::Refused(IdempotencyError::Mismatch);

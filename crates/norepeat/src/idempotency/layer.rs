@@ -883,10 +883,13 @@ fn names_a_default_ignored_field(body: &[u8]) -> bool {
     })
 }
 
-/// 128 bits of the request's fingerprint: caller, method, concrete path, query and
-/// canonical body. The fingerprint guard's rule: a body whose content type
+/// 128 bits of the request's fingerprint: caller, method, concrete path, query,
+/// canonical body and the body's media type. The fingerprint guard's rule: a body whose content type
 /// says JSON must parse (else the error, answered 400); one that only looks
-/// like JSON and does not parse is hashed as bytes.
+/// like JSON and does not parse is hashed as bytes. The media type
+/// (`Content-Type` without its parameters, in lower case) is part of the
+/// request: `a=1` as a form and as text are two requests to a backend, so
+/// one key sent with each is a mismatch (422), not a replay.
 fn fingerprint_of<G>(
     cfg: &IdempotencyLayer<G>,
     user: &str,
@@ -897,7 +900,25 @@ fn fingerprint_of<G>(
     let fp = cfg
         .fingerprinter
         .fingerprint_http(user, parts, route, body)?;
-    Ok(kept(&fp))
+    let Some(media) = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| {
+            v.as_bytes()
+                .split(|&b| b == b';')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii()
+        })
+        .filter(|m| !m.is_empty())
+    else {
+        return Ok(kept(&fp));
+    };
+    let mut h =
+        blake3::Hasher::new_derive_key("norepeat idempotency fingerprint with media type v1");
+    h.update(&fp.0);
+    h.update(&media.to_ascii_lowercase());
+    Ok(kept(&crate::fingerprint::Digest(*h.finalize().as_bytes())))
 }
 
 /// The 128 bits of a fingerprint a record keeps.

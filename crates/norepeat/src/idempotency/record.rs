@@ -99,6 +99,10 @@ const VERSION_3: u8 = 3;
 const VERSION_4: u8 = 4;
 const IN_PROGRESS: u8 = 1;
 const COMPLETED: u8 = 2;
+/// A version-4 in-progress record's layout, written when its request ended
+/// without an outcome to keep (a 5xx the policy does not store): the key's
+/// next request runs, as the next attempt.
+const RELEASED: u8 = 3;
 /// Random bits of the owner a version-2 in-progress record keeps, in bytes.
 const OWNER_BYTES_V2: usize = 10;
 /// Random bits of the owner a version-3 in-progress record keeps, in bytes.
@@ -151,6 +155,9 @@ pub(crate) struct Record {
     pub(crate) lease: Option<Lease>,
     /// `None` while the first request is still running.
     pub(crate) completed: Option<Completed>,
+    /// Released ([`released`]): the next request takes the key over as
+    /// attempt `lease.attempt + 1`, whatever its body.
+    pub(crate) released: bool,
 }
 
 /// The attempt number and the lease deadline of an in-progress record.
@@ -198,6 +205,19 @@ pub(crate) fn in_progress(
     out.push(attempt.max(1));
     out.extend_from_slice(&crate::claim::stamp(deadline_ms).to_be_bytes());
     out
+}
+
+/// `claimed` (a version-4 in-progress record) marked released: its request
+/// ended with nothing kept, so the next request with the key runs, and is
+/// told it is the next attempt (`Idempotency-Attempt`), as the backend may
+/// have seen this one. `None` for any other record.
+pub(crate) fn released(claimed: &[u8]) -> Option<Vec<u8>> {
+    if claimed.len() != DEADLINE_AT_V4 + 4 || claimed[..2] != [VERSION_4, IN_PROGRESS] {
+        return None;
+    }
+    let mut out = claimed.to_vec();
+    out[1] = RELEASED;
+    Some(out)
 }
 
 /// `claimed` (a version-4 in-progress record) with its lease deadline moved
@@ -333,7 +353,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
     let mut fingerprint_len = 16;
     let mut lease = None;
     let fingerprint = match version {
-        VERSION_4 if state == IN_PROGRESS => {
+        VERSION_4 if state == IN_PROGRESS || state == RELEASED => {
             let mut fingerprint = [0; 16];
             fingerprint[..FINGERPRINT_BYTES_V4].copy_from_slice(r.take(FINGERPRINT_BYTES_V4)?);
             fingerprint_len = FINGERPRINT_BYTES_V4;
@@ -366,8 +386,10 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
         _ => return Err(Malformed("unknown version")),
     };
     let completed = match state {
-        IN_PROGRESS if r.at == bytes.len() => None,
-        IN_PROGRESS => return Err(Malformed("trailing bytes after an in-progress record")),
+        IN_PROGRESS | RELEASED if r.at == bytes.len() => None,
+        IN_PROGRESS | RELEASED => {
+            return Err(Malformed("trailing bytes after an in-progress record"));
+        }
         COMPLETED => {
             let status = StatusCode::from_u16(r.u16()?).map_err(|_| Malformed("bad status"))?;
             let v1 = version == VERSION_1;
@@ -411,6 +433,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
         fingerprint_len,
         lease,
         completed,
+        released: version == VERSION_4 && state == RELEASED,
     })
 }
 

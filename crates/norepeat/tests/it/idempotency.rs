@@ -382,6 +382,24 @@ async fn other_request_same_key_is_422<G: Store + Clone>(store: G) {
     assert_eq!(other.code(), "idempotency_key_mismatch");
     assert_eq!(other.headers["content-type"], "application/problem+json");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The same bytes as another media type are another request to a
+    // backend (a form, not JSON): a mismatch, not a replay (issue 52); a
+    // charset or the case of the type is the same one.
+    for (media, status) in [
+        ("text/plain", StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            "application/x-www-form-urlencoded",
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        ("Application/JSON; charset=utf-8", StatusCode::CREATED),
+    ] {
+        let mut req = payment("u1", Some(b"k")).body(Body::from(BODY)).unwrap();
+        req.headers_mut()
+            .insert(http::header::CONTENT_TYPE, HeaderValue::from_static(media));
+        let again = send(&app, req).await;
+        assert_eq!(again.status, status, "{media}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 /// A rolling deploy: an instance of the release before the 12-byte

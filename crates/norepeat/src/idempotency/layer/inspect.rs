@@ -26,6 +26,13 @@ pub enum RecordState {
         /// The attempt that was abandoned.
         attempt: u8,
     },
+    /// Released: attempt `attempt` ended with nothing kept (a 5xx the
+    /// policy does not store); the key's next request runs, as attempt
+    /// `attempt + 1`.
+    Released {
+        /// The attempt that was released.
+        attempt: u8,
+    },
     /// Completed: a retry gets this answer replayed.
     Completed {
         /// The stored status.
@@ -83,6 +90,9 @@ impl<G: KeyValueStore + Clone> IdempotencyLayer<G> {
         };
         let rec = record::decode(&bytes).map_err(|e| StoreError::Protocol(e.to_string()))?;
         let state = match (rec.completed, rec.lease) {
+            (None, Some(lease)) if rec.released => RecordState::Released {
+                attempt: lease.attempt,
+            },
             (Some(c), _) => RecordState::Completed {
                 status: c.status,
                 headers: c

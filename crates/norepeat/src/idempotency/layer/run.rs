@@ -64,7 +64,9 @@ where
         return Ok(pass(res));
     }
     if !cfg.policy.stores(res.status()) {
-        claim.release().await;
+        // Released, its attempt number kept: the backend answered (a 5xx),
+        // so the next request with the key is told it is the next attempt.
+        claim.release_marked(record::released).await;
         return Ok(pass(res));
     }
     // The outcome is stored from here on; only its body may not be.
