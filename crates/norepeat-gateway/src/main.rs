@@ -70,6 +70,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `SIGHUP`'s default action ends the process: taken over first, so a
+    // reload asked while the file is still being read (or the store
+    // reached) is no kill. The handler is the process's from here on (the
+    // runtime that serves registers its own listener on it later).
+    #[cfg(unix)]
+    hold_hangup();
     let cli = Cli::parse();
     match (cli.command, cli.config) {
         (Some(Command::Check { file }), _) => match Config::load(&file) {
@@ -105,6 +111,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Installs a handler for `SIGHUP` (a runtime of its own, for the moment
+/// it takes): until the serving runtime listens for it, a `SIGHUP` is
+/// noted and does nothing.
+#[cfg(unix)]
+fn hold_hangup() {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    else {
+        return;
+    };
+    rt.block_on(async {
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    });
 }
 
 /// Logs on stderr (`RUST_LOG`, default `info`; one JSON object a line
@@ -198,6 +220,9 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf, mode: Mode) -
         let gateway = Gateway::build(config, Some(metrics))
             .await
             .map_err(|e| e.to_string())?;
+        // The admin listener too, before saying we listen: a probe sent
+        // on that line's word finds it.
+        gateway.listen_admin().map_err(|e| e.to_string())?;
         // `SIGHUP` asks for a reload: take it over before saying we listen
         // (its default action ends the process), not when the file watcher
         // first runs. The handler stays for the life of the process.

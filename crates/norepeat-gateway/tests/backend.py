@@ -10,7 +10,7 @@ same head and 11 bytes, then the connection closed). GET /effects answers
 the counters, GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
-echo of every byte (426 without `Upgrade`), GET /big 2 MiB, GET /break a broken answer. It prints
+echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -166,6 +166,15 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
         elif self.path.endswith("/upgrade"):
             self.upgraded()
+        elif self.path.endswith("/switch"):
+            # 101 whatever was asked (h2c, as a backend that speaks it
+            # would): a proxy must not join the two connections.
+            self.send_response(101)
+            self.send_header("Upgrade", "h2c")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
         elif self.path == "/break":
             self.broken()
         elif self.path == "/big":

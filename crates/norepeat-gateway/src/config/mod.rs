@@ -76,6 +76,9 @@
 //! | `rate_limit.algorithm` | `gcra` |
 //! | `rate_limit.burst` (gcra only) | the rate's count |
 //! | `rate_limit.by` | `identity` |
+//! | `hosts` | none: every Host is served, keys scoped by the one it names |
+//! | `upgrades` | `[websocket]` (`h2c` is refused) |
+//! | `limits` | `header_timeout: 10s`, `idle_timeout: 60s`, `body_timeout: 30s`, `request_timeout: 60s`, `max_connections: 10000`, `max_streams: 100` |
 //! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
 //! | `upstream_ca` | none: an `https://` upstream is checked against the system's roots |
 //!
@@ -159,6 +162,22 @@ pub struct Config {
     /// `admin`: a second listener for the gateway's own routes and the
     /// key records, if any.
     pub admin: Option<Admin>,
+    /// `hosts`: the site's names, in [`normalize_host`]'s spelling. Keys
+    /// are scoped to the site, whichever of its names a request used; a
+    /// request for any other Host is answered 421 `misdirected_request`.
+    /// Empty (the default): every Host is served, and keys are scoped by
+    /// the one it names.
+    pub hosts: Vec<String>,
+    /// `upgrades` (`[websocket]`): the `Upgrade` protocols forwarded, in
+    /// lower case; any other is dropped from the request (it goes on as a
+    /// plain request). `h2c` is refused in the file.
+    pub upgrades: Vec<String>,
+}
+
+/// `upgrades`' default: WebSocket only.
+#[must_use]
+pub fn default_upgrades() -> Vec<String> {
+    vec!["websocket".to_owned()]
 }
 
 /// How long readiness answers 503 before the listener stops accepting.
@@ -211,9 +230,19 @@ pub struct Limits {
     /// request body; a body that stalls longer fails (the request is
     /// answered as a broken body). NGINX's `client_body_timeout`.
     pub body_timeout: Duration,
+    /// `request_timeout` (60 s): the whole request, head and body, from
+    /// its first byte; a body still coming then fails as a stalled one
+    /// does. A body trickled a byte at a time never pauses past
+    /// `body_timeout`, and is cut here. HAProxy's `timeout http-request`.
+    pub request_timeout: Duration,
     /// `max_connections` (10000): client connections open at once; past
     /// it, new ones wait in the listen queue until one closes.
     pub max_connections: std::num::NonZeroU32,
+    /// `max_streams` (100): the requests one HTTP/2 connection may have
+    /// open at once (its `SETTINGS_MAX_CONCURRENT_STREAMS`), so one client
+    /// connection holds at most this many backend connections. NGINX's
+    /// `http2_max_concurrent_streams` (128).
+    pub max_streams: std::num::NonZeroU32,
 }
 
 impl Default for Limits {
@@ -222,7 +251,9 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
             max_connections: std::num::NonZeroU32::new(10_000).unwrap_or(std::num::NonZeroU32::MIN),
+            max_streams: std::num::NonZeroU32::new(100).unwrap_or(std::num::NonZeroU32::MIN),
         }
     }
 }

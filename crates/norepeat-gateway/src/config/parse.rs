@@ -42,6 +42,8 @@ const TOP: &[&str] = &[
     "admin",
     "token_ttl",
     "cors",
+    "hosts",
+    "upgrades",
 ];
 const TLS: &[&str] = &["cert", "key"];
 const ADMIN: &[&str] = &["listen", "token_env"];
@@ -49,7 +51,9 @@ const LIMITS: &[&str] = &[
     "header_timeout",
     "idle_timeout",
     "body_timeout",
+    "request_timeout",
     "max_connections",
+    "max_streams",
 ];
 const ROUTE: &[&str] = &[
     "match",
@@ -299,6 +303,35 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         None => Some(super::Cors::default()),
         Some(n) => cors(w, n),
     };
+    let hosts = match top.get("hosts") {
+        None => Some(Vec::new()),
+        Some(n) => hosts(w, n),
+    };
+    let upgrades = match top.get("upgrades") {
+        None => Some(super::default_upgrades()),
+        Some(n) => upgrades(w, n),
+    };
+    if let (Some(sites), Some(list), Some(up)) = (&hosts, &routes, &upstream) {
+        unguarded_under_another_host(w, list, sites, up);
+    }
+    if let (Some(sites), Some(list)) = (&hosts, &routes)
+        && !sites.is_empty()
+    {
+        // A route for a site the gateway answers 421 for is never reached.
+        for (i, r) in list.iter().enumerate() {
+            if let Some(h) = r.host.as_ref().filter(|h| !sites.contains(h)) {
+                w.problems.push(Problem {
+                    line: None,
+                    column: None,
+                    field: format!("routes[{i}].host"),
+                    message: format!(
+                        "{h} is not one of hosts ({}): the gateway answers its requests 421",
+                        sites.join(", ")
+                    ),
+                });
+            }
+        }
+    }
     // A route's own identity trusts the file's proxies.
     if let (Some(id), Some(list)) = (&identity, routes.as_mut()) {
         for r in list {
@@ -323,7 +356,125 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         drain_delay: drain_delay?,
         access_log: access_log?,
         admin: admin?,
+        hosts: hosts?,
+        upgrades: upgrades?,
     })
+}
+
+/// A guarded route for one `host` whose method and path another Host's
+/// request takes to the same backend unguarded (through a route for every
+/// site, or the pass-through): a client names another Host (`127.0.0.1`,
+/// `www.` the site, an absolute-form target) and walks past the guard.
+/// Another Host is any Host without `hosts`, else the other names listed.
+/// A route naming that other host itself (`host: www.pay.example`, no
+/// guard) says the operator meant it, and is no problem.
+fn unguarded_under_another_host(
+    w: &mut Walker,
+    routes: &[Route],
+    sites: &[String],
+    file_upstream: &Upstream,
+) {
+    let same = |a: &Upstream, b: &Upstream| a.uri().authority() == b.uri().authority();
+    for (i, r) in routes.iter().enumerate() {
+        let Some(own) = &r.host else { continue };
+        // A host `hosts` does not list is a problem of its own (below).
+        if (r.guard.is_none() && r.rate_limit.is_none())
+            || (!sites.is_empty() && !sites.contains(own))
+        {
+            continue;
+        }
+        // `None`: any Host not listed (no `hosts`).
+        let others: Vec<Option<&String>> = if sites.is_empty() {
+            vec![None]
+        } else {
+            sites.iter().filter(|s| *s != own).map(Some).collect()
+        };
+        for other in others {
+            // What takes this route's requests under `other`: the first
+            // route for every site or for `other` whose match covers it.
+            let taken = routes.iter().enumerate().find(|(_, t)| {
+                t.matcher.covers(&r.matcher)
+                    && match (&t.host, other) {
+                        (None, _) => true,
+                        (Some(h), Some(o)) => h == o,
+                        (Some(_), None) => false,
+                    }
+            });
+            let unguarded_to_same = match taken {
+                Some((_, t)) if t.guard.is_some() || t.rate_limit.is_some() => false,
+                Some((_, t)) if t.host.is_some() => false,
+                Some((_, t)) => same(&t.upstream, &r.upstream),
+                None => same(file_upstream, &r.upstream),
+            };
+            if unguarded_to_same {
+                let under =
+                    other.map_or_else(|| "any other Host".to_owned(), |o| format!("the Host {o}"));
+                let by = match taken {
+                    Some((j, _)) => format!("routes[{j}]"),
+                    None => "the pass-through".to_owned(),
+                };
+                w.problems.push(Problem {
+                    line: None,
+                    column: None,
+                    field: format!("routes[{i}].host"),
+                    message: format!(
+                        "{} is guarded only for {own}: under {under} it reaches the same upstream unguarded ({by}); list the site's names in `hosts` (other Hosts get 421), or guard it for every host",
+                        r.matcher
+                    ),
+                });
+                break;
+            }
+        }
+    }
+}
+
+/// `hosts: [shop.example, www.shop.example]`: the site's names, each in
+/// [`normalize_host`]'s spelling, without a port.
+fn hosts(w: &mut Walker, node: &Node) -> Option<Vec<String>> {
+    let items = w.sequence(node, "hosts")?;
+    let mut all = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let h = w.parse(item, &format!("hosts[{i}]"), |s| {
+            if s.contains(['/', '*', ' ', '@']) {
+                return Err(format!(
+                    "expected a host name (shop.example; a port, if given, is not matched), not {s:?}"
+                ));
+            }
+            normalize_host(s).ok_or_else(|| "expected a host name, not an empty one".to_owned())
+        });
+        match (h, all.as_mut()) {
+            (Some(h), Some(v)) if !v.contains(&h) => v.push(h),
+            (Some(_), Some(_)) => {}
+            _ => all = None,
+        }
+    }
+    all
+}
+
+/// `upgrades: [websocket]`: the `Upgrade` protocols forwarded, in lower
+/// case. `h2c` never is: over it a client would speak HTTP/2 to the
+/// backend itself, past every route and guard (as NGINX and Envoy refuse
+/// it too).
+fn upgrades(w: &mut Walker, node: &Node) -> Option<Vec<String>> {
+    let items = w.sequence(node, "upgrades")?;
+    let mut all = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let p = w.parse(item, &format!("upgrades[{i}]"), |s| {
+            let name = s.trim().to_ascii_lowercase();
+            if name == "h2c" || name.starts_with("h2c/") {
+                Err("h2c is never forwarded: over it a client would speak HTTP/2 to the backend past every route and guard".to_owned())
+            } else if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
+                Err(format!("expected a protocol name such as websocket, not {s:?}"))
+            } else {
+                Ok(name)
+            }
+        });
+        match (p, all.as_mut()) {
+            (Some(p), Some(v)) => v.push(p),
+            _ => all = None,
+        }
+    }
+    all
 }
 
 /// `admin: { listen, token_env }`.
@@ -713,6 +864,7 @@ fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
         ("header_timeout", &mut limits.header_timeout),
         ("idle_timeout", &mut limits.idle_timeout),
         ("body_timeout", &mut limits.body_timeout),
+        ("request_timeout", &mut limits.request_timeout),
     ] {
         if let Some(n) = f.get(name) {
             match w.duration(n, &format!("limits.{name}")) {
@@ -726,6 +878,28 @@ fn limits(w: &mut Walker, node: &Node) -> Option<Limits> {
             Some(c) => limits.max_connections = c,
             None => ok = false,
         }
+    }
+    if let Some(n) = f.get("max_streams") {
+        match w.count(n, "limits.max_streams") {
+            Some(c) => limits.max_streams = c,
+            None => ok = false,
+        }
+    }
+    if ok && limits.request_timeout < limits.header_timeout {
+        // The head is part of the request: a whole request shorter than
+        // its head's limit would make that limit a lie.
+        let at = f.get("request_timeout").or_else(|| f.get("header_timeout"));
+        if let Some(n) = at {
+            w.at(
+                n,
+                "limits.request_timeout",
+                &format!(
+                    "must be at least header_timeout ({:?}): the whole request includes its head",
+                    limits.header_timeout
+                ),
+            );
+        }
+        ok = false;
     }
     ok.then_some(limits)
 }

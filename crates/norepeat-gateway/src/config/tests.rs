@@ -1031,3 +1031,99 @@ fn a_drain_delay_may_be_zero() {
         "above zero",
     );
 }
+
+/// Issue 52: `request_timeout` bounds the whole request (a trickled body
+/// never pauses past `body_timeout`), `max_streams` an HTTP/2
+/// connection's requests at once.
+#[test]
+fn the_whole_request_and_the_streams_of_a_connection_are_bounded() {
+    let l = ok(UP).limits;
+    assert_eq!(l.request_timeout, Duration::from_secs(60));
+    assert_eq!(l.max_streams.get(), 100);
+    let l = ok(&format!(
+        "{UP}limits:\n  request_timeout: 15s\n  max_streams: 8\n"
+    ))
+    .limits;
+    assert_eq!(
+        (l.request_timeout, l.max_streams.get()),
+        (Duration::from_secs(15), 8)
+    );
+    assert_one(
+        &format!("{UP}limits:\n  header_timeout: 20s\n  request_timeout: 15s\n"),
+        "4:20 limits.request_timeout",
+        "at least header_timeout",
+    );
+}
+
+/// Issue 52: `upgrades` names what is forwarded (WebSocket by default);
+/// `h2c` never is.
+#[test]
+fn upgrades_are_listed_and_h2c_is_refused() {
+    assert_eq!(ok(UP).upgrades, ["websocket"]);
+    assert_eq!(
+        ok(&format!("{UP}upgrades: [WebSocket, echo]\n")).upgrades,
+        ["websocket", "echo"]
+    );
+    assert!(ok(&format!("{UP}upgrades: []\n")).upgrades.is_empty());
+    assert_one(
+        &format!("{UP}upgrades: [websocket, h2c]\n"),
+        "2:23 upgrades[1]:",
+        "h2c is never forwarded",
+    );
+}
+
+/// Issue 52: `hosts` names the site; a guarded route scoped to one host
+/// whose method and path another Host takes to the same backend
+/// unguarded is a problem (a client names another Host and walks past).
+#[test]
+fn hosts_and_a_guard_another_host_walks_past() {
+    assert!(ok(UP).hosts.is_empty());
+    assert_eq!(
+        ok(&format!("{UP}hosts: [Pay.Example., www.pay.example:443]\n")).hosts,
+        ["pay.example", "www.pay.example"]
+    );
+    assert_one(
+        &format!("{UP}hosts: [x@pay.example]\n"),
+        "2:9 hosts[0]:",
+        "a host name",
+    );
+    let guarded = "  - match: POST /payments\n    host: pay.example\n    guard: idempotency\n";
+    // Any other Host reaches /payments through the pass-through.
+    assert_one(
+        &format!("{UP}routes:\n{guarded}"),
+        "0:0 routes[0].host:",
+        "under any other Host it reaches the same upstream unguarded (the pass-through)",
+    );
+    // ... or through a catch-all to the same backend.
+    assert_one(
+        &format!(
+            "{UP}routes:\n{guarded}  - match: ANY /{{*rest}}\n    upstream: http://127.0.0.1:9000/v1\n"
+        ),
+        "0:0 routes[0].host:",
+        "(routes[1])",
+    );
+    // `hosts` with the site's one name: every other Host is refused.
+    ok(&format!("{UP}hosts: [pay.example]\nroutes:\n{guarded}"));
+    // Another name of `hosts` is another Host.
+    assert_one(
+        &format!("{UP}hosts: [pay.example, www.pay.example]\nroutes:\n{guarded}"),
+        "0:0 routes[0].host:",
+        "under the Host www.pay.example",
+    );
+    // The operator's own route for that other name says it is meant.
+    ok(&format!(
+        "{UP}hosts: [pay.example, www.pay.example]\nroutes:\n{guarded}  - match: POST /payments\n    host: www.pay.example\n    upstream: http://127.0.0.1:9000\n"
+    ));
+    // Another backend is another service.
+    ok(&format!(
+        "upstream: http://127.0.0.1:9001\nroutes:\n{guarded}    upstream: http://127.0.0.1:9000\n"
+    ));
+    // A route for a site `hosts` does not list is never reached.
+    assert_one(
+        &format!(
+            "{UP}hosts: [pay.example]\nroutes:\n  - match: POST /x\n    host: other.example\n    guard: token\n"
+        ),
+        "0:0 routes[0].host:",
+        "not one of hosts",
+    );
+}

@@ -219,6 +219,22 @@ impl Drop for Owed<'_> {
     }
 }
 
+/// The line of a request whose head the HTTP parser refused (answered
+/// `status` by hyper before any route): no method or path to name.
+pub(super) fn refused_head(sink: &Sink, status: u16) {
+    let id = fresh_id();
+    sink.write(&Entry {
+        request_id: std::str::from_utf8(&id).unwrap_or_default(),
+        route: None,
+        method: "",
+        path: "",
+        status,
+        outcome: "invalid_request",
+        upstream: None,
+        took: Duration::ZERO,
+    });
+}
+
 /// One request, as its line says it.
 #[derive(Debug)]
 pub(super) struct Entry<'a> {
@@ -245,8 +261,9 @@ impl Entry<'_> {
             "time": time,
             "request_id": self.request_id,
             "route": self.route,
-            "method": self.method,
-            "path": self.path,
+            // Empty for a head the parser refused: no method, no path.
+            "method": (!self.method.is_empty()).then_some(self.method),
+            "path": (!self.path.is_empty()).then_some(self.path),
             "status": self.status,
             "outcome": self.outcome,
             "upstream_ms": self.upstream.map(ms),

@@ -33,10 +33,15 @@ impl Gateway {
 /// straight to [`dispatch`], the router's fallback, without the router's
 /// matching and extractors on the way (7 % of a pass-through request's
 /// instructions; BENCHMARKS.md, issue 39).
+///
+/// The admin listener's front ([`Front::admin`]) serves the admin router
+/// alone, on the same connections and limits as the traffic's (a listener
+/// without them let idle connections use up the process's descriptors).
 #[derive(Clone)]
 pub(super) struct Front {
     own: Router,
     gw: Arc<Gateway>,
+    admin: bool,
 }
 
 /// The prefix of the gateway's own routes.
@@ -47,7 +52,22 @@ impl Front {
         Self {
             own: router(Arc::clone(&gw)),
             gw,
+            admin: false,
         }
+    }
+
+    /// The admin listener's: [`admin_router`] for every request.
+    pub(super) fn admin(gw: Arc<Gateway>) -> Self {
+        Self {
+            own: admin_router(Arc::clone(&gw)),
+            gw,
+            admin: true,
+        }
+    }
+
+    /// Whether this is the admin listener's front (no pass-through lane).
+    pub(super) fn is_admin(&self) -> bool {
+        self.admin
     }
 
     /// The gateway this front serves.
@@ -59,11 +79,19 @@ impl Front {
     /// `//.norepeat/`) is no own route for the router either: it goes to
     /// `dispatch` both ways.
     pub(super) async fn call(self, req: Request) -> Response<Body> {
-        if req.uri().path().starts_with(OWN) {
-            match tower::ServiceExt::oneshot(self.own, req).await {
+        if self.admin || req.uri().path().starts_with(OWN) {
+            // While draining, an HTTP/1 client is told to leave its
+            // connection, as `dispatch` tells the traffic's.
+            let leave = self.gw.draining.started() && req.version() < http::Version::HTTP_2;
+            let mut res = match tower::ServiceExt::oneshot(self.own, req).await {
                 Ok(res) => res,
                 Err(never) => match never {},
+            };
+            if leave {
+                res.headers_mut()
+                    .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
             }
+            res
         } else {
             dispatch(self.gw, req).await
         }
@@ -96,7 +124,7 @@ pub(super) fn router(gw: Arc<Gateway>) -> Router {
 /// shares the public port). Anything else is 404.
 pub(super) fn admin_router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/.norepeat/healthz", get(healthz))
+        .route("/.norepeat/healthz", get(admin_healthz))
         .route("/.norepeat/readyz", get(readyz))
         .route("/.norepeat/metrics", get(metrics))
         .route("/.norepeat/admin/record", get(record).delete(record))
@@ -194,7 +222,10 @@ async fn record(
     if let Ok(h) = header::HeaderValue::from_str(host) {
         parts.headers.insert(header::HOST, h);
     }
-    let Some(caller) = HostScoped::new(route_caller.clone()).identify(&parts) else {
+    let Some(caller) = HostScoped::new(route_caller.clone())
+        .site(live.site.clone())
+        .identify(&parts)
+    else {
         return problem(
             StatusCode::BAD_REQUEST,
             "invalid_request",
@@ -222,6 +253,9 @@ async fn record(
         }
         RecordState::Abandoned { attempt } => {
             serde_json::json!({"state": "abandoned", "attempt": attempt})
+        }
+        RecordState::Released { attempt } => {
+            serde_json::json!({"state": "released", "attempt": attempt})
         }
         RecordState::Completed {
             status,
@@ -343,16 +377,23 @@ fn issue(live: &Routes, req: Request) -> Response<Body> {
 /// last reload. Always 200 while the process serves: the per-route state
 /// is for an operator and the metrics, not for a load balancer.
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    health(&gw, false)
+}
+
+/// The admin listener's `healthz`: the public one's, and why the last
+/// reload failed (its text may name files: not for the public port).
+async fn admin_healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    health(&gw, true)
+}
+
+/// What the process knows of itself, from the state it keeps: no store
+/// command per call (a flood of probes on the public port once sent two
+/// each, and opened the store's breaker). Whether the store answers is
+/// the last background probe's ([`probe_store`]).
+fn health(gw: &Gateway, detailed: bool) -> Response<Body> {
     let breaker = format!("{:?}", gw.store.circuit().state());
     let live = gw.live.load();
-    // One conditional delete whose condition never holds: it writes
-    // nothing (the store trait has no `PING`), through the same budget and
-    // breaker as every guard.
-    let answers = gw
-        .store
-        .delete_if_equals(PROBE_KEY, b"\0never written")
-        .await
-        .is_ok();
+    let answers = gw.store_answers.load(std::sync::atomic::Ordering::Acquire);
     let refusing: Vec<&str> = if answers {
         Vec::new()
     } else {
@@ -365,7 +406,8 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let reload = match &*gw.last_reload.lock().unwrap_or_else(|p| p.into_inner()) {
         None => serde_json::Value::Null,
         Some(Ok(routes)) => serde_json::json!({"result": "applied", "routes": routes}),
-        Some(Err(e)) => serde_json::json!({"result": "failed", "error": e}),
+        Some(Err(e)) if detailed => serde_json::json!({"result": "failed", "error": e}),
+        Some(Err(_)) => serde_json::json!({"result": "failed"}),
     };
     json(
         StatusCode::OK,
@@ -385,6 +427,31 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response<Body> {
 /// is a conditional delete whose condition cannot hold, so it changes
 /// nothing and creates no key.
 const PROBE_KEY: &str = "norepeat:gateway:readyz";
+
+/// How often the store is probed for `healthz`.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Asks the store whether it answers, every [`PROBE_EVERY`], into
+/// `answers`, until the gateway is gone: one conditional delete whose
+/// condition never holds (it writes nothing; the store trait has no
+/// `PING`), through the same budget and breaker as every guard.
+pub(super) async fn probe_store(
+    store: super::SharedStore,
+    answers: std::sync::Weak<std::sync::atomic::AtomicBool>,
+) {
+    loop {
+        let ok = store
+            .delete_if_equals(PROBE_KEY, b"\0never written")
+            .await
+            .is_ok();
+        let Some(answers) = answers.upgrade() else {
+            return;
+        };
+        answers.store(ok, std::sync::atomic::Ordering::Release);
+        drop(answers);
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
 
 /// Whether this process can serve: 200, or 503 once it drains
 /// (`SIGTERM`). A store that is down does not make an instance unready:

@@ -38,11 +38,12 @@ pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
 }
 
 /// 400 `invalid_request`: the client's body broke off on its way (a
-/// malformed chunk, a stall past `body_timeout`). The backend never got a
+/// malformed chunk, a stall past `body_timeout`, a request still coming at
+/// `request_timeout`). The backend never got a
 /// whole request: a token route gives the token back.
 pub(super) fn client_body_broke() -> Response<Body> {
     let mut res = invalid_request(
-        "The request body broke off before it was whole (a malformed chunk, or a pause past the gateway's body_timeout); nothing was done with it.",
+        "The request body broke off before it was whole (a malformed chunk, a pause past the gateway's body_timeout, or the whole request past its request_timeout); nothing was done with it.",
     );
     res.extensions_mut().insert(NotReached);
     res
@@ -57,5 +58,30 @@ pub(super) fn upstream_timeout() -> Response<Body> {
 pub(super) fn outcome_unknown() -> Response<Body> {
     let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
         .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
+    problem_response(&p)
+}
+
+/// 502 `upstream_switched_protocols`: the upstream answered 101 to a
+/// request that did not ask for that protocol (or asked for one the file's
+/// `upgrades` does not forward); nothing was switched.
+pub(super) fn upstream_switched() -> Response<Body> {
+    let p = Problem::custom(
+        StatusCode::BAD_GATEWAY,
+        "upstream_switched_protocols",
+        "Bad gateway",
+    )
+    .detail("The upstream answered 101 Switching Protocols to a request that did not ask for that protocol; the connection was not switched.");
+    problem_response(&p)
+}
+
+/// 421 `misdirected_request`: a Host that is not one of the file's
+/// `hosts`.
+pub(super) fn misdirected() -> Response<Body> {
+    let p = Problem::custom(
+        StatusCode::MISDIRECTED_REQUEST,
+        "misdirected_request",
+        "Misdirected request",
+    )
+    .detail("This gateway does not serve the site the request names (its Host or its target's authority).");
     problem_response(&p)
 }

@@ -76,6 +76,11 @@ pub(super) async fn serve(
     // browser opens its WebSockets over HTTP/1.1 connections, whose
     // `Upgrade` is spliced through (see `forward`).
     let mut builder = Builder::new(TokioExecutor::new());
+    // Each stream may hold a backend connection: one client connection
+    // holds at most this many.
+    builder
+        .http2()
+        .max_concurrent_streams(limits.max_streams.get());
     // An answer's head and its small body in one buffer, one iovec: 3-4 %
     // less CPU per request than hyper's vectored writes here (BENCHMARKS.md,
     // issue 39); a large body costs one more copy.
@@ -130,16 +135,29 @@ pub(super) async fn serve(
         // on after hyper lets it go, still holds it.
         let timed = Timed::new(stream, Arc::clone(&watch), limits, slot, tls.is_none());
         let gw = Arc::clone(front.gateway());
+        let admin = front.is_admin();
         let front = front.clone();
         let secure = tls.is_some();
         let service_watch = Arc::clone(&watch);
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            // The whole request counts from its head's first byte (an
+            // HTTP/1 head is timed from there; an HTTP/2 stream has no
+            // such phase: from now).
+            let began = match service_watch.phase.load(Ordering::Acquire) {
+                HEAD => service_watch.since(),
+                _ => Instant::now(),
+            };
             let in_flight = InFlight::start(&service_watch);
             let mut req = req.map(|b| {
-                Body::new(tower_http::timeout::TimeoutBody::new(
-                    limits.body_timeout,
-                    b,
-                ))
+                let paused = tower_http::timeout::TimeoutBody::new(limits.body_timeout, b);
+                if http_body::Body::is_end_stream(&paused) {
+                    Body::new(paused)
+                } else {
+                    Body::new(Deadline::new(
+                        Body::new(paused),
+                        began + limits.request_timeout,
+                    ))
+                }
             });
             req.extensions_mut().insert(ConnectInfo(peer));
             if secure {
@@ -171,6 +189,8 @@ pub(super) async fn serve(
             // Handed over by the lane once the shutdown had begun.
             let mut late = false;
             let io = match tls {
+                // The admin listener's: hyper's alone.
+                None if admin => Io::Plain(timed),
                 // Cleartext: the pass-through's lane first, hyper from the
                 // first request the lane does not take.
                 None => {
@@ -218,6 +238,14 @@ pub(super) async fn serve(
                     .await
             };
             if let Err(e) = ended {
+                // A head the parser refused is answered by hyper itself
+                // (400, 414 or 431), before any route: it gets its line
+                // here.
+                if let Some(sink) = &gw.access
+                    && let Some(status) = refused_by_parser(&*e)
+                {
+                    super::access::refused_head(sink, status);
+                }
                 tracing::trace!(error = %e, "connection ended");
             }
         });
@@ -226,6 +254,21 @@ pub(super) async fn serve(
     stop.stop();
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The status hyper answered a request head it could not parse with, if
+/// that is why the connection ended (its `on_error`'s mapping).
+fn refused_by_parser(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if e.is_parse_too_large() {
+        // hyper tells the two apart only in its message.
+        return Some(if e.to_string().contains("URI") {
+            414
+        } else {
+            431
+        });
+    }
+    (e.is_parse() && !e.is_parse_status()).then_some(400)
 }
 
 /// The first pause after a failed `accept`, doubled up to [`MAX_ACCEPT_PAUSE`].
@@ -460,6 +503,60 @@ impl http_body::Body for Tracked {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.0.size_hint()
+    }
+}
+
+/// A request body that fails once its request has lasted
+/// `limits.request_timeout`: a body trickled a byte at a time never pauses
+/// past `body_timeout`, and would hold its connection (and a backend's)
+/// for ever. The request is then answered as any broken body is.
+struct Deadline<B> {
+    inner: B,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<B> Deadline<B> {
+    fn new(inner: B, at: Instant) -> Self {
+        Self {
+            inner,
+            timer: Box::pin(tokio::time::sleep_until(at)),
+        }
+    }
+}
+
+impl<B> http_body::Body for Deadline<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if this.timer.as_mut().poll(cx).is_ready() {
+            metrics::counter!("norepeat_gateway_connections_timed_out_total", "phase" => "request")
+                .increment(1);
+            return Poll::Ready(Some(Err(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the request past limits.request_timeout",
+            )))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

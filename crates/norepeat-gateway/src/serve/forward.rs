@@ -218,6 +218,8 @@ enum SendError {
     Connect,
     /// The request went (or may have gone) and no answer came.
     Request(Box<dyn std::error::Error + Send + Sync>),
+    /// The request went and a 101 came that it did not ask for.
+    Switched,
 }
 
 impl Client {
@@ -394,6 +396,7 @@ impl Client {
         .map_err(|e| match e {
             super::h1::Failed::Unavailable => SendError::Connect,
             super::h1::Failed::Unknown(e) => SendError::Request(Box::new(e)),
+            super::h1::Failed::Switched => SendError::Switched,
         })
     }
 
@@ -640,6 +643,11 @@ pub(crate) enum Failure {
     /// `body_timeout`): the backend never got a whole request. The
     /// client's 400, not the upstream's fault.
     ClientBody,
+    /// The upstream answered 101 to a request that did not ask for that
+    /// protocol: the connection is not switched (a 502 where nothing is
+    /// guarded; on a guarded route the request reached the backend, so
+    /// its outcome is unknown, as [`Failure::Timeout`]'s).
+    Switched,
 }
 
 /// A request extension: its body is whole in memory (read by the
@@ -1060,7 +1068,7 @@ pub(crate) async fn forward(
     };
     // Applied to the map now for an upgrade (hyper's, with its own
     // hop-by-hop headers put back); else by whichever way the request goes.
-    let forwarding = match upgrade {
+    let forwarding = match upgrade.clone() {
         Some(protocol) => {
             let headers = req.headers_mut();
             forwarding.apply(headers);
@@ -1102,6 +1110,7 @@ pub(crate) async fn forward(
     };
     let res = match res {
         Err(SendError::Connect) => return Err(Failure::Unavailable),
+        Err(SendError::Switched) => return Err(Failure::Switched),
         Err(SendError::Request(_)) if broke() => return Err(Failure::ClientBody),
         Err(SendError::Request(e)) => {
             tracing::debug!(error = %e, "no answer from the upstream");
@@ -1109,10 +1118,16 @@ pub(crate) async fn forward(
         }
         Ok(res) => res,
     };
-    if let Some(client_side) = client_side
-        && res.status() == http::StatusCode::SWITCHING_PROTOCOLS
-    {
-        return Ok(spliced(client_side, res));
+    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        // Only to the protocol asked for (one the file's `upgrades`
+        // allows, `route_request` saw to that): any other switch would
+        // join the client to a channel no guard reads (h2c).
+        return match (client_side, upgrade) {
+            (Some(client_side), Some(asked)) if switched_to_asked(&asked, &res) => {
+                Ok(spliced(client_side, res))
+            }
+            _ => Err(Failure::Switched),
+        };
     }
     let (mut parts, body) = res.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -1139,6 +1154,29 @@ pub(crate) fn upgrade_asked<B>(req: &Request<B>) -> Option<HeaderValue> {
     named
         .then(|| req.headers().get(header::UPGRADE).cloned())
         .flatten()
+}
+
+/// Whether the 101 `res` switches to a protocol of `asked` (the request's
+/// `Upgrade` list), by name: `websocket` asked, `WebSocket` answered.
+fn switched_to_asked(asked: &HeaderValue, res: &Response<Body>) -> bool {
+    let name = |p: &str| {
+        p.split('/')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let Some(to) = res
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .map(name)
+    else {
+        return false;
+    };
+    asked
+        .to_str()
+        .is_ok_and(|a| a.split(',').any(|p| name(p) == to))
 }
 
 /// The upstream's 101 passed to the client (its hop-by-hop headers

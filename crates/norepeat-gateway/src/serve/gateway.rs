@@ -7,7 +7,7 @@ use super::forward::{MAX_CONNECT, Pool, Target, client};
 use super::metrics::RouteMetrics;
 use super::stack::stack;
 use super::store::{Connecting, SharedStore};
-use super::{Caller, RouteService};
+use super::{Caller, HostScoped, RouteService};
 use crate::config::{Config, Guard, OnStoreFailure, StoreUrl};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -71,6 +71,9 @@ pub struct Gateway {
     pub(super) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
     pub(super) admin: Option<std::net::SocketAddr>,
+    /// The admin listener, once bound ([`Gateway::listen_admin`]); taken
+    /// by the server.
+    pub(super) admin_listener: std::sync::Mutex<Option<tokio::net::TcpListener>>,
     /// The file in effect: as last applied (at start, or by a reload),
     /// with the fields read at start as they run.
     pub(super) applied: ArcSwap<Config>,
@@ -79,6 +82,9 @@ pub struct Gateway {
     /// Since when (Unix ms) this store's keys are scoped by site: records
     /// older than that are under the caller alone ([`site_scoped_since`]).
     pub(super) site_scoped_since: Option<u64>,
+    /// Whether the store answered its last probe (`healthz`; probed in
+    /// the background, never per request).
+    pub(super) store_answers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why [`Gateway::build`] failed.
@@ -198,6 +204,13 @@ pub(super) struct Routes {
     /// Token routes wait for the secret the store keeps (it was down when
     /// they were built): they follow their failure policy meanwhile.
     pub(super) tokens_pending: bool,
+    /// `hosts`: the site's names (empty: every Host is served).
+    pub(super) hosts: Arc<[String]>,
+    /// `upgrades`: the `Upgrade` protocols forwarded.
+    pub(super) upgrades: Arc<[String]>,
+    /// The one site keys are scoped to when `hosts` names the site's
+    /// names (its first): whichever name a retry uses, its key is one.
+    pub(super) site: Option<Arc<str>>,
 }
 
 pub(super) struct Compiled {
@@ -249,7 +262,13 @@ impl Gateway {
             None,
         )
         .await?;
+        let store_answers = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(super::admin::probe_store(
+            store.clone(),
+            Arc::downgrade(&store_answers),
+        ));
         Ok(Self {
+            store_answers,
             live: ArcSwap::from_pointee(routes),
             store,
             detached,
@@ -264,6 +283,7 @@ impl Gateway {
             last_reload: std::sync::Mutex::new(None),
             access: access::Sink::open(&config.access_log).map_err(BuildError::AccessLog)?,
             admin: config.admin.as_ref().map(|a| a.listen),
+            admin_listener: std::sync::Mutex::new(None),
             admin_token: admin_token(config)?,
             applied: ArcSwap::from_pointee(config.clone()),
             site_scoped_since,
@@ -349,6 +369,42 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Binds the admin listener (`admin.listen`), if the file has one and
+    /// it is not bound yet, so it accepts from now on; serving takes it
+    /// (and binds it itself when this was not called). Called within a
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// The address cannot be listened on.
+    pub fn listen_admin(&self) -> std::io::Result<()> {
+        let Some(addr) = self.admin else {
+            return Ok(());
+        };
+        let mut held = self
+            .admin_listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.is_none() {
+            let cannot = |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("admin: cannot listen on {addr}: {e}"))
+            };
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()
+            } else {
+                tokio::net::TcpSocket::new_v6()
+            }
+            .map_err(cannot)?;
+            socket.set_reuseaddr(true).map_err(cannot)?;
+            socket.bind(addr).map_err(cannot)?;
+            // The backlog tokio's own `bind` gives: connections past the
+            // admin cap wait there, not in the process.
+            *held = Some(socket.listen(1024).map_err(cannot)?);
+        }
+        Ok(())
+    }
+}
+
 impl Routes {
     async fn build(
         config: &Config,
@@ -394,6 +450,7 @@ impl Routes {
             _ => (None, None),
         };
         let tokens_pending = wants_tokens && tokens.is_none();
+        let site: Option<Arc<str>> = config.hosts.first().map(|h| Arc::from(h.as_str()));
         let list = config
             .routes
             .iter()
@@ -413,7 +470,7 @@ impl Routes {
                 let (service, records) = stack(
                     r,
                     &store.for_route(r.on_store_failure),
-                    &caller,
+                    &HostScoped::new(caller.clone()).site(site.clone()),
                     (detached, stopping, site_scoped_since),
                     tokens,
                     &metrics,
@@ -442,6 +499,9 @@ impl Routes {
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),
             tokens_pending,
+            hosts: config.hosts.clone().into(),
+            upgrades: config.upgrades.clone().into(),
+            site,
         })
     }
 }

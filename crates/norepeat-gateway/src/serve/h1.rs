@@ -365,6 +365,8 @@ pub(super) enum Failed {
     Unavailable,
     /// The request went (or may have gone) and no answer head came.
     Unknown(std::io::Error),
+    /// The request went and a 101 came, which it did not ask for.
+    Switched,
 }
 
 impl From<std::io::Error> for Failed {
@@ -461,7 +463,7 @@ where
                     if (100..200).contains(&code) {
                         // 101 was not asked for (an upgrade is hyper's).
                         if code == 101 {
-                            return Err(broken("an unasked 101").into());
+                            return Err(Failed::Switched);
                         }
                         buf.advance(len);
                         continue;

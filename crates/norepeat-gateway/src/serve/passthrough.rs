@@ -28,7 +28,7 @@
 //! protocol upgrade is answered by the one implementation of each.
 
 use super::access::{self, Owed};
-use super::answers::{upstream_timeout, upstream_unavailable};
+use super::answers::{upstream_switched, upstream_timeout, upstream_unavailable};
 use super::connection::{InFlight, Stop, Watch};
 use super::forward::{Client, forwarded_element, ip_text};
 use super::gateway::Gateway;
@@ -315,7 +315,13 @@ impl Lane {
                 _ => {}
             }
         }
-        let Some(host) = host.filter(|h| hosts == 1 && h.iter().all(u8::is_ascii_graphic)) else {
+        // A Host with userinfo or an empty label is refused on hyper's path.
+        let Some(host) = host.filter(|h| {
+            hosts == 1
+                && h.iter().all(u8::is_ascii_graphic)
+                && !h.contains(&b'@')
+                && !h.windows(2).any(|w| w == b"..")
+        }) else {
             return Prepared::ToHyper;
         };
         // Visible ASCII: text.
@@ -323,8 +329,14 @@ impl Lane {
         let live = gw.live.load_full();
         let path = pq.path();
         let normalized = normalize_path(path);
-        let site = live.by_host.then(|| normalize_host(host_text)).flatten();
-        let choice = choose(&live, method, &normalized, site.as_ref());
+        let site = (live.by_host || !live.hosts.is_empty())
+            .then(|| normalize_host(host_text))
+            .flatten();
+        // Another site's request (`hosts`) is answered 421 on hyper's path.
+        if !live.hosts.is_empty() && site.as_ref().is_none_or(|s| !live.hosts.contains(s)) {
+            return Prepared::ToHyper;
+        }
+        let choice = choose(&live, method, &normalized, path, site.as_ref());
         let passthrough = matches!(choice, Choice::Passthrough);
         let client = live.passthrough.get();
         if !passthrough || length > 0 || !client.is_plain() {
@@ -456,6 +468,7 @@ impl Lane {
                 let (mut res, outcome) = match failure {
                     Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
+                    Failed::Switched => (upstream_switched(), "upstream_switched_protocols"),
                 };
                 let status = res.status().as_u16();
                 res.headers_mut()
@@ -532,9 +545,10 @@ impl Lane {
             if !self.answer.is_empty() {
                 match self.answer_head(request)? {
                     Some(head) if (100..200).contains(&head.status) => {
-                        // 101 was not asked for (an upgrade is hyper's).
+                        // 101 was not asked for (an upgrade is hyper's):
+                        // nothing is switched (h2c would pass every guard).
                         if head.status == 101 {
-                            return Err(Failed::Unknown);
+                            return Err(Failed::Switched);
                         }
                         self.answer.advance(head.len);
                         continue;
@@ -720,6 +734,8 @@ enum Failed {
     Unavailable,
     /// The request went, no answer came: 504, the outcome unknown.
     Unknown,
+    /// A 101 to a request that asked for no upgrade: 502.
+    Switched,
 }
 
 /// Whether `buf` may hold a head's end (a blank line, `\n\n` or

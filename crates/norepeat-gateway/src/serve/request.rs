@@ -11,7 +11,8 @@
 use super::OUTCOME_HEADER;
 use super::access;
 use super::answers::{
-    client_body_broke, invalid_request, outcome_unknown, upstream_timeout, upstream_unavailable,
+    client_body_broke, invalid_request, misdirected, outcome_unknown, upstream_switched,
+    upstream_timeout, upstream_unavailable,
 };
 use super::caller::with_peer;
 use super::forward::{Failure, forward};
@@ -42,6 +43,10 @@ pub(super) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 /// one is forwarded untouched.
 pub(super) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
     with_peer(req.extensions_mut());
+    // Before the gateway adds a header of its own (the request id here,
+    // `Idempotency-Attempt` in the layer): a client's `Connection` may
+    // name the headers it sent, never the gateway's.
+    drop_nominated(req.headers_mut());
     // A request id from outside `trusted_proxies` is the client's to
     // choose: replaced, as Envoy does at the edge.
     // One load of the routes per request: the match and the caller read it.
@@ -113,12 +118,20 @@ pub(super) async fn route_request(
         std::borrow::Cow::Borrowed(_) => None,
         std::borrow::Cow::Owned(p) => Some(p),
     };
-    let site = live
-        .by_host
+    let site = (live.by_host || !live.hosts.is_empty())
         .then(|| super::scope::site(req.headers(), req.uri()))
         .flatten();
+    // `hosts`: the site's names; any other is another site's request,
+    // which no route of this file was written for.
+    if !live.hosts.is_empty() && site.as_ref().is_none_or(|s| !live.hosts.contains(s)) {
+        return (misdirected(), None, "misdirected_request");
+    }
+    if req.headers().contains_key(http::header::UPGRADE) {
+        only_allowed_upgrades(req.headers_mut(), &live.upgrades);
+    }
     let path = normalized.as_deref().unwrap_or(req.uri().path());
-    let (found_at, keyed) = match choose(&live, req.method().as_str(), path, site.as_ref()) {
+    let sent = req.uri().path();
+    let (found_at, keyed) = match choose(&live, req.method().as_str(), path, sent, site.as_ref()) {
         Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
         Choice::Passthrough => (None, None),
         Choice::Route { at, keyed } => (Some(at), keyed),
@@ -148,6 +161,7 @@ pub(super) async fn route_request(
             Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
             Err(Failure::ClientBody) => (client_body_broke(), None, "invalid_request"),
             Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
+            Err(Failure::Switched) => (upstream_switched(), None, "upstream_switched_protocols"),
         };
     };
     if let Some(chosen) = chosen {
@@ -190,9 +204,16 @@ pub(super) enum Choice {
     Route { at: usize, keyed: Option<String> },
 }
 
-/// The route `method` and `path` (normalized) take on `site`, the first
-/// that matches; or the pass-through; or a refusal.
-pub(super) fn choose(live: &Routes, method: &str, path: &str, site: Option<&String>) -> Choice {
+/// The route `method` and `path` (normalized; `sent`, as the client sent
+/// it) take on `site`, the first that matches; or the pass-through; or a
+/// refusal.
+pub(super) fn choose(
+    live: &Routes,
+    method: &str,
+    path: &str,
+    sent: &str,
+    site: Option<&String>,
+) -> Choice {
     let find = |p: &str| {
         live.list.iter().position(|r| {
             r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site == Some(h))
@@ -217,13 +238,126 @@ pub(super) fn choose(live: &Routes, method: &str, path: &str, site: Option<&Stri
     }
     if unguarded(found_at) {
         let before = found_at.unwrap_or(live.list.len());
-        if let Some(why) = other_spelling(live, before, site, method, path) {
+        if let Some(why) = other_spelling(live, before, site, method, path, sent) {
             return Choice::Refused(why);
         }
     }
     match found_at {
         Some(at) => Choice::Route { at, keyed },
         None => Choice::Passthrough,
+    }
+}
+
+/// Removes the headers the client's `Connection` names (RFC 9110 §7.6.1),
+/// and leaves in `Connection` only the options the gateway reads itself
+/// (`close`, `keep-alive`, `upgrade`): what it names is gone before the
+/// gateway adds its own headers, so a client can never have one of those
+/// removed (`Connection: Idempotency-Attempt`). The fixed hop-by-hop
+/// headers are dropped on the way out (`forward`).
+pub(super) fn drop_nominated(headers: &mut http::HeaderMap) {
+    let Some(first) = headers.get(http::header::CONNECTION) else {
+        return;
+    };
+    let options = |t: &str| {
+        t.eq_ignore_ascii_case("close")
+            || t.eq_ignore_ascii_case("keep-alive")
+            || t.eq_ignore_ascii_case("upgrade")
+    };
+    // The common values (`keep-alive`, `close`, `Upgrade`): nothing to do.
+    let one = headers.get_all(http::header::CONNECTION).iter().count() == 1;
+    if one
+        && first
+            .to_str()
+            .is_ok_and(|v| v.split(',').map(str::trim).all(options))
+    {
+        return;
+    }
+    let mut named = Vec::new();
+    let mut kept: Vec<&'static str> = Vec::new();
+    for token in headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        for (option, spelled) in [
+            ("close", "close"),
+            ("keep-alive", "keep-alive"),
+            ("upgrade", "upgrade"),
+        ] {
+            if token.eq_ignore_ascii_case(option) && !kept.contains(&spelled) {
+                kept.push(spelled);
+            }
+        }
+        if !options(token)
+            && let Ok(n) = HeaderName::from_bytes(token.as_bytes())
+            && n != http::header::HOST
+        {
+            named.push(n);
+        }
+    }
+    for n in named {
+        headers.remove(n);
+    }
+    headers.remove(http::header::CONNECTION);
+    if !kept.is_empty()
+        && let Ok(v) = http::HeaderValue::from_str(&kept.join(", "))
+    {
+        headers.insert(http::header::CONNECTION, v);
+    }
+}
+
+/// Leaves in `Upgrade` only the protocols `allowed` names (the file's
+/// `upgrades`; `h2c` never is), or removes it, and `upgrade` from
+/// `Connection`, when none is left: such a request goes on as a plain one,
+/// as NGINX sends it without `Upgrade` unless told to.
+fn only_allowed_upgrades(headers: &mut http::HeaderMap, allowed: &[String]) {
+    let name = |p: &str| {
+        p.split('/')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let asked: Vec<String> = headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let kept: Vec<&str> = asked
+        .iter()
+        .filter(|p| allowed.contains(&name(p)))
+        .map(String::as_str)
+        .collect();
+    if kept.len() == asked.len() && !kept.is_empty() {
+        return;
+    }
+    headers.remove(http::header::UPGRADE);
+    if kept.is_empty() {
+        tracing::debug!(asked = ?asked, "an Upgrade not in `upgrades`: forwarded without it");
+        let rest: Vec<String> = headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("upgrade"))
+            .map(str::to_owned)
+            .collect();
+        headers.remove(http::header::CONNECTION);
+        if let Ok(v) = http::HeaderValue::from_str(&rest.join(", "))
+            && !rest.is_empty()
+        {
+            headers.insert(http::header::CONNECTION, v);
+        }
+    } else if let Ok(v) = http::HeaderValue::from_str(&kept.join(", ")) {
+        headers.insert(http::header::UPGRADE, v);
     }
 }
 
@@ -267,6 +401,20 @@ fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         // The site keys and routes are chosen by; a byte a backend reads
         // its own way has no place in it.
         Some("The Host header must be visible ASCII.")
+    } else if let Some(host) = headers.get(http::header::HOST)
+        && (host.as_bytes().contains(&b'@') || host.as_bytes().windows(2).any(|w| w == b".."))
+    {
+        // `x@pay.example` (userinfo, which RFC 9110 §4.2.4 forbids here)
+        // and `pay.example..` name a site one reader takes for another.
+        Some("The Host header must name a host: no userinfo (@) and no empty label (..).")
+    } else if req
+        .uri()
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@') || a.as_str().contains(".."))
+    {
+        Some(
+            "The request target's authority must name a host: no userinfo (@) and no empty label (..).",
+        )
     } else if let (Some(authority), Some(host)) =
         (req.uri().authority(), headers.get(http::header::HOST))
         && req.version() >= http::Version::HTTP_2
@@ -306,8 +454,9 @@ fn other_spelling(
     site: Option<&String>,
     method: &str,
     path: &str,
+    sent: &str,
 ) -> Option<&'static str> {
-    const SLASH: &str = "The path has an encoded slash (%2F) that decodes onto a guarded route: refused, as it would reach the route unguarded.";
+    const SLASH: &str = "The path has an encoded slash (%2F) or a backslash (\\ or %5C) that a back end reads as a slash onto a guarded route: refused, as it would reach the route unguarded.";
     const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
     // The guarded routes of this request's site listed before `before`
     // (the route that took the request, if any: one after it is not
@@ -331,7 +480,9 @@ fn other_spelling(
     {
         return Some(CASE);
     }
-    let decoded = with_slashes_decoded(path)?;
+    // From the path as sent: a back end resolves `..` after it has read
+    // a backslash as a slash (`/payments\x/..` is its `/payments/`).
+    let decoded = with_slashes_decoded(sent)?;
     let plain = without_format_suffix(&decoded);
     for p in std::iter::once(decoded.as_str()).chain(plain.as_deref()) {
         if guarded().any(|r| r.matcher.matches(method, p)) {

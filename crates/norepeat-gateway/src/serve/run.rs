@@ -159,14 +159,24 @@ async fn serve_on(
     let front = admin::Front::new(Arc::clone(&gateway));
     let detached = gateway.detached.clone();
     let stopping = gateway.stopping.clone();
-    if let Some(addr) = gateway.admin {
-        let admin = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("admin: cannot listen on {addr}: {e}"))
-        })?;
+    gateway.listen_admin()?;
+    let admin = gateway
+        .admin_listener
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(admin) = admin {
         tracing::info!(addr = %admin.local_addr()?, "admin listener");
-        let app = admin::admin_router(Arc::clone(&gateway));
+        let front = admin::Front::admin(Arc::clone(&gateway));
+        // The traffic's limits, and a cap of its own: a flood of admin
+        // connections waits in its listen queue, never takes the
+        // descriptors the traffic needs.
+        let slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin, app).await {
+            let forever = std::future::pending::<()>();
+            if let Err(e) =
+                super::connection::serve(admin, front, limits, None, slots, forever).await
+            {
                 tracing::error!(error = %e, "the admin listener failed");
             }
         });
@@ -248,6 +258,10 @@ async fn serve_on(
     tracing::info!("drained: exiting");
     served
 }
+
+/// The admin listener's connections open at once (a scraper, a probe or
+/// two, an operator): past it, new ones wait in its listen queue.
+const ADMIN_CONNECTIONS: usize = 32;
 
 /// What each listener serves, and how.
 #[derive(Clone)]

@@ -14,6 +14,7 @@ use http::request::Parts;
 use http::{HeaderMap, Uri};
 use norepeat::identity::Identify;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// The caller's identity joined with the request's site, for the guards
 /// whose keys name an effect (idempotency, fingerprint).
@@ -45,24 +46,64 @@ use std::borrow::Cow;
 /// assert_eq!(on("a.shop.example"), on("A.Shop.Example."));
 /// # Ok::<(), norepeat_gateway::config::Problems>(())
 /// ```
+///
+/// A file with `hosts` names one site by several names: its keys are that
+/// site's, whichever name a request used ([`HostScoped::site`]).
 #[derive(Debug, Clone)]
 pub struct HostScoped {
     caller: Caller,
+    /// The one site every request is scoped to (the first of `hosts`).
+    site: Option<Arc<str>>,
 }
 
 impl HostScoped {
     /// Scopes `caller` by the request's site.
     #[must_use]
     pub fn new(caller: Caller) -> Self {
-        Self { caller }
+        Self { caller, site: None }
+    }
+
+    /// Scopes every request to `site` (in [`normalize_host`]'s spelling),
+    /// whatever its `Host`: for a file whose `hosts` lists the site's
+    /// names, every other Host being refused before a key is read.
+    /// `None`: the request's own site.
+    ///
+    /// ```
+    /// use norepeat::identity::Identify;
+    /// use norepeat_gateway::config::Config;
+    /// use norepeat_gateway::serve::{Caller, HostScoped};
+    ///
+    /// let config = Config::parse("g.yaml", b"upstream: http://127.0.0.1:9000\nidentity: { header: X-User-Id }\n")?;
+    /// let scoped = HostScoped::new(Caller::new(&config.identity)).site(Some("shop.example".into()));
+    /// let on = |host: &str| {
+    ///     let req = http::Request::post("/payments").header("x-user-id", "42").header("host", host);
+    ///     scoped.identify(&req.body(()).unwrap().into_parts().0).unwrap()
+    /// };
+    /// assert_eq!(on("shop.example"), on("www.shop.example"));
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
+    #[must_use]
+    pub fn site(mut self, site: Option<Arc<str>>) -> Self {
+        self.site = site;
+        self
+    }
+
+    /// The caller it scopes.
+    #[must_use]
+    pub fn caller(&self) -> &Caller {
+        &self.caller
     }
 }
 
 impl Identify for HostScoped {
     fn identify(&self, parts: &Parts) -> Option<String> {
         let caller = self.caller.identify(parts)?;
-        let Some(hash) = site_hash(&parts.headers, &parts.uri) else {
-            return Some(caller);
+        let hash = match &self.site {
+            Some(site) => blake3::keyed_hash(SITE_KEY, site.as_bytes()),
+            None => match site_hash(&parts.headers, &parts.uri) {
+                Some(hash) => hash,
+                None => return Some(caller),
+            },
         };
         // The first 8 bytes of the hash, in hex.
         let mut hex = [0u8; 16];

@@ -1,6 +1,7 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
+use super::HostScoped;
 use super::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
@@ -8,7 +9,6 @@ use super::forward::{Broken, Failure, Pool, Target, client, connect_timeout, for
 use super::metrics::RouteMetrics;
 use super::scope::Unscoped;
 use super::store::{SharedStore, note_failure};
-use super::{Caller, HostScoped};
 use super::{OUTCOME_HEADER, RouteService};
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use axum::body::Body;
@@ -57,11 +57,12 @@ where
 pub(super) fn stack(
     route: &Route,
     store: &SharedStore,
-    caller: &Caller,
+    scoped: &HostScoped,
     (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
 ) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
+    let caller = scoped.caller();
     let mut records = None;
     let keep = matches!(
         route.guard,
@@ -147,7 +148,7 @@ pub(super) fn stack(
             boxed(
                 FingerprintLayer::new(guard)
                     .route(name.clone())
-                    .identity(HostScoped::new(caller.clone()))
+                    .identity(scoped.clone())
                     .max_body(max_body)
                     .shadow(route.shadow)
                     .layer(base),
@@ -177,7 +178,7 @@ pub(super) fn stack(
                 .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
                 .max_request_body(max_body)
                 .on_store_failure(on_failure)
-                .identity(HostScoped::new(caller.clone()))
+                .identity(scoped.clone())
                 .route(name.clone())
                 // The first answer's headers, but hop-by-hop and
                 // Set-Cookie (and with them the upstream stage's
@@ -316,14 +317,16 @@ impl UpstreamStage {
             }
             Err(Failure::Unavailable) => upstream_unavailable(),
             Err(Failure::ClientBody) => client_body_broke(),
-            Err(Failure::Timeout) if self.keep => {
+            // A 101 nobody asked for came after the request reached the
+            // backend: its outcome is unknown, as a timeout's.
+            Err(Failure::Timeout | Failure::Switched) if self.keep => {
                 // Stored by the idempotency layer as the key's record.
                 let mut res = Response::new(Body::empty());
                 res.headers_mut()
                     .insert(OUTCOME_HEADER, HeaderValue::from_static("unknown"));
                 res
             }
-            Err(Failure::Timeout) => upstream_timeout(),
+            Err(Failure::Timeout | Failure::Switched) => upstream_timeout(),
         }
     }
 }

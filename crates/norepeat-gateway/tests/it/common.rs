@@ -166,6 +166,20 @@ pub(crate) async fn health(g: &Process) -> Value {
         .unwrap()
 }
 
+/// `healthz` on gateway `g` once its `field` is `want` (the store is
+/// probed in the background each second: waited for up to 10 s).
+pub(crate) async fn health_once(g: &Process, field: &str, want: Value) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let h = health(g).await;
+        if h[field] == want || tokio::time::Instant::now() >= deadline {
+            assert_eq!(h[field], want, "{h}");
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub(crate) async fn code(res: Response) -> (StatusCode, String) {
     let status = res.status();
     let body: Value = res.json().await.expect("a JSON body");

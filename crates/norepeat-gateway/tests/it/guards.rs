@@ -105,7 +105,7 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
         text.contains("norepeat_gateway_upstream_seconds_bucket"),
         "{text}"
     );
-    let health = health(&g).await;
+    let health = health_once(&g, "store_answers", true.into()).await;
     assert_eq!(
         health,
         serde_json::json!({"status":"ok","routes":7,"store":"memory","breaker":"Closed",

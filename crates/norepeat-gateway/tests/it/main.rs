@@ -9,6 +9,7 @@
 
 mod common;
 
+mod around_the_guard;
 mod browser;
 mod check;
 mod connections;

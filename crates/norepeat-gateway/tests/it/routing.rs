@@ -490,19 +490,32 @@ async fn a_route_may_route_a_prefix_of_one_host_to_its_own_upstream() {
     assert_eq!(effects(&api).await["/api/orders"], 1, "only its site");
 }
 
-/// A guarded route for one site leaves every other site's request on the
-/// same path alone (forwarded unguarded, as any request no route takes),
-/// while its own site's is guarded. Before, the other site's request met
-/// the spelling check of a route that was not its own and got 400.
+/// A guarded route for one site leaves another site's request on the
+/// same path alone when the file says so (`hosts` names both sites, and a
+/// route of its own routes the other site's requests unguarded), while its
+/// own site's is guarded. Before, the other site's request met the
+/// spelling check of a route that was not its own and got 400. (Without
+/// such a route, any Host but the guarded one would walk past the guard
+/// to the same backend: `check` refuses that file, issue 52.)
 #[tokio::test]
 async fn a_guarded_route_for_one_site_leaves_other_sites_alone() {
     let b = backend(0).await;
-    let routes = "
+    let routes = format!(
+        "
   - match: POST /payments
     host: a.example
     guard: idempotency
-";
-    let g = gateway(&file(&b, "memory", routes)).await;
+  - match: POST /payments
+    host: b.example
+    upstream: http://127.0.0.1:{}
+",
+        b.port
+    );
+    let yaml = format!(
+        "hosts: [a.example, b.example]\n{}",
+        file(&b, "memory", &routes)
+    );
+    let g = gateway(&yaml).await;
     let send = |host: &'static str| {
         Client::new()
             .post(url(&g, "/payments"))

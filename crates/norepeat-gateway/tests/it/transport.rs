@@ -409,7 +409,7 @@ async fn an_upgrade_passes_through_and_lives_while_bytes_flow_and_a_guarded_rout
     // Through a route that only routes, too.
     let (mut s, head) = raw_head(
         g.port,
-        "GET /routed/upgrade HTTP/1.1\r\nHost: localhost\r\nUpgrade: echo\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+        "GET /routed/upgrade HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\r\n",
     )
     .await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
