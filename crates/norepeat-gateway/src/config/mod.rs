@@ -180,6 +180,47 @@ pub fn default_upgrades() -> Vec<String> {
     vec!["websocket".to_owned()]
 }
 
+/// The fields read at start only: a reload that changes one logs that it
+/// waits for a restart, and applies the rest of the file. Listed once
+/// here: a new start-only field is one more name in this list. (`store`
+/// is refused outright by a reload: another store is another set of
+/// records.)
+macro_rules! start_only {
+    ($($field:ident),* $(,)?) => {
+        impl Config {
+            /// The names of the fields read at start only.
+            pub const START_ONLY: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// The start-only fields that differ between this file and
+            /// `running` (what a reload applies and what it leaves).
+            #[must_use]
+            pub fn start_only_changed(&self, running: &Config) -> Vec<&'static str> {
+                let mut changed = Vec::new();
+                $(if self.$field != running.$field {
+                    changed.push(stringify!($field));
+                })*
+                changed
+            }
+
+            /// Takes `running`'s start-only fields: the file in effect
+            /// after a reload.
+            pub fn keep_start_only(&mut self, running: &Config) {
+                $(self.$field.clone_from(&running.$field);)*
+            }
+        }
+    };
+}
+
+start_only!(
+    listen,
+    tls,
+    upstream_ca,
+    limits,
+    drain_delay,
+    access_log,
+    admin
+);
+
 /// How long readiness answers 503 before the listener stops accepting.
 pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 
@@ -317,7 +358,30 @@ pub enum Guard {
     },
 }
 
+/// What the gateway knows of each guard, in one place: its name in the
+/// file, its own fields, its default failure policy, whether its layer
+/// reads the request body itself and whether it keeps answers. A new
+/// guard is a variant here (with these answers) and a layer in the
+/// route's stack.
 impl Guard {
+    /// The names the file gives the guards.
+    pub const NAMES: [&'static str; 3] = ["token", "fingerprint", "idempotency"];
+
+    /// The fields that belong to one guard: (field, its guard's name, what
+    /// a problem calls it). On another route each is a problem.
+    pub const FIELDS: [(&'static str, &'static str, &'static str); 6] = [
+        ("window", "fingerprint", "a window"),
+        ("ignore_fields", "fingerprint", "ignore_fields"),
+        (
+            "ignore_default_fields",
+            "fingerprint",
+            "ignore_default_fields",
+        ),
+        ("required", "idempotency", "required"),
+        ("retention", "idempotency", "a retention"),
+        ("ambiguous", "idempotency", "ambiguous"),
+    ];
+
     /// The name the file gives the guard.
     #[must_use]
     pub const fn name(&self) -> &'static str {
@@ -326,6 +390,47 @@ impl Guard {
             Guard::Fingerprint { .. } => "fingerprint",
             Guard::Idempotency { .. } => "idempotency",
         }
+    }
+
+    /// `on_store_failure`'s default for the guard named `name`: an
+    /// idempotency route refuses while its records cannot be read (a
+    /// retry would run again), the others let requests through.
+    #[must_use]
+    pub fn default_on_store_failure(name: &str) -> OnStoreFailure {
+        if name == "idempotency" {
+            OnStoreFailure::Closed
+        } else {
+            OnStoreFailure::Open
+        }
+    }
+
+    /// Whether the guard's layer reads the request body itself (under the
+    /// route's `max_request_body`): the fingerprint's and the key's
+    /// mismatch check do; a token route streams it.
+    #[must_use]
+    pub const fn reads_body(&self) -> bool {
+        matches!(self, Guard::Fingerprint { .. } | Guard::Idempotency { .. })
+    }
+
+    /// Whether the guard keeps the upstream's answers (for replay): its
+    /// answer is read ahead, so one that breaks off is told from a whole
+    /// one while its outcome can still be recorded.
+    #[must_use]
+    pub const fn keeps_answers(&self) -> bool {
+        matches!(self, Guard::Idempotency { .. })
+    }
+
+    /// Whether an unknown outcome is kept as the key's record
+    /// (`ambiguous: keep`).
+    #[must_use]
+    pub const fn keeps_unknown_outcomes(&self) -> bool {
+        matches!(
+            self,
+            Guard::Idempotency {
+                ambiguous: Ambiguous::Keep,
+                ..
+            }
+        )
     }
 }
 

@@ -8,7 +8,7 @@
 //! Each mapping is read through `Walker::mapping` with the list of the
 //! fields it knows: any other is a problem (serde's
 //! `deny_unknown_fields`, without stopping at the first). The fields that
-//! belong to one guard are one table, `GUARD_FIELDS`.
+//! belong to one guard are the guard's own (`Guard::FIELDS`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -66,12 +66,6 @@ const ROUTE: &[&str] = &[
     "max_request_body",
     "max_stored_response",
     "timeout",
-    "window",
-    "ignore_fields",
-    "ignore_default_fields",
-    "required",
-    "retention",
-    "ambiguous",
     "identity",
 ];
 const IDENTITY: &[&str] = &[
@@ -88,21 +82,6 @@ const SOURCES: &[&str] = &["header", "cookie", "jwt", "ip", "any_of"];
 const JWT: &[&str] = &["claim", "secret_env", "public_keys", "issuer", "audiences"];
 const CORS: &[&str] = &["allow_origins"];
 const RATE_LIMIT: &[&str] = &["algorithm", "rate", "burst", "by"];
-
-/// The fields that belong to one guard: (field, its guard, what a problem
-/// calls it). On another route each is a problem, named by this table.
-const GUARD_FIELDS: &[(&str, &str, &str)] = &[
-    ("window", "fingerprint", "a window"),
-    ("ignore_fields", "fingerprint", "ignore_fields"),
-    (
-        "ignore_default_fields",
-        "fingerprint",
-        "ignore_default_fields",
-    ),
-    ("required", "idempotency", "required"),
-    ("retention", "idempotency", "a retention"),
-    ("ambiguous", "idempotency", "ambiguous"),
-];
 
 pub(super) fn parse(
     file: &str,
@@ -524,7 +503,13 @@ fn route(
     seen: &mut Vec<(usize, RouteMatch, Option<String>)>,
 ) -> Option<Route> {
     let path = &format!("routes[{index}]");
-    let f = w.mapping(node, path, ROUTE)?;
+    // A route's own fields, then each guard's (`Guard::FIELDS`).
+    let known: Vec<&str> = ROUTE
+        .iter()
+        .copied()
+        .chain(Guard::FIELDS.iter().map(|(field, ..)| *field))
+        .collect();
+    let f = w.mapping(node, path, &known)?;
     let p = |name: &str| format!("{path}.{name}");
     let matcher = match f.get("match") {
         None => {
@@ -570,11 +555,12 @@ fn route(
     let guard_name = match f.get("guard") {
         None => Some(None),
         Some(n) => w
-            .parse(n, &p("guard"), |s| match s {
-                "token" | "fingerprint" | "idempotency" => Ok(s.to_owned()),
-                _ => Err(format!(
-                    "expected token, fingerprint or idempotency, not {s:?}"
-                )),
+            .parse(n, &p("guard"), |s| {
+                if Guard::NAMES.contains(&s) {
+                    Ok(s.to_owned())
+                } else {
+                    Err(format!("expected {}, not {s:?}", Guard::NAMES.join(", ")))
+                }
             })
             .map(Some),
     };
@@ -590,11 +576,11 @@ fn route(
             "a route needs a guard, a rate_limit or an upstream of its own (an unguarded request passes through to the file's upstream without a route)",
         );
     }
-    // The fields of one guard (GUARD_FIELDS), refused on the others.
+    // The fields of one guard (`Guard::FIELDS`), refused on the others.
     let named = guard_name.clone().flatten();
-    for (field, guard, what) in GUARD_FIELDS {
+    for (field, guard, what) in Guard::FIELDS {
         let Some(n) = f.get(field) else { continue };
-        if named.as_deref() != Some(*guard) {
+        if named.as_deref() != Some(guard) {
             let this = named
                 .as_deref()
                 .map_or("this route has no guard".to_owned(), |g| {
@@ -668,11 +654,7 @@ fn route(
             }
         },
     };
-    let default_failure = if named.as_deref() == Some("idempotency") {
-        OnStoreFailure::Closed
-    } else {
-        OnStoreFailure::Open
-    };
+    let default_failure = Guard::default_on_store_failure(named.as_deref().unwrap_or_default());
     let on_store_failure = match f.get("on_store_failure") {
         None => Some(default_failure),
         Some(n) => w.parse(n, &p("on_store_failure"), |s| match s {

@@ -9,17 +9,17 @@ use norepeat::problem::Problem;
 use norepeat::token::NotReached;
 
 /// 413 `payload_too_large`: a body over the route's `max_request_body`.
-pub(super) fn payload_too_large(max: usize) -> Response<Body> {
+pub(crate) fn payload_too_large(max: usize) -> Response<Body> {
     problem_response(&Problem::from(BodyError::TooLarge { max }))
 }
 
 /// `p` as a response; its code (in the `Problem` the response carries)
 /// names the request's outcome.
-pub(super) fn problem_response(p: &Problem) -> Response<Body> {
+pub(crate) fn problem_response(p: &Problem) -> Response<Body> {
     p.to_response().map(Body::new)
 }
 
-pub(super) fn upstream_unavailable() -> Response<Body> {
+pub(crate) fn upstream_unavailable() -> Response<Body> {
     let p = Problem::custom(
         StatusCode::BAD_GATEWAY,
         "upstream_unavailable",
@@ -33,7 +33,7 @@ pub(super) fn upstream_unavailable() -> Response<Body> {
 }
 
 /// 400 `invalid_request`: the client's request, refused for `why`.
-pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
+pub(crate) fn invalid_request(why: &'static str) -> Response<Body> {
     problem_response(&Problem::new(norepeat::problem::Code::InvalidRequest).detail(why))
 }
 
@@ -41,7 +41,7 @@ pub(super) fn invalid_request(why: &'static str) -> Response<Body> {
 /// malformed chunk, a stall past `body_timeout`, a request still coming at
 /// `request_timeout`). The backend never got a
 /// whole request: a token route gives the token back.
-pub(super) fn client_body_broke() -> Response<Body> {
+pub(crate) fn client_body_broke() -> Response<Body> {
     let mut res = invalid_request(
         "The request body broke off before it was whole (a malformed chunk, a pause past the gateway's body_timeout, or the whole request past its request_timeout); nothing was done with it.",
     );
@@ -49,13 +49,13 @@ pub(super) fn client_body_broke() -> Response<Body> {
     res
 }
 
-pub(super) fn upstream_timeout() -> Response<Body> {
+pub(crate) fn upstream_timeout() -> Response<Body> {
     let p = Problem::custom(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", "Upstream timeout")
         .detail("The upstream did not answer in time, or the connection broke after the request was sent: the outcome is unknown.");
     problem_response(&p)
 }
 
-pub(super) fn outcome_unknown() -> Response<Body> {
+pub(crate) fn outcome_unknown() -> Response<Body> {
     let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
         .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
     problem_response(&p)
@@ -64,7 +64,7 @@ pub(super) fn outcome_unknown() -> Response<Body> {
 /// 502 `upstream_switched_protocols`: the upstream answered 101 to a
 /// request that did not ask for that protocol (or asked for one the file's
 /// `upgrades` does not forward); nothing was switched.
-pub(super) fn upstream_switched() -> Response<Body> {
+pub(crate) fn upstream_switched() -> Response<Body> {
     let p = Problem::custom(
         StatusCode::BAD_GATEWAY,
         "upstream_switched_protocols",
@@ -76,7 +76,7 @@ pub(super) fn upstream_switched() -> Response<Body> {
 
 /// 421 `misdirected_request`: a Host that is not one of the file's
 /// `hosts`.
-pub(super) fn misdirected() -> Response<Body> {
+pub(crate) fn misdirected() -> Response<Body> {
     let p = Problem::custom(
         StatusCode::MISDIRECTED_REQUEST,
         "misdirected_request",

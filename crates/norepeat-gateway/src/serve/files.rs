@@ -7,19 +7,19 @@ use std::time::Duration;
 
 /// What a file looks like from outside: its modification time and length
 /// (`None`: not there).
-pub(super) fn stat(path: &Path) -> Option<(Option<std::time::SystemTime>, u64)> {
+pub(crate) fn stat(path: &Path) -> Option<(Option<std::time::SystemTime>, u64)> {
     std::fs::metadata(path)
         .ok()
         .map(|m| (m.modified().ok(), m.len()))
 }
 
 /// How long a file must stay unchanged before it is read.
-pub(super) const SETTLED: Duration = Duration::from_millis(300);
+pub(crate) const SETTLED: Duration = Duration::from_millis(300);
 
 /// Waits until `path` looks the same twice, [`SETTLED`] apart (for at most
 /// 5 s: a file rewritten without end is read as it is then); what it
 /// looked like last.
-pub(super) async fn settled<T: PartialEq>(
+pub(crate) async fn settled<T: PartialEq>(
     path: &Path,
     mut last: T,
     stat: impl Fn(&Path) -> T,

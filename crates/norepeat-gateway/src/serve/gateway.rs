@@ -1,25 +1,18 @@
 //! The gateway's state: built from the file ([`Gateway::build`]), its
 //! routes swapped whole on a reload ([`Gateway::reload`]). One request's
-//! path through it is `request.rs`.
+//! path through it is `proxy.rs`.
 
-use super::access;
-use super::forward::{MAX_CONNECT, Pool, Target, client};
-use super::metrics::RouteMetrics;
-use super::stack::stack;
-use super::store::{Connecting, SharedStore};
-use super::{Caller, HostScoped, RouteService};
-use crate::config::{Config, Guard, OnStoreFailure, StoreUrl};
+use crate::config::{Config, StoreUrl};
+use crate::serve::log::access;
+use crate::serve::route::table::Routes;
+use crate::serve::store::{Connecting, SharedStore};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use norepeat::idempotency::DetachedTasks;
 use norepeat::store::{KeyValueStore, KeyValueStoreExt, StoreError};
-use norepeat::token::{TokenGuard, TokenSigner};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// Where the random token secret is kept when the file gives none.
-pub(super) const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 
 /// The gateway's state: compiled routes, the client, the store.
 ///
@@ -42,49 +35,47 @@ pub(super) const SECRET_KEY: &str = "norepeat:gateway:token-secret";
 /// ```
 pub struct Gateway {
     /// What the file describes; swapped whole on a reload.
-    pub(super) live: ArcSwap<Routes>,
-    pub(super) store: SharedStore,
+    pub(crate) live: ArcSwap<Routes>,
+    pub(crate) store: SharedStore,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
-    pub(super) detached: DetachedTasks,
+    pub(crate) detached: DetachedTasks,
     /// Cancelled when a shutdown's grace is over: every upstream call
-    /// still waiting then ends as an unknown outcome (see `run.rs`).
-    pub(super) stopping: CancellationToken,
-    pub(super) store_url: StoreUrl,
+    /// still waiting then ends as an unknown outcome (see `listen/mod.rs`).
+    pub(crate) stopping: CancellationToken,
+    pub(crate) store_url: StoreUrl,
     /// What a client connection may hold (read at start).
-    pub(super) limits: crate::config::Limits,
+    pub(crate) limits: crate::config::Limits,
     /// `tls`: the listener's certificate files (read at start, then on
     /// change).
-    pub(super) tls: Option<crate::config::Tls>,
-    /// `upstream_ca` (read at start).
-    pub(super) upstream_ca: Option<crate::config::UpstreamCa>,
-    pub(super) metrics: Option<PrometheusHandle>,
+    pub(crate) tls: Option<crate::config::Tls>,
+    pub(crate) metrics: Option<PrometheusHandle>,
     /// Set on `SIGTERM`: readiness answers 503 from then on.
-    pub(super) draining: Draining,
+    pub(crate) draining: Draining,
     /// How long readiness answers 503 before the listener stops accepting
     /// (read at start).
-    pub(super) drain_delay: Duration,
+    pub(crate) drain_delay: Duration,
     /// The last reload's result: `None` before any, else `Ok(routes)` or
     /// the reason it was not applied (shown by `healthz`).
-    pub(super) last_reload: std::sync::Mutex<Option<Result<usize, String>>>,
+    pub(crate) last_reload: std::sync::Mutex<Option<Result<usize, String>>>,
     /// Where the access log goes (read at start); `None`: off.
-    pub(super) access: Option<access::Sink>,
+    pub(crate) access: Option<access::Sink>,
     /// The admin listener's address (read at start).
-    pub(super) admin: Option<std::net::SocketAddr>,
+    pub(crate) admin: Option<std::net::SocketAddr>,
     /// The admin listener, once bound ([`Gateway::listen_admin`]); taken
     /// by the server.
-    pub(super) admin_listener: std::sync::Mutex<Option<tokio::net::TcpListener>>,
+    pub(crate) admin_listener: std::sync::Mutex<Option<tokio::net::TcpListener>>,
     /// The file in effect: as last applied (at start, or by a reload),
     /// with the fields read at start as they run.
-    pub(super) applied: ArcSwap<Config>,
+    pub(crate) applied: ArcSwap<Config>,
     /// The hash of the admin token (from `admin.token_env`, read at start).
-    pub(super) admin_token: Option<blake3::Hash>,
+    pub(crate) admin_token: Option<blake3::Hash>,
     /// Since when (Unix ms) this store's keys are scoped by site: records
     /// older than that are under the caller alone ([`site_scoped_since`]).
-    pub(super) site_scoped_since: Option<u64>,
+    pub(crate) site_scoped_since: Option<u64>,
     /// Whether the store answered its last probe (`healthz`; probed in
     /// the background, never per request).
-    pub(super) store_answers: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) store_answers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why [`Gateway::build`] failed.
@@ -141,7 +132,7 @@ async fn site_scoped_since(store: &SharedStore) -> Option<u64> {
     if store.kind() == "memory" {
         return None;
     }
-    let now = super::scope::now_ms();
+    let now = crate::serve::identify::scope::now_ms();
     let ttl = Duration::from_secs(400 * 24 * 3600);
     let held = store
         .closed()
@@ -174,64 +165,16 @@ fn admin_token(config: &Config) -> Result<Option<blake3::Hash>, BuildError> {
 /// request: an atomic load (a `CancellationToken`'s check takes a lock that
 /// every worker shares).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Draining(Arc<std::sync::atomic::AtomicBool>);
+pub(crate) struct Draining(Arc<std::sync::atomic::AtomicBool>);
 
 impl Draining {
-    pub(super) fn start(&self) {
+    pub(crate) fn start(&self) {
         self.0.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    pub(super) fn started(&self) -> bool {
+    pub(crate) fn started(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::Acquire)
     }
-}
-
-/// The part of the gateway a reload replaces.
-pub(super) struct Routes {
-    pub(super) list: Vec<Compiled>,
-    /// The pass-through's upstream connections (the file's `upstream`).
-    pub(super) passthrough: Pool,
-    pub(super) caller: Caller,
-    /// `cors.allow_origins`: the pages that may ask for a token.
-    pub(super) cors: Arc<[String]>,
-    /// Issues the tokens; the guard of the fail-open token routes.
-    pub(super) tokens: Option<TokenGuard<SharedStore>>,
-    /// The same signer over the store without its local memory: the guard
-    /// of the fail-closed token routes.
-    pub(super) closed_tokens: Option<TokenGuard<SharedStore>>,
-    /// Whether any route names a `host` (the request's site is read then).
-    pub(super) by_host: bool,
-    /// Token routes wait for the secret the store keeps (it was down when
-    /// they were built): they follow their failure policy meanwhile.
-    pub(super) tokens_pending: bool,
-    /// `hosts`: the site's names (empty: every Host is served).
-    pub(super) hosts: Arc<[String]>,
-    /// `upgrades`: the `Upgrade` protocols forwarded.
-    pub(super) upgrades: Arc<[String]>,
-    /// The one site keys are scoped to when `hosts` names the site's
-    /// names (its first): whichever name a retry uses, its key is one.
-    pub(super) site: Option<Arc<str>>,
-}
-
-pub(super) struct Compiled {
-    pub(super) matcher: crate::config::RouteMatch,
-    /// `host`: the one site whose requests the route takes.
-    pub(super) host: Option<String>,
-    /// A guard or a rate limit: a spelling of its path that a back end
-    /// would take alike must not pass it by.
-    pub(super) guarded: bool,
-    /// `max_request_body`: a longer declared body is refused (413) from
-    /// its head, without reading it.
-    pub(super) max_body: u64,
-    /// A guarded route that refuses while the store does not answer.
-    pub(super) fails_closed: bool,
-    /// An idempotency route's layer: the admin routes read and clear its
-    /// records.
-    pub(super) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
-    /// The route's caller (its own `identity`, else the file's).
-    pub(super) caller: Caller,
-    pub(super) metrics: Arc<RouteMetrics>,
-    pub(super) service: RouteService,
 }
 
 impl Gateway {
@@ -251,7 +194,7 @@ impl Gateway {
         let https = std::iter::once(&config.upstream)
             .chain(config.routes.iter().map(|r| &r.upstream))
             .any(|u| u.as_str().starts_with("https://"));
-        super::forward::use_upstream_ca(config.upstream_ca.as_ref(), https);
+        crate::serve::upstream::pool::use_upstream_ca(config.upstream_ca.as_ref(), https);
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
         let site_scoped_since = site_scoped_since(&store).await;
@@ -263,7 +206,7 @@ impl Gateway {
         )
         .await?;
         let store_answers = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        tokio::spawn(super::admin::probe_store(
+        tokio::spawn(crate::serve::store::probe_store(
             store.clone(),
             Arc::downgrade(&store_answers),
         ));
@@ -276,7 +219,6 @@ impl Gateway {
             store_url: config.store.clone(),
             limits: config.limits,
             tls: config.tls.clone(),
-            upstream_ca: config.upstream_ca.clone(),
             metrics,
             draining: Draining::default(),
             drain_delay: config.drain_delay,
@@ -308,18 +250,7 @@ impl Gateway {
             // The rest of the file applies; these wait for a restart (the
             // certificate files themselves are read again on change).
             let was = self.applied.load();
-            let waiting: Vec<&str> = [
-                ("tls", config.tls != self.tls),
-                ("upstream_ca", config.upstream_ca != self.upstream_ca),
-                ("listen", config.listen != was.listen),
-                ("limits", config.limits != was.limits),
-                ("drain_delay", config.drain_delay != was.drain_delay),
-                ("access_log", config.access_log != was.access_log),
-                ("admin", config.admin != was.admin),
-            ]
-            .into_iter()
-            .filter_map(|(name, changed)| changed.then_some(name))
-            .collect();
+            let waiting = config.start_only_changed(&was);
             if !waiting.is_empty() {
                 tracing::warn!(fields = ?waiting, "changed fields wait for a restart; the rest of the file applies");
             }
@@ -357,13 +288,7 @@ impl Gateway {
         // changed back says nothing).
         let was = self.applied.load();
         let mut effective = config.clone();
-        effective.listen = was.listen;
-        effective.tls.clone_from(&was.tls);
-        effective.upstream_ca.clone_from(&was.upstream_ca);
-        effective.limits = was.limits;
-        effective.drain_delay = was.drain_delay;
-        effective.access_log.clone_from(&was.access_log);
-        effective.admin.clone_from(&was.admin);
+        effective.keep_start_only(&was);
         self.applied.store(Arc::new(effective));
         Ok(n)
     }
@@ -402,137 +327,5 @@ impl Gateway {
             *held = Some(socket.listen(1024).map_err(cannot)?);
         }
         Ok(())
-    }
-}
-
-impl Routes {
-    async fn build(
-        config: &Config,
-        store: &SharedStore,
-        (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
-        tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
-    ) -> Result<Self, StoreError> {
-        let caller = Caller::new(&config.identity);
-        let wants_tokens = config
-            .routes
-            .iter()
-            .any(|r| matches!(r.guard, Some(Guard::Token)));
-        let (tokens, closed_tokens) = match tokens {
-            Some((open, closed)) if config.token_secret.is_none() => (
-                Some(open.ttl(config.token_ttl)),
-                Some(closed.ttl(config.token_ttl)),
-            ),
-            _ if wants_tokens => {
-                // From the store itself, never from the local memory: an
-                // instance that made up its own secret would refuse every
-                // other instance's tokens.
-                match token_secret(config, &store.closed()).await {
-                    Ok(secret) => {
-                        let signer = TokenSigner::new(secret);
-                        (
-                            Some(
-                                TokenGuard::new(store.clone(), signer.clone())
-                                    .ttl(config.token_ttl),
-                            ),
-                            Some(TokenGuard::new(store.closed(), signer).ttl(config.token_ttl)),
-                        )
-                    }
-                    // The store is down (at start, or before any secret
-                    // was read): the token routes follow their failure
-                    // policy, and the file's watcher builds them again
-                    // until the secret is read.
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the token secret cannot be read from the store: token routes follow their on_store_failure until it can (or set token_secret)");
-                        (None, None)
-                    }
-                }
-            }
-            _ => (None, None),
-        };
-        let tokens_pending = wants_tokens && tokens.is_none();
-        let site: Option<Arc<str>> = config.hosts.first().map(|h| Arc::from(h.as_str()));
-        let list = config
-            .routes
-            .iter()
-            .map(|r| {
-                let metrics = Arc::new(RouteMetrics::new(r.matcher.to_string().into()));
-                // A fail-open route decides against the local memory while
-                // the store is down; a fail-closed one refuses.
-                let tokens = match r.on_store_failure {
-                    OnStoreFailure::Open => tokens.as_ref(),
-                    OnStoreFailure::Closed => closed_tokens.as_ref(),
-                };
-                // A route's own identity, else the file's.
-                let caller = r
-                    .identity
-                    .as_ref()
-                    .map_or_else(|| caller.clone(), Caller::new);
-                let (service, records) = stack(
-                    r,
-                    &store.for_route(r.on_store_failure),
-                    &HostScoped::new(caller.clone()).site(site.clone()),
-                    (detached, stopping, site_scoped_since),
-                    tokens,
-                    &metrics,
-                );
-                Compiled {
-                    matcher: r.matcher.clone(),
-                    host: r.host.clone(),
-                    guarded: r.guard.is_some() || r.rate_limit.is_some(),
-                    max_body: r.max_request_body,
-                    fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
-                        && r.on_store_failure == OnStoreFailure::Closed
-                        && !r.shadow,
-                    service,
-                    records,
-                    caller,
-                    metrics,
-                }
-            })
-            .collect();
-        Ok(Self {
-            list,
-            passthrough: client(MAX_CONNECT, Target::new(&config.upstream)),
-            caller,
-            cors: config.cors.allow_origins.clone().into(),
-            tokens,
-            closed_tokens,
-            by_host: config.routes.iter().any(|r| r.host.is_some()),
-            tokens_pending,
-            hosts: config.hosts.clone().into(),
-            upgrades: config.upgrades.clone().into(),
-            site,
-        })
-    }
-}
-
-/// The token secret: the file's (or the environment's), else the one kept
-/// in the store, created by the first instance with one `SET NX`.
-pub(super) async fn token_secret(
-    config: &Config,
-    store: &SharedStore,
-) -> Result<[u8; 32], StoreError> {
-    if let Some(s) = &config.token_secret {
-        return Ok(blake3::derive_key(
-            "norepeat-gateway token secret v1",
-            s.as_bytes(),
-        ));
-    }
-    let mut fresh = [0u8; 32];
-    getrandom::fill(&mut fresh).map_err(|e| StoreError::Protocol(format!("no randomness: {e}")))?;
-    let hexed = hex::encode(fresh);
-    // Keys always expire; ten years is "for as long as the store lives".
-    let ttl = Duration::from_secs(10 * 365 * 24 * 3600);
-    match store
-        .put_if_absent(SECRET_KEY, hexed.as_bytes(), ttl)
-        .await?
-    {
-        None => Ok(fresh),
-        Some(held) => hex::decode(&held)
-            .ok()
-            .and_then(|v| <[u8; 32]>::try_from(v).ok())
-            .ok_or_else(|| {
-                StoreError::Protocol(format!("{SECRET_KEY} holds no 32-byte hex secret"))
-            }),
     }
 }

@@ -34,33 +34,28 @@
 //! 504, which frees the key; a 502 (nothing reached the backend) always
 //! does.
 
-mod access;
-mod admin;
 mod answers;
-mod caller;
-mod connection;
-mod cors;
 mod files;
-mod forward;
 mod gateway;
-mod h1;
-mod metrics;
-mod passthrough;
-mod request;
-mod routed;
-mod run;
-mod scope;
-mod stack;
+mod head;
+mod http1;
+mod identify;
+mod listen;
+mod log;
+mod own;
+mod proxy;
+mod route;
 mod store;
 mod tls;
+mod upstream;
 mod workers;
 
-pub use caller::Caller;
-pub use forward::strip_hop_by_hop;
 pub use gateway::{BuildError, Gateway};
-pub use run::{Workers, serve, serve_workers};
-pub use scope::HostScoped;
+pub use identify::caller::Caller;
+pub use identify::scope::HostScoped;
+pub use listen::{Workers, serve, serve_workers};
 pub use store::SharedStore;
+pub use upstream::headers::strip_hop_by_hop;
 
 use axum::body::Body;
 use http::{HeaderName, Request, Response};
@@ -68,7 +63,7 @@ use std::convert::Infallible;
 use tower::util::BoxCloneSyncService;
 
 /// A route's whole stack.
-pub(super) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
+pub(crate) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
 
 /// The header by which the upstream stage tells an idempotency layer's
 /// record that the outcome is unknown (see the module docs). Never sent

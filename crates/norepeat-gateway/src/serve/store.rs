@@ -18,7 +18,7 @@ use std::time::Duration;
 /// [`StoreError::Connection`] until a connection is made (retried every
 /// [`RETRY`] in a task of its own), then goes to the store.
 #[derive(Debug, Clone)]
-pub(super) struct Connecting {
+pub(crate) struct Connecting {
     kind: &'static str,
     store: Arc<OnceLock<Stores>>,
     /// Where late answers are reported, passed on once connected (the
@@ -35,11 +35,11 @@ struct Late {
 }
 
 /// How often a store that was down at start is tried again.
-pub(super) const RETRY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
 
 impl Connecting {
     /// A store that is there.
-    pub(super) fn ready(store: AnyStore) -> Self {
+    pub(crate) fn ready(store: AnyStore) -> Self {
         Self::ready_at(store, None)
     }
 
@@ -57,7 +57,7 @@ impl Connecting {
     /// Connects to `url` (`None`: memory). A store that cannot be reached
     /// is connected to in the background, and logged; a URL that is wrong
     /// is an error.
-    pub(super) async fn connect(url: Option<&str>) -> Result<Self, StoreError> {
+    pub(crate) async fn connect(url: Option<&str>) -> Result<Self, StoreError> {
         match AnyStore::from_url(url).await {
             Ok(store) => Ok(Self::ready_at(store, url)),
             Err(e @ StoreError::InvalidUrl(_)) => Err(e),
@@ -95,7 +95,7 @@ impl Connecting {
     }
 
     /// Whether the store is connected.
-    pub(super) fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.store.get().is_some()
     }
 
@@ -122,18 +122,20 @@ enum Stores {
     PerWorker {
         first: AnyStore,
         url: String,
-        others: super::workers::PerWorker<OnceLock<AnyStore>>,
+        others: crate::serve::workers::PerWorker<OnceLock<AnyStore>>,
     },
 }
 
 impl Stores {
     fn new(store: AnyStore, url: Option<&str>) -> Self {
         match (&store, url) {
-            (AnyStore::Redis(_), Some(url)) if super::workers::count() > 1 => Self::PerWorker {
-                first: store,
-                url: url.to_owned(),
-                others: super::workers::PerWorker::new(OnceLock::new),
-            },
+            (AnyStore::Redis(_), Some(url)) if crate::serve::workers::count() > 1 => {
+                Self::PerWorker {
+                    first: store,
+                    url: url.to_owned(),
+                    others: crate::serve::workers::PerWorker::new(OnceLock::new),
+                }
+            }
             _ => Self::One(store),
         }
     }
@@ -145,7 +147,7 @@ impl Stores {
             Self::One(store) => return store,
             Self::PerWorker { first, url, others } => (first, url, others),
         };
-        if super::workers::index() == 0 {
+        if crate::serve::workers::index() == 0 {
             return first;
         }
         let mine = others.get();
@@ -248,7 +250,7 @@ tokio::task_local! {
     /// decisions (a claim, a rate): a fail-open route then decided against
     /// the local memory, and a request it let through is counted as failed
     /// open, not as passed (see `request::dispatch`).
-    pub(super) static STORE_FAILED: Cell<bool>;
+    pub(crate) static STORE_FAILED: Cell<bool>;
 }
 
 /// The file's store as the local memory's [`Fallback`] sees it: a decision
@@ -256,7 +258,7 @@ tokio::task_local! {
 #[derive(Debug, Clone)]
 struct Noted<S>(S);
 
-pub(super) fn note_failure() {
+pub(crate) fn note_failure() {
     // Outside a dispatch (a task of its own): nothing to count.
     let _ = STORE_FAILED.try_with(|failed| failed.set(true));
 }
@@ -303,7 +305,7 @@ impl SharedStore {
         Self::over(Connecting::ready(store))
     }
 
-    pub(super) fn over(store: Connecting) -> Self {
+    pub(crate) fn over(store: Connecting) -> Self {
         let memory = store.kind() == "memory";
         let primary = Noted(Resilient::new(store));
         Self(if memory {
@@ -321,7 +323,7 @@ impl SharedStore {
     }
 
     /// This store for a route that follows `policy`.
-    pub(super) fn for_route(&self, policy: OnStoreFailure) -> Self {
+    pub(crate) fn for_route(&self, policy: OnStoreFailure) -> Self {
         match policy {
             OnStoreFailure::Open => self.clone(),
             OnStoreFailure::Closed => self.closed(),
@@ -363,5 +365,36 @@ impl RateStore for SharedStore {
         op: RateOp<'_>,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
         self.0.rate(op)
+    }
+}
+
+/// The key the health probe asks about. Nothing writes it: the probe
+/// is a conditional delete whose condition cannot hold, so it changes
+/// nothing and creates no key.
+const PROBE_KEY: &str = "norepeat:gateway:readyz";
+
+/// How often the store is probed for `healthz`.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Asks the store whether it answers, every [`PROBE_EVERY`], into
+/// `answers`, until the gateway is gone: one conditional delete whose
+/// condition never holds (it writes nothing; the store trait has no
+/// `PING`), through the same budget and breaker as every guard.
+pub(crate) async fn probe_store(
+    store: crate::serve::SharedStore,
+    answers: std::sync::Weak<std::sync::atomic::AtomicBool>,
+) {
+    use norepeat::store::KeyValueStoreExt;
+    loop {
+        let ok = store
+            .delete_if_equals(PROBE_KEY, b"\0never written")
+            .await
+            .is_ok();
+        let Some(answers) = answers.upgrade() else {
+            return;
+        };
+        answers.store(ok, std::sync::atomic::Ordering::Release);
+        drop(answers);
+        tokio::time::sleep(PROBE_EVERY).await;
     }
 }

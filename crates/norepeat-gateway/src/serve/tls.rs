@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
 
 /// The certificate every new handshake gets: swapped whole on a change.
-pub(super) struct Certs(ArcSwap<CertifiedKey>);
+pub(crate) struct Certs(ArcSwap<CertifiedKey>);
 
 impl std::fmt::Debug for Certs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,7 +33,7 @@ impl ResolvesServerCert for Certs {
 ///
 /// # Errors
 /// A file cannot be read, is not PEM, or the key is not the certificate's.
-pub(super) fn acceptor(tls: &Tls) -> Result<(TlsAcceptor, Arc<Certs>), String> {
+pub(crate) fn acceptor(tls: &Tls) -> Result<(TlsAcceptor, Arc<Certs>), String> {
     let key = certified_key(tls).map_err(|(field, e)| format!("{field}: {e}"))?;
     let certs = Arc::new(Certs(ArcSwap::new(key)));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -55,8 +55,8 @@ pub(super) fn acceptor(tls: &Tls) -> Result<(TlsAcceptor, Arc<Certs>), String> {
 /// Replace the files by writing each beside the old one and renaming it
 /// into place; between the two renames the pair does not match, which is
 /// logged and then applied once the second lands.
-pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
-    let stat = super::files::stat;
+pub(crate) async fn watch(certs: Arc<Certs>, tls: Tls) {
+    let stat = crate::serve::files::stat;
     let both = |_: &Path| (stat(&tls.cert), stat(&tls.key));
     let mut seen = both(&tls.cert);
     loop {
@@ -65,7 +65,7 @@ pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
         if now == seen {
             continue;
         }
-        seen = super::files::settled(&tls.cert, now, both).await;
+        seen = crate::serve::files::settled(&tls.cert, now, both).await;
         match certified_key(&tls) {
             Ok(key) => {
                 certs.0.store(key);
@@ -86,7 +86,7 @@ pub(super) async fn watch(certs: Arc<Certs>, tls: Tls) {
 /// `upstream_ca`'s roots, or the system's; HTTP/1.1 by ALPN.
 /// With `https` (an upstream of the file is `https://`), says so when no
 /// root is found (a system without its CA certificates installed).
-pub(super) fn client_config(ca: Option<&UpstreamCa>, https: bool) -> Arc<rustls::ClientConfig> {
+pub(crate) fn client_config(ca: Option<&UpstreamCa>, https: bool) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let roots = UpstreamCa::roots(ca);
     if https && roots.is_empty() {

@@ -25,22 +25,22 @@ thread_local! {
 }
 
 /// Makes every upstream pool from now on `n` pools, one per worker.
-pub(super) fn set_count(n: usize) {
+pub(crate) fn set_count(n: usize) {
     COUNT.store(n.max(1), Ordering::Relaxed);
 }
 
 /// How many workers the pools are made for.
-pub(super) fn count() -> usize {
+pub(crate) fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
 }
 
 /// The calling thread's worker (0 for a thread that is not one).
-pub(super) fn index() -> usize {
+pub(crate) fn index() -> usize {
     INDEX.with(Cell::get)
 }
 
 /// Marks the calling thread as worker `i`.
-pub(super) fn enter(i: usize) {
+pub(crate) fn enter(i: usize) {
     INDEX.with(|c| c.set(i));
 }
 
@@ -73,7 +73,7 @@ impl<T> PerWorker<T> {
 /// # Errors
 /// A socket cannot be made or bound.
 #[cfg(unix)]
-pub(super) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+pub(crate) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
     // `SO_REUSEPORT` would let this process join a group another process
     // of the same user already listens with (a second gateway started on
     // the same address): the kernel would split connections between them,

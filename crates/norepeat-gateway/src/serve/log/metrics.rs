@@ -10,7 +10,7 @@
 //! | `norepeat_gateway_upstream_seconds` | `route` (a histogram) |
 //!
 //! The gateway-wide series (reloads, connections timed out, accept errors,
-//! TLS reloads) are counted where they happen (`run.rs`, `connection.rs`,
+//! TLS reloads) are counted where they happen (`listen/mod.rs`, `listen/connection.rs`,
 //! `tls.rs`).
 
 use http::Response;
@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 /// What one request on a route came to: the `outcome` of
 /// `norepeat_gateway_requests_total`, exactly the contract's list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(crate) enum Outcome {
     Passed,
     Replayed,
     Duplicate,
@@ -52,7 +52,7 @@ impl Outcome {
         Outcome::Unknown,
     ];
 
-    pub(super) fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Passed => "passed",
             Outcome::Replayed => "replayed",
@@ -72,7 +72,7 @@ impl Outcome {
 
 /// The `would` of `norepeat_gateway_shadow_total`: the decisions a shadow
 /// route would have refused or replayed.
-pub(super) const WOULD: [&str; 5] = [
+pub(crate) const WOULD: [&str; 5] = [
     "duplicate",
     "replay",
     "in_progress",
@@ -83,7 +83,7 @@ pub(super) const WOULD: [&str; 5] = [
 /// The `code` of `norepeat_gateway_invalid_total`: the refusals of a
 /// request malformed for its guard (4xx before any decision), which
 /// `norepeat_gateway_requests_total` does not count (see the README).
-pub(super) const INVALID: [&str; 5] = [
+pub(crate) const INVALID: [&str; 5] = [
     "missing_token",
     "missing_idempotency_key",
     "invalid_idempotency_key",
@@ -93,7 +93,7 @@ pub(super) const INVALID: [&str; 5] = [
 
 /// How a layer's refusal (its problem's `code`) is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Counted {
+pub(crate) enum Counted {
     /// In `norepeat_gateway_requests_total`.
     Request(Outcome),
     /// In `norepeat_gateway_invalid_total`, by [`INVALID`]'s index.
@@ -104,7 +104,7 @@ pub(super) enum Counted {
 /// expired, forged or another user's is `duplicate` (the library answers
 /// them 409 `duplicate_submission`, an expired one 409 `token_expired`); a code of none of the lists (a
 /// layer's future one) is `unavailable`, never a label outside the list.
-pub(super) fn of_code(code: &str) -> Counted {
+pub(crate) fn of_code(code: &str) -> Counted {
     let outcome = match code {
         "duplicate_submission" | "token_expired" => Outcome::Duplicate,
         "idempotency_key_in_use" => Outcome::InProgress,
@@ -123,7 +123,7 @@ pub(super) fn of_code(code: &str) -> Counted {
 }
 
 /// One route's series, registered on first use.
-pub(super) struct RouteMetrics {
+pub(crate) struct RouteMetrics {
     label: Arc<str>,
     requests: [OnceLock<Counter>; 12],
     shadow: [OnceLock<Counter>; 5],
@@ -132,7 +132,7 @@ pub(super) struct RouteMetrics {
 }
 
 impl RouteMetrics {
-    pub(super) fn new(label: Arc<str>) -> Self {
+    pub(crate) fn new(label: Arc<str>) -> Self {
         Self {
             label,
             requests: Default::default(),
@@ -143,11 +143,11 @@ impl RouteMetrics {
     }
 
     /// The route's `match`, its `route` label.
-    pub(super) fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         &self.label
     }
 
-    pub(super) fn count(&self, counted: Counted) {
+    pub(crate) fn count(&self, counted: Counted) {
         match counted {
             Counted::Request(o) => {
                 let i = Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0);
@@ -181,7 +181,7 @@ impl RouteMetrics {
     /// when it is one of [`WOULD`], in `norepeat_gateway_invalid_total` when
     /// it is one of [`INVALID`]; any other (no caller, the store down) only
     /// in the library's `norepeat_shadow_total{guard,would}`.
-    pub(super) fn shadowed(&self, would: &'static str) {
+    pub(crate) fn shadowed(&self, would: &'static str) {
         if let Some(i) = WOULD.iter().position(|w| *w == would) {
             self.shadow[i]
                 .get_or_init(|| {
@@ -198,7 +198,7 @@ impl RouteMetrics {
     }
 
     /// Records one upstream call's time.
-    pub(super) fn upstream(&self, seconds: f64) {
+    pub(crate) fn upstream(&self, seconds: f64) {
         self.upstream
             .get_or_init(|| {
                 metrics::histogram!("norepeat_gateway_upstream_seconds", "route" => self.label.to_string())
@@ -226,7 +226,7 @@ impl RouteMetrics {
 /// layer that would have refused it (a rate limit and a guard both: two).
 /// Answers whether one of them would have refused because the store
 /// failed.
-pub(super) fn count_shadowed<B>(metrics: &RouteMetrics, res: &Response<B>) -> bool {
+pub(crate) fn count_shadowed<B>(metrics: &RouteMetrics, res: &Response<B>) -> bool {
     let Some(ShadowedBy(list)) = res.extensions().get::<ShadowedBy>() else {
         return false;
     };

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the lane reads a head, writes the upstream's request and streams its answer in one pass over the bytes (issue 39); its steps share one set of buffers and read best in order.
 //! The pass-through's lane: an unguarded HTTP/1.1 request read, rewritten
 //! and written in one pass over its bytes, on the client's own task, as
 //! NGINX's `proxy_pass` does (issue 39).
@@ -8,37 +9,39 @@
 //! `Upgrade` or `Expect`, a target without a fragment, one `Host` in
 //! visible ASCII, a `Connection` of `keep-alive` or `close` at most, an
 //! `http://` upstream, the gateway not draining. Its head is parsed once (`httparse`, the parser hyper uses),
-//! the route chosen as [`super::request::route_request`] chooses it
+//! the route chosen as [`crate::serve::proxy::route_request`] chooses it
 //! ([`choose`]), and the upstream's request written from the client's bytes
 //! with the hop-by-hop headers dropped and the forwarding headers and
-//! request id added as `forward` adds them. The answer's head is parsed
+//! request id added as `upstream` adds them. The answer's head is parsed
 //! and written on the same way, its body streamed through (a chunked one
 //! as it came, one with no length chunked by the lane); the upstream
-//! connection goes back to its pool ([`super::forward::Client::take_raw`])
+//! connection goes back to its pool ([`crate::serve::upstream::pool::Client::take_raw`])
 //! when the answer has ended. No `HeaderMap`, no task per upstream
 //! connection, no channel between the two.
 //!
 //! A route's request, or one with a body, is read on the lane too when it
 //! has none of the above and its body (up to 64 KiB) may be read first:
-//! it is answered by `dispatch`, its answer written by hand (`routed.rs`).
+//! it is answered by `dispatch`, its answer written by hand (`listen/routed.rs`).
 //!
 //! Every other request, and every request after it on its connection, is
 //! hyper's: the connection is handed over with the bytes read so far
 //! ([`Left::ToHyper`]), so a route, a refusal, an odd request or a
 //! protocol upgrade is answered by the one implementation of each.
 
-use super::access::{self, Owed};
-use super::answers::{upstream_switched, upstream_timeout, upstream_unavailable};
-use super::connection::{InFlight, Stop, Watch};
-use super::forward::{Client, forwarded_element, ip_text};
-use super::gateway::Gateway;
-use super::h1::{
+use super::routed;
+use crate::config::{normalize_host, normalize_path};
+use crate::serve::answers::{upstream_switched, upstream_timeout, upstream_unavailable};
+use crate::serve::gateway::Gateway;
+use crate::serve::http1::{
     ANSWER_HEADERS, Chunks, Framing, IN_HAND, MAX_ANSWER_HEAD, READ, answer_framing, chunk,
     content_length, header, now_as_http_date, unless_client_leaves, write_answer,
 };
-use super::request::{Choice, PASSTHROUGH_TIMEOUT, choose};
-use super::routed;
-use crate::config::{normalize_host, normalize_path};
+use crate::serve::listen::timed::{InFlight, Stop, Watch};
+use crate::serve::log::access::{self, Owed};
+use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
+use crate::serve::route::{Choice, choose};
+use crate::serve::upstream::headers::{forwarded_element, ip_text};
+use crate::serve::upstream::pool::Client;
 use bytes::{Buf, BytesMut};
 use http::HeaderValue;
 use std::net::{IpAddr, SocketAddr};
@@ -48,7 +51,7 @@ use tokio::net::TcpStream;
 
 /// How a connection left the lane.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Left {
+pub(crate) enum Left {
     /// Closed: by the client, after `Connection: close`, a broken answer,
     /// a timeout or the shutdown.
     Closed,
@@ -68,7 +71,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// Serves requests from `io` while the lane takes them. `buf` holds the
 /// bytes read and not yet used (handed on to hyper with [`Left::ToHyper`]).
-pub(super) async fn serve<S>(
+pub(crate) async fn serve<S>(
     io: &mut S,
     buf: &mut BytesMut,
     watch: &Arc<Watch>,
@@ -162,7 +165,7 @@ struct Request {
     id: HeaderValue,
     /// Its method and path, for the access log (when there is one).
     logged: Option<(http::Method, String)>,
-    live: Arc<super::gateway::Routes>,
+    live: Arc<crate::serve::route::table::Routes>,
 }
 
 /// The next request on a connection.
@@ -175,7 +178,7 @@ enum Next {
 
 enum Prepared {
     Ready(Request),
-    /// A request for `dispatch`, the whole stack's (`routed.rs`).
+    /// A request for `dispatch`, the whole stack's (`listen/routed.rs`).
     Routed(routed::Head),
     Partial,
     ToHyper,
@@ -463,7 +466,7 @@ impl Lane {
         let (mut up, head) = match sent {
             Ok(answer) => answer,
             Err(failure) => {
-                // As hyper's path says it (`forward`).
+                // As hyper's path says it (`upstream`).
                 tracing::debug!(failure = ?failure, "no answer from the upstream");
                 let (mut res, outcome) = match failure {
                     Failed::Unavailable => (upstream_unavailable(), "upstream_unavailable"),

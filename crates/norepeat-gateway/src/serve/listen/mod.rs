@@ -1,7 +1,13 @@
+// Over 400 lines on purpose: a listener's life in order: bind, serve, drain on SIGTERM, reload on a change of the file and on SIGHUP.
 //! Serving on a listener: graceful shutdown, reload on change and SIGHUP.
 
-use super::admin;
-use super::gateway::Gateway;
+pub(crate) mod connection;
+pub(crate) mod lane;
+pub(crate) mod routed;
+pub(crate) mod timed;
+
+use crate::serve::gateway::Gateway;
+use crate::serve::own as admin;
 
 use crate::config::Config;
 
@@ -92,8 +98,8 @@ impl Workers {
     pub fn bind(addr: std::net::SocketAddr, n: usize) -> std::io::Result<Self> {
         #[cfg(unix)]
         {
-            let listeners = super::workers::listeners(addr, n)?;
-            super::workers::set_count(listeners.len());
+            let listeners = crate::serve::workers::listeners(addr, n)?;
+            crate::serve::workers::set_count(listeners.len());
             Ok(Self { listeners })
         }
         #[cfg(not(unix))]
@@ -144,8 +150,9 @@ async fn serve_on(
     let tls = match gateway.tls.clone() {
         None => None,
         Some(files) => {
-            let (acceptor, certs) = super::tls::acceptor(&files).map_err(std::io::Error::other)?;
-            tokio::spawn(super::tls::watch(certs, files));
+            let (acceptor, certs) =
+                crate::serve::tls::acceptor(&files).map_err(std::io::Error::other)?;
+            tokio::spawn(crate::serve::tls::watch(certs, files));
             Some(acceptor)
         }
     };
@@ -175,7 +182,8 @@ async fn serve_on(
         tokio::spawn(async move {
             let forever = std::future::pending::<()>();
             if let Err(e) =
-                super::connection::serve(admin, front, limits, None, slots, forever).await
+                crate::serve::listen::connection::serve(admin, front, limits, None, slots, forever)
+                    .await
             {
                 tracing::error!(error = %e, "the admin listener failed");
             }
@@ -284,7 +292,7 @@ impl Served {
             slots,
             accepting,
         } = self;
-        super::connection::serve(
+        crate::serve::listen::connection::serve(
             listener,
             front,
             limits,
@@ -323,7 +331,7 @@ impl Served {
             std::thread::Builder::new()
                 .name(format!("norepeat-worker-{i}"))
                 .spawn(move || {
-                    super::workers::enter(i);
+                    crate::serve::workers::enter(i);
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build();
@@ -371,8 +379,8 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// a pause longer than that between, can still be: write the new file
 /// beside the old and rename it into place, which is atomic). Counts
 /// `norepeat_gateway_reloads_total{result="applied"|"failed"}`.
-pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
-    let stat = super::files::stat;
+pub(crate) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
+    let stat = crate::serve::files::stat;
     let mut seen = stat(&path);
     let mut token_wait = Duration::from_millis(500);
     let mut next_token_try = tokio::time::Instant::now();
@@ -414,7 +422,7 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
             }
             continue;
         }
-        seen = super::files::settled(&path, now, stat).await;
+        seen = crate::serve::files::settled(&path, now, stat).await;
         let result = match Config::load(&path) {
             Ok(config) => gw.reload(&config).await.map_err(|e| e.to_string()),
             Err(problems) => Err(format!("\n{problems}")),
@@ -435,7 +443,7 @@ pub(super) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
     }
 }
 
-pub(super) async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -1,35 +1,63 @@
-//! HTTP/1.1 by hand. Over plain upstream connections: the framing of an
-//! answer (RFC 9112 §6.3), a chunked body told and decoded as its bytes
-//! come (§7.1), and the exchange of a request whose body is in hand
-//! ([`exchange`]) with its answer's body streamed from the connection
-//! ([`Streamed`]). To the client: an answer written as hyper's server
-//! writes it ([`write_answer`]). The pass-through's lane (`passthrough.rs`,
-//! `routed.rs`) and the routes' upstream stage (`forward.rs`) speak it: no
-//! task per connection and no channel to one, as hyper's client has (its
+// Over 400 lines on purpose: one HTTP/1.1 codec (framing, chunked bodies, an answer written as hyper writes it) and its table tests, which read best beside the code.
+//! HTTP/1.1 by hand: the framing of an answer (RFC 9112 §6.3), a chunked
+//! body told and decoded as its bytes come (§7.1), the hop-by-hop names
+//! (RFC 9110 §7.6.1), and an answer written to the client as hyper's
+//! server writes it ([`write_answer`]). The pass-through's lane
+//! (`listen/lane.rs`, `listen/routed.rs`) and the routes' hand-written
+//! upstream exchange (`upstream/exchange.rs`) speak it: no task per
+//! connection and no channel to one, as hyper's client has (its
 //! connection task was a fifth of a guarded request's instructions;
 //! BENCHMARKS.md, issue 39). A request whose body is still coming, an
 //! upgrade and an `https://` upstream stay hyper's.
 
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body::{Frame, SizeHint};
+use http::{HeaderName, Response, StatusCode};
+use http_body::Frame;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+/// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
+/// long-standing `Keep-Alive` and `Proxy-Connection`), `Connection` first.
+/// Names, not strings: a `&str` is parsed into a name on every call, and
+/// this runs twice per request (BENCHMARKS.md, issue 39).
+pub(crate) static HOP_BY_HOP: [HeaderName; 7] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+];
+
+/// Where `name` (in any case) is in [`HOP_BY_HOP`]: told by its length
+/// and text, which costs less than comparing it with each of them.
+pub(crate) fn hop_by_hop_index(name: &str) -> Option<usize> {
+    let is = |s: &str| name.eq_ignore_ascii_case(s);
+    match name.len() {
+        10 if is("connection") => Some(0),
+        10 if is("keep-alive") => Some(1),
+        16 if is("proxy-connection") => Some(2),
+        2 if is("te") => Some(3),
+        7 if is("trailer") => Some(4),
+        17 if is("transfer-encoding") => Some(5),
+        7 if is("upgrade") => Some(6),
+        _ => None,
+    }
+}
 
 /// What a read asks for at least.
-pub(super) const READ: usize = 8 * 1024;
+pub(crate) const READ: usize = 8 * 1024;
 /// An answer's head longer than this, or with more headers, is a broken
 /// answer (hyper's client limits alike).
-pub(super) const MAX_ANSWER_HEAD: usize = 64 * 1024;
-pub(super) const ANSWER_HEADERS: usize = 100;
+pub(crate) const MAX_ANSWER_HEAD: usize = 64 * 1024;
+pub(crate) const ANSWER_HEADERS: usize = 100;
 
 /// How an answer's body ends (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framing {
+pub(crate) enum Framing {
     Empty,
     Length(u64),
     Chunked,
@@ -38,22 +66,22 @@ pub(super) enum Framing {
 }
 
 /// What an answer's head says of its body and its connection.
-pub(super) struct AnswerFraming<'h> {
-    pub(super) framing: Framing,
+pub(crate) struct AnswerFraming<'h> {
+    pub(crate) framing: Framing,
     /// The connection may carry a next request once the body has ended.
-    pub(super) reusable: bool,
+    pub(crate) reusable: bool,
     /// `Transfer-Encoding` as the upstream wrote it (empty: none).
-    pub(super) codings: &'h [u8],
+    pub(crate) codings: &'h [u8],
     /// The names its `Connection` lists (hop-by-hop too).
-    pub(super) named: [&'h [u8]; 8],
-    pub(super) names: usize,
+    pub(crate) named: [&'h [u8]; 8],
+    pub(crate) names: usize,
 }
 
 impl AnswerFraming<'_> {
     /// Whether `name` is one of the hop-by-hop headers of this answer: the
     /// fixed ones and those its `Connection` names.
-    pub(super) fn is_hop_by_hop(&self, name: &str) -> bool {
-        super::forward::hop_by_hop_index(name).is_some()
+    pub(crate) fn is_hop_by_hop(&self, name: &str) -> bool {
+        hop_by_hop_index(name).is_some()
             || self.named[..self.names]
                 .iter()
                 .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
@@ -66,7 +94,7 @@ impl AnswerFraming<'_> {
 /// # Errors
 /// Lengths that disagree or are not numbers, several `Transfer-Encoding`
 /// fields, a `Connection` naming more than 8 headers: not followed.
-pub(super) fn answer_framing<'h>(
+pub(crate) fn answer_framing<'h>(
     head: bool,
     status: u16,
     version: u8,
@@ -138,7 +166,7 @@ pub(super) fn answer_framing<'h>(
 }
 
 /// `name: value` and its line end.
-pub(super) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(crate) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
@@ -147,7 +175,7 @@ pub(super) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 /// Appends `data` as one chunk (RFC 9112 §7.1): nothing for no data, as
 /// an empty chunk would end the body.
-pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+pub(crate) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     if data.is_empty() {
         return;
     }
@@ -160,7 +188,7 @@ pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
 
 /// A `Content-Length` value (RFC 9110 §8.6): digits only, blanks around
 /// them aside, that fit a `u64`; anything else is no length.
-pub(super) fn content_length(value: &[u8]) -> Option<u64> {
+pub(crate) fn content_length(value: &[u8]) -> Option<u64> {
     let digits = value.trim_ascii();
     if digits.is_empty() {
         return None;
@@ -175,7 +203,7 @@ pub(super) fn content_length(value: &[u8]) -> Option<u64> {
 }
 
 /// `n` in hexadecimal digits, in `buf`.
-pub(super) fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+pub(crate) fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut at = buf.len();
     loop {
@@ -191,7 +219,7 @@ pub(super) fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
 /// Where a chunked body ends (RFC 9112 §7.1), told from its bytes as they
 /// come: the sizes, the data, the last chunk and the trailer section.
 #[derive(Debug, Default)]
-pub(super) struct Chunks {
+pub(crate) struct Chunks {
     state: ChunkState,
     /// The current chunk's size, then what is left of its data.
     size: u64,
@@ -223,7 +251,7 @@ fn expect(b: u8, want: u8) -> Result<(), ()> {
 
 /// What [`Chunks::decode`] found.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Decoded {
+pub(crate) enum Decoded {
     /// A chunk's data (or a part of it).
     Data(Bytes),
     /// More bytes are needed.
@@ -316,7 +344,7 @@ impl Chunks {
     ///
     /// # Errors
     /// The bytes are not a chunked body.
-    pub(super) fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
+    pub(crate) fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
         let mut i = 0;
         while i < bytes.len() {
             if self.state == ChunkState::Data {
@@ -336,7 +364,7 @@ impl Chunks {
     ///
     /// # Errors
     /// The bytes are not a chunked body.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, ()> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, ()> {
         loop {
             if self.state == ChunkState::Done {
                 return Ok(Decoded::End);
@@ -357,308 +385,9 @@ impl Chunks {
     }
 }
 
-/// Why an upstream exchange has no answer.
-#[derive(Debug)]
-pub(super) enum Failed {
-    /// Nothing reached the upstream: no connection, or one that was found
-    /// closed before a byte of the request left (only a new one is).
-    Unavailable,
-    /// The request went (or may have gone) and no answer head came.
-    Unknown(std::io::Error),
-    /// The request went and a 101 came, which it did not ask for.
-    Switched,
-}
-
-impl From<std::io::Error> for Failed {
-    fn from(e: std::io::Error) -> Self {
-        Failed::Unknown(e)
-    }
-}
-
-fn broken(what: &'static str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
-}
-
-/// The idle connections a [`Streamed`] body gives its connection back to.
-pub(super) type Idle = Arc<dyn Fn(TcpStream) + Send + Sync>;
-
-/// Sends `req`'s head for `target` and `body` (in hand, whole) on `up`,
-/// an idle connection from the pool, or on a new one from `connect` (when
-/// there is none, or the idle one was found closed before a byte of the
-/// request left), then reads the answer's head: the answer, its body
-/// streamed from the connection, which goes back through `idle` once that
-/// body has ended.
-///
-/// # Errors
-/// [`Failed`]: whether anything reached the upstream.
-pub(super) async fn exchange<F, Fut>(
-    up: Option<TcpStream>,
-    connect: F,
-    (mut req, forwarding): (http::request::Parts, &super::forward::Forwarding),
-    target: &[u8],
-    body: Bytes,
-    idle: Idle,
-) -> Result<Response<Body>, Failed>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = std::io::Result<TcpStream>>,
-{
-    let head = req.method == http::Method::HEAD;
-    let mut out = Vec::with_capacity(512 + body.len());
-    out.extend_from_slice(req.method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target);
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    forwarding.write(&mut req.headers, &mut out);
-    // The body's own length: what hyper's client writes for a body whose
-    // size it knows (none for a bodiless GET, HEAD, DELETE...).
-    let declared = req.headers.contains_key(http::header::CONTENT_LENGTH);
-    let with_body = matches!(
-        req.method,
-        http::Method::POST | http::Method::PUT | http::Method::PATCH
-    );
-    if !body.is_empty() || declared || with_body {
-        let mut n = itoa::Buffer::new();
-        header(&mut out, b"content-length", n.format(body.len()).as_bytes());
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
-
-    let mut up = match up {
-        Some(reused) => {
-            let mut reused = reused;
-            match reused.write(&out).await {
-                // Closed before a byte left: a new connection, once.
-                Ok(0) | Err(_) => None,
-                Ok(n) => {
-                    reused.write_all(&out[n..]).await?;
-                    Some(reused)
-                }
-            }
-        }
-        None => None,
-    };
-    if up.is_none() {
-        let mut fresh = connect().await.map_err(|_| Failed::Unavailable)?;
-        match fresh.write(&out).await {
-            Ok(0) | Err(_) => return Err(Failed::Unavailable),
-            Ok(n) => fresh.write_all(&out[n..]).await?,
-        }
-        up = Some(fresh);
-    }
-    let Some(mut up) = up else {
-        return Err(Failed::Unavailable);
-    };
-
-    let mut buf = BytesMut::with_capacity(READ);
-    loop {
-        if !buf.is_empty() {
-            let mut headers = [httparse::EMPTY_HEADER; ANSWER_HEADERS];
-            let mut parsed = httparse::Response::new(&mut headers);
-            match parsed.parse(&buf) {
-                Ok(httparse::Status::Complete(len)) => {
-                    let (Some(version), Some(code)) = (parsed.version, parsed.code) else {
-                        return Err(broken("an answer without a status").into());
-                    };
-                    if (100..200).contains(&code) {
-                        // 101 was not asked for (an upgrade is hyper's).
-                        if code == 101 {
-                            return Err(Failed::Switched);
-                        }
-                        buf.advance(len);
-                        continue;
-                    }
-                    let framing = answer_framing(head, code, version, parsed.headers)
-                        .map_err(|()| broken("an answer whose body cannot be framed"))?;
-                    let status =
-                        StatusCode::from_u16(code).map_err(|_| broken("an invalid status"))?;
-                    let mut res = Response::new(Body::empty());
-                    *res.status_mut() = status;
-                    if let Some(reason) = parsed.reason
-                        && status.canonical_reason() != Some(reason)
-                        && let Ok(r) = hyper::ext::ReasonPhrase::try_from(reason.as_bytes())
-                    {
-                        res.extensions_mut().insert(r);
-                    }
-                    let map = res.headers_mut();
-                    map.reserve(parsed.headers.len());
-                    for h in parsed.headers.iter() {
-                        // A length beside a transfer coding is not the body's;
-                        // the hop-by-hop headers are this connection's (left
-                        // out here, `forward` finds none to strip).
-                        if (!framing.codings.is_empty()
-                            && h.name.eq_ignore_ascii_case("content-length"))
-                            || framing.is_hop_by_hop(h.name)
-                        {
-                            continue;
-                        }
-                        let name = HeaderName::from_bytes(h.name.as_bytes())
-                            .map_err(|_| broken("an invalid header name"))?;
-                        let value = HeaderValue::from_bytes(h.value)
-                            .map_err(|_| broken("an invalid header value"))?;
-                        map.append(name, value);
-                    }
-                    let reusable = framing.reusable;
-                    let framing = framing.framing;
-                    buf.advance(len);
-                    let mut body = Streamed {
-                        up: Some(up),
-                        buf,
-                        framing,
-                        left: match framing {
-                            Framing::Length(n) => n,
-                            _ => 0,
-                        },
-                        chunks: Chunks::default(),
-                        reusable,
-                        idle,
-                        done: false,
-                    };
-                    if framing == Framing::Empty {
-                        body.finish();
-                    }
-                    *res.body_mut() = Body::new(body);
-                    return Ok(res);
-                }
-                Ok(httparse::Status::Partial) if buf.len() < MAX_ANSWER_HEAD => {}
-                Ok(httparse::Status::Partial) | Err(_) => {
-                    return Err(broken("an answer head past its limits or malformed").into());
-                }
-            }
-        }
-        buf.reserve(READ);
-        if up.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-    }
-}
-
-/// An answer's body, read from its connection as the client takes it; the
-/// connection goes back to the idle ones once the body has ended (a body
-/// dropped before closes it).
-pub(super) struct Streamed {
-    up: Option<TcpStream>,
-    buf: BytesMut,
-    framing: Framing,
-    /// What is left of a body of known length.
-    left: u64,
-    chunks: Chunks,
-    reusable: bool,
-    idle: Idle,
-    done: bool,
-}
-
-impl Streamed {
-    fn finish(&mut self) {
-        self.done = true;
-        if let Some(up) = self.up.take()
-            && self.reusable
-            && self.buf.is_empty()
-        {
-            (self.idle)(up);
-        }
-    }
-}
-
-impl http_body::Body for Streamed {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        let this = &mut *self;
-        loop {
-            if this.done {
-                return Poll::Ready(None);
-            }
-            if !this.buf.is_empty() {
-                match this.framing {
-                    Framing::Empty => {
-                        this.finish();
-                        return Poll::Ready(None);
-                    }
-                    Framing::Length(_) => {
-                        let take = usize::try_from(this.left)
-                            .unwrap_or(usize::MAX)
-                            .min(this.buf.len());
-                        this.left -= take as u64;
-                        let data = this.buf.split_to(take).freeze();
-                        if this.left == 0 {
-                            this.finish();
-                        }
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
-                    }
-                    Framing::Chunked => match this.chunks.decode(&mut this.buf) {
-                        Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                        Ok(Decoded::End) => {
-                            this.finish();
-                            return Poll::Ready(None);
-                        }
-                        Ok(Decoded::More) => {}
-                        Err(()) => {
-                            this.up = None;
-                            this.done = true;
-                            return Poll::Ready(Some(Err(broken("a malformed chunked body"))));
-                        }
-                    },
-                    Framing::UntilClose => {
-                        let data = this.buf.split().freeze();
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
-                    }
-                }
-            }
-            let Some(up) = this.up.as_mut() else {
-                return Poll::Ready(None);
-            };
-            this.buf.reserve(READ);
-            match tokio_util::io::poll_read_buf(Pin::new(up), cx, &mut this.buf) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) if this.framing == Framing::UntilClose => {
-                    this.up = None;
-                    this.done = true;
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(0)) => {
-                    this.up = None;
-                    this.done = true;
-                    return Poll::Ready(Some(Err(std::io::ErrorKind::UnexpectedEof.into())));
-                }
-                Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(e)) => {
-                    this.up = None;
-                    this.done = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.framing {
-            Framing::Length(_) => SizeHint::with_exact(self.left),
-            Framing::Empty => SizeHint::with_exact(0),
-            _ => SizeHint::default(),
-        }
-    }
-}
-
-/// A request whose body is in hand, or why not: hyper's client takes
-/// the others.
-pub(super) fn body_in_hand(req: &Request<Body>) -> bool {
-    http_body::Body::size_hint(req.body())
-        .exact()
-        .is_some_and(|n| n <= IN_HAND)
-}
-
 /// The largest body the exchange takes whole (a larger one streams, by
 /// hyper's client).
-pub(super) const IN_HAND: u64 = 64 * 1024;
+pub(crate) const IN_HAND: u64 = 64 * 1024;
 
 /// The most of an answer's body gathered before a write.
 const GATHER: usize = 64 * 1024;
@@ -673,7 +402,7 @@ const GATHER: usize = 64 * 1024;
 /// watched through `buf`, its read buffer ([`unless_client_leaves`]).
 /// `false`: the connection is to be closed (asked for, the client gone,
 /// or the body broke off).
-pub(super) async fn write_answer<S>(
+pub(crate) async fn write_answer<S>(
     (io, buf): (&mut S, &mut BytesMut),
     out: &mut Vec<u8>,
     res: Response<Body>,
@@ -690,7 +419,7 @@ where
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    // The upstream's own phrase when it had one (`h1.rs` keeps it).
+    // The upstream's own phrase when it had one (`upstream/exchange.rs` keeps it).
     match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
         Some(reason) => out.extend_from_slice(reason.as_bytes()),
         None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
@@ -829,7 +558,7 @@ where
 
 /// Calls `with` on the current time as an HTTP date (IMF-fixdate),
 /// formatted once a second per thread.
-pub(super) fn now_as_http_date(with: impl FnOnce(&[u8])) {
+pub(crate) fn now_as_http_date(with: impl FnOnce(&[u8])) {
     thread_local! {
         static DATE: std::cell::RefCell<(u64, String)> =
             const { std::cell::RefCell::new((u64::MAX, String::new())) };
@@ -854,7 +583,7 @@ pub(super) fn now_as_http_date(with: impl FnOnce(&[u8])) {
 /// those requests, not this one (hyper does not look either), so a client
 /// that sends its requests and then closes its side gets the answer in
 /// flight.
-pub(super) async fn unless_client_leaves<S, F>(
+pub(crate) async fn unless_client_leaves<S, F>(
     io: &mut S,
     buf: &mut BytesMut,
     work: F,

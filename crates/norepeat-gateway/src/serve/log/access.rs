@@ -1,35 +1,49 @@
 //! The access log (`access_log: stdout | stderr | FILE | off`): one JSON
 //! line per request, and the request id every request carries.
 
-use super::metrics::RouteMetrics;
 use crate::config::AccessLog;
+use crate::serve::log::metrics::RouteMetrics;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use std::cell::Cell;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The header that names a request, forwarded to the backend and given
 /// back to the client: the client's (or its proxy's) when it sent a
 /// usable one, else one the gateway makes.
-pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-tokio::task_local! {
-    /// The upstream call's time for the request being dispatched, told by
-    /// the upstream stage (none for a replay or a refusal).
-    pub(super) static UPSTREAM: Cell<Option<Duration>>;
-}
+/// How long the upstream took for one request: told by the upstream
+/// phase, read by the log phase. It travels in the request's extensions
+/// (an `Arc`, put there by `dispatch` when there is an access log), the
+/// context the phases share: no task-local, no header.
+#[derive(Debug, Default)]
+pub(crate) struct UpstreamTime(AtomicU64);
 
-/// Tells the access log how long the upstream took (outside a dispatch, a
-/// task of a client that left: nowhere to tell).
-pub(super) fn note_upstream(took: Duration) {
-    let _ = UPSTREAM.try_with(|u| u.set(Some(took)));
+impl UpstreamTime {
+    /// Notes `took` in the request's context, if it has one.
+    pub(crate) fn note(extensions: Option<&Arc<Self>>, took: Duration) {
+        if let Some(t) = extensions {
+            // Microseconds, plus one: 0 is "no upstream call".
+            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
+            t.0.store(us.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// The upstream's time, if an upstream was called.
+    pub(crate) fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us - 1)),
+        }
+    }
 }
 
 /// The request's id: the one it carries when it comes from a trusted
 /// proxy (`trusted`) and is 1 to 200 visible ASCII characters, else a
 /// fresh one ([`fresh_id`]), put in `headers` so the backend sees it.
-pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
+pub(crate) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
     let given = headers.get_all(&REQUEST_ID);
     let count = given.iter().count();
     if let Some(v) = given.iter().next()
@@ -43,7 +57,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue 
 }
 
 /// A [`fresh_id`] as a header value.
-pub(super) fn fresh_id_value() -> HeaderValue {
+pub(crate) fn fresh_id_value() -> HeaderValue {
     // Hex digits: always a valid value.
     HeaderValue::from_bytes(&fresh_id()).unwrap_or(HeaderValue::from_static("0"))
 }
@@ -51,7 +65,7 @@ pub(super) fn fresh_id_value() -> HeaderValue {
 /// Whether the request id a request carries (`given`, the first of
 /// `count`) is kept: it came from a trusted proxy, alone, 1 to 200
 /// visible ASCII characters.
-pub(super) fn keeps_given_id(given: &[u8], count: usize, trusted: bool) -> bool {
+pub(crate) fn keeps_given_id(given: &[u8], count: usize, trusted: bool) -> bool {
     trusted && count == 1 && norepeat::identity::is_visible_ascii(given, 200)
 }
 
@@ -59,7 +73,7 @@ pub(super) fn keeps_given_id(given: &[u8], count: usize, trusted: bool) -> bool 
 /// process, across processes: the process's random prefix and a counter,
 /// 32 hex digits. No system call per request (a random id each was a
 /// `getrandom` per request on the pass-through's hot path).
-pub(super) fn fresh_id() -> [u8; 32] {
+pub(crate) fn fresh_id() -> [u8; 32] {
     static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(|| {
@@ -86,7 +100,7 @@ pub(super) fn fresh_id() -> [u8; 32] {
 
 /// Where the lines go.
 #[derive(Debug)]
-pub(super) enum Sink {
+pub(crate) enum Sink {
     Stdout,
     Stderr,
     File(Mutex<std::fs::File>),
@@ -98,7 +112,7 @@ impl Sink {
     ///
     /// # Errors
     /// The file cannot be opened.
-    pub(super) fn open(log: &AccessLog) -> std::io::Result<Option<Self>> {
+    pub(crate) fn open(log: &AccessLog) -> std::io::Result<Option<Self>> {
         Ok(Some(match log {
             AccessLog::Stdout => Self::Stdout,
             AccessLog::Stderr => Self::Stderr,
@@ -114,7 +128,7 @@ impl Sink {
 
     /// Writes one line: whole, never interleaved with another (one
     /// `write` of the line under the sink's lock).
-    pub(super) fn write(&self, entry: &Entry<'_>) {
+    pub(crate) fn write(&self, entry: &Entry<'_>) {
         let mut line = entry.to_json().to_string();
         line.push('\n');
         let written = match self {
@@ -137,7 +151,7 @@ impl Sink {
 /// in a task of its own), with status 499 and outcome `client_closed`, as
 /// NGINX logs a client that closed its connection (naming the route the
 /// request had been given to, if it had: [`Owed::routed_by`]).
-pub(super) struct Owed<'a> {
+pub(crate) struct Owed<'a> {
     sink: &'a Sink,
     request_id: &'a HeaderValue,
     method: http::Method,
@@ -149,7 +163,7 @@ pub(super) struct Owed<'a> {
 }
 
 impl<'a> Owed<'a> {
-    pub(super) fn new(
+    pub(crate) fn new(
         sink: &'a Sink,
         request_id: &'a HeaderValue,
         method: &http::Method,
@@ -168,13 +182,13 @@ impl<'a> Owed<'a> {
 
     /// The line of a client that leaves names the route set in `route`
     /// by then.
-    pub(super) fn routed_by(mut self, route: &'a OnceLock<Arc<RouteMetrics>>) -> Self {
+    pub(crate) fn routed_by(mut self, route: &'a OnceLock<Arc<RouteMetrics>>) -> Self {
         self.route = Some(route);
         self
     }
 
     /// The answered request's line.
-    pub(super) fn answered(
+    pub(crate) fn answered(
         mut self,
         route: Option<&str>,
         status: u16,
@@ -221,7 +235,7 @@ impl Drop for Owed<'_> {
 
 /// The line of a request whose head the HTTP parser refused (answered
 /// `status` by hyper before any route): no method or path to name.
-pub(super) fn refused_head(sink: &Sink, status: u16) {
+pub(crate) fn refused_head(sink: &Sink, status: u16) {
     let id = fresh_id();
     sink.write(&Entry {
         request_id: std::str::from_utf8(&id).unwrap_or_default(),
@@ -237,17 +251,17 @@ pub(super) fn refused_head(sink: &Sink, status: u16) {
 
 /// One request, as its line says it.
 #[derive(Debug)]
-pub(super) struct Entry<'a> {
-    pub(super) request_id: &'a str,
+pub(crate) struct Entry<'a> {
+    pub(crate) request_id: &'a str,
     /// The route's `match`, `None` for a request no route takes.
-    pub(super) route: Option<&'a str>,
-    pub(super) method: &'a str,
-    pub(super) path: &'a str,
-    pub(super) status: u16,
+    pub(crate) route: Option<&'a str>,
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) status: u16,
     /// The contract's outcome; `passthrough` for a request no route takes.
-    pub(super) outcome: &'a str,
-    pub(super) upstream: Option<Duration>,
-    pub(super) took: Duration,
+    pub(crate) outcome: &'a str,
+    pub(crate) upstream: Option<Duration>,
+    pub(crate) took: Duration,
 }
 
 impl Entry<'_> {

@@ -1,16 +1,17 @@
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
-use super::HostScoped;
-use super::answers::{
+use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
+use crate::serve::HostScoped;
+use crate::serve::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
-use super::forward::{Broken, Failure, Pool, Target, client, connect_timeout, forward, read_ahead};
-use super::metrics::RouteMetrics;
-use super::scope::Unscoped;
-use super::store::{SharedStore, note_failure};
-use super::{OUTCOME_HEADER, RouteService};
-use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
+use crate::serve::identify::scope::Unscoped;
+use crate::serve::log::metrics::RouteMetrics;
+use crate::serve::store::{SharedStore, note_failure};
+use crate::serve::upstream::pool::{Pool, Target, client, connect_timeout};
+use crate::serve::upstream::{Broken, Failure, forward, read_ahead};
+use crate::serve::{OUTCOME_HEADER, RouteService};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -54,7 +55,7 @@ where
 /// upstream calls of clients that left; `stopping` ends every call still
 /// waiting when a shutdown's grace is over. With it, an idempotency
 /// route's layer, whose records the admin routes read and clear.
-pub(super) fn stack(
+pub(crate) fn stack(
     route: &Route,
     store: &SharedStore,
     scoped: &HostScoped,
@@ -64,34 +65,24 @@ pub(super) fn stack(
 ) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
     let caller = scoped.caller();
     let mut records = None;
-    let keep = matches!(
-        route.guard,
-        Some(Guard::Idempotency {
-            ambiguous: Ambiguous::Keep,
-            ..
-        })
-    );
+    let keep = route
+        .guard
+        .as_ref()
+        .is_some_and(Guard::keeps_unknown_outcomes);
+    let keeps_answers = route.guard.as_ref().is_some_and(Guard::keeps_answers);
     let upstream = UpstreamStage {
         client: client(connect_timeout(route.timeout), Target::new(&route.upstream)),
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
-        idempotency: matches!(route.guard, Some(Guard::Idempotency { .. })),
+        idempotency: keeps_answers,
         stopping: stopping.clone(),
-        read_ahead: match route.guard {
-            Some(Guard::Idempotency { .. }) => {
-                Some(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
-            }
-            _ => None,
-        },
-        // The fingerprint and idempotency layers read the body under this
-        // cap themselves; the others stream it, capped here.
-        body_cap: match route.guard {
-            None | Some(Guard::Token) => {
-                Some(usize::try_from(route.max_request_body).unwrap_or(usize::MAX))
-            }
-            Some(Guard::Fingerprint { .. } | Guard::Idempotency { .. }) => None,
-        },
+        read_ahead: keeps_answers
+            .then(|| usize::try_from(route.max_stored_response).unwrap_or(usize::MAX)),
+        // A layer that reads the body does so under this cap itself; the
+        // others stream it, capped here.
+        body_cap: (!route.guard.as_ref().is_some_and(Guard::reads_body))
+            .then(|| usize::try_from(route.max_request_body).unwrap_or(usize::MAX)),
     };
     let base = tower::service_fn(move |req: Request<Body>| {
         let u = upstream.clone();
@@ -186,7 +177,7 @@ pub(super) fn stack(
                 .stored_headers(StoredHeaders::AllButHopByHop)
                 .detached_tasks_in(detached)
                 .shadow(route.shadow);
-            if let Some(until) = until.filter(|u| *u > super::scope::now_ms()) {
+            if let Some(until) = until.filter(|u| *u > crate::serve::identify::scope::now_ms()) {
                 layer = layer.previous_identity(Unscoped::until(caller.clone(), until));
             }
             records = Some(layer.clone());
@@ -237,7 +228,7 @@ struct UpstreamStage {
 /// The request header that tells the backend which attempt at its
 /// `Idempotency-Key` a request is: 1, then 2 after a take-over of an
 /// abandoned claim (`ambiguous: release`), and so on.
-pub(super) const IDEMPOTENCY_ATTEMPT: http::HeaderName =
+pub(crate) const IDEMPOTENCY_ATTEMPT: http::HeaderName =
     http::HeaderName::from_static("idempotency-attempt");
 
 /// The backend's own statuses that leave the outcome unknown on a route
@@ -253,6 +244,10 @@ fn unknown_outcome(status: StatusCode) -> bool {
 
 impl UpstreamStage {
     async fn call(self, mut req: Request<Body>) -> Response<Body> {
+        let told = req
+            .extensions()
+            .get::<Arc<crate::serve::log::access::UpstreamTime>>()
+            .cloned();
         // The attempt is the gateway's to say; never the client's.
         let attempt = req.extensions().get::<Attempt>().copied();
         let headers = req.headers_mut();
@@ -295,7 +290,7 @@ impl UpstreamStage {
         };
         let took = start.elapsed();
         self.metrics.upstream(took.as_secs_f64());
-        super::access::note_upstream(took);
+        crate::serve::log::access::UpstreamTime::note(told.as_ref(), took);
         if result.is_err() && over.is_some_and(|o| o.load(Ordering::SeqCst)) {
             return payload_too_large(self.body_cap.unwrap_or_default());
         }

@@ -28,7 +28,7 @@ fn listed<'a>(allowed: &[String], origin: Option<&'a HeaderValue>) -> Option<&'a
 }
 
 /// Adds the CORS headers of an answer to `origin` (none without `cors`).
-pub(super) fn allow(allowed: &[String], origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
+pub(crate) fn allow(allowed: &[String], origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
     if allowed.is_empty() {
         return;
     }
@@ -44,7 +44,7 @@ pub(super) fn allow(allowed: &[String], origin: Option<&HeaderValue>, headers: &
 
 /// The answer to a preflight, or `None` without `cors` (then `OPTIONS` is
 /// not allowed).
-pub(super) fn preflight(allowed: &[String], request: &HeaderMap) -> Option<Response<Body>> {
+pub(crate) fn preflight(allowed: &[String], request: &HeaderMap) -> Option<Response<Body>> {
     if allowed.is_empty() {
         return None;
     }

@@ -1,7 +1,7 @@
 //! A route's request on the lane (issue 39): an HTTP/1.1 request the
-//! pass-through's lane (`passthrough.rs`) does not forward itself, a
+//! pass-through's lane (`listen/lane.rs`) does not forward itself, a
 //! route's or one with a body, here whole (its body, up to
-//! [`IN_HAND`](super::h1::IN_HAND), came with its head), built into the `Request` hyper would
+//! [`IN_HAND`](crate::serve::http1::IN_HAND), came with its head), built into the `Request` hyper would
 //! have built from it, answered by [`dispatch`], the one implementation
 //! of the refusals, the routes and their stacks, and its answer written
 //! by hand ([`write_answer`]): the same request without hyper's server
@@ -17,12 +17,12 @@
 //! `Upgrade`, a body over 64 KiB, HTTP/1.0, the gateway's own routes, and
 //! every request once the shutdown has begun.
 
-use super::access;
-use super::connection::Stop;
-use super::forward::BodyInHand;
-use super::gateway::Gateway;
-use super::h1::{unless_client_leaves, write_answer};
-use super::request::dispatch;
+use crate::serve::gateway::Gateway;
+use crate::serve::http1::{unless_client_leaves, write_answer};
+use crate::serve::listen::timed::Stop;
+use crate::serve::log::access;
+use crate::serve::proxy::dispatch;
+use crate::serve::upstream::BodyInHand;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::{Bytes, BytesMut};
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// A request head the lane parsed, as places in the client's bytes.
-pub(super) struct Head {
+pub(crate) struct Head {
     /// The head's length.
     len: usize,
     /// The body's (`Content-Length`, 0 without one).
@@ -48,7 +48,7 @@ pub(super) struct Head {
 impl Head {
     /// The head of `len` bytes at the start of `buf`, whose `method`,
     /// `target` and `headers` httparse read from it.
-    pub(super) fn new(
+    pub(crate) fn new(
         len: usize,
         length: u64,
         (method, target): (&str, &str),
@@ -106,7 +106,7 @@ impl Head {
 /// socket is read: a client that leaves drops the request's future, as
 /// hyper's server does (its access-log line says 499). `false`: the
 /// connection is to be closed.
-pub(super) async fn serve<S>(
+pub(crate) async fn serve<S>(
     io: &mut S,
     buf: &mut BytesMut,
     head: Head,
@@ -122,7 +122,7 @@ where
     let Some(req) = head.request(&bytes, peer) else {
         // httparse took it and the `http` crate did not: not expected,
         // and not the backend's to see.
-        let mut res = super::answers::invalid_request(
+        let mut res = crate::serve::answers::invalid_request(
             "The request's head could not be read as HTTP (its method, target or a header).",
         );
         res.headers_mut()

@@ -7,9 +7,9 @@
 //! a limit is the caller's budget wherever it spends it, and a token is
 //! the caller's, signed for it.
 
-use super::caller::Caller;
 use crate::config::host_span;
 use crate::config::normalize_host;
+use crate::serve::identify::caller::Caller;
 use http::request::Parts;
 use http::{HeaderMap, Uri};
 use norepeat::identity::Identify;
@@ -157,7 +157,7 @@ const SITE_KEY: &[u8; 32] = b"norepeat-gateway site scope v1..";
 /// when it names none.
 ///
 /// The URI's authority first (HTTP/2's `:authority`, an absolute-form
-/// target), then `Host`: the order `forward` sends the backend its `Host`
+/// target), then `Host`: the order `upstream` sends the backend its `Host`
 /// in, so the site the guards key and match by is the site the backend
 /// serves. (A request whose two disagree is refused before this:
 /// `request::not_forwarded`.)

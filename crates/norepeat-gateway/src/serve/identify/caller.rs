@@ -1,12 +1,13 @@
+// Over 400 lines on purpose: every identity source and how its value is read (a header's credentials, a cookie as frameworks decode it, a JWT), each beside the tests of its spellings.
 //! Who the caller is: the file's `identity` (or a route's own): a header,
 //! one named cookie or a verified bearer JWT's claim (each hashed, with its
 //! kind), the first of several present (`any_of`), or the peer address
 //! (`X-Forwarded-For` believed only from `trusted_proxies`), read by the
 //! library's [`ByClientIp`], the one implementation of that walk.
 
-use super::files::stat;
 use crate::config::{Identity, IdentitySource, JwtKeys};
 use crate::jwt::{KeySet, Refused, Rules};
+use crate::serve::files::stat;
 use arc_swap::ArcSwapOption;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
@@ -238,7 +239,7 @@ fn hashed(kind: &str, parts: &[&[u8]]) -> String {
 /// formatting machinery (this runs on every guarded request).
 fn ip_id(ip: std::net::IpAddr) -> String {
     let mut buf = [0u8; 64];
-    let text = super::forward::ip_text(ip, &mut buf);
+    let text = crate::serve::upstream::headers::ip_text(ip, &mut buf);
     let mut id = String::with_capacity(3 + text.len());
     id.push_str("ip:");
     id.push_str(std::str::from_utf8(text).unwrap_or_default());

@@ -1,0 +1,271 @@
+//! One request's path, top to bottom, in the order of its phases (as
+//! Pingora's `proxy_trait.rs` reads). Each phase's code lives in the
+//! folder named after it; this file calls them in order:
+//!
+//! | phase | where | what |
+//! |---|---|---|
+//! | accept | `listen/` | a connection taken under `max_connections`, timed by its phase (`listen/timed.rs`), read by the lane (`listen/lane.rs`) or hyper |
+//! | read head | `head.rs` | what is refused from the head alone ([`not_forwarded`]), what is dropped before anything reads it ([`drop_nominated`], [`only_allowed_upgrades`]); the request id ([`dispatch`]) |
+//! | choose route | `route/` | the site (`hosts`: 421), the route on the normalized path or a refusal of a spelling that would pass a guard by ([`choose`]) |
+//! | identify | `identify/` | the caller, scoped by site, read by the route's layers |
+//! | guard | `route/stack.rs` | the route's rate limit, then its guard (the library's layers) |
+//! | upstream | `upstream/` | the request forwarded, its answer brought back |
+//! | answer | [`finish`] | an unknown outcome turned into the client's answer, the outcome named |
+//! | log | `log/` | the access-log line and the metrics |
+//!
+//! [`dispatch`] is the front door every reader calls (hyper's service, the
+//! lane's routed requests); [`route_request`] runs the phases from the
+//! head on.
+use crate::config::{normalize_path, route_spelling};
+use crate::serve::OUTCOME_HEADER;
+use crate::serve::answers::{
+    client_body_broke, invalid_request, misdirected, outcome_unknown, upstream_switched,
+    upstream_timeout, upstream_unavailable,
+};
+use crate::serve::gateway::Gateway;
+use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
+use crate::serve::identify::caller::with_peer;
+use crate::serve::log::access;
+use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
+use crate::serve::route::table::Routes;
+use crate::serve::route::{Choice, choose};
+use crate::serve::store::STORE_FAILED;
+use crate::serve::upstream::{Failure, forward};
+use axum::body::Body;
+use axum::extract::OriginalUri;
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Uri};
+use norepeat::degrade::FailedOpen;
+use norepeat::idempotency::IDEMPOTENT_REPLAYED;
+use norepeat::problem::Problem;
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// How long an unmatched request's upstream has to answer.
+pub(crate) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Any request not for the gateway's own routes. Routes are matched on
+/// the normalized path ([`normalize_path`]); a matched request goes on
+/// with that path (its guard's key and the backend see it), an unmatched
+/// one is forwarded untouched.
+pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+    with_peer(req.extensions_mut());
+    // Before the gateway adds a header of its own (the request id here,
+    // `Idempotency-Attempt` in the layer): a client's `Connection` may
+    // name the headers it sent, never the gateway's.
+    drop_nominated(req.headers_mut());
+    // A request id from outside `trusted_proxies` is the client's to
+    // choose: replaced, as Envoy does at the edge.
+    // One load of the routes per request: the match and the caller read it.
+    let live = gw.live.load_full();
+    let trusted = live.caller.peer_is_trusted(req.extensions());
+    let id = access::request_id(req.headers_mut(), trusted);
+    // While draining, an HTTP/1 client is told to leave its keep-alive
+    // connection (as Envoy's drain does): its next request goes to another
+    // instance instead of meeting the listener's close.
+    let leave = gw.draining.started() && req.version() < http::Version::HTTP_2;
+    // The route, once one takes the request: the line of a client that
+    // leaves before its answer names it.
+    let chosen = OnceLock::new();
+    let mut res = match &gw.access {
+        None => route_request(live, trusted, req, None).await.0,
+        Some(sink) => {
+            // Owed from here: a client that leaves before its answer gets
+            // its line too (499 `client_closed`).
+            let owed =
+                access::Owed::new(sink, &id, req.method(), req.uri().path()).routed_by(&chosen);
+            let told = Arc::new(access::UpstreamTime::default());
+            req.extensions_mut().insert(Arc::clone(&told));
+            let (res, route, outcome) = route_request(live, trusted, req, Some(&chosen)).await;
+            let route = route.as_deref().map(RouteMetrics::label);
+            owed.answered(route, res.status().as_u16(), outcome, told.get());
+            res
+        }
+    };
+    res.headers_mut().insert(access::REQUEST_ID, id);
+    if leave {
+        res.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    res
+}
+
+/// A request through its route (or straight through): the answer, the
+/// route that took it, and its outcome as the access log names it.
+pub(crate) async fn route_request(
+    live: Arc<Routes>,
+    trusted: bool,
+    mut req: Request<Body>,
+    chosen: Option<&OnceLock<Arc<RouteMetrics>>>,
+) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
+    // The asterisk form (`OPTIONS *`) names no resource: there is no route
+    // to match, and no upstream URL to make of it. The client's request,
+    // so a 400 of the gateway's, not a 502.
+    if let Some(why) = not_forwarded(&req) {
+        return (invalid_request(why), None, "invalid_request");
+    }
+    if !trusted {
+        // What a client wrote there is not what a proxy of ours saw: the
+        // gateway writes its own (in `upstream`), never appends to theirs.
+        // One pass over the names first: the common request has none, and
+        // a removal hashes its name even when it finds nothing.
+        let h = req.headers_mut();
+        if h.keys().any(|n| FORWARDING.contains(n)) {
+            for name in &FORWARDING {
+                h.remove(name);
+            }
+        }
+    }
+    let normalized = match normalize_path(req.uri().path()) {
+        std::borrow::Cow::Borrowed(_) => None,
+        std::borrow::Cow::Owned(p) => Some(p),
+    };
+    let site = (live.by_host || !live.hosts.is_empty())
+        .then(|| crate::serve::identify::scope::site(req.headers(), req.uri()))
+        .flatten();
+    // `hosts`: the site's names; any other is another site's request,
+    // which no route of this file was written for.
+    if !live.hosts.is_empty() && site.as_ref().is_none_or(|s| !live.hosts.contains(s)) {
+        return (misdirected(), None, "misdirected_request");
+    }
+    if req.headers().contains_key(http::header::UPGRADE) {
+        only_allowed_upgrades(req.headers_mut(), &live.upgrades);
+    }
+    let path = normalized.as_deref().unwrap_or(req.uri().path());
+    let sent = req.uri().path();
+    let (found_at, keyed) = match choose(&live, req.method().as_str(), path, sent, site.as_ref()) {
+        Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
+        Choice::Passthrough => (None, None),
+        Choice::Route { at, keyed } => (Some(at), keyed),
+    };
+    let found = found_at.map(|i| &live.list[i]);
+    // A guarded route decides on one request and its one answer: a
+    // connection that switches protocols is neither (GATEWAY.md).
+    if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
+        let why = "A guarded route does not switch protocols: a request with Upgrade (a WebSocket) is refused here.";
+        return (invalid_request(why), None, "invalid_request");
+    }
+    if found.is_some() {
+        let key = route_spelling(keyed.as_deref().unwrap_or(path));
+        // The common request, already in the route's one spelling, keeps
+        // its URI as it is: no copy.
+        if normalized.is_some() || *key != *req.uri().path() {
+            let key = key.into_owned();
+            set_path(&mut req, normalized.as_deref(), &key);
+        }
+    }
+    let Some(route) = found else {
+        let start = std::time::Instant::now();
+        let told = req.extensions().get::<Arc<access::UpstreamTime>>().cloned();
+        let answer = forward(live.passthrough.get(), PASSTHROUGH_TIMEOUT, None, req).await;
+        access::UpstreamTime::note(told.as_ref(), start.elapsed());
+        return match answer {
+            Ok(res) => (res, None, "passthrough"),
+            Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
+            Err(Failure::ClientBody) => (client_body_broke(), None, "invalid_request"),
+            Err(Failure::Timeout) => (upstream_timeout(), None, "upstream_timeout"),
+            Err(Failure::Switched) => (upstream_switched(), None, "upstream_switched_protocols"),
+        };
+    };
+    if let Some(chosen) = chosen {
+        let _ = chosen.set(Arc::clone(&route.metrics));
+    }
+    let (res, decided_locally) = STORE_FAILED
+        .scope(Cell::new(false), async {
+            let res = match route.service.clone().oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            };
+            (res, STORE_FAILED.with(Cell::get))
+        })
+        .await;
+    // Before `finish`, which may answer with a response of its own.
+    let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
+    // Let through by the local memory, the store down: failed open.
+    // A replay is a replay, whatever decided it (the local memory too).
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
+    route.metrics.count(counted);
+    let outcome = match counted {
+        Counted::Request(o) => o.as_str(),
+        Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),
+    };
+    (res, Some(Arc::clone(&route.metrics)), outcome)
+}
+
+/// Puts `forwarded` (the normalized path, when it differs from the
+/// request's) in `req`'s URI, the query kept, and `key` (the route's one
+/// spelling, [`route_spelling`]) in axum's `OriginalUri`, which the layers
+/// read the concrete path from: the backend sees what was matched, and the
+/// guards key every spelling of the route as one.
+fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
+    let with_query = |path: &str| match req.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let uri_with = |uri: &Uri, path: String| {
+        let pq = PathAndQuery::from_maybe_shared(path).ok()?;
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).ok()
+    };
+    let keyed = uri_with(req.uri(), with_query(key));
+    if let Some(path) = forwarded
+        && let Some(uri) = uri_with(req.uri(), with_query(path))
+    {
+        *req.uri_mut() = uri;
+    }
+    if let Some(uri) = keyed {
+        req.extensions_mut().insert(OriginalUri(uri));
+    }
+}
+
+/// Turns the upstream stage's "unknown" record into the client's answer,
+/// and names the outcome. `store_failed`: the store failed the request's
+/// decision and it went through anyway (a shadowed guard would have
+/// refused it, or the local memory of a fail-open route admitted it).
+pub(crate) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
+    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
+    if let Some(outcome) = res.headers_mut().remove(OUTCOME_HEADER) {
+        if replayed {
+            return (outcome_unknown(), Counted::Request(Outcome::Unknown));
+        }
+        // The backend's own 500 or 504 (its status in the header): the
+        // client gets the backend's answer as it was.
+        let backend = outcome
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok());
+        if let Some(status) = backend {
+            *res.status_mut() = status;
+            let open = res.extensions().get::<FailedOpen>().is_some() || store_failed;
+            let outcome = if open {
+                Outcome::FailOpen
+            } else {
+                Outcome::Passed
+            };
+            return (res, Counted::Request(outcome));
+        }
+        return (
+            upstream_timeout(),
+            Counted::Request(Outcome::UpstreamTimeout),
+        );
+    }
+    if let Some(p) = res.extensions().get::<Problem>() {
+        let counted = of_code(p.code.as_str());
+        return (res, counted);
+    }
+    let outcome = if res.extensions().get::<FailedOpen>().is_some() || store_failed {
+        Outcome::FailOpen
+    } else if replayed {
+        Outcome::Replayed
+    } else {
+        Outcome::Passed
+    };
+    (res, Counted::Request(outcome))
+}

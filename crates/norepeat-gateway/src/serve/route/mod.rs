@@ -1,0 +1,120 @@
+//! The route phase: which route a request takes ([`choose`]: the first
+//! that matches its normalized path and its site, or a refusal of a
+//! spelling that would pass a guard by), the compiled routes a reload
+//! swaps whole ([`table`]), and each route's stack ([`stack`]).
+
+pub(crate) mod stack;
+pub(crate) mod table;
+
+use crate::config::{with_slashes_decoded, without_format_suffix};
+use crate::serve::route::table::Routes;
+
+/// Which way a request goes, from its method, its normalized path and
+/// its site: what [`route_request`] and the pass-through's lane
+/// (`listen/lane.rs`) both decide by.
+pub(crate) enum Choice {
+    /// Refused 400 `invalid_request`: a spelling of a guarded route that
+    /// would pass it by ([`other_spelling`]).
+    Refused(&'static str),
+    /// No route: straight through.
+    Passthrough,
+    /// The route at `at` in the list; `keyed`: the spelling without a
+    /// format suffix it was found by, if it was.
+    Route { at: usize, keyed: Option<String> },
+}
+
+/// The route `method` and `path` (normalized; `sent`, as the client sent
+/// it) take on `site`, the first that matches; or the pass-through; or a
+/// refusal.
+pub(crate) fn choose(
+    live: &Routes,
+    method: &str,
+    path: &str,
+    sent: &str,
+    site: Option<&String>,
+) -> Choice {
+    let find = |p: &str| {
+        live.list.iter().position(|r| {
+            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site == Some(h))
+        })
+    };
+    // No route, or one that only routes (`ANY /api/{*rest}`): another
+    // spelling of a guarded route listed before it must not pass by it.
+    let unguarded = |at: Option<usize>| at.is_none_or(|i| !live.list[i].guarded);
+    // A format suffix the back end drops (`/payments.json`) is the route
+    // too, keyed as its spelling without it: the route that spelling
+    // takes, when it is guarded or when nothing took the suffixed one.
+    let mut keyed = None;
+    let mut found_at = find(path);
+    if unguarded(found_at)
+        && let Some(plain) = without_format_suffix(path)
+    {
+        let plain_at = find(&plain);
+        if !unguarded(plain_at) || (found_at.is_none() && plain_at.is_some()) {
+            found_at = plain_at;
+            keyed = Some(plain);
+        }
+    }
+    if unguarded(found_at) {
+        let before = found_at.unwrap_or(live.list.len());
+        if let Some(why) = other_spelling(live, before, site, method, path, sent) {
+            return Choice::Refused(why);
+        }
+    }
+    match found_at {
+        Some(at) => Choice::Route { at, keyed },
+        None => Choice::Passthrough,
+    }
+}
+
+/// Why a path that matches no route is refused: a spelling that a back
+/// end would take for a route's path, and so run unguarded. An encoded
+/// slash (`%2F`) that decodes onto a route (Flask and Express decode it;
+/// Envoy can be told to refuse these too), or a path that is a route's in
+/// another case (a back end that folds case serves it as the route).
+fn other_spelling(
+    live: &Routes,
+    before: usize,
+    site: Option<&String>,
+    method: &str,
+    path: &str,
+    sent: &str,
+) -> Option<&'static str> {
+    const SLASH: &str = "The path has an encoded slash (%2F) or a backslash (\\ or %5C) that a back end reads as a slash onto a guarded route: refused, as it would reach the route unguarded.";
+    const CASE: &str = "The path is a guarded route's in another case: refused, as a back end that folds case would run it unguarded. Use the route's own spelling.";
+    // The guarded routes of this request's site listed before `before`
+    // (the route that took the request, if any: one after it is not
+    // reached by any spelling): another site's route is not this
+    // request's to pass by.
+    let guarded = || {
+        live.list
+            .iter()
+            .take(before)
+            .filter(|r| r.guarded && r.host.as_ref().is_none_or(|h| site == Some(h)))
+    };
+    let folded = |p: &str| guarded().any(|r| r.matcher.matches_ignoring_case(method, p));
+    // The common case, a path that is no route's in any spelling, costs no
+    // allocation: one look per route, and the rest only for a path with a
+    // suffix or an encoded slash.
+    if folded(path) {
+        return Some(CASE);
+    }
+    if let Some(plain) = without_format_suffix(path)
+        && folded(&plain)
+    {
+        return Some(CASE);
+    }
+    // From the path as sent: a back end resolves `..` after it has read
+    // a backslash as a slash (`/payments\x/..` is its `/payments/`).
+    let decoded = with_slashes_decoded(sent)?;
+    let plain = without_format_suffix(&decoded);
+    for p in std::iter::once(decoded.as_str()).chain(plain.as_deref()) {
+        if guarded().any(|r| r.matcher.matches(method, p)) {
+            return Some(SLASH);
+        }
+        if folded(p) {
+            return Some(CASE);
+        }
+    }
+    None
+}
