@@ -53,6 +53,7 @@ mod error;
 mod harness;
 mod load;
 mod probe;
+mod redis_info;
 mod report;
 mod rows;
 

@@ -1,16 +1,11 @@
-//! The shop's state and router.
+//! The shop's state (its router is `routes::app`).
 
 use crate::config::ShopConfig;
 use crate::db::Db;
-use crate::error::ApiError;
 use crate::outage::Outage;
 use crate::payments_store::PaymentsStore;
-use crate::routes;
-use axum::Router;
-use axum::http::StatusCode;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use norepeat::idempotency::DetachedTasks;
-use norepeat::problem::Problem;
 use norepeat::ratelimit::Quota;
 use norepeat::store::{AnyStore, MemoryStore};
 use norepeat::store::{Fallback, Resilient};
@@ -212,23 +207,3 @@ const TEN: std::num::NonZeroU32 = match std::num::NonZeroU32::new(10) {
     Some(n) => n,
     None => panic!("10 is not zero"),
 };
-
-/// The shop's router.
-pub fn app(state: AppState) -> Router {
-    routes::router(&state)
-        // After every route: it applies to the routes there are.
-        .method_not_allowed_fallback(|| async {
-            ApiError::Problem(
-                Problem::custom(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "invalid_request",
-                    "Method not allowed",
-                )
-                .detail(
-                    "This route does not take this method; the Allow header lists those it takes.",
-                ),
-            )
-        })
-        .fallback(|| async { ApiError::NotFound("No such route.".into()) })
-        .with_state(state)
-}

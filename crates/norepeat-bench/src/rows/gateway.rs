@@ -11,8 +11,9 @@
 //! - `passthrough`: `GET /orders` through a gateway whose file guards
 //!   another route only, so the request streams through;
 //! - `nginx`: `GET /orders` through nginx's `proxy_pass` (an upstream
-//!   block with `keepalive`), `daemon off`, `master_process off` (one
-//!   worker), on a file and prefix of its own;
+//!   block with `keepalive`), `daemon off`, with as many worker processes
+//!   as the gateway has workers (one a core: every peer gets the cores
+//!   the gateway gets), on a file and prefix of its own;
 //! - `nginx_post`: `POST /orders` with a body never sent before, through
 //!   nginx (the yardstick of the two guarded rows);
 //! - `guarded`: the same `POST` through a gateway guarding `POST /orders`
@@ -22,7 +23,8 @@
 //!   before, through a gateway guarding `POST /orders` by idempotency
 //!   (claim, forward, store the answer).
 //!
-//! Their `cpu_us_per_op` is the proxy process's CPU time per request (for
+//! Their `cpu_us_per_op` is the proxy's CPU time per request (its process
+//! and its child processes: nginx's master and workers; for
 //! `direct`, this process's: the backend), warm-up included on both sides;
 //! `machine_cpu_us_per_op` every core's busy time per request (the load
 //! generator, the backend, the proxy, Redis and anything else running);
@@ -209,7 +211,7 @@ async fn proxied(
             };
             // The store's CPU where the gateway calls it and it runs here.
             let store_pid = match (proxy, cx.url) {
-                (Proxy::Gateway(..), Some(url)) => crate::probe::local_server_pid(url).await,
+                (Proxy::Gateway(..), Some(url)) => crate::redis_info::local_server_pid(url).await,
                 _ => None,
             };
             let clocks = Clocks {
@@ -367,10 +369,32 @@ fn note_cpu(name: &str, cpu: Option<Duration>, sample: &Result<Sample, BenchErro
     }
 }
 
-/// User + system CPU time of process `pid` (all its threads), from
+/// User + system CPU time of process `pid` (all its threads) and of its
+/// child processes (nginx's workers), from `/proc/PID/stat`.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let own = one_process_cpu(pid)?;
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| parent_of(child) == Some(pid))
+        .filter_map(one_process_cpu)
+        .sum::<Duration>();
+    Some(own + children)
+}
+
+/// The parent process id of `pid` (`/proc/PID/stat`, field 4).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.get(stat.rfind(')')? + 2..)?;
+    after_name.split(' ').nth(1)?.parse().ok()
+}
+
+/// User + system CPU time of process `pid` alone (all its threads), from
 /// `/proc/PID/stat` (fields 14 and 15, counted after the command name,
 /// which is in parentheses and may hold spaces), in clock ticks of 10 ms.
-fn process_cpu(pid: u32) -> Option<Duration> {
+fn one_process_cpu(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = stat.get(stat.rfind(')')? + 2..)?;
     let fields: Vec<&str> = after_name.split(' ').collect();
@@ -415,7 +439,9 @@ impl Nginx {
             .local_addr()?
             .port();
         let upstream = backend.trim_start_matches("http://");
-        let conf = nginx_conf(&prefix, upstream, port);
+        // As many workers as the gateway, which runs one a core.
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let conf = nginx_conf(&prefix, upstream, port, workers);
         let file = prefix.join("nginx.conf");
         std::fs::write(&file, conf)?;
         let mut cmd = Command::new(bin);
@@ -480,21 +506,35 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        // `kill_on_drop` kills it; its files go with the prefix.
+        // The master ends its workers on SIGTERM (killed, it would leave
+        // them running); then `kill_on_drop`'s kill, and its files go with
+        // the prefix.
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            for _ in 0..50 {
+                if self.child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.prefix);
     }
 }
 
-/// The file: one process, no access log, the client's connections and the
-/// upstream's kept alive (and not closed after 1000 requests), `Host` and
-/// `X-Forwarded-For` passed as the gateway passes them.
-fn nginx_conf(prefix: &Path, upstream: &str, port: u16) -> String {
+/// The file: `workers` worker processes (the gateway's count), no access
+/// log, the client's connections and the upstream's kept alive (and not
+/// closed after 1000 requests), `Host` and `X-Forwarded-For` passed as the
+/// gateway passes them.
+fn nginx_conf(prefix: &Path, upstream: &str, port: u16, workers: usize) -> String {
     let p = prefix.display();
     format!(
         r#"daemon off;
-master_process off;
-worker_processes 1;
+master_process on;
+worker_processes {workers};
 pid {p}/nginx.pid;
 error_log {p}/error.log warn;
 events {{ worker_connections 4096; }}
@@ -551,7 +591,8 @@ mod tests {
 
     #[test]
     fn the_nginx_file_keeps_connections_to_the_backend() {
-        let conf = nginx_conf(Path::new("/tmp/x"), "127.0.0.1:9", 80);
+        let conf = nginx_conf(Path::new("/tmp/x"), "127.0.0.1:9", 80, 2);
+        assert!(conf.contains("worker_processes 2;"), "{conf}");
         assert!(conf.contains("server 127.0.0.1:9;"), "{conf}");
         assert!(conf.contains("keepalive 256;"), "{conf}");
         assert!(conf.contains("proxy_set_header Connection \"\";"), "{conf}");

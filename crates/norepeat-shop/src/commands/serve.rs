@@ -1,7 +1,8 @@
 //! `norepeat serve`: run the shop.
 
-use crate::app::{AppState, StartError, app};
+use crate::app::{AppState, StartError};
 use crate::config::ShopConfig;
+use crate::routes::app;
 use std::future::IntoFuture;
 use std::io::Write;
 use std::sync::Arc;

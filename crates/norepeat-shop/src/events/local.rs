@@ -2,8 +2,8 @@
 //! delivery goes back on the queue after [`RETRY_DELAY`].
 
 use super::OrderPaid;
+use super::pending::{RETRY_DELAY, next_pending};
 use super::points::{Points, record};
-use super::queue::{RETRY_DELAY, next_pending};
 use crate::db::Db;
 use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};

@@ -48,6 +48,7 @@ mod hook;
 mod local;
 mod message;
 mod nats;
+mod pending;
 mod points;
 mod queue;
 

@@ -2,8 +2,8 @@
 //! instance, explicit acks (see the module docs of [`crate::events`]).
 
 use super::OrderPaid;
+use super::pending::{RETRY_DELAY, next_pending};
 use super::points::{EventError, Points, record};
-use super::queue::{RETRY_DELAY, next_pending};
 use crate::db::Db;
 use async_nats::jetstream;
 use async_nats::jetstream::AckKind;

@@ -4,14 +4,10 @@
 use super::points::Points;
 use super::{OrderPaid, local, nats};
 use crate::config::ShopConfig;
-use crate::db::{Db, OutboxEvent};
+use crate::db::Db;
 use norepeat::store::AnyStore;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
-
-/// How long a failed delivery waits before it is delivered again.
-pub(super) const RETRY_DELAY: Duration = Duration::from_millis(200);
 
 /// A handle on the instance's event machinery.
 #[derive(Clone)]
@@ -51,18 +47,6 @@ impl Events {
     pub fn disabled() -> Self {
         Self {
             kick: Arc::new(Notify::new()),
-        }
-    }
-}
-
-/// Waits for a kick (or half a second) and reads the unpublished events.
-pub(super) async fn next_pending(db: &Db, kick: &Notify) -> Vec<OutboxEvent> {
-    let _ = tokio::time::timeout(Duration::from_millis(500), kick.notified()).await;
-    match db.pending_events(100).await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(error = %e, "outbox read failed; retrying");
-            Vec::new()
         }
     }
 }

@@ -53,14 +53,14 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
     path = "/admin/stock/{sku}",
     operation_id = "setStock",
     tag = "admin",
-    params(super::openapi::AdminToken, super::openapi::SkuPath),
-    request_body = super::openapi::StockUpdate,
+    params(super::openapi::params::AdminToken, super::openapi::params::SkuPath),
+    request_body = super::openapi::schemas::StockUpdate,
     responses(
-        (status = 200, description = "The new stock level.", body = super::openapi::Stock),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 413, response = super::openapi::TooLarge),
+        (status = 200, description = "The new stock level.", body = super::openapi::schemas::Stock),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 413, response = super::openapi::responses::TooLarge),
     )
 )]
 async fn set_stock(
@@ -84,11 +84,11 @@ async fn set_stock(
     path = "/admin/reconcile",
     operation_id = "reconcile",
     tag = "admin",
-    params(super::openapi::AdminToken),
+    params(super::openapi::params::AdminToken),
     responses(
-        (status = 200, description = "What one reconciliation pass repaired.", body = super::openapi::ReconcileResult),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 200, description = "What one reconciliation pass repaired.", body = super::openapi::schemas::ReconcileResult),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
     )
 )]
 async fn reconcile(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {

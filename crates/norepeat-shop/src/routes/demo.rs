@@ -32,15 +32,15 @@ pub(super) fn routes() -> Router<AppState> {
     description = "Demo only (`NOREPEAT_DEMO_PROVIDER`, off by default: 404): signs the notice as the \
 payment provider would, when the shop has a callback secret, and delivers it to `POST /payments/callback`. \
 Answers exactly as that route does.",
-    request_body = super::openapi::PaymentNotice,
+    request_body = super::openapi::schemas::PaymentNotice,
     responses(
         (status = 200, description = "`applied` the first time it changes state, `already_applied` after.",
-            body = super::openapi::NoticeResult),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::TooLarge),
+            body = super::openapi::schemas::NoticeResult),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 409, response = super::openapi::responses::Conflict),
+        (status = 413, response = super::openapi::responses::TooLarge),
     )
 )]
 pub(super) async fn notify(

@@ -14,8 +14,9 @@ mod system;
 use crate::app::AppState;
 use crate::error::{ApiError, unauthenticated};
 use axum::Router;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use norepeat::identity::UserHeader;
+use norepeat::problem::Problem;
 
 /// Every route of the contract.
 pub fn router(state: &AppState) -> Router<AppState> {
@@ -36,4 +37,24 @@ pub(crate) fn user(headers: &HeaderMap) -> Result<String, ApiError> {
     UserHeader::default()
         .user_in(headers)
         .ok_or_else(unauthenticated)
+}
+
+/// The shop's router.
+pub fn app(state: AppState) -> Router {
+    router(&state)
+        // After every route: it applies to the routes there are.
+        .method_not_allowed_fallback(|| async {
+            ApiError::Problem(
+                Problem::custom(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "invalid_request",
+                    "Method not allowed",
+                )
+                .detail(
+                    "This route does not take this method; the Allow header lists those it takes.",
+                ),
+            )
+        })
+        .fallback(|| async { ApiError::NotFound("No such route.".into()) })
+        .with_state(state)
 }

@@ -59,15 +59,15 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
     operation_id = "issueToken",
     tag = "orders",
     description = "Issues a repeat token, good for one `POST /orders` by this user.",
-    params(super::openapi::UserId),
+    params(super::openapi::params::UserId),
     responses(
-        (status = 200, description = "A fresh token.", body = super::openapi::RepeatTokenBody,
+        (status = 200, description = "A fresh token.", body = super::openapi::schemas::RepeatTokenBody,
             headers(("Cache-Control" = String, description = "`no-store`")),
             links(("placeOrder" = (operation_id = "createOrder", parameters(
                 ("header.Repeat-Token" = "$response.body#/repeatToken"),
                 ("header.X-User-Id" = "$request.header.X-User-Id")
             ))))),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::openapi::responses::Unauthorized),
     )
 )]
 async fn issue_token(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -129,11 +129,11 @@ async fn create(
 `repeatToken`): a used, unknown or another user's token answers 409 `duplicate_submission`, an expired one 409 `token_expired`. \
 Without a `bizId`, the order's business key is derived from the token, so a replayed token makes one order even with the store down.",
     params(
-        super::openapi::UserId,
-        super::openapi::RepeatTokenHeader,
-        super::openapi::RepeatTokenQuery
+        super::openapi::params::UserId,
+        super::openapi::params::RepeatTokenHeader,
+        super::openapi::params::RepeatTokenQuery
     ),
-    request_body = super::openapi::OrderRequest,
+    request_body = super::openapi::schemas::OrderRequest,
     responses(
         (status = 201, description = "The new order.", body = crate::domain::Order, links(
             ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id")))),
@@ -141,12 +141,12 @@ Without a `bizId`, the order's business key is derived from the token, so a repl
         )),
         (status = 200, description = "The user's existing order with this `bizId`: nothing new was written.",
             body = crate::domain::Order, headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 503, response = super::openapi::Unavailable),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 409, response = super::openapi::responses::Conflict),
+        (status = 413, response = super::openapi::responses::TooLarge),
+        (status = 503, response = super::openapi::responses::Unavailable),
     )
 )]
 /// `POST /orders`: like [`create`], but an order without a `bizId` takes
@@ -292,10 +292,10 @@ pub(crate) async fn write_order(
     path = "/orders",
     operation_id = "listOrders",
     tag = "orders",
-    params(super::openapi::UserId),
+    params(super::openapi::params::UserId),
     responses(
-        (status = 200, description = "The caller's orders.", body = super::openapi::OrderList),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 200, description = "The caller's orders.", body = super::openapi::schemas::OrderList),
+        (status = 401, response = super::openapi::responses::Unauthorized),
     )
 )]
 async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -310,12 +310,12 @@ async fn list(State(s): State<AppState>, headers: HeaderMap) -> Result<Response,
     operation_id = "getOrder",
     tag = "orders",
     description = "One of the caller's orders; another user's answers 404.",
-    params(super::openapi::UserId, super::openapi::OrderIdPath),
+    params(super::openapi::params::UserId, super::openapi::params::OrderIdPath),
     responses(
         (status = 200, description = "The order.", body = crate::domain::Order),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
     )
 )]
 /// `GET /orders/{orderId}`: the caller's own order only; another user's is

@@ -130,8 +130,8 @@ while the first is running, 409 `idempotency_key_in_use`. Fails closed: 503 with
 At most one live payment per order: otherwise 409 `order_not_payable` naming it in `paymentId`. \
 Rate limited per user (`NOREPEAT_PAYMENT_RATE`, default 20/s) and per client address (10 times that) \
 before the key is claimed: 429 `rate_limited`.",
-    params(super::openapi::UserId, super::openapi::IdempotencyKey),
-    request_body = super::openapi::PaymentRequest,
+    params(super::openapi::params::UserId, super::openapi::params::IdempotencyKey),
+    request_body = super::openapi::schemas::PaymentRequest,
     responses(
         (status = 201, description = "The new payment, `PENDING` (or its replay).", body = crate::domain::Payment,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay")),
@@ -139,14 +139,14 @@ before the key is claimed: 429 `rate_limited`.",
                 ("notify" = (operation_id = "paymentCallback", request_body = json!({"paymentId": "$response.body#/paymentId"}))),
                 ("getOrder" = (operation_id = "getOrder", parameters(("path.orderId" = "$response.body#/orderId"), ("header.X-User-Id" = "$request.header.X-User-Id"))))
             )),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 422, response = super::openapi::KeyMismatch),
-        (status = 429, response = super::openapi::RateLimited),
-        (status = 503, response = super::openapi::Unavailable),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 409, response = super::openapi::responses::Conflict),
+        (status = 413, response = super::openapi::responses::TooLarge),
+        (status = 422, response = super::openapi::responses::KeyMismatch),
+        (status = 429, response = super::openapi::responses::RateLimited),
+        (status = 503, response = super::openapi::responses::Unavailable),
     )
 )]
 async fn create_payment(
@@ -253,16 +253,16 @@ fn unavailable() -> ApiError {
     tag = "payments",
     description = "The payment provider's notice; may arrive many times, in any order. \
 With `NOREPEAT_CALLBACK_SECRET` set it must carry a valid `Norepeat-Signature`.",
-    params(super::openapi::Signature),
-    request_body = super::openapi::PaymentNotice,
+    params(super::openapi::params::Signature),
+    request_body = super::openapi::schemas::PaymentNotice,
     responses(
         (status = 200, description = "`applied` the first time it changes state, `already_applied` after.",
-            body = super::openapi::NoticeResult),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::TooLarge),
+            body = super::openapi::schemas::NoticeResult),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 409, response = super::openapi::responses::Conflict),
+        (status = 413, response = super::openapi::responses::TooLarge),
     )
 )]
 pub(super) async fn callback(
@@ -314,8 +314,8 @@ pub(super) async fn callback(
     operation_id = "flashSale",
     tag = "shop",
     description = "Orders under a per-user rate (`NOREPEAT_FLASH_RATE`), counted across instances.",
-    params(super::openapi::UserId, super::openapi::SkuPath),
-    request_body = super::openapi::FlashSaleRequest,
+    params(super::openapi::params::UserId, super::openapi::params::SkuPath),
+    request_body = super::openapi::schemas::FlashSaleRequest,
     responses(
         (status = 201, description = "The new order.", body = crate::domain::Order,
             headers(
@@ -328,13 +328,13 @@ pub(super) async fn callback(
         )),
         (status = 200, description = "The user's existing order with this `bizId`.", body = crate::domain::Order,
             headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 429, response = super::openapi::RateLimited),
-        (status = 503, response = super::openapi::Unavailable),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 401, response = super::openapi::responses::Unauthorized),
+        (status = 404, response = super::openapi::responses::NotFound),
+        (status = 409, response = super::openapi::responses::Conflict),
+        (status = 413, response = super::openapi::responses::TooLarge),
+        (status = 429, response = super::openapi::responses::RateLimited),
+        (status = 503, response = super::openapi::responses::Unavailable),
     )
 )]
 async fn flash_sale(

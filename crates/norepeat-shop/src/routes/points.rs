@@ -18,10 +18,10 @@ pub(super) fn routes() -> Router<AppState> {
     path = "/points",
     operation_id = "getPoints",
     tag = "shop",
-    params(super::openapi::UserId),
+    params(super::openapi::params::UserId),
     responses(
-        (status = 200, description = "The caller's loyalty points.", body = super::openapi::Points),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 200, description = "The caller's loyalty points.", body = super::openapi::schemas::Points),
+        (status = 401, response = super::openapi::responses::Unauthorized),
     )
 )]
 async fn points(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {

@@ -17,11 +17,11 @@ pub(super) fn routes() -> Router<AppState> {
     path = "/stock/{sku}",
     operation_id = "getStock",
     tag = "shop",
-    params(super::openapi::SkuPath),
+    params(super::openapi::params::SkuPath),
     responses(
-        (status = 200, description = "The product's stock.", body = super::openapi::Stock),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 200, description = "The product's stock.", body = super::openapi::schemas::Stock),
+        (status = 400, response = super::openapi::responses::BadRequest),
+        (status = 404, response = super::openapi::responses::NotFound),
     )
 )]
 async fn stock(State(s): State<AppState>, Segment(sku): Segment) -> Result<Json<Value>, ApiError> {

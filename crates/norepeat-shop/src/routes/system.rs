@@ -17,7 +17,7 @@ pub(super) fn routes() -> Router<AppState> {
     path = "/healthz",
     operation_id = "health",
     tag = "system",
-    responses((status = 200, description = "The shop is up.", body = super::openapi::Health))
+    responses((status = 200, description = "The shop is up.", body = super::openapi::schemas::Health))
 )]
 async fn healthz(State(s): State<AppState>) -> Json<Value> {
     use norepeat::store::KeyValueStore;

@@ -12,10 +12,11 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use bytes::Bytes;
 use norepeat::store::{AnyStore, MemoryStore};
-use norepeat_shop::app::{AppState, app};
+use norepeat_shop::app::AppState;
 use norepeat_shop::config::ShopConfig;
 use norepeat_shop::db::Db;
 use norepeat_shop::events::Events;
+use norepeat_shop::routes::app;
 use norepeat_testkit::SqliteFile;
 use serde_json::Value;
 

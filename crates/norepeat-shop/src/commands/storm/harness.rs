@@ -2,13 +2,11 @@
 //! timed as a sample, and the logical orders of a scenario spread over
 //! time.
 
-use super::scenarios::logical_order;
-use super::shops::Shops;
 use crate::order_messages::{ConsumeError, Delivered, OrderConsumer, OrderMessage};
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+use std::time::Instant;
 
 /// What every request of one row shares.
 pub(super) struct RowCtx {
@@ -114,32 +112,4 @@ pub(super) async fn token(ctx: &RowCtx, base: &str, user: &str) -> Option<String
     }
     let v: Value = req.send().await.ok()?.json().await.ok()?;
     v["repeatToken"].as_str().map(str::to_owned)
-}
-
-/// Sends a row's logical orders, half a millisecond apart, and collects
-/// every sample (taking the store down when the scenario says).
-pub(super) async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
-    let half = ctx.logical / 2;
-    if scenario == "token-outage" {
-        shops.set_outage(true);
-    }
-    let mut tasks = Vec::new();
-    for i in 0..ctx.logical {
-        if scenario == "store-outage" && i == half {
-            // Let the first half land, then the store dies mid-storm.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            shops.set_outage(true);
-        }
-        let ctx = Arc::clone(ctx);
-        tasks.push(tokio::spawn(logical_order(scenario, ctx, i)));
-        // Orders arrive over time, not all in one instant.
-        tokio::time::sleep(Duration::from_micros(500)).await;
-    }
-    let mut samples = Vec::new();
-    for t in tasks {
-        if let Ok(s) = t.await {
-            samples.extend(s);
-        }
-    }
-    samples
 }

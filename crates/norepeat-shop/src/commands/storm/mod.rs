@@ -59,10 +59,10 @@ pub use report::{Row, table};
 
 use crate::config::Defence;
 use crate::order_messages::OrderConsumer;
-use harness::{RowCtx, drive};
+use harness::{RowCtx, Sample};
 use indicatif::{ProgressBar, ProgressStyle};
 use norepeat::store::AnyStore;
-use scenarios::{SCENARIOS, copies};
+use scenarios::{SCENARIOS, copies, logical_order};
 use shops::{Shops, TempDb};
 use std::sync::Arc;
 use std::time::Duration;
@@ -221,4 +221,32 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
         .filter(|r| r.defence != "naive")
         .all(|r| r.duplicates == 0 && r.oversold == 0);
     Ok((rows, clean))
+}
+
+/// Sends a row's logical orders, half a millisecond apart, and collects
+/// every sample (taking the store down when the scenario says).
+async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
+    let half = ctx.logical / 2;
+    if scenario == "token-outage" {
+        shops.set_outage(true);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..ctx.logical {
+        if scenario == "store-outage" && i == half {
+            // Let the first half land, then the store dies mid-storm.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            shops.set_outage(true);
+        }
+        let ctx = Arc::clone(ctx);
+        tasks.push(tokio::spawn(logical_order(scenario, ctx, i)));
+        // Orders arrive over time, not all in one instant.
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        if let Ok(s) = t.await {
+            samples.extend(s);
+        }
+    }
+    samples
 }

@@ -16,27 +16,20 @@
 //! path parameters), `schemas` (bodies, the problem and its codes),
 //! `responses` (the problem responses); this file assembles the document.
 
-mod params;
-mod paths;
-mod responses;
-mod schemas;
+pub(crate) mod params;
+pub(crate) mod paths;
+pub(crate) mod responses;
+pub(crate) mod schemas;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use params::{
-    AdminToken, IdempotencyKey, OrderIdPath, RepeatTokenHeader, RepeatTokenQuery, Signature,
-    SkuPath, UserId,
-};
-pub(crate) use paths::serve;
-pub(crate) use responses::{
+use super::{admin, orders, payments, points, stock, system};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use responses::{
     BadRequest, Conflict, KeyMismatch, NotFound, RateLimited, TooLarge, Unauthorized, Unavailable,
 };
-pub(crate) use schemas::{
-    FlashSaleRequest, Health, NoticeResult, OrderList, OrderRequest, PaymentNotice, PaymentRequest,
-    Points, Problem, ProblemCode, ReconcileResult, RepeatTokenBody, Stock, StockUpdate,
-};
-
-use super::{admin, orders, payments, points, stock, system};
+use schemas::{Problem, ProblemCode};
 use serde_json::Value;
 use std::sync::OnceLock;
 use utoipa::OpenApi;
@@ -54,7 +47,7 @@ Identity is the `X-User-Id` header (a stand-in for real authentication). Every e
         paths::index,
         system::healthz,
         system::metrics,
-        paths::serve,
+        serve,
         orders::issue_token,
         orders::create_with_token,
         paths::quick_order,
@@ -135,4 +128,16 @@ fn camel_case_links(doc: &mut Value) {
             }
         }
     }
+}
+
+/// `GET /openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openApi",
+    tag = "system",
+    responses((status = 200, description = "This document (OpenAPI 3.1).", body = Object))
+)]
+pub(crate) async fn serve() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
 }

@@ -2,24 +2,9 @@
 //! `GET /openapi.json` itself, `GET /` (a closure in `page.rs`) and
 //! `POST /orders/quick` (the handler of `POST /orders` behind another guard).
 
-use super::{
-    BadRequest, Conflict, NotFound, OrderRequest, TooLarge, Unauthorized, Unavailable, UserId,
-    document,
-};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
-
-/// `GET /openapi.json`.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    operation_id = "openApi",
-    tag = "system",
-    responses((status = 200, description = "This document (OpenAPI 3.1).", body = Object))
-)]
-pub(crate) async fn serve() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
-}
+use super::params::UserId;
+use super::responses::{BadRequest, Conflict, NotFound, TooLarge, Unauthorized, Unavailable};
+use super::schemas::OrderRequest;
 
 /// `GET /` is served by a closure in `page.rs`: this only documents it.
 #[utoipa::path(

@@ -1,7 +1,7 @@
 //! The reusable problem responses of the document (`ToResponse`), one per
 //! status, each an RFC 9457 problem.
 
-use super::Problem;
+use super::schemas::Problem;
 use utoipa::ToResponse;
 
 /// 400: `invalid_request` (bad JSON, duplicate keys, wrong types, values out
