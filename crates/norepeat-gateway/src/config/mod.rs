@@ -77,6 +77,7 @@
 //! | `rate_limit.burst` (gcra only) | the rate's count |
 //! | `rate_limit.by` | `identity` |
 //! | `hosts` | none: every Host is served, keys scoped by the one it names |
+//! | `records` | none: the idempotency records are kept on `store` |
 //! | `upgrades` | `[websocket]` (`h2c` is refused) |
 //! | `limits` | `header_timeout: 10s`, `idle_timeout: 60s`, `body_timeout: 30s`, `request_timeout: 60s`, `max_connections: 10000`, `max_streams: 100` |
 //! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
@@ -168,6 +169,11 @@ pub struct Config {
     /// Empty (the default): every Host is served, and keys are scoped by
     /// the one it names.
     pub hosts: Vec<String>,
+    /// `records`: where the idempotency routes keep their records (claims,
+    /// answers, unknown outcomes), apart from `store`: a database, which
+    /// outlives a cache that forgets (a Redis without persistence,
+    /// restarted). `None`: on `store` with the other guards.
+    pub records: Option<RecordsUrl>,
     /// `upgrades` (`[websocket]`): the `Upgrade` protocols forwarded, in
     /// lower case; any other is dropped from the request (it goes on as a
     /// plain request). `h2c` is refused in the file.
@@ -213,6 +219,7 @@ macro_rules! start_only {
 
 start_only!(
     listen,
+    records,
     tls,
     upstream_ca,
     limits,
@@ -589,6 +596,20 @@ impl StoreUrl {
             StoreUrl::Memory => None,
             StoreUrl::Redis(u) | StoreUrl::Cluster(u) => Some(u),
         }
+    }
+}
+
+/// `records:`: the database that keeps the idempotency routes' records,
+/// as written (`postgres://...`, or `sqlite:FILE`, its path relative to
+/// the file's folder resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordsUrl(String);
+
+impl RecordsUrl {
+    /// The URL to hand to `norepeat::store::AnyStore::from_url`.
+    #[must_use]
+    pub fn as_url(&self) -> &str {
+        &self.0
     }
 }
 

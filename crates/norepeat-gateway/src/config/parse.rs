@@ -44,6 +44,7 @@ const TOP: &[&str] = &[
     "cors",
     "hosts",
     "upgrades",
+    "records",
 ];
 const TLS: &[&str] = &["cert", "key"];
 const ADMIN: &[&str] = &["listen", "token_env"];
@@ -286,6 +287,10 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         None => Some(Vec::new()),
         Some(n) => hosts(w, n),
     };
+    let records = match top.get("records") {
+        None => Some(None),
+        Some(n) => w.parse(n, "records", |s| records(s, &ctx.dir)).map(Some),
+    };
     let upgrades = match top.get("upgrades") {
         None => Some(super::default_upgrades()),
         Some(n) => upgrades(w, n),
@@ -337,6 +342,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         admin: admin?,
         hosts: hosts?,
         upgrades: upgrades?,
+        records: records?,
     })
 }
 
@@ -1280,6 +1286,40 @@ fn host_port(s: &str, port_optional: bool) -> Result<(), String> {
 
 /// `memory`, `redis://...`, `rediss://...` or `redis+cluster://h:p,h:p`.
 /// Credentials are never repeated in a message.
+/// `records:`: `postgres://...` (or `postgresql://`) or `sqlite:FILE` (a
+/// relative FILE is the configuration file's folder's).
+fn records(s: &str, dir: &std::path::Path) -> Result<super::RecordsUrl, String> {
+    let expected = "expected postgres://user@host[:port]/database or sqlite:FILE";
+    if let Some(rest) = s
+        .strip_prefix("postgres://")
+        .or_else(|| s.strip_prefix("postgresql://"))
+    {
+        if rest.is_empty() {
+            return Err(format!("no host; {expected}"));
+        }
+        return Ok(super::RecordsUrl(s.to_owned()));
+    }
+    if let Some(rest) = s.strip_prefix("sqlite:") {
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let (path, query) = rest
+            .split_once('?')
+            .map_or((rest, None), |(p, q)| (p, Some(q)));
+        if path.is_empty() || path == ":memory:" {
+            return Err(format!(
+                "a file is needed (records kept in memory would not outlive the process); {expected}"
+            ));
+        }
+        let path = dir.join(path);
+        let mut url = format!("sqlite://{}", path.display());
+        if let Some(q) = query {
+            url.push('?');
+            url.push_str(q);
+        }
+        return Ok(super::RecordsUrl(url));
+    }
+    Err(format!("not a database URL; {expected}"))
+}
+
 fn store(s: &str) -> Result<StoreUrl, String> {
     let expected = "expected memory, redis://host:port[/db] or redis+cluster://host:port,host:port";
     let hosts = |rest: &str| rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_owned();

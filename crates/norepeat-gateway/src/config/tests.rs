@@ -1127,3 +1127,26 @@ fn hosts_and_a_guard_another_host_walks_past() {
         "not one of hosts",
     );
 }
+
+/// Issue 51: `records` is a database URL (PostgreSQL, or a SQLite file
+/// relative to the file's folder); memory or Redis is no place for records
+/// meant to outlive the store.
+#[test]
+fn records_name_a_database() {
+    assert_eq!(ok(UP).records, None);
+    let c = ok(&format!("{UP}records: postgres://gw@127.0.0.1/gw\n"));
+    assert_eq!(c.records.unwrap().as_url(), "postgres://gw@127.0.0.1/gw");
+    let c = Config::parse(
+        "/etc/gw/g.yaml",
+        format!("{UP}records: sqlite:records.db\n").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(c.records.unwrap().as_url(), "sqlite:///etc/gw/records.db");
+    for (bad, why) in [
+        ("redis://127.0.0.1:6379", "not a database URL"),
+        ("\"sqlite::memory:\"", "a file is needed"),
+        ("postgres://", "no host"),
+    ] {
+        assert_one(&format!("{UP}records: {bad}\n"), "2:10 records:", why);
+    }
+}

@@ -37,6 +37,8 @@ pub struct Gateway {
     /// What the file describes; swapped whole on a reload.
     pub(crate) live: ArcSwap<Routes>,
     pub(crate) store: SharedStore,
+    /// `records`: the idempotency routes' store, when it is not `store`.
+    pub(crate) records: Option<SharedStore>,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
     pub(crate) detached: DetachedTasks,
@@ -190,6 +192,12 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, BuildError> {
         let store = SharedStore::over(Connecting::connect(config.store.as_url()).await?);
+        let records = match &config.records {
+            Some(url) => Some(SharedStore::over(
+                Connecting::connect(Some(url.as_url())).await?,
+            )),
+            None => None,
+        };
         // Before any client is made: `upstream_ca` is read at start.
         let https = std::iter::once(&config.upstream)
             .chain(config.routes.iter().map(|r| &r.upstream))
@@ -200,7 +208,7 @@ impl Gateway {
         let site_scoped_since = site_scoped_since(&store).await;
         let routes = Routes::build(
             config,
-            &store,
+            (&store, records.as_ref()),
             (&detached, &stopping, site_scoped_since),
             None,
         )
@@ -211,6 +219,7 @@ impl Gateway {
             Arc::downgrade(&store_answers),
         ));
         Ok(Self {
+            records,
             store_answers,
             live: ArcSwap::from_pointee(routes),
             store,
@@ -278,7 +287,7 @@ impl Gateway {
         }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
         let shared = (&self.detached, &self.stopping, self.site_scoped_since);
-        let routes = Routes::build(config, &self.store, shared, tokens)
+        let routes = Routes::build(config, (&self.store, self.records.as_ref()), shared, tokens)
             .await
             .map_err(|e| format!("store: {e}"))?;
         let n = routes.list.len();

@@ -69,6 +69,8 @@ impl Connecting {
                 let pending = Self {
                     kind: match url {
                         Some(u) if u.starts_with("redis+cluster://") => "cluster",
+                        Some(u) if u.starts_with("postgres") => "postgres",
+                        Some(u) if u.starts_with("sqlite:") => "sqlite",
                         _ => "redis",
                     },
                     store: Arc::new(OnceLock::new()),

@@ -20,6 +20,7 @@ mod lifecycle;
 mod never_panics;
 mod operator;
 mod passthrough;
+mod records;
 mod requests_never_5xx;
 mod routing;
 mod store_down;

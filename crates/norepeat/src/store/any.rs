@@ -27,11 +27,29 @@ pub enum AnyStore {
     /// A Redis Cluster.
     #[cfg(feature = "redis")]
     Cluster(super::ClusterStore),
+    /// A PostgreSQL table, with the reaper that reclaims its expired rows
+    /// while the store lives (key-value operations only: rate limits are
+    /// not kept in SQL).
+    #[cfg(feature = "postgres")]
+    Postgres(super::PgStore, std::sync::Arc<super::sql::Reaper>),
+    /// A SQLite table (WAL), with its reaper, as for `Postgres`.
+    #[cfg(feature = "sqlite")]
+    Sqlite(super::SqliteStore, std::sync::Arc<super::sql::Reaper>),
 }
+
+/// How often an SQL store built from a URL reclaims its expired rows.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl AnyStore {
     /// `None`: a [`MemoryStore`] of 100,000 entries. `redis://...`: one Redis.
-    /// `redis+cluster://host:port,host:port`: a Redis Cluster.
+    /// `redis+cluster://host:port,host:port`: a Redis Cluster. With the
+    /// `postgres` feature, `postgres://...` (or `postgresql://`); with
+    /// `sqlite`, `sqlite:FILE` (created if missing, in WAL mode): a table
+    /// (`norepeat_keys`) created if it does not exist, its expired rows
+    /// reclaimed every minute. An SQL store keeps keys only (the
+    /// idempotency records a crash of the cache must not lose); a rate
+    /// limit asked of it is an error.
     ///
     /// # Errors
     /// When the URL is not understood or the store cannot be reached.
@@ -45,6 +63,39 @@ impl AnyStore {
             #[cfg(feature = "redis")]
             Some(u) if u.starts_with("redis://") || u.starts_with("rediss://") => {
                 Ok(Self::Redis(super::RedisStore::connect(u).await?))
+            }
+            #[cfg(feature = "postgres")]
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(std::time::Duration::from_secs(5))
+                    .connect(u)
+                    .await
+                    .map_err(|e| {
+                        StoreError::Connection(super::redact_url(&e.to_string()).into_owned())
+                    })?;
+                let store = super::PgStore::new(pool);
+                store.migrate().await?;
+                let reaper = std::sync::Arc::new(store.spawn_reaper(REAP_EVERY));
+                Ok(Self::Postgres(store, reaper))
+            }
+            #[cfg(feature = "sqlite")]
+            Some(u) if u.starts_with("sqlite:") => {
+                use std::str::FromStr;
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(u)
+                    .map_err(|e| StoreError::InvalidUrl(format!("{u:?}: {e}")))?
+                    .create_if_missing(true)
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .busy_timeout(std::time::Duration::from_secs(5));
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| StoreError::Connection(e.to_string()))?;
+                let store = super::SqliteStore::new(pool);
+                store.migrate().await?;
+                let reaper = std::sync::Arc::new(store.spawn_reaper(REAP_EVERY));
+                Ok(Self::Sqlite(store, reaper))
             }
             Some(u) => Err(StoreError::InvalidUrl(format!(
                 "{:?}: expected redis://[[user]:password@]host:port[/db], rediss://... or redis+cluster://host:port,host:port",
@@ -100,6 +151,10 @@ macro_rules! dispatch {
             AnyStore::Redis($s) => $e,
             #[cfg(feature = "redis")]
             AnyStore::Cluster($s) => $e,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($s, _) => $e,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($s, _) => $e,
         }
     };
 }
@@ -121,8 +176,26 @@ impl KeyValueStore for AnyStore {
 
 impl RateStore for AnyStore {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
-        dispatch!(self, s => s.rate(op).await)
+        match self {
+            AnyStore::Memory(s) => s.rate(op).await,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(s) => s.rate(op).await,
+            #[cfg(feature = "redis")]
+            AnyStore::Cluster(s) => s.rate(op).await,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(..) => Err(not_for_rates("postgres")),
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(..) => Err(not_for_rates("sqlite")),
+        }
     }
+}
+
+/// A rate limit asked of an SQL store: it keeps keys only.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn not_for_rates(kind: &str) -> StoreError {
+    StoreError::Protocol(format!(
+        "a {kind} store keeps keys only: rate limits are kept in memory or Redis"
+    ))
 }
 
 #[cfg(test)]

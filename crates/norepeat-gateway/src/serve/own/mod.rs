@@ -240,6 +240,7 @@ fn health(gw: &Gateway, detailed: bool) -> Response<Body> {
             "status": "ok",
             "routes": live.list.len(),
             "store": gw.store.kind(),
+            "records": gw.records.as_ref().map(crate::serve::SharedStore::kind),
             "breaker": breaker,
             "store_answers": answers,
             "refusing": refusing,

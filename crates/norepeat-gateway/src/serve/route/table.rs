@@ -69,7 +69,7 @@ pub(crate) struct Compiled {
 impl Routes {
     pub(crate) async fn build(
         config: &Config,
-        store: &SharedStore,
+        (store, records): (&SharedStore, Option<&SharedStore>),
         (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
@@ -130,7 +130,12 @@ impl Routes {
                     .map_or_else(|| caller.clone(), Caller::new);
                 let (service, records) = stack(
                     r,
-                    &store.for_route(r.on_store_failure),
+                    // A guard that keeps answers keeps them in `records`
+                    // when the file has one.
+                    &records
+                        .filter(|_| r.guard.as_ref().is_some_and(Guard::keeps_answers))
+                        .unwrap_or(store)
+                        .for_route(r.on_store_failure),
                     &HostScoped::new(caller.clone()).site(site.clone()),
                     (detached, stopping, site_scoped_since),
                     tokens,
