@@ -9,7 +9,7 @@ use crate::serve::store::{Connecting, SharedStore};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use norepeat::idempotency::DetachedTasks;
-use norepeat::store::{KeyValueStore, KeyValueStoreExt, StoreError};
+use norepeat::store::StoreError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -72,9 +72,6 @@ pub struct Gateway {
     pub(crate) applied: ArcSwap<Config>,
     /// The hash of the admin token (from `admin.token_env`, read at start).
     pub(crate) admin_token: Option<blake3::Hash>,
-    /// Since when (Unix ms) this store's keys are scoped by site: records
-    /// older than that are under the caller alone ([`site_scoped_since`]).
-    pub(crate) site_scoped_since: Option<u64>,
     /// Whether the store answered its last probe (`healthz`; probed in
     /// the background, never per request).
     pub(crate) store_answers: Arc<std::sync::atomic::AtomicBool>,
@@ -116,37 +113,6 @@ impl From<StoreError> for BuildError {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
     }
-}
-
-/// Where the store keeps when its keys began to be scoped by site.
-const SITE_SCOPED_KEY: &str = "norepeat:gateway:site-scoped-since";
-
-/// Since when (Unix ms) the store's idempotency keys are scoped by site as
-/// well as by caller (issue 37): the first instance of a release that does
-/// so writes the time (one `SET NX`, kept 400 days); every instance reads
-/// it. Until a route's `retention` has passed since then, a key with no
-/// record under its site-scoped id is looked up under the caller alone,
-/// where the release before wrote it, so a retry across the upgrade is
-/// replayed, never run again. A store that does not answer gives this
-/// start's time (the lookups then last a retention from now: the safe
-/// side); a memory store has nothing from before (`None`).
-async fn site_scoped_since(store: &SharedStore) -> Option<u64> {
-    if store.kind() == "memory" {
-        return None;
-    }
-    let now = crate::serve::identify::scope::now_ms();
-    let ttl = Duration::from_secs(400 * 24 * 3600);
-    let held = store
-        .closed()
-        .put_if_absent(SITE_SCOPED_KEY, now.to_string().as_bytes(), ttl)
-        .await;
-    Some(match held {
-        Ok(Some(v)) => std::str::from_utf8(&v)
-            .ok()
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(now),
-        _ => now,
-    })
 }
 
 /// The admin token's hash, from the variable `admin.token_env` names.
@@ -205,11 +171,10 @@ impl Gateway {
         crate::serve::upstream::pool::use_upstream_ca(config.upstream_ca.as_ref(), https);
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
-        let site_scoped_since = site_scoped_since(&store).await;
         let routes = Routes::build(
             config,
             (&store, records.as_ref()),
-            (&detached, &stopping, site_scoped_since),
+            (&detached, &stopping),
             None,
         )
         .await?;
@@ -237,7 +202,6 @@ impl Gateway {
             admin_listener: std::sync::Mutex::new(None),
             admin_token: admin_token(config)?,
             applied: ArcSwap::from_pointee(config.clone()),
-            site_scoped_since,
         })
     }
 
@@ -286,7 +250,7 @@ impl Gateway {
             ));
         }
         let tokens = old.tokens.clone().zip(old.closed_tokens.clone());
-        let shared = (&self.detached, &self.stopping, self.site_scoped_since);
+        let shared = (&self.detached, &self.stopping);
         let routes = Routes::build(config, (&self.store, self.records.as_ref()), shared, tokens)
             .await
             .map_err(|e| format!("store: {e}"))?;

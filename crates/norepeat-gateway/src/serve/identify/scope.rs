@@ -120,36 +120,6 @@ impl Identify for HostScoped {
     }
 }
 
-/// The caller alone, as releases before site scoping keyed it, until
-/// `until` (Unix ms): the layer's
-/// [`previous_identity`](norepeat::idempotency::IdempotencyLayer::previous_identity)
-/// while a retry of a request first made before the upgrade may come.
-#[derive(Debug, Clone)]
-pub(crate) struct Unscoped {
-    caller: Caller,
-    until: u64,
-}
-
-impl Unscoped {
-    pub(crate) fn until(caller: Caller, until: u64) -> Self {
-        Self { caller, until }
-    }
-}
-
-impl Identify for Unscoped {
-    fn identify(&self, parts: &Parts) -> Option<String> {
-        if now_ms() >= self.until {
-            return None;
-        }
-        self.caller.identify(parts)
-    }
-}
-
-/// The wall clock in Unix milliseconds (the library's).
-pub(crate) fn now_ms() -> u64 {
-    norepeat::clock::Clock::now_ms(&norepeat::clock::SystemClock)
-}
-
 /// The domain of the site hash.
 const SITE_KEY: &[u8; 32] = b"norepeat-gateway site scope v1..";
 

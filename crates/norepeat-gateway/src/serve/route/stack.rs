@@ -6,7 +6,6 @@ use crate::serve::HostScoped;
 use crate::serve::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
-use crate::serve::identify::scope::Unscoped;
 use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::store::{SharedStore, note_failure};
 use crate::serve::upstream::pool::{Pool, Target, client, connect_timeout};
@@ -59,7 +58,7 @@ pub(crate) fn stack(
     route: &Route,
     store: &SharedStore,
     scoped: &HostScoped,
-    (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
+    (detached, stopping): (&DetachedTasks, &CancellationToken),
     tokens: Option<&TokenGuard<SharedStore>>,
     metrics: &Arc<RouteMetrics>,
 ) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
@@ -157,12 +156,7 @@ pub(crate) fn stack(
                 Ambiguous::Keep => Abandoned::OutcomeUnknown,
                 Ambiguous::Release => Abandoned::Retry,
             };
-            // Records from before keys were scoped by site, looked up for
-            // one retention after (see `site_scoped_since`).
-            let until = site_scoped_since.map(|since| {
-                since.saturating_add(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
-            });
-            let mut layer = IdempotencyLayer::new(store.clone())
+            let layer = IdempotencyLayer::new(store.clone())
                 .required(*required)
                 .retention(*retention)
                 .abandoned(abandoned)
@@ -177,9 +171,6 @@ pub(crate) fn stack(
                 .stored_headers(StoredHeaders::AllButHopByHop)
                 .detached_tasks_in(detached)
                 .shadow(route.shadow);
-            if let Some(until) = until.filter(|u| *u > crate::serve::identify::scope::now_ms()) {
-                layer = layer.previous_identity(Unscoped::until(caller.clone(), until));
-            }
             records = Some(layer.clone());
             boxed(layer.layer(base))
         }

@@ -70,7 +70,7 @@ impl Routes {
     pub(crate) async fn build(
         config: &Config,
         (store, records): (&SharedStore, Option<&SharedStore>),
-        (detached, stopping, site_scoped_since): (&DetachedTasks, &CancellationToken, Option<u64>),
+        (detached, stopping): (&DetachedTasks, &CancellationToken),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
         let caller = Caller::new(&config.identity);
@@ -137,7 +137,7 @@ impl Routes {
                         .unwrap_or(store)
                         .for_route(r.on_store_failure),
                     &HostScoped::new(caller.clone()).site(site.clone()),
-                    (detached, stopping, site_scoped_since),
+                    (detached, stopping),
                     tokens,
                     &metrics,
                 );
