@@ -501,6 +501,8 @@ async fn an_operator_reads_and_clears_one_keys_record_with_the_admin_token() {
         .await
         .unwrap();
     assert_eq!(read["state"], "outcome_unknown", "{read}");
+    // The status the client was told (issue 51: it showed the 200 kept).
+    assert_eq!(read["status"], 504, "{read}");
     let other = c
         .get(&record)
         .header("norepeat-admin-token", token)
@@ -602,4 +604,73 @@ async fn a_client_that_leaves_before_its_answer_is_logged_499_client_closed() {
         Some(32),
         "{line}"
     );
+}
+
+/// Issue 51, item 7: the admin reaches every record. A caller identified
+/// by its address is named with `client=ADDRESS` (it was a 400: the admin
+/// request's own address is not the client's); a backend's own 500 under
+/// `keep` shows as the 500 the client got; a completed record, whose
+/// answer retries get, is not cleared (409 `record_completed`) unless
+/// `force=true`.
+#[tokio::test]
+async fn the_admin_reaches_records_of_an_address_and_keeps_completed_ones() {
+    let b = backend(0).await;
+    let admin = free_port();
+    let token = "an-admin-token-of-some-length";
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nadmin: {{ listen: 127.0.0.1:{admin}, token_env: T }}\nroutes:\n  - match: POST /payments\n    guard: idempotency\n",
+        b.port
+    );
+    let g = gateway_env(&yaml, &[("T", token)]).await;
+    let c = Client::new();
+    let pay = |key: &'static str, status: &'static str| {
+        c.post(url(&g, "/payments"))
+            .header("idempotency-key", key)
+            .header("x-status", status)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(pay("k-500", "500").await.unwrap().status(), 500);
+    assert_eq!(pay("k-done", "201").await.unwrap().status(), 201);
+    let record = |key: &str, extra: &str| {
+        format!(
+            "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/payments&key={key}&host=127.0.0.1{extra}"
+        )
+    };
+    let ask = |m: reqwest::Method, u: String| {
+        c.request(m, u).header("norepeat-admin-token", token).send()
+    };
+    let unnamed = ask(reqwest::Method::GET, record("k-500", ""))
+        .await
+        .unwrap();
+    assert_eq!(unnamed.status(), 400, "no caller without client=");
+    let read: Value = ask(reqwest::Method::GET, record("k-500", "&client=127.0.0.1"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (read["state"].as_str(), read["status"].as_u64()),
+        (Some("outcome_unknown"), Some(500)),
+        "{read}"
+    );
+    let done = record("k-done", "&client=127.0.0.1");
+    let read: Value = ask(reqwest::Method::GET, done.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["state"], "completed", "{read}");
+    let refused = ask(reqwest::Method::DELETE, done.clone()).await.unwrap();
+    assert_eq!(
+        code(refused).await,
+        (StatusCode::CONFLICT, "record_completed".into())
+    );
+    let forced = ask(reqwest::Method::DELETE, format!("{done}&force=true"))
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), 200);
+    assert_eq!(effects(&b).await["/payments"], 2);
 }

@@ -14,6 +14,7 @@ use http::{Response, StatusCode, header};
 use norepeat::idempotency::RecordState;
 use norepeat::identity::Identify;
 use norepeat::problem::Problem;
+use norepeat::ratelimit::PeerAddr;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -104,6 +105,20 @@ pub(super) async fn record(
         .unwrap_or_else(|_| http::Request::new(()).into_parts());
     parts.headers = req.headers().clone();
     parts.headers.remove(ADMIN_TOKEN);
+    // `client=ADDRESS`: the client's address, for a caller identified by
+    // it (the admin request's own address is not the client's).
+    if let Some(client) = params.get("client") {
+        let Ok(ip) = client.parse::<std::net::IpAddr>() else {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("client={client:?} is no IP address."),
+            );
+        };
+        parts
+            .extensions
+            .insert(PeerAddr(std::net::SocketAddr::new(ip, 0)));
+    }
     parts.headers.remove(header::HOST);
     if let Ok(h) = header::HeaderValue::from_str(host) {
         parts.headers.insert(header::HOST, h);
@@ -116,7 +131,7 @@ pub(super) async fn record(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             format!(
-                "No caller: send the headers the client sent. {}",
+                "No caller: send the headers the client sent (and client=ADDRESS for a caller identified by its address). {}",
                 route_caller.missing()
             ),
         );
@@ -149,14 +164,33 @@ pub(super) async fn record(
             body_len,
         } => {
             // The gateway's own record of an unknown outcome (see the
-            // module docs): a 200 carrying OUTCOME_HEADER.
-            let unknown = headers.iter().any(|h| h == OUTCOME_HEADER.as_str());
-            serde_json::json!({
-                "state": if unknown { "outcome_unknown" } else { "completed" },
-                "status": status.as_u16(),
-                "headers": headers,
-                "body_len": body_len,
-            })
+            // module docs): a 200 carrying OUTCOME_HEADER, whose value is
+            // the backend's own status (a 500 or 504 it answered), or
+            // `unknown` (no answer: the client was told 504).
+            match read.stored_header(OUTCOME_HEADER.as_str()) {
+                Some(told) => {
+                    let told = told
+                        .to_str()
+                        .ok()
+                        .and_then(|s| s.parse::<u16>().ok())
+                        .unwrap_or(504);
+                    serde_json::json!({
+                        "state": "outcome_unknown",
+                        "status": told,
+                        "headers": headers
+                            .iter()
+                            .filter(|h| *h != OUTCOME_HEADER.as_str())
+                            .collect::<Vec<_>>(),
+                        "body_len": body_len,
+                    })
+                }
+                None => serde_json::json!({
+                    "state": "completed",
+                    "status": status.as_u16(),
+                    "headers": headers,
+                    "body_len": body_len,
+                }),
+            }
         }
         _ => serde_json::json!({"state": "unknown"}),
     };
@@ -170,6 +204,16 @@ pub(super) async fn record(
             StatusCode::CONFLICT,
             "record_in_progress",
             "The key's request is still running (its lease is renewed); a record is cleared once it is completed, abandoned or an unknown outcome.".into(),
+        );
+    }
+    let force = params.get("force").is_some_and(|f| f == "true");
+    if shown["state"] == "completed" && !force {
+        // Its answer is known and replayed: cleared, the key's retry would
+        // run the effect again.
+        return problem(
+            StatusCode::CONFLICT,
+            "record_completed",
+            "The key's request completed and its answer is replayed to retries; clearing it would let the next retry run the effect again. Add force=true to clear it all the same.".into(),
         );
     }
     match layer.clear(&caller, &method, &spelled, key, &read).await {

@@ -54,6 +54,32 @@ pub struct Inspected {
     bytes: Bytes,
 }
 
+impl Inspected {
+    /// The value of header `name` in the stored answer, if the record is
+    /// completed and kept it: a header an application put there for its
+    /// operators (the gateway keeps the status its client was told of an
+    /// unknown outcome in one).
+    ///
+    /// ```
+    /// use norepeat::idempotency::IdempotencyLayer;
+    /// use norepeat::store::MemoryStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = IdempotencyLayer::new(MemoryStore::default());
+    /// let read = layer.inspect("u1", &http::Method::POST, "/payments", "k1").await?;
+    /// assert!(read.is_none_or(|r| r.stored_header("x-order").is_none()));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn stored_header(&self, name: &str) -> Option<http::HeaderValue> {
+        let rec = record::decode(&self.bytes).ok()?;
+        rec.completed?
+            .headers
+            .into_iter()
+            .find(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
 impl<G: KeyValueStore + Clone> IdempotencyLayer<G> {
     /// The record of the request `method path` with key `key` from
     /// `caller` (the id the layer's [`Identify`](crate::identity::Identify)
