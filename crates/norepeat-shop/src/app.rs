@@ -139,8 +139,10 @@ impl AppState {
         let kind = cfg.idempotency_store().map_err(StartError::Config)?;
         let payments = PaymentsStore::open(kind, &store, &db).await?;
         let outage = Outage::new(store);
-        // `store_timeout` is the floor of the adaptive budget (up to 1 s).
+        // `store_timeout` is the floor of the adaptive budget, and
+        // `store_timeout_max` its ceiling.
         let primary = Resilient::new(outage.clone())
+            .max_timeout(cfg.store_timeout_max())
             .timeout(cfg.store_timeout())
             .breaker(5, Duration::from_secs(1));
         let open = if cfg.defence.local_fallback() {

@@ -89,9 +89,15 @@ pub struct ShopConfig {
     /// Idempotency-Key is claimed; each client address gets 10 times it.
     #[arg(long, env = "NOREPEAT_PAYMENT_RATE", default_value = "20/s")]
     pub payment_rate: String,
-    /// Longest a request waits on the guard store, in milliseconds.
+    /// The floor of the guard store's time budget, in milliseconds (the
+    /// budget follows the store's recent latency).
     #[arg(long, env = "NOREPEAT_STORE_TIMEOUT_MS", default_value_t = 50)]
     pub store_timeout_ms: u64,
+    /// The ceiling of the guard store's time budget, in milliseconds: the
+    /// longest a request waits on one guard store call, however slow the
+    /// store has been.
+    #[arg(long, env = "NOREPEAT_STORE_TIMEOUT_MAX_MS", default_value_t = 300)]
+    pub store_timeout_max_ms: u64,
     /// `nats://...`: order events go through NATS JetStream; unset: in-process queue.
     #[arg(long, env = "NATS_URL")]
     pub nats_url: Option<String>,
@@ -137,6 +143,7 @@ impl Default for ShopConfig {
             flash_rate: "5/s".into(),
             payment_rate: "20/s".into(),
             store_timeout_ms: 50,
+            store_timeout_max_ms: 300,
             nats_url: None,
             duplicate_events: 1,
             reconcile_every_s: 120,
@@ -239,6 +246,11 @@ impl ShopConfig {
     #[must_use]
     pub fn store_timeout(&self) -> Duration {
         Duration::from_millis(self.store_timeout_ms.max(1))
+    }
+
+    /// The ceiling of the guard store's budget (never below its floor).
+    pub fn store_timeout_max(&self) -> Duration {
+        Duration::from_millis(self.store_timeout_max_ms.max(1))
     }
 }
 

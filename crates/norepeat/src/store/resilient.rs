@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 ///
 /// # Slow is not down
 /// The budget adapts to the store's observed latency: 3 times the p99 of the
-/// last 100 calls, kept between a floor ([`timeout`](Self::timeout), default
-/// 50 ms) and a ceiling ([`max_timeout`](Self::max_timeout), default 1 s).
+/// last 100 calls (never their single slowest: one outlier, a restart's
+/// first reply, does not hold the budget high), kept between a floor
+/// ([`timeout`](Self::timeout), default 50 ms) and a ceiling
+/// ([`max_timeout`](Self::max_timeout), default 300 ms: what a checkout
+/// can wait on one store call).
 /// A call that runs out of its budget records nothing then: silence does
 /// not teach the budget. If its answer still comes (the store's
 /// [`report_late_answers`](KeyValueStore::report_late_answers); the Redis
@@ -154,8 +157,10 @@ impl Silence {
 
 /// The default floor of the budget.
 const FLOOR: Duration = Duration::from_millis(50);
-/// The default ceiling of the budget.
-const CEILING: Duration = Duration::from_secs(1);
+/// The default ceiling of the budget: what one request may wait on one
+/// store call, however slow the store has been (a store that then hangs
+/// costs each request this until the breaker opens).
+const CEILING: Duration = Duration::from_millis(300);
 /// How many recent calls the p99 is taken over.
 const SAMPLES: usize = 100;
 /// How often, in calls, the p99 is computed again when nothing raises it.
@@ -227,7 +232,9 @@ impl Budget {
             }
             let mut sorted = r.ring;
             let n = r.len;
-            let rank = (n * 99).div_ceil(100).max(1) - 1;
+            // Never the single slowest of the window (one outlier is no
+            // trend): of 100 that is the p99; of fewer, the second slowest.
+            let rank = ((n * 99).div_ceil(100).max(1) - 1).min(n.saturating_sub(2));
             *sorted[..n].select_nth_unstable(rank).1
         };
         let budget = Duration::from_micros(u64::from(p99))
@@ -251,7 +258,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl<S: KeyValueStore> Resilient<S> {
-    /// `inner` with the default budget (adaptive, 50 ms to 1 s) and breaker.
+    /// `inner` with the default budget (adaptive, 50 ms to 300 ms) and breaker.
     #[must_use]
     pub fn new(inner: S) -> Self {
         let kind = inner.kind();
@@ -286,8 +293,8 @@ impl<S: KeyValueStore> Resilient<S> {
         this.breaker(threshold, cool_down)
     }
 
-    /// Sets the ceiling of the time budget (default 1 s): the longest a call
-    /// waits, however slow the store has been.
+    /// Sets the ceiling of the time budget (default 300 ms): the longest a
+    /// call waits, however slow the store has been.
     #[must_use]
     pub fn max_timeout(self, ceiling: Duration) -> Self {
         let budget = Budget::new(self.budget.floor, ceiling, self.inner.kind());
@@ -492,6 +499,17 @@ mod tests {
         );
     }
 
+    /// The default ceiling is one a checkout can afford: a store slow
+    /// enough to push the budget up holds each call at most 300 ms.
+    #[test]
+    fn the_default_ceiling_is_300_ms() {
+        let b = Budget::new(FLOOR, CEILING, "test");
+        for _ in 0..SAMPLES {
+            b.observe(2000 * MS);
+        }
+        assert_eq!(b.current(), 300 * MS);
+    }
+
     #[test]
     fn the_budget_rises_at_once_and_comes_back_down() {
         let b = Budget::new(50 * MS, 1000 * MS, "test");
@@ -499,7 +517,12 @@ mod tests {
             b.observe(MS);
         }
         assert_eq!(b.current(), 50 * MS);
-        // One slow call raises it right away (it is the p99 of so few).
+        // One slow call is an outlier: the budget stays (issue 51: one
+        // slow reply held it at the ceiling, so a store that then hung
+        // cost every request a whole ceiling).
+        b.observe(80 * MS);
+        assert_eq!(b.current(), 50 * MS);
+        // A second one is a store turning slow: raised at once.
         b.observe(80 * MS);
         assert_eq!(b.current(), 240 * MS);
         // A healthy store again: the slow sample leaves the window and the

@@ -154,7 +154,7 @@ pub(super) fn at(url: &str, error: StoreError) -> StoreError {
 /// The response timeout bounds a batch on a connection whose replies
 /// stopped coming: its calls fail after it instead of waiting for a
 /// [`Pool::reconnect`]. It is longer than the longest default budget of
-/// [`Resilient`](crate::store::Resilient) (1 s), so that the answer of a
+/// [`Resilient`](crate::store::Resilient) (300 ms), so that the answer of a
 /// slow store still comes after its caller gave up, and is reported (see
 /// [`batch`]): cut at redis-rs's default of 500 ms, an answer of a store
 /// 300 ms away each way never came, and the store looked silent.
