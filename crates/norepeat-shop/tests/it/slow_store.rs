@@ -16,12 +16,18 @@ use norepeat_testkit::{PgDatabase, ProxyMode, RedisServer, ShopProcess, TcpProxy
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// Two shops on `redis_url` (their default store budget: a 50 ms floor)
-/// and one PostgreSQL database.
+/// Two shops on `redis_url` (their store budget: a 50 ms floor, and a
+/// 1 s ceiling, set: the default 300 ms is what a checkout waits, and a
+/// store 300 ms away each way would be down to it) and one PostgreSQL
+/// database.
 async fn two_shops(redis_url: &str, pg: &PgDatabase) -> [ShopProcess; 2] {
     let env = vec![
         ("DATABASE_URL".to_owned(), pg.url()),
         ("REDIS_URL".to_owned(), redis_url.to_owned()),
+        (
+            "NOREPEAT_STORE_TIMEOUT_MAX_MS".to_owned(),
+            "1000".to_owned(),
+        ),
     ];
     let a = ShopProcess::start(BIN, env.clone()).await;
     let b = ShopProcess::start(BIN, env).await;
