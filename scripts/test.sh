@@ -121,12 +121,13 @@ cargo test --workspace --all-features --benches --no-run "${lint[@]}"
 log "doc tests"
 cargo test --workspace --all-features --doc "${lint[@]}"
 # The library under each feature set a user can pick alone builds without a
-# warning (its own targets: dev-dependencies play no part). Every feature
+# warning, its tests included (a test that needs a store is gated on its
+# feature). Every feature
 # together was linted above; these are the others that change which code is
 # compiled.
 for features in "" redis postgres sqlite; do
-  log "clippy: the library with features [${features}] only"
-  cargo clippy -p norepeat --lib --no-default-features ${features:+--features "$features"} -- -D warnings
+  log "clippy: the library and its tests with features [${features}] only"
+  cargo clippy -p norepeat --lib --tests --no-default-features ${features:+--features "$features"} -- -D warnings
 done
 # What is published builds on its own, from the packaged files alone.
 log "cargo package: the published crates, verified"

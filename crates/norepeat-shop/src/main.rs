@@ -17,16 +17,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "norepeat",
     version,
-    about = "A shop that stops duplicate submissions from becoming duplicate effects"
+    about = "A shop that stops duplicate submissions from becoming duplicate effects",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-}
-
-/// `norepeat` with no command: serve with flags from the environment.
-#[derive(Parser)]
-struct ServeDefaults {
+    /// With no command: serve, with these flags (`norepeat --listen X` is
+    /// `norepeat serve --listen X`).
     #[command(flatten)]
     cfg: ShopConfig,
 }
@@ -38,7 +36,16 @@ enum Command {
     /// Replay the duplicate-submission incident and prove the fix.
     Storm(commands::storm::StormArgs),
     /// Measure the guards against the store (the `norepeat-bench` crate).
+    #[cfg(feature = "bench")]
     Bench(norepeat_bench::BenchArgs),
+    /// Measure the guards against the store: this binary was built without
+    /// the bench (feature `bench`); says how to get it.
+    #[cfg(not(feature = "bench"))]
+    Bench {
+        /// The bench's flags (see `norepeat-bench --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run one reconciliation pass and print what it repaired.
     Reconcile {
         /// Run once and exit (the only mode).
@@ -115,8 +122,7 @@ fn main() -> ExitCode {
     let result: Result<ExitCode, String> = rt.block_on(async {
         match cli.command {
             None => {
-                let cfg = ServeDefaults::parse_from(["norepeat"]).cfg;
-                commands::serve::run(cfg).await.map_err(|e| e.to_string())?;
+                commands::serve::run(cli.cfg).await.map_err(|e| e.to_string())?;
                 Ok(ExitCode::SUCCESS)
             }
             Some(Command::Serve(cfg)) => {
@@ -142,11 +148,21 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 })
             }
+            #[cfg(feature = "bench")]
             Some(Command::Bench(args)) => {
                 // The gateway rows start `norepeat bench --load-generator`.
                 let me = norepeat_bench::SelfCommand::current(&["bench"])?;
                 norepeat_bench::run(args, &me).await?;
                 Ok(ExitCode::SUCCESS)
+            }
+            #[cfg(not(feature = "bench"))]
+            Some(Command::Bench { args: _ }) => {
+                eprintln!(
+                    "norepeat: this binary was built without the bench (the demo does not need it).\n\
+                     Build it with:  cargo run --profile bench-release -p norepeat-shop --features bench -- bench ...\n\
+                     or run the bench's own binary:  cargo run --profile bench-release -p norepeat-bench -- ..."
+                );
+                Ok(ExitCode::from(2))
             }
             Some(Command::Reconcile {
                 once: _,

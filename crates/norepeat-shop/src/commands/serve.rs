@@ -20,7 +20,14 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// # Errors
 /// When the database, the store or the listener cannot be opened.
 pub async fn run(cfg: ShopConfig) -> Result<(), StartError> {
-    let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| {
+            StartError::Config(format!(
+                "cannot listen on {} (--listen or NOREPEAT_LISTEN): {e}",
+                cfg.listen
+            ))
+        })?;
     let state = AppState::connect(cfg).await?;
     spawn_reconciler(&state);
     let addr = listener.local_addr()?;

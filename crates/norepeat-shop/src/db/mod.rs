@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the database layer's one type over PostgreSQL and SQLite, its connection, migration and shared queries.
 //! The shop's database layer: orders, stock, payments, the outbox, the points
 //! ledger and a shared secret, on SQLite or PostgreSQL.
 //!

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: orders and stock: each statement that decides an order (its unique business key, the stock's conditional update) beside the others.
 //! Orders and stock: creating an order (safely, and the storm's naive
 //! baseline), reading orders and stock, the order state machine, seeding and
 //! the storm's counters.

@@ -11,8 +11,10 @@
 // A failed `unwrap` is a failed test.
 #![allow(clippy::unwrap_used)]
 
+#[cfg(feature = "bench")]
 mod bench_command;
 mod browser;
+mod cli;
 mod cluster;
 mod common;
 mod db;

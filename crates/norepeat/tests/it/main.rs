@@ -21,6 +21,8 @@
 
 mod common;
 
+// Abandoned claims on every store kind: Redis, PostgreSQL and SQLite.
+#[cfg(all(feature = "redis", feature = "postgres", feature = "sqlite"))]
 mod abandoned;
 mod attribute;
 mod attribute_default_store;
