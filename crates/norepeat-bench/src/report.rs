@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: what one run found, as the table and the JSON object the contract gives, the ratios and their goals in one place.
 //! What one run found, as a table for people and one JSON object for
 //! machines (the shape `SHOP_API.md` gives).
 

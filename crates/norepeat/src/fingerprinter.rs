@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: how a request's fingerprint is computed, and the digests already stored, which must not move (their tests).
 //! How a request's fingerprint is computed: [`Fingerprinter`], re-exported
 //! by [`crate::fingerprint`] (whose docs describe the canonical form). It
 //! sits below the capabilities that use it, the fingerprint guard and

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the crate's front page: its docs (runnable examples of each guard) and the public modules.
 //! # norepeat
 //!
 //! Stop duplicate submissions from turning into duplicate effects.

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the gateway rows and the processes they drive (the gateway, nginx, the load generator) with the CPU each spends, measured alike.
 //! The `gateway.*` rows: one trivial backend (an axum server in this
 //! process answering `GET` with 200 and anything else with 201, a small
 //! fixed body), loaded directly, through a `norepeat-gateway` process and

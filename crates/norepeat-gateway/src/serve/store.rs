@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the store every route shares: connected in the background, one connection set per worker, the local memory and the health probe.
 //! The store every route shares ([`SharedStore`]): the file's store,
 //! connected in the background when it is down at start (the gateway
 //! starts and serves either way: a rollout must not wait on Redis, and the

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the attribute's runtime: its builder, its modes and the one function the macro calls, with their tests.
 //! The runtime of [`#[norepeat::guard]`](macro@crate::guard): [`Guarded`]
 //! (window and once mode), [`Rejected`], and the process-wide store.
 //!

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the record's bytes, every version written and read in one place, so a change of layout is seen whole.
 //! The record an `Idempotency-Key` holds in the store, as compact bytes.
 //!
 //! ```text

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one strict JSON reader and its canonical writer (RFC 8259, RFC 8785), with the table of inputs each rule refuses.
 //! A strict JSON reader (RFC 8259) that writes RFC 8785 (JCS) text.
 //! (Over 400 lines on purpose: one strict reader and the ECMAScript number form it writes, which read best whole.)
 //!

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: whose quota a request spends: the key extractors (a header, the client address through trusted proxies) and their spellings' tests.
 //! Whose quota a request spends: key extractors.
 
 use crate::identity::{Identify, UserHeader};

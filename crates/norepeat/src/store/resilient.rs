@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one wrapper: the time budget, the breaker and the silence that decides a reconnect act on each call together, and their tests.
 //! A store call with a time budget, behind a circuit breaker.
 
 use super::{Breaker, KeyOp, KeyReply, KeyValueStore, RateDecision, RateOp, RateStore, StoreError};

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the token layer and where a token is read from (header, query, form field), with the tests of each.
 //! The token guard as a tower layer: [`TokenLayer`], the [`Token`] service
 //! it builds, and its answers.
 

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one cluster client: the slot map, the batches per master and their redirections, which share its state and read best in order.
 //! Redis Cluster, batched per master node.
 //!
 //! # Why the store keeps its own slot map
