@@ -36,3 +36,4 @@
 pub mod config;
 mod jwt;
 pub mod serve;
+pub mod throttle;

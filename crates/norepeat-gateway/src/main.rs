@@ -70,12 +70,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // `SIGHUP`'s default action ends the process: taken over first, so a
-    // reload asked while the file is still being read (or the store
-    // reached) is no kill. The handler is the process's from here on (the
-    // runtime that serves registers its own listener on it later).
+    // `SIGHUP`'s, `SIGUSR1`'s and `SIGUSR2`'s default action ends the
+    // process: taken over first, so a reload (or logrotate's reopen) asked
+    // while the file is still being read (or the store reached) is no
+    // kill. The handlers are the process's from here on (the runtime that
+    // serves registers its own listeners on them later).
     #[cfg(unix)]
-    hold_hangup();
+    hold_signals();
     let cli = Cli::parse();
     match (cli.command, cli.config) {
         (Some(Command::Check { file }), _) => match Config::load(&file) {
@@ -113,11 +114,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// Installs a handler for `SIGHUP` (a runtime of its own, for the moment
-/// it takes): until the serving runtime listens for it, a `SIGHUP` is
-/// noted and does nothing.
+/// Installs handlers for `SIGHUP`, `SIGUSR1` and `SIGUSR2` (a runtime of
+/// its own, for the moment it takes): until the serving runtime listens for
+/// them, each is noted and does nothing.
 #[cfg(unix)]
-fn hold_hangup() {
+fn hold_signals() {
+    use tokio::signal::unix::{SignalKind, signal};
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -125,13 +127,20 @@ fn hold_hangup() {
         return;
     };
     rt.block_on(async {
-        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        for kind in [
+            SignalKind::hangup(),
+            SignalKind::user_defined1(),
+            SignalKind::user_defined2(),
+        ] {
+            let _ = signal(kind);
+        }
     });
 }
 
 /// Logs on stderr (`RUST_LOG`, default `info`; one JSON object a line
 /// with `NOREPEAT_LOG_FORMAT=json`).
 fn logs() {
+    use tracing_subscriber::filter::FilterExt;
     use tracing_subscriber::prelude::*;
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
@@ -142,17 +151,21 @@ fn logs() {
     // collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // A warning repeated per request (a store that is down) is written
+    // once a place per 10 s, the rest counted.
+    let throttle = norepeat_gateway::throttle::Throttle::default();
+    throttle.report_every_interval();
     let text = (!json).then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
-            .with_filter(filter())
+            .with_filter(filter().and(throttle.clone()))
     });
     let json = json.then(|| {
         tracing_subscriber::fmt::layer()
             .json()
             .with_writer(std::io::stderr)
-            .with_filter(filter())
+            .with_filter(filter().and(throttle.clone()))
     });
     tracing_subscriber::registry().with(text).with(json).init();
 }

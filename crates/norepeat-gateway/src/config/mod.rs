@@ -258,6 +258,15 @@ pub struct Admin {
     /// (sent as `Authorization: Bearer TOKEN`); unset, the record routes
     /// are not served.
     pub token_env: Option<String>,
+    /// `public`: the gateway's own routes served on the traffic's listener
+    /// too (of [`Admin::PUBLISHABLE`]); by default none but the token
+    /// route, which always is.
+    pub public: Vec<String>,
+}
+
+impl Admin {
+    /// The own routes that `public` may keep on the traffic's listener.
+    pub const PUBLISHABLE: [&'static str; 3] = ["healthz", "readyz", "metrics"];
 }
 
 /// `limits:`: what a client connection may hold of the gateway, so a

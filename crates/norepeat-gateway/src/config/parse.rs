@@ -47,7 +47,7 @@ const TOP: &[&str] = &[
     "records",
 ];
 const TLS: &[&str] = &["cert", "key"];
-const ADMIN: &[&str] = &["listen", "token_env"];
+const ADMIN: &[&str] = &["listen", "token_env", "public"];
 const LIMITS: &[&str] = &[
     "header_timeout",
     "idle_timeout",
@@ -137,7 +137,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
             return None;
         }
     };
-    let docs = match MarkedYaml::load_from_str(text) {
+    let mut docs = match MarkedYaml::load_from_str(text) {
         Ok(d) => d,
         Err(e) => {
             let m = e.marker();
@@ -150,6 +150,9 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
             return None;
         }
     };
+    for doc in &mut docs {
+        expand_env(w, doc, ctx);
+    }
     if let Some(second) = docs.get(1) {
         w.at(
             second,
@@ -243,7 +246,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
     };
     let admin = match top.get("admin") {
         None => Some(None),
-        Some(n) => admin(w, n).map(Some),
+        Some(n) => admin(w, n, ctx).map(Some),
     };
     let mut routes = Some(Vec::new());
     if let Some(n) = top.get("routes") {
@@ -462,8 +465,93 @@ fn upgrades(w: &mut Walker, node: &Node) -> Option<Vec<String>> {
     all
 }
 
+/// `${NAME}` in every string value of the file, replaced by the
+/// environment variable NAME (`$${` is a literal `${`): the Redis password,
+/// the token secret and the like stay out of the file. A variable that is
+/// not set (or not UTF-8) is a problem where it is named, in `check` as at
+/// start.
+fn expand_env(w: &mut Walker, node: &mut Node, ctx: &Ctx) {
+    use saphyr::YamlData;
+    let expanded = match &node.data {
+        YamlData::Value(Scalar::String(s)) | YamlData::Representation(s, _, _)
+            if s.contains('$') =>
+        {
+            match expand(s, ctx) {
+                Ok(e) => Some(e),
+                Err(msg) => {
+                    w.at(node, "", &msg);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    if let Some(e) = expanded {
+        match &mut node.data {
+            YamlData::Value(Scalar::String(s)) | YamlData::Representation(s, _, _) => {
+                *s = e.into();
+            }
+            _ => {}
+        }
+        return;
+    }
+    match &mut node.data {
+        YamlData::Sequence(items) => {
+            for item in items {
+                expand_env(w, item, ctx);
+            }
+        }
+        YamlData::Mapping(map) => {
+            for (_, value) in map.iter_mut() {
+                expand_env(w, value, ctx);
+            }
+        }
+        YamlData::Tagged(_, inner) => expand_env(w, inner, ctx),
+        _ => {}
+    }
+}
+
+/// `s` with each `${NAME}` replaced by the variable's value and each
+/// `$${` by `${`; or why not.
+fn expand(s: &str, ctx: &Ctx) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        if let Some(tail) = after.strip_prefix("$${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix("${") {
+            let Some(end) = tail.find('}') else {
+                return Err(format!(
+                    "`${{` without its `}}` in {s:?} (write `$${{` for a literal `${{`)"
+                ));
+            };
+            let name = &tail[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!(
+                    "`${{{name}}}` names no environment variable (letters, digits and _)"
+                ));
+            }
+            let value = (ctx.env)(name).ok_or_else(|| {
+                format!("the environment variable {name} is not set (named by `${{{name}}}`)")
+            })?;
+            let value = String::from_utf8(value)
+                .map_err(|_| format!("the environment variable {name} is not UTF-8"))?;
+            out.push_str(&value);
+            rest = &tail[end + 1..];
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 /// `admin: { listen, token_env }`.
-fn admin(w: &mut Walker, node: &Node) -> Option<Admin> {
+fn admin(w: &mut Walker, node: &Node, ctx: &Ctx) -> Option<Admin> {
     let f = w.mapping(node, "admin", ADMIN)?;
     let listen = match f.get("listen") {
         None => {
@@ -484,18 +572,46 @@ fn admin(w: &mut Walker, node: &Node) -> Option<Admin> {
         Some(n) => w
             .parse(n, "admin.token_env", |s| {
                 if s.is_empty() || s.contains(['=', '\0']) {
-                    Err(format!(
+                    return Err(format!(
                         "expected an environment variable's name, not {s:?}"
-                    ))
-                } else {
-                    Ok(s.to_owned())
+                    ));
+                }
+                // As at start: the gateway does not start without it.
+                match (ctx.env)(s) {
+                    None => Err(format!("{s} is not set (the admin token)")),
+                    Some(t) if t.len() < 16 => Err(format!("{s} holds fewer than 16 characters")),
+                    Some(_) => Ok(s.to_owned()),
                 }
             })
             .map(Some),
     };
+    let public = match f.get("public") {
+        None => Some(Vec::new()),
+        Some(n) => w.sequence(n, "admin.public").and_then(|items| {
+            let mut all = Some(Vec::new());
+            for (i, item) in items.iter().enumerate() {
+                let name = w.parse(item, &format!("admin.public[{i}]"), |s| {
+                    if super::Admin::PUBLISHABLE.contains(&s) {
+                        Ok(s.to_owned())
+                    } else {
+                        Err(format!(
+                            "expected one of {}, not {s:?} (the token route is always public)",
+                            super::Admin::PUBLISHABLE.join(", ")
+                        ))
+                    }
+                });
+                match (name, all.as_mut()) {
+                    (Some(n), Some(v)) => v.push(n),
+                    _ => all = None,
+                }
+            }
+            all
+        }),
+    };
     Some(Admin {
         listen: listen?,
         token_env: token_env?,
+        public: public?,
     })
 }
 

@@ -1150,3 +1150,78 @@ fn records_name_a_database() {
         assert_one(&format!("{UP}records: {bad}\n"), "2:10 records:", why);
     }
 }
+
+/// Issue 54: `${NAME}` in any string value is the environment variable
+/// (`$${` a literal `${`); one that is not set is a problem where it is
+/// named, in `check` as at start.
+#[test]
+fn secrets_come_from_the_environment() {
+    let env = |name: &str| match name {
+        "REDIS_PASSWORD" => Some(b"s3cret".to_vec()),
+        "UPSTREAM" => Some(b"http://10.0.0.7:8000".to_vec()),
+        _ => None,
+    };
+    let c = Config::parse_in(
+        "t.yaml",
+        b"upstream: ${UPSTREAM}\nstore: redis://:${REDIS_PASSWORD}@127.0.0.1:6379\ntoken_secret: $${not-a-variable}-and-long-enough-for-a-secret\n",
+        &env,
+    )
+    .unwrap();
+    assert_eq!(c.upstream.as_str(), "http://10.0.0.7:8000");
+    assert_eq!(c.store.as_url(), Some("redis://:s3cret@127.0.0.1:6379"));
+    assert!(
+        c.token_secret
+            .unwrap()
+            .as_bytes()
+            .starts_with(b"${not-a-variable}-"),
+        "$${{ is a literal ${{"
+    );
+    let problems = Config::parse_in(
+        "t.yaml",
+        b"upstream: http://127.0.0.1:9\ntoken_secret: ${TOKEN_SECRET}\n",
+        &env,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        problems.contains("t.yaml:2:15")
+            && problems.contains("the environment variable TOKEN_SECRET is not set"),
+        "{problems}"
+    );
+    let unclosed = bad(&format!("{UP}token_secret: \"${{TOKEN\"\n"));
+    assert!(
+        unclosed[0].starts_with("2:15 :") && unclosed[0].contains("without its `}`"),
+        "{unclosed:?}"
+    );
+}
+
+/// Issue 54: `check` fails exactly where start would: an admin token
+/// variable that is not set, or too short.
+#[test]
+fn an_admin_token_variable_is_checked_as_at_start() {
+    let file = format!("{UP}admin: {{ listen: 127.0.0.1:9091, token_env: ADMIN_T }}\n");
+    let with = |v: Option<&[u8]>| {
+        let v = v.map(<[u8]>::to_vec);
+        Config::parse_in("t.yaml", file.as_bytes(), &move |n: &str| {
+            (n == "ADMIN_T").then(|| v.clone()).flatten()
+        })
+    };
+    assert!(with(Some(b"a-token-long-enough")).is_ok());
+    let unset = with(None).unwrap_err().to_string();
+    assert!(
+        unset.contains("admin.token_env: ADMIN_T is not set"),
+        "{unset}"
+    );
+    let short = with(Some(b"short")).unwrap_err().to_string();
+    assert!(short.contains("fewer than 16 characters"), "{short}");
+    // `public` names own routes the traffic's listener keeps.
+    let c = ok(&format!(
+        "{UP}admin: {{ listen: 127.0.0.1:9091, public: [healthz] }}\n"
+    ));
+    assert_eq!(c.admin.unwrap().public, ["healthz"]);
+    assert_one(
+        &format!("{UP}admin: {{ listen: 127.0.0.1:9091, public: [records] }}\n"),
+        "2:43 admin.public[0]:",
+        "expected one of healthz, readyz, metrics",
+    );
+}

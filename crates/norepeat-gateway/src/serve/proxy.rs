@@ -74,12 +74,24 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         Some(sink) => {
             // Owed from here: a client that leaves before its answer gets
             // its line too (499 `client_closed`).
-            let owed =
-                access::Owed::new(sink, &id, req.method(), req.uri().path()).routed_by(&chosen);
+            // The peer, as NGINX's `$remote_addr`.
+            let client = req
+                .extensions()
+                .get::<norepeat::ratelimit::PeerAddr>()
+                .map(|p| p.0.ip());
+            let bytes_in = http_body::Body::size_hint(req.body()).exact();
+            let host = req.headers().get(http::header::HOST).map(|h| h.as_bytes());
+            let mut owed = access::Owed::new(sink, &id, req.method(), req.uri().path())
+                .routed_by(&chosen)
+                .from(client, host, bytes_in);
             let told = Arc::new(access::UpstreamTime::default());
             req.extensions_mut().insert(Arc::clone(&told));
             let (res, route, outcome) = route_request(live, trusted, req, Some(&chosen)).await;
             let route = route.as_deref().map(RouteMetrics::label);
+            owed.with_answer(
+                told.status(),
+                http_body::Body::size_hint(res.body()).exact(),
+            );
             owed.answered(route, res.status().as_u16(), outcome, told.get());
             res
         }
@@ -163,6 +175,9 @@ pub(crate) async fn route_request(
         let told = req.extensions().get::<Arc<access::UpstreamTime>>().cloned();
         let answer = forward(live.passthrough.get(), PASSTHROUGH_TIMEOUT, None, req).await;
         access::UpstreamTime::note(told.as_ref(), start.elapsed());
+        if let Ok(res) = &answer {
+            access::UpstreamTime::note_status(told.as_ref(), res.status().as_u16());
+        }
         return match answer {
             Ok(res) => (res, None, "passthrough"),
             Err(Failure::Unavailable) => (upstream_unavailable(), None, "upstream_unavailable"),
@@ -190,6 +205,7 @@ pub(crate) async fn route_request(
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
     let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
     route.metrics.count(counted);
+    route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
         Counted::Request(o) => o.as_str(),
         Counted::Invalid(i) => INVALID.get(i).copied().unwrap_or("invalid_request"),

@@ -367,12 +367,25 @@ async fn an_access_log_line_per_request_with_its_request_id_and_an_admin_listene
     assert_eq!(pay().await.unwrap().status(), 201);
     assert_eq!(pay().await.unwrap().status(), 201);
 
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<Value> = text
-        .lines()
+    // Written by the log's own thread: waited for.
+    let written = log_lines(&log, "\"request_id\"", 4).await;
+    let text = written.join("\n");
+    let lines: Vec<Value> = written
+        .iter()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 4, "{text}");
+    // Issue 54: the fields a team greps for.
+    assert_eq!(lines[2]["client"], "127.0.0.1", "{text}");
+    assert!(
+        lines[2]["host"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("127.0.0.1:")),
+        "{text}"
+    );
+    assert_eq!(lines[2]["upstream_status"], 201, "{text}");
+    assert_eq!(lines[2]["bytes_in"], 2, "{text}");
+    assert_eq!(lines[3]["upstream_status"], Value::Null, "a replay: {text}");
     assert_eq!(lines[0]["request_id"], "req-7");
     assert_eq!(lines[0]["outcome"], "passthrough");
     assert_eq!(lines[0]["route"], Value::Null);
@@ -421,8 +434,85 @@ async fn an_access_log_line_per_request_with_its_request_id_and_an_admin_listene
         .await
         .unwrap();
     assert!(m.contains("norepeat_gateway_requests_total"), "{m}");
+    // Issue 54: the answers per route by status class.
+    assert!(
+        m.contains(r#"norepeat_gateway_responses_total{route="POST /payments",class="2xx"} 2"#),
+        "{m}"
+    );
     let traffic = c.get(on_admin("/echo")).send().await.unwrap();
     assert_eq!(traffic.status(), 404, "no traffic on the admin listener");
+    // Issue 54: with an admin listener, health, readiness and metrics are
+    // served there only; the token route stays public.
+    for own in ["healthz", "readyz", "metrics"] {
+        let public = c
+            .get(url(&g, &format!("/.norepeat/{own}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(public.status(), 404, "{own} on the public listener");
+    }
+    let token = c
+        .get(url(&g, "/.norepeat/token"))
+        .header("x-user-id", "u1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(token.status(), 200);
+}
+
+/// Issue 54: `admin.public` keeps some own routes on the traffic's
+/// listener (a load balancer's health check on the public port).
+#[tokio::test]
+async fn admin_public_keeps_the_listed_own_routes_on_the_traffic_port() {
+    let b = backend(0).await;
+    let admin = free_port();
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:{admin}, public: [healthz] }}\n{}",
+        file(&b, "memory", ROUTES)
+    );
+    let g = gateway(&yaml).await;
+    let c = Client::new();
+    let status = |p: &'static str| {
+        let c = c.clone();
+        let u = url(&g, p);
+        async move { c.get(u).send().await.unwrap().status() }
+    };
+    assert_eq!(status("/.norepeat/healthz").await, 200);
+    assert_eq!(status("/.norepeat/metrics").await, 404);
+    assert_eq!(status("/.norepeat/readyz").await, 404);
+}
+
+/// Issue 54: `SIGUSR1` (logrotate's usual signal) opens the access log
+/// again: after the file is moved away, the next lines go to a new file
+/// at its path. Before, the signal ended the process without a line.
+#[tokio::test]
+async fn sigusr1_reopens_the_access_log_for_logrotate() {
+    let b = backend(0).await;
+    let log = AccessLog::new();
+    let yaml = format!(
+        "access_log: {}\n{}",
+        log.display(),
+        file(&b, "memory", ROUTES)
+    );
+    let g = gateway(&yaml).await;
+    let c = Client::new();
+    c.get(url(&g, "/before")).send().await.unwrap();
+    log_line(&log, "/before").await;
+    let rotated = log.with_extension("log.1");
+    std::fs::rename(&*log, &rotated).unwrap();
+    g.signal("-USR1").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !log.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "no new file");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.get(url(&g, "/after")).send().await.unwrap();
+    log_line(&log, "/after").await;
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(old.contains("/before") && !old.contains("/after"), "{old}");
+    g.signal("-USR2").await;
+    let still = c.get(url(&g, "/still")).send().await.unwrap();
+    assert_eq!(still.status(), 404, "the backend still answers through it");
 }
 
 /// Issue 38, item 4: with an admin token, an operator reads one key's

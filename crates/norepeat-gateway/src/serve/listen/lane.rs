@@ -134,11 +134,15 @@ where
         let kept = match request {
             Next::Forward(request) => {
                 buf.advance(request.len);
-                let owed = gw
-                    .access
-                    .as_ref()
-                    .zip(request.logged.as_ref())
-                    .map(|(sink, (method, path))| Owed::new(sink, &request.id, method, path));
+                let owed = gw.access.as_ref().zip(request.logged.as_ref()).map(
+                    |(sink, (method, path, host))| {
+                        Owed::new(sink, &request.id, method, path).from(
+                            Some(peer.ip()),
+                            Some(host),
+                            Some(0),
+                        )
+                    },
+                );
                 lane.exchange(io, buf, &request, stop, owed).await
             }
             Next::Routed(head) => {
@@ -164,7 +168,7 @@ struct Request {
     close: bool,
     id: HeaderValue,
     /// Its method and path, for the access log (when there is one).
-    logged: Option<(http::Method, String)>,
+    logged: Option<(http::Method, String, Vec<u8>)>,
     live: Arc<crate::serve::route::table::Routes>,
 }
 
@@ -423,7 +427,7 @@ impl Lane {
 
         let logged = match gw.access {
             Some(_) => match http::Method::from_bytes(method.as_bytes()) {
-                Ok(m) => Some((m, path.to_owned())),
+                Ok(m) => Some((m, path.to_owned(), host.to_vec())),
                 Err(_) => return Prepared::ToHyper,
             },
             None => None,
@@ -484,7 +488,13 @@ impl Lane {
                 return kept;
             }
         };
-        if let Some(owed) = owed {
+        if let Some(mut owed) = owed {
+            let bytes_out = match head.framing {
+                Framing::Length(n) => Some(n),
+                Framing::Empty => Some(0),
+                _ => None,
+            };
+            owed.with_answer(Some(head.status), bytes_out);
             owed.answered(None, head.status, "passthrough", Some(upstream_took));
         }
         self.answer.advance(head.len);

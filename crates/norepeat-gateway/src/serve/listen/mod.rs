@@ -189,6 +189,7 @@ async fn serve_on(
             }
         });
     }
+    tokio::spawn(user_signals(Arc::clone(&gateway)));
     if let Some(path) = file {
         tokio::spawn(watch(gateway, path));
     }
@@ -379,6 +380,31 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// a pause longer than that between, can still be: write the new file
 /// beside the old and rename it into place, which is atomic). Counts
 /// `norepeat_gateway_reloads_total{result="applied"|"failed"}`.
+/// On `SIGUSR1` (logrotate's usual signal), the access log's file is
+/// opened again at its path: the lines go to the new file once the old one
+/// was moved away. `SIGUSR2` is logged and otherwise ignored: no common
+/// signal ends the gateway without a line saying so.
+pub(crate) async fn user_signals(gw: Arc<Gateway>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut usr1), Ok(mut usr2)) = (
+        signal(SignalKind::user_defined1()),
+        signal(SignalKind::user_defined2()),
+    ) else {
+        tracing::warn!("cannot listen for SIGUSR1 and SIGUSR2");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = usr1.recv() => match gw.access.as_ref().map(crate::serve::log::access::Sink::reopen) {
+                Some(Ok(())) => tracing::info!("SIGUSR1: the access log was opened again"),
+                Some(Err(e)) => tracing::error!(error = %e, "SIGUSR1: the access log cannot be opened again; lines go to the file open before"),
+                None => tracing::info!("SIGUSR1: no access log file to open again"),
+            },
+            _ = usr2.recv() => tracing::info!("SIGUSR2: ignored (SIGUSR1 reopens the access log, SIGHUP reloads the file, SIGTERM drains)"),
+        }
+    }
+}
+
 pub(crate) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
     let stat = crate::serve::files::stat;
     let mut seen = stat(&path);

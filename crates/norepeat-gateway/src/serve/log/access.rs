@@ -19,7 +19,7 @@ pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id"
 /// (an `Arc`, put there by `dispatch` when there is an access log), the
 /// context the phases share: no task-local, no header.
 #[derive(Debug, Default)]
-pub(crate) struct UpstreamTime(AtomicU64);
+pub(crate) struct UpstreamTime(AtomicU64, std::sync::atomic::AtomicU16);
 
 impl UpstreamTime {
     /// Notes `took` in the request's context, if it has one.
@@ -28,6 +28,21 @@ impl UpstreamTime {
             // Microseconds, plus one: 0 is "no upstream call".
             let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
             t.0.store(us.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Notes the upstream's status in the request's context, if it has one.
+    pub(crate) fn note_status(extensions: Option<&Arc<Self>>, status: u16) {
+        if let Some(t) = extensions {
+            t.1.store(status, Ordering::Relaxed);
+        }
+    }
+
+    /// The upstream's status, if one answered.
+    pub(crate) fn status(&self) -> Option<u16> {
+        match self.1.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(s),
         }
     }
 
@@ -98,51 +113,100 @@ pub(crate) fn fresh_id() -> [u8; 32] {
     id
 }
 
-/// Where the lines go.
+/// Where the lines go: a writer thread of its own, fed through a bounded
+/// queue, so writing a line never blocks a request (a slow disk, a full
+/// pipe). A line that finds the queue full is dropped and counted
+/// (`norepeat_gateway_access_log_dropped_total`), never waited for.
 #[derive(Debug)]
-pub(crate) enum Sink {
+pub(crate) struct Sink {
+    dest: Arc<Dest>,
+    queue: std::sync::mpsc::SyncSender<String>,
+}
+
+/// The lines a sink holds before it drops one: about 10 MB of them.
+const QUEUED: usize = 32 * 1024;
+
+/// Where the writer thread writes.
+#[derive(Debug)]
+enum Dest {
     Stdout,
     Stderr,
-    File(Mutex<std::fs::File>),
+    /// The file's path (opened again on `SIGUSR1`) and the file open now.
+    File(std::path::PathBuf, Mutex<std::fs::File>),
+}
+
+impl Dest {
+    fn write(&self, line: &[u8]) -> std::io::Result<()> {
+        match self {
+            Self::Stdout => std::io::stdout().lock().write_all(line),
+            Self::Stderr => std::io::stderr().lock().write_all(line),
+            Self::File(_, f) => f
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .write_all(line),
+        }
+    }
 }
 
 impl Sink {
     /// The file's `access_log`, opened (a file appended to, created if
-    /// missing); `None` for `off`.
+    /// missing) and its writer thread started; `None` for `off`.
     ///
     /// # Errors
-    /// The file cannot be opened.
+    /// The file cannot be opened, or the thread cannot be started.
     pub(crate) fn open(log: &AccessLog) -> std::io::Result<Option<Self>> {
-        Ok(Some(match log {
-            AccessLog::Stdout => Self::Stdout,
-            AccessLog::Stderr => Self::Stderr,
-            AccessLog::File(path) => Self::File(Mutex::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            )),
+        let dest = Arc::new(match log {
+            AccessLog::Stdout => Dest::Stdout,
+            AccessLog::Stderr => Dest::Stderr,
+            AccessLog::File(path) => Dest::File(path.clone(), Mutex::new(append_to(path)?)),
             _ => return Ok(None),
-        }))
+        });
+        let (queue, lines) = std::sync::mpsc::sync_channel::<String>(QUEUED);
+        let writer = Arc::clone(&dest);
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || {
+                // Ends when the sink (the gateway) is dropped.
+                for line in lines {
+                    if let Err(e) = writer.write(line.as_bytes()) {
+                        tracing::warn!(error = %e, "the access log cannot be written");
+                    }
+                }
+            })?;
+        Ok(Some(Self { dest, queue }))
     }
 
-    /// Writes one line: whole, never interleaved with another (one
-    /// `write` of the line under the sink's lock).
+    /// Opens the file again at its path (created if it was moved away),
+    /// and writes the next lines there. Stdout and stderr have nothing to
+    /// open.
+    ///
+    /// # Errors
+    /// The file cannot be opened; the lines go on to the one open before.
+    pub(crate) fn reopen(&self) -> std::io::Result<()> {
+        if let Dest::File(path, f) = &*self.dest {
+            let fresh = append_to(path)?;
+            *f.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        }
+        Ok(())
+    }
+
+    /// Queues one line for the writer thread, which writes it whole (one
+    /// `write`), never interleaved with another.
     pub(crate) fn write(&self, entry: &Entry<'_>) {
         let mut line = entry.to_json().to_string();
         line.push('\n');
-        let written = match self {
-            Self::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
-            Self::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
-            Self::File(f) => f
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .write_all(line.as_bytes()),
-        };
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "the access log cannot be written");
+        if self.queue.try_send(line).is_err() {
+            metrics::counter!("norepeat_gateway_access_log_dropped_total").increment(1);
         }
     }
+}
+
+/// `path` opened to append, created if missing.
+fn append_to(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 /// An access-log line owed for a request since it came: written when it
@@ -160,6 +224,13 @@ pub(crate) struct Owed<'a> {
     written: bool,
     /// Where the route is put once the request is given to one.
     route: Option<&'a OnceLock<Arc<RouteMetrics>>>,
+    /// Who sent it, to which site, and how many body bytes it announced.
+    client: Option<std::net::IpAddr>,
+    host: Option<String>,
+    bytes_in: Option<u64>,
+    /// The upstream's status and the answer's length, once known.
+    upstream_status: Option<u16>,
+    bytes_out: Option<u64>,
 }
 
 impl<'a> Owed<'a> {
@@ -177,7 +248,33 @@ impl<'a> Owed<'a> {
             started: std::time::Instant::now(),
             written: false,
             route: None,
+            client: None,
+            host: None,
+            bytes_in: None,
+            upstream_status: None,
+            bytes_out: None,
         }
+    }
+
+    /// The client's address, the request's site (`Host`, as sent) and its
+    /// announced body length.
+    pub(crate) fn from(
+        mut self,
+        client: Option<std::net::IpAddr>,
+        host: Option<&[u8]>,
+        bytes_in: Option<u64>,
+    ) -> Self {
+        self.client = client;
+        self.host = host.map(|h| String::from_utf8_lossy(h).into_owned());
+        self.bytes_in = bytes_in;
+        self
+    }
+
+    /// The upstream's status (none when no upstream answered) and the
+    /// answer's body length (when known).
+    pub(crate) fn with_answer(&mut self, upstream_status: Option<u16>, bytes_out: Option<u64>) {
+        self.upstream_status = upstream_status;
+        self.bytes_out = bytes_out;
     }
 
     /// The line of a client that leaves names the route set in `route`
@@ -215,6 +312,11 @@ impl<'a> Owed<'a> {
             outcome,
             upstream,
             took: self.started.elapsed(),
+            client: self.client,
+            host: self.host.as_deref(),
+            upstream_status: self.upstream_status,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
         });
     }
 }
@@ -246,6 +348,11 @@ pub(crate) fn refused_head(sink: &Sink, status: u16) {
         outcome: "invalid_request",
         upstream: None,
         took: Duration::ZERO,
+        client: None,
+        host: None,
+        upstream_status: None,
+        bytes_in: None,
+        bytes_out: None,
     });
 }
 
@@ -262,6 +369,14 @@ pub(crate) struct Entry<'a> {
     pub(crate) outcome: &'a str,
     pub(crate) upstream: Option<Duration>,
     pub(crate) took: Duration,
+    /// The client's address (the peer, or the one trusted proxies name).
+    pub(crate) client: Option<std::net::IpAddr>,
+    /// The `Host` as sent.
+    pub(crate) host: Option<&'a str>,
+    pub(crate) upstream_status: Option<u16>,
+    /// The request body's announced length, the answer body's length.
+    pub(crate) bytes_in: Option<u64>,
+    pub(crate) bytes_out: Option<u64>,
 }
 
 impl Entry<'_> {
@@ -282,6 +397,11 @@ impl Entry<'_> {
             "outcome": self.outcome,
             "upstream_ms": self.upstream.map(ms),
             "duration_ms": ms(self.took),
+            "client": self.client.map(|c| c.to_string()),
+            "host": self.host,
+            "upstream_status": self.upstream_status,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
         })
     }
 }
@@ -329,11 +449,23 @@ mod tests {
             outcome: "passed",
             upstream: Some(Duration::from_micros(1500)),
             took: Duration::from_millis(2),
+            client: Some(std::net::IpAddr::from([10, 0, 0, 7])),
+            host: Some("shop.example"),
+            upstream_status: Some(201),
+            bytes_in: Some(17),
+            bytes_out: Some(64),
         };
         let v = e.to_json();
         assert_eq!(v["route"], "POST /payments");
         assert_eq!(v["upstream_ms"], 1.5);
         assert_eq!(v["duration_ms"], 2.0);
+        assert_eq!(v["client"], "10.0.0.7");
+        assert_eq!(v["host"], "shop.example");
+        assert_eq!(v["upstream_status"], 201);
+        assert_eq!(
+            (v["bytes_in"].as_u64(), v["bytes_out"].as_u64()),
+            (Some(17), Some(64))
+        );
         assert!(v["time"].as_str().unwrap().ends_with('Z'), "{v}");
     }
 }

@@ -128,6 +128,8 @@ pub(crate) struct RouteMetrics {
     requests: [OnceLock<Counter>; 12],
     shadow: [OnceLock<Counter>; 5],
     invalid: [OnceLock<Counter>; 5],
+    /// `norepeat_gateway_responses_total{route,class}`: 1xx to 5xx.
+    classes: [OnceLock<Counter>; 5],
     upstream: OnceLock<Histogram>,
 }
 
@@ -138,8 +140,27 @@ impl RouteMetrics {
             requests: Default::default(),
             shadow: Default::default(),
             invalid: Default::default(),
+            classes: Default::default(),
             upstream: OnceLock::new(),
         }
+    }
+
+    /// Counts an answer of `status` to a request on the route, by its
+    /// class (`2xx` ... `5xx`): what a dashboard of errors per route reads.
+    pub(crate) fn answered(&self, status: u16) {
+        const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+        let Some(i) = usize::from(status / 100).checked_sub(1).filter(|i| *i < 5) else {
+            return;
+        };
+        self.classes[i]
+            .get_or_init(|| {
+                metrics::counter!(
+                    "norepeat_gateway_responses_total",
+                    "route" => self.label.to_string(),
+                    "class" => CLASSES[i],
+                )
+            })
+            .increment(1);
     }
 
     /// The route's `match`, its `route` label.

@@ -97,12 +97,37 @@ impl Front {
     }
 }
 
+/// The traffic listener's own routes. With an admin listener, health,
+/// readiness and metrics are served there only (a scraper or a probe that
+/// never shares the public port, and nothing of the process shown to its
+/// clients), but for those the file's `admin.public` lists; the token route
+/// is always here.
 pub(crate) fn router(gw: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/.norepeat/token", get(token).options(preflight))
-        .route("/.norepeat/healthz", get(healthz))
-        .route("/.norepeat/readyz", get(readyz))
-        .route("/.norepeat/metrics", get(metrics))
+    let public = gw.applied.load().admin.as_ref().map(|a| a.public.clone());
+    let served = |name: &str| public.as_ref().is_none_or(|p| p.iter().any(|n| n == name));
+    let hidden = || async {
+        Problem::custom(StatusCode::NOT_FOUND, "not_found", "Not found")
+            .detail("Served on the admin listener only (admin.public lists those served here too).")
+            .to_response()
+            .map(Body::new)
+    };
+    let mut r = Router::new().route("/.norepeat/token", get(token).options(preflight));
+    r = if served("healthz") {
+        r.route("/.norepeat/healthz", get(healthz))
+    } else {
+        r.route("/.norepeat/healthz", get(hidden))
+    };
+    r = if served("readyz") {
+        r.route("/.norepeat/readyz", get(readyz))
+    } else {
+        r.route("/.norepeat/readyz", get(hidden))
+    };
+    r = if served("metrics") {
+        r.route("/.norepeat/metrics", get(metrics))
+    } else {
+        r.route("/.norepeat/metrics", get(hidden))
+    };
+    r
         // After the routes: it applies to the routes there are.
         .method_not_allowed_fallback(|| async {
             Problem::custom(

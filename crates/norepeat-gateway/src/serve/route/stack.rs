@@ -287,6 +287,10 @@ impl UpstreamStage {
         }
         match result {
             Ok(mut res) => {
+                crate::serve::log::access::UpstreamTime::note_status(
+                    told.as_ref(),
+                    res.status().as_u16(),
+                );
                 // The backend cannot speak for the gateway.
                 res.headers_mut().remove(OUTCOME_HEADER);
                 if self.keep && unknown_outcome(res.status()) {
