@@ -1,5 +1,5 @@
 //! `norepeat-bench`: the same command, flags and output as `norepeat bench`
-//! (`SHOP_API.md`), on a binary of its own.
+//! on a binary of its own.
 
 use clap::Parser;
 use std::process::ExitCode;

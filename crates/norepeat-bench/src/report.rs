@@ -1,6 +1,6 @@
 // Over 400 lines on purpose: what one run found, as the table and the JSON object the contract gives, the ratios and their goals in one place.
 //! What one run found, as a table for people and one JSON object for
-//! machines (the shape `SHOP_API.md` gives).
+//! machines (the shape `norepeat bench --json` has always had).
 
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -1,5 +1,5 @@
 //! `norepeat-gateway`: norepeat's guards in front of any HTTP backend,
-//! described in one YAML file (the contract is `GATEWAY.md`).
+//! described in one YAML file (its reference is the crate's README).
 //!
 //! [`config`] reads the file into typed Rust and names every problem
 //! (file, line, column, field); the binary's `check FILE` runs it.

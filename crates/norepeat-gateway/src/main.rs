@@ -56,7 +56,7 @@ Environment:
   RUST_LOG                       log filter (default: info), e.g. norepeat_gateway=debug
   NOREPEAT_LOG_FORMAT            `json` for one JSON object per log line on stderr
   NO_COLOR                       no ANSI colours in the logs (never used when stderr is not a terminal)
-  the file's admin.token_env     the admin listener's bearer token (its name is the file's to choose)
+  the file's admin.token_env     the admin token, sent as Norepeat-Admin-Token (its name is the file's to choose)
   the file's identity.jwt.secret_env   an HS256 identity's secret (its name is the file's to choose)";
 
 #[derive(Subcommand)]

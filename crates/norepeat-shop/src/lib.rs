@@ -2,7 +2,7 @@
 //! `norepeat` library, with the `storm` and `reconcile` commands (`bench`
 //! is the `norepeat-bench` crate's, run by the binary).
 //!
-//! The binary is `norepeat`; its contract is `SHOP_API.md`. [`routes::app`]
+//! The binary is `norepeat`; its routes are in its OpenAPI document. [`routes::app`]
 //! builds the router, so tests drive it without a socket.
 
 pub mod app;

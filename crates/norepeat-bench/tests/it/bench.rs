@@ -7,7 +7,7 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_norepeat-bench");
 
-/// Every row of the contract (`SHOP_API.md`, `norepeat bench`) on any
+/// Every row of the contract (`norepeat bench`) on any
 /// store (`http.handrolled` with its guard by hand in process on memory);
 /// `redis.raw` is measured on Redis only.
 const NAMES: [&str; 12] = [

@@ -1,5 +1,5 @@
-// Over 400 lines on purpose: the typed file and its docs (each field with its default, as GATEWAY.md gives it).
-//! The gateway's file (`GATEWAY.md`, "The file") as typed Rust.
+// Over 400 lines on purpose: the typed file and its docs (each field with its default, as the README gives it).
+//! The gateway's file (the README's "The file") as typed Rust.
 //!
 //! [`Config::parse`] reads the YAML text into a tree whose every node
 //! knows its line and column, then walks it field by field, collecting
@@ -255,7 +255,7 @@ pub struct Admin {
     /// `listen`: where the admin listener listens.
     pub listen: SocketAddr,
     /// `token_env`: the environment variable holding the admin token
-    /// (sent as `Authorization: Bearer TOKEN`); unset, the record routes
+    /// (sent as `Norepeat-Admin-Token: TOKEN`); unset, the record routes
     /// are not served.
     pub token_env: Option<String>,
     /// `public`: the gateway's own routes served on the traffic's listener

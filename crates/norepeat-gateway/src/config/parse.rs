@@ -1,4 +1,4 @@
-// Over 400 lines on purpose: a function per block of GATEWAY.md (the file, a route, identity, tls, limits, ...), each reading its fields in the contract's order.
+// Over 400 lines on purpose: a function per block of the file (the file, a route, identity, tls, limits, ...), each reading its fields in the README's order.
 //! From bytes to [`Config`]: what each field of the file is. A YAML tree
 //! with positions (saphyr's `MarkedYaml`) is walked by the walker of
 //! `walk.rs`, which records every problem and goes on, so one run of

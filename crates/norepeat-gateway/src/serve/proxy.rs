@@ -156,7 +156,7 @@ pub(crate) async fn route_request(
     };
     let found = found_at.map(|i| &live.list[i]);
     // A guarded route decides on one request and its one answer: a
-    // connection that switches protocols is neither (GATEWAY.md).
+    // connection that switches protocols is neither.
     if found.is_some_and(|r| r.guarded) && req.headers().contains_key(http::header::UPGRADE) {
         let why = "A guarded route does not switch protocols: a request with Upgrade (a WebSocket) is refused here.";
         return (invalid_request(why), None, "invalid_request");

@@ -111,3 +111,36 @@ async fn what_redis_admitted_before_it_died_is_not_admitted_again() {
     assert_eq!(effects(&backend).await["/orders/quick"], 1);
     assert_eq!(effects(&backend).await["/orders"], 1);
 }
+
+/// Issue 51, item 3: after Redis restarted, an instance that was idle
+/// meanwhile answered its first requests 503: each command on a
+/// connection the server had closed failed without being written. A
+/// connection idle for a while is now asked first (one PING), and the
+/// first twenty payments after the restart all succeed.
+#[tokio::test]
+async fn an_idle_gateway_serves_its_first_requests_after_a_redis_restart() {
+    let mut redis = RedisServer::start().await;
+    let backend = backend(0).await;
+    let routes = "
+  - match: POST /payments
+    guard: idempotency
+";
+    let g = gateway(&file_for(backend.port, &redis.url(), routes)).await;
+    let c = Client::new();
+    let pay = |key: String| {
+        c.post(url(&g, "/payments"))
+            .header("x-user-id", "u1")
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(pay("before".into()).await.unwrap().status(), 201);
+    redis.restart().await;
+    // Idle past the probe's threshold.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let mut statuses = Vec::new();
+    for i in 0..20 {
+        statuses.push(pay(format!("after-{i}")).await.unwrap().status().as_u16());
+    }
+    assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
+}

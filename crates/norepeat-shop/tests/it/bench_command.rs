@@ -1,4 +1,4 @@
-//! `norepeat bench` is still the shop binary's command (`SHOP_API.md`),
+//! `norepeat bench` is still the shop binary's command (with `--features bench`),
 //! though the bench is the `norepeat-bench` crate: one row, `--json`, the
 //! contract's object. The rows themselves are tested in that crate.
 

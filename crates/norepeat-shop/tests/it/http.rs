@@ -1,4 +1,4 @@
-// Over 400 lines: the whole HTTP contract through the router, one test per rule of SHOP_API.md, on one set of helpers.
+// Over 400 lines: the whole HTTP contract through the router, one test per rule of the shop's contract, on one set of helpers.
 //! The shop's HTTP contract, driven through the router (SQLite, memory store).
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a failed test.

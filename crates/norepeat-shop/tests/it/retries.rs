@@ -1,5 +1,5 @@
 //! What a retry meets after its first attempt was refused or failed, as
-//! SHOP_API.md says (issue 40: contract points with no test through the
+//! the shop's contract says (issue 40: contract points with no test through the
 //! binary): a payment answered 404 (an answer about the caller, not the
 //! request) keeps its `Idempotency-Key` free, and a quick order that failed
 //! with a 5xx lets its retry through at once instead of 409; a payment whose

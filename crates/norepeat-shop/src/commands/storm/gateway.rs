@@ -3,7 +3,7 @@
 //!
 //! The file guards the shop's order routes as a team putting the gateway in
 //! front of an unguarded service would, for the way its clients call them
-//! (`SHOP_API.md`): `POST /orders` carries a page token (`Repeat-Token`,
+//! `POST /orders` carries a page token (`Repeat-Token`,
 //! now issued by the gateway's `GET /.norepeat/token`), `POST /orders/quick`
 //! nothing but its body (the fingerprint), `POST /payments` an
 //! `Idempotency-Key`. The token secret is given in the file, so both

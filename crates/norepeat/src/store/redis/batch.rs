@@ -50,6 +50,7 @@ use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -63,6 +64,25 @@ pub(super) struct Queue {
     /// connection's hands (the first poll of its send), so two batches of
     /// one queue reach the connection in the order they were taken.
     handover: Mutex<()>,
+    /// When the connection last answered (nanoseconds from [`base`]; 0
+    /// before its first answer), so a connection idle long enough to have been closed by the
+    /// server is asked first ([`IDLE_PROBE`]).
+    answered_at: AtomicU64,
+}
+
+/// A connection idle this long is probed (one `PING`) before its next
+/// batch: the server may have closed it meanwhile (a restart), and a
+/// command on a closed connection fails without being written (a 503 to
+/// the first requests after an idle spell). The probe's failure makes the
+/// connection manager reconnect, and the batch then goes on the new
+/// connection; under load no connection is idle this long, and no probe
+/// is sent.
+pub(super) const IDLE_PROBE: Duration = Duration::from_secs(2);
+
+/// The process's clock origin for [`Queue::answered_at`].
+fn base() -> Instant {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *BASE.get_or_init(Instant::now)
 }
 
 #[derive(Default)]
@@ -107,6 +127,23 @@ fn redirected(answer: &RedisResult<Value>) -> bool {
 }
 
 impl Queue {
+    /// Notes that the connection answered now.
+    fn answered(&self) {
+        let ns = u64::try_from(base().elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.answered_at.store(ns, Ordering::Relaxed);
+    }
+
+    /// How long since the connection last answered; before its first
+    /// answer, since the process's clock origin (a connection made early,
+    /// and not used since, may be as stale as an idle one: it is probed
+    /// once, which costs a fresh one a round trip).
+    fn idle_for(&self) -> Option<Duration> {
+        let since = Duration::from_nanos(self.answered_at.load(Ordering::Relaxed));
+        base().elapsed().checked_sub(since)
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -218,9 +255,20 @@ pub(super) async fn flush<P, C>(
     let mut con = con(&ticket.slot);
     let slot = &ticket.slot;
     let queue = slot.as_ref();
+    // Before the queue is taken: nothing of it is sent on a connection
+    // that may be closed (see IDLE_PROBE). The ticket is held meanwhile,
+    // so the commands that come wait in the queue, in order.
+    if queue.idle_for().is_some_and(|idle| idle >= IDLE_PROBE) {
+        let probe = redis::cmd("PING").query_async::<Value>(&mut con).await;
+        if probe.is_ok() {
+            queue.answered();
+        }
+    }
     let mut sending = std::pin::pin!(async {
         let batch = queue.take();
-        send(&mut con, batch, |took| late(slot, took)).await;
+        if send(&mut con, batch, |took| late(slot, took)).await {
+            queue.answered();
+        }
     });
     // The take and the first poll (which writes the batch into the
     // connection's channel) under the handover lock: a batch taken later
@@ -241,12 +289,13 @@ pub(super) async fn flush<P, C>(
 }
 
 /// Sends `batch` on `con`, one write, and hands each command its answer.
-/// Commands whose caller has gone are left out.
+/// Commands whose caller has gone are left out. Whether the connection
+/// answered (a server error is an answer; a broken connection is not).
 async fn send<C: ConnectionLike + Send>(
     con: &mut C,
     mut batch: Vec<Waiting>,
     late: impl Fn(Duration),
-) {
+) -> bool {
     batch.retain(|w| !w.reply.is_closed());
     let sent = Instant::now();
     // An answer its caller no longer waits for: the store answered, late.
@@ -273,15 +322,24 @@ async fn send<C: ConnectionLike + Send>(
         });
     };
     match batch.len() {
-        0 => {}
+        0 => false,
         1 => {
             let Waiting { cmd, reply } = batch.pop().expect("one command");
             match cmd.query_async::<Value>(con).await {
                 // A server error (a redirection among them) is the command's
                 // own answer.
-                Err(e) if e.code().is_some() => answer(reply, Err(e), &cmd),
-                Err(e) => failed(reply, e),
-                Ok(value) => answer(reply, value.extract_error(), &cmd),
+                Err(e) if e.code().is_some() => {
+                    answer(reply, Err(e), &cmd);
+                    true
+                }
+                Err(e) => {
+                    failed(reply, e);
+                    false
+                }
+                Ok(value) => {
+                    answer(reply, value.extract_error(), &cmd);
+                    true
+                }
             }
         }
         n => {
@@ -312,11 +370,13 @@ async fn send<C: ConnectionLike + Send>(
                     {
                         answer(reply, value.extract_error(), cmd);
                     }
+                    true
                 }
                 Err(e) => {
                     for reply in replies {
                         failed(reply, e.clone());
                     }
+                    false
                 }
             }
         }
