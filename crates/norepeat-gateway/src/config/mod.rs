@@ -78,6 +78,7 @@
 //! | `rate_limit.by` | `identity` |
 //! | `hosts` | none: every Host is served, keys scoped by the one it names |
 //! | `records` | none: the idempotency records are kept on `store` |
+//! | `on_data_loss.hold` | `0s`: off |
 //! | `upgrades` | `[websocket]` (`h2c` is refused) |
 //! | `limits` | `header_timeout: 10s`, `idle_timeout: 60s`, `body_timeout: 30s`, `request_timeout: 60s`, `max_connections: 10000`, `max_streams: 100` |
 //! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
@@ -174,6 +175,11 @@ pub struct Config {
     /// outlives a cache that forgets (a Redis without persistence,
     /// restarted). `None`: on `store` with the other guards.
     pub records: Option<RecordsUrl>,
+    /// `on_data_loss.hold` (0: off): for this long after the store was
+    /// found to have lost its data, the idempotency routes whose records
+    /// it kept answer 503 `records_lost` instead of running retries of
+    /// requests made before the loss.
+    pub on_data_loss_hold: Duration,
     /// `upgrades` (`[websocket]`): the `Upgrade` protocols forwarded, in
     /// lower case; any other is dropped from the request (it goes on as a
     /// plain request). `h2c` is refused in the file.

@@ -45,6 +45,7 @@ const TOP: &[&str] = &[
     "hosts",
     "upgrades",
     "records",
+    "on_data_loss",
 ];
 const TLS: &[&str] = &["cert", "key"];
 const ADMIN: &[&str] = &["listen", "token_env", "public"];
@@ -294,6 +295,18 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         None => Some(None),
         Some(n) => w.parse(n, "records", |s| records(s, &ctx.dir)).map(Some),
     };
+    let on_data_loss = match top.get("on_data_loss") {
+        None => Some(Duration::ZERO),
+        Some(n) => w
+            .mapping(n, "on_data_loss", &["hold"])
+            .and_then(|f| match f.get("hold") {
+                None => Some(Duration::ZERO),
+                Some(h) if node_str(h).is_some_and(|s| matches!(s.trim(), "0s" | "0ms")) => {
+                    Some(Duration::ZERO)
+                }
+                Some(h) => w.duration(h, "on_data_loss.hold"),
+            }),
+    };
     let upgrades = match top.get("upgrades") {
         None => Some(super::default_upgrades()),
         Some(n) => upgrades(w, n),
@@ -346,6 +359,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         hosts: hosts?,
         upgrades: upgrades?,
         records: records?,
+        on_data_loss_hold: on_data_loss?,
     })
 }
 

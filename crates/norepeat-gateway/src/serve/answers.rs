@@ -74,6 +74,20 @@ pub(crate) fn upstream_switched() -> Response<Body> {
     problem_response(&p)
 }
 
+/// 503 `records_lost`: the store lost its records a moment ago
+/// (`on_data_loss.hold`); a retry of a request made before could run it
+/// again.
+pub(crate) fn records_lost() -> Response<Body> {
+    let p = Problem::custom(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "records_lost",
+        "Service unavailable",
+    )
+    .detail("The store that keeps this route's idempotency records lost them a moment ago; a retry of a request made before could run it again, so none runs for now.")
+    .retry_after_secs(60);
+    problem_response(&p)
+}
+
 /// 421 `misdirected_request`: a Host that is not one of the file's
 /// `hosts`.
 pub(crate) fn misdirected() -> Response<Body> {

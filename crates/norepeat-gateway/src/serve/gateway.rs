@@ -9,7 +9,7 @@ use crate::serve::store::{Connecting, SharedStore};
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use norepeat::idempotency::DetachedTasks;
-use norepeat::store::StoreError;
+use norepeat::store::{KeyValueStore, KeyValueStoreExt, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +39,9 @@ pub struct Gateway {
     pub(crate) store: SharedStore,
     /// `records`: the idempotency routes' store, when it is not `store`.
     pub(crate) records: Option<SharedStore>,
+    /// When (Unix ms) the store was last found to have lost its data (its
+    /// epoch key gone); 0: never.
+    pub(crate) store_lost_data_at: std::sync::atomic::AtomicU64,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
     pub(crate) detached: DetachedTasks,
@@ -184,6 +187,7 @@ impl Gateway {
             Arc::downgrade(&store_answers),
         ));
         Ok(Self {
+            store_lost_data_at: std::sync::atomic::AtomicU64::new(0),
             records,
             store_answers,
             live: ArcSwap::from_pointee(routes),
@@ -267,7 +271,94 @@ impl Gateway {
     }
 }
 
+/// The key that tells a store that kept its data from one that lost it.
+const EPOCH_KEY: &str = "norepeat:gateway:epoch";
+/// Its life: far longer than the refresh, so it only ends with the data.
+const EPOCH_TTL: Duration = Duration::from_secs(3600);
+/// How often every instance refreshes it (and so notices its loss).
+pub(crate) const EPOCH_EVERY: Duration = Duration::from_secs(2);
+
+/// Watches the store's epoch (a random value written `SET NX` at start,
+/// its TTL refreshed by every instance every [`EPOCH_EVERY`], so no key
+/// lives without one): a store that answers without it lost its data (a
+/// Redis without persistence, restarted). Then
+/// [`Gateway::store_lost_data`]. A store that does not answer is no loss.
+pub(crate) async fn watch_epoch(gw: Arc<Gateway>) {
+    if gw.store.kind() == "memory" {
+        return;
+    }
+    let store = gw.store.closed();
+    let fresh = || {
+        let mut raw = [0u8; 16];
+        let _ = getrandom::fill(&mut raw);
+        hex::encode(raw)
+    };
+    // The epoch this instance knows: its own, or the one already there.
+    let mut known: Option<Vec<u8>> = None;
+    loop {
+        match &known {
+            None => {
+                let mine = fresh();
+                if let Ok(held) = store
+                    .put_if_absent(EPOCH_KEY, mine.as_bytes(), EPOCH_TTL)
+                    .await
+                {
+                    known = Some(held.map_or_else(|| mine.into_bytes(), |v| v.to_vec()));
+                }
+            }
+            Some(epoch) => match store.expire_if_equals(EPOCH_KEY, epoch, EPOCH_TTL).await {
+                Ok(true) | Err(_) => {}
+                Ok(false) => {
+                    // Gone (or written anew by an instance that found it
+                    // gone first): the data went with it.
+                    let mine = fresh();
+                    if let Ok(held) = store
+                        .put_if_absent(EPOCH_KEY, mine.as_bytes(), EPOCH_TTL)
+                        .await
+                    {
+                        known = Some(held.map_or_else(|| mine.into_bytes(), |v| v.to_vec()));
+                        gw.store_lost_data().await;
+                    }
+                }
+            },
+        }
+        tokio::time::sleep(EPOCH_EVERY).await;
+    }
+}
+
 impl Gateway {
+    /// The store was found to have lost its data: said once (an error
+    /// line, `norepeat_gateway_store_data_lost_total`, `healthz`'s
+    /// `store_lost_data_at`), and the token routes built again on the
+    /// secret the store holds now (the one a first instance makes anew,
+    /// `SET NX`), so that every instance signs and checks with one secret
+    /// again (before, an instance started after the loss made a new secret
+    /// while the running ones kept the old: forms posted across them got
+    /// 409 both ways).
+    pub(crate) async fn store_lost_data(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.store_lost_data_at
+            .store(now, std::sync::atomic::Ordering::Release);
+        metrics::counter!("norepeat_gateway_store_data_lost_total").increment(1);
+        tracing::error!(
+            store = self.store.kind(),
+            "the store lost its data (its epoch key is gone: a restart without persistence?): records and tokens written before are gone; the token secret is read again"
+        );
+        let config = self.applied.load_full();
+        if config.token_secret.is_some() {
+            return;
+        }
+        let shared = (&self.detached, &self.stopping);
+        match Routes::build(&config, (&self.store, self.records.as_ref()), shared, None).await {
+            Ok(routes) => self.live.store(Arc::new(routes)),
+            Err(e) => {
+                tracing::warn!(error = %e, "the routes could not be built again after the store's loss")
+            }
+        }
+    }
+
     /// Binds the admin listener (`admin.listen`), if the file has one and
     /// it is not bound yet, so it accepts from now on; serving takes it
     /// (and binds it itself when this was not called). Called within a

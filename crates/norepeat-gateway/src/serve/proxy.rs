@@ -19,8 +19,8 @@
 use crate::config::{normalize_path, route_spelling};
 use crate::serve::OUTCOME_HEADER;
 use crate::serve::answers::{
-    client_body_broke, invalid_request, misdirected, outcome_unknown, upstream_switched,
-    upstream_timeout, upstream_unavailable,
+    client_body_broke, invalid_request, misdirected, outcome_unknown, records_lost,
+    upstream_switched, upstream_timeout, upstream_unavailable,
 };
 use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
@@ -69,6 +69,15 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // The route, once one takes the request: the line of a client that
     // leaves before its answer names it.
     let chosen = OnceLock::new();
+    // `on_data_loss.hold`: the idempotency routes whose records the store
+    // kept wait, after a loss, for this long (read only once a loss was
+    // seen: an atomic load otherwise).
+    let lost_at = gw
+        .store_lost_data_at
+        .load(std::sync::atomic::Ordering::Acquire);
+    if lost_at != 0 && gw.records.is_none() {
+        req.extensions_mut().insert(HoldSince(lost_at));
+    }
     let mut res = match &gw.access {
         None => route_request(live, trusted, req, None).await.0,
         Some(sink) => {
@@ -189,6 +198,18 @@ pub(crate) async fn route_request(
     if let Some(chosen) = chosen {
         let _ = chosen.set(Arc::clone(&route.metrics));
     }
+    if let Some(HoldSince(at)) = req.extensions().get::<HoldSince>().copied()
+        && route.records.is_some()
+        && live.data_loss_hold_until(at)
+    {
+        route.metrics.count(Counted::Request(Outcome::Unavailable));
+        route.metrics.answered(503);
+        return (
+            records_lost(),
+            Some(Arc::clone(&route.metrics)),
+            "records_lost",
+        );
+    }
     let (res, decided_locally) = STORE_FAILED
         .scope(Cell::new(false), async {
             let res = match route.service.clone().oneshot(req).await {
@@ -239,6 +260,11 @@ fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
         req.extensions_mut().insert(OriginalUri(uri));
     }
 }
+
+/// When (Unix ms) the store lost its data, on a request whose idempotency
+/// records it kept (see `on_data_loss.hold`).
+#[derive(Debug, Clone, Copy)]
+struct HoldSince(u64);
 
 /// Turns the upstream stage's "unknown" record into the client's answer,
 /// and names the outcome. `store_failed`: the store failed the request's

@@ -580,3 +580,64 @@ async fn help_names_the_environment_and_a_memory_store_warns() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// Issue 51, item 2: a Redis without persistence restarted empty lost
+/// every record and the token secret. A gateway that ran through it
+/// notices (healthz `store_lost_data_at`, the counter) and reads the
+/// secret anew, so a gateway started after the loss (which made a new
+/// secret) and it sign and check with one secret again: a token from one
+/// is taken by the other (before, each refused the other's: 409 both
+/// ways). With `on_data_loss.hold`, its idempotency routes answer 503
+/// `records_lost` meanwhile: a retry of a payment made before would run.
+#[tokio::test]
+async fn a_store_that_lost_its_data_is_noticed_and_one_secret_is_shared_again() {
+    let mut redis = RedisServer::start().await;
+    let b = backend(0).await;
+    // `on_data_loss.hold`: the idempotency routes wait after a loss.
+    let yaml = format!(
+        "on_data_loss: {{ hold: 1m }}\n{}",
+        file(&b, &redis.url(), ROUTES)
+    );
+    let first = gateway(&yaml).await;
+    assert_eq!(health(&first).await["store_lost_data_at"], Value::Null);
+    assert_eq!(pay_on(&first, "/payments", "k-before").await.status(), 201);
+    redis.restart().await;
+    let second = gateway(&yaml).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !health(&first).await["store_lost_data_at"].is_number() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the loss was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A retry of a payment made before the loss would run again: held.
+    assert_eq!(
+        code(pay_on(&first, "/payments", "k-before").await).await,
+        (StatusCode::SERVICE_UNAVAILABLE, "records_lost".into())
+    );
+    let c = Client::new();
+    let order = |g: &Process, token: String| {
+        c.post(url(g, "/orders"))
+            .header("x-user-id", "u1")
+            .header("repeat-token", token)
+            .body("{}")
+            .send()
+    };
+    let from_second = token_for(&second, "u1").await["repeatToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(order(&first, from_second).await.unwrap().status(), 201);
+    let from_first = token_for(&first, "u1").await["repeatToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(order(&second, from_first).await.unwrap().status(), 201);
+    let text = scrape(&first).await;
+    assert!(
+        text.lines()
+            .any(|l| l == "norepeat_gateway_store_data_lost_total 1"),
+        "{text}"
+    );
+}

@@ -136,8 +136,8 @@ async fn an_idle_gateway_serves_its_first_requests_after_a_redis_restart() {
     };
     assert_eq!(pay("before".into()).await.unwrap().status(), 201);
     redis.restart().await;
-    // Idle past the probe's threshold.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // Idle past the probe's threshold (10 s).
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
     let mut statuses = Vec::new();
     for i in 0..20 {
         statuses.push(pay(format!("after-{i}")).await.unwrap().status().as_u16());

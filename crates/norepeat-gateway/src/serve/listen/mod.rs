@@ -190,6 +190,7 @@ async fn serve_on(
         });
     }
     tokio::spawn(user_signals(Arc::clone(&gateway)));
+    tokio::spawn(crate::serve::gateway::watch_epoch(Arc::clone(&gateway)));
     if let Some(path) = file {
         tokio::spawn(watch(gateway, path));
     }

@@ -266,6 +266,10 @@ fn health(gw: &Gateway, detailed: bool) -> Response<Body> {
             "routes": live.list.len(),
             "store": gw.store.kind(),
             "records": gw.records.as_ref().map(crate::serve::SharedStore::kind),
+            "store_lost_data_at": match gw.store_lost_data_at.load(std::sync::atomic::Ordering::Acquire) {
+                0 => serde_json::Value::Null,
+                ms => ms.into(),
+            },
             "breaker": breaker,
             "store_answers": answers,
             "refusing": refusing,

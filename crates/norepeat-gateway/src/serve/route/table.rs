@@ -38,6 +38,8 @@ pub(crate) struct Routes {
     pub(crate) tokens_pending: bool,
     /// `hosts`: the site's names (empty: every Host is served).
     pub(crate) hosts: Arc<[String]>,
+    /// `on_data_loss.hold`.
+    pub(crate) data_loss_hold: std::time::Duration,
     /// `upgrades`: the `Upgrade` protocols forwarded.
     pub(crate) upgrades: Arc<[String]>,
     /// The one site keys are scoped to when `hosts` names the site's
@@ -67,6 +69,16 @@ pub(crate) struct Compiled {
 }
 
 impl Routes {
+    /// Whether a store that lost its data at `lost_at` (Unix ms) is still
+    /// within `on_data_loss.hold`.
+    pub(crate) fn data_loss_hold_until(&self, lost_at: u64) -> bool {
+        let hold = u64::try_from(self.data_loss_hold.as_millis()).unwrap_or(u64::MAX);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        hold > 0 && now < lost_at.saturating_add(hold)
+    }
+
     pub(crate) async fn build(
         config: &Config,
         (store, records): (&SharedStore, Option<&SharedStore>),
@@ -167,6 +179,7 @@ impl Routes {
             tokens_pending,
             hosts: config.hosts.clone().into(),
             upgrades: config.upgrades.clone().into(),
+            data_loss_hold: config.on_data_loss_hold,
             site,
         })
     }

@@ -76,8 +76,10 @@ pub(super) struct Queue {
 /// the first requests after an idle spell). The probe's failure makes the
 /// connection manager reconnect, and the batch then goes on the new
 /// connection; under load no connection is idle this long, and no probe
-/// is sent.
-pub(super) const IDLE_PROBE: Duration = Duration::from_secs(2);
+/// is sent. The probe costs its batch a round trip: 10 s keeps it off a
+/// slow store's busy connections (at 2 s, a store 300 ms away each way
+/// had calls pass their budget after short pauses).
+pub(super) const IDLE_PROBE: Duration = Duration::from_secs(10);
 
 /// The process's clock origin for [`Queue::answered_at`].
 fn base() -> Instant {
