@@ -5,6 +5,7 @@
 //! does not forward).
 
 use crate::config::normalize_host;
+use crate::serve::http1::protocol_name;
 use axum::body::Body;
 use http::{HeaderName, Request};
 
@@ -74,13 +75,6 @@ pub(crate) fn drop_nominated(headers: &mut http::HeaderMap) {
 /// `Connection`, when none is left: such a request goes on as a plain one,
 /// as NGINX sends it without `Upgrade` unless told to.
 pub(crate) fn only_allowed_upgrades(headers: &mut http::HeaderMap, allowed: &[String]) {
-    let name = |p: &str| {
-        p.split('/')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase()
-    };
     let asked: Vec<String> = headers
         .get_all(http::header::UPGRADE)
         .iter()
@@ -92,7 +86,7 @@ pub(crate) fn only_allowed_upgrades(headers: &mut http::HeaderMap, allowed: &[St
         .collect();
     let kept: Vec<&str> = asked
         .iter()
-        .filter(|p| allowed.contains(&name(p)))
+        .filter(|p| allowed.contains(&protocol_name(p)))
         .map(String::as_str)
         .collect();
     if kept.len() == asked.len() && !kept.is_empty() {

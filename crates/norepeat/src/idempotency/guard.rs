@@ -182,24 +182,13 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             // (the backend may have seen the last one).
             let released = rec.released.then_some(rec.lease).flatten();
             if let Some(lease) = released {
-                let attempt = lease.attempt.saturating_add(1);
-                let value = Bytes::from(record::in_progress(
-                    &owner,
-                    fingerprint,
-                    attempt,
-                    self.lease_end(),
-                ));
-                let key = Arc::clone(&key);
-                match Claim::take_over(&self.store, key, &existing, value, ttl, stamped).await {
-                    Ok(Some(c)) => {
-                        self.admitted
-                            .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted"))
-                            .increment(1);
-                        return Claimed::Owned(c, owner, attempt);
-                    }
+                match self
+                    .next_attempt(&key, &existing, owner, fingerprint, lease, ttl, stamped)
+                    .await
+                {
+                    Some(out) => return out,
                     // Someone changed it first: look again.
-                    Ok(None) => continue,
-                    Err(e) => return self.on_failure(e),
+                    None => continue,
                 }
             }
             if !rec.is_for(fingerprint) && !legacy.is_some_and(|l| rec.is_for(l)) {
@@ -218,28 +207,21 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                             return Claimed::Refused(IdempotencyError::OutcomeUnknown);
                         }
                         Abandoned::Retry if claim::passed(lease.deadline, now, CLOCK_SKEW_MS) => {
-                            let attempt = lease.attempt.saturating_add(1);
-                            let value = Bytes::from(record::in_progress(
-                                &owner,
-                                fingerprint,
-                                attempt,
-                                self.lease_end(),
-                            ));
-                            let key = Arc::clone(&key);
-                            match Claim::take_over(&self.store, key, &existing, value, ttl, stamped)
+                            match self
+                                .next_attempt(
+                                    &key,
+                                    &existing,
+                                    owner,
+                                    fingerprint,
+                                    lease,
+                                    ttl,
+                                    stamped,
+                                )
                                 .await
                             {
-                                Ok(Some(c)) => {
-                                    metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted", "reason" => "take_over").increment(1);
-                                    tracing::info!(
-                                        attempt,
-                                        "took over an abandoned idempotency claim"
-                                    );
-                                    return Claimed::Owned(c, owner, attempt);
-                                }
+                                Some(out) => return out,
                                 // Someone changed it first: look again.
-                                Ok(None) => continue,
-                                Err(e) => return self.on_failure(e),
+                                None => continue,
                             }
                         }
                         // Within the clocks' skew: still in use.
@@ -258,6 +240,42 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                     return Claimed::Refused(IdempotencyError::InUse);
                 }
             }
+        }
+    }
+
+    /// Takes the key over from the claim `existing` holds (released, or
+    /// abandoned under [`Abandoned::Retry`]) as its next attempt (one
+    /// compare-and-set): the claim, or a store failure's answer; `None`
+    /// when someone changed the key first (the caller looks again).
+    #[allow(clippy::too_many_arguments)]
+    async fn next_attempt(
+        &self,
+        key: &Arc<str>,
+        existing: &Bytes,
+        owner: Owner,
+        fingerprint: &Digest,
+        lease: record::Lease,
+        ttl: Duration,
+        stamped: Stamped,
+    ) -> Option<Claimed<G>> {
+        let attempt = lease.attempt.saturating_add(1);
+        let value = Bytes::from(record::in_progress(
+            &owner,
+            fingerprint,
+            attempt,
+            self.lease_end(),
+        ));
+        match Claim::take_over(&self.store, Arc::clone(key), existing, value, ttl, stamped).await {
+            Ok(Some(c)) => {
+                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted", "reason" => "take_over").increment(1);
+                tracing::info!(
+                    attempt,
+                    "took over an idempotency claim as its next attempt"
+                );
+                Some(Claimed::Owned(c, owner, attempt))
+            }
+            Ok(None) => None,
+            Err(e) => Some(self.on_failure(e)),
         }
     }
 

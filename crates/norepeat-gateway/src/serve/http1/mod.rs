@@ -18,6 +18,18 @@ use std::pin::Pin;
 use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// An `Upgrade` protocol's name, without its version, in lower case
+/// (`WebSocket/13` is `websocket`): what `upgrades` lists and a 101 is
+/// matched by.
+pub(crate) fn protocol_name(protocol: &str) -> String {
+    protocol
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
 /// The headers RFC 9110 §7.6.1 names as hop-by-hop (plus the
 /// long-standing `Keep-Alive` and `Proxy-Connection`), `Connection` first.
 /// Names, not strings: a `&str` is parsed into a name on every call, and

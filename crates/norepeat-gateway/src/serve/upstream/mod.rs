@@ -12,6 +12,7 @@ pub(crate) mod exchange;
 pub(crate) mod headers;
 pub(crate) mod pool;
 
+use crate::serve::http1::protocol_name;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
@@ -274,24 +275,17 @@ pub(crate) fn upgrade_asked<B>(req: &Request<B>) -> Option<HeaderValue> {
 /// Whether the 101 `res` switches to a protocol of `asked` (the request's
 /// `Upgrade` list), by name: `websocket` asked, `WebSocket` answered.
 fn switched_to_asked(asked: &HeaderValue, res: &Response<Body>) -> bool {
-    let name = |p: &str| {
-        p.split('/')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase()
-    };
     let Some(to) = res
         .headers()
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
-        .map(name)
+        .map(protocol_name)
     else {
         return false;
     };
     asked
         .to_str()
-        .is_ok_and(|a| a.split(',').any(|p| name(p) == to))
+        .is_ok_and(|a| a.split(',').any(|p| protocol_name(p) == to))
 }
 
 /// The upstream's 101 passed to the client (its hop-by-hop headers
