@@ -162,8 +162,6 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/echo":
             body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
             self.answer(200, body, [("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive")])
-        elif self.path == "/spoof":
-            self.answer(200, b"{}", [("Norepeat-Gateway-Outcome", "unknown")])
         elif self.path.endswith("/upgrade"):
             self.upgraded()
         elif self.path.endswith("/switch"):

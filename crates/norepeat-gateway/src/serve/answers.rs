@@ -55,12 +55,6 @@ pub(crate) fn upstream_timeout() -> Response<Body> {
     problem_response(&p)
 }
 
-pub(crate) fn outcome_unknown() -> Response<Body> {
-    let p = Problem::new(norepeat::problem::Code::IdempotencyOutcomeUnknown)
-        .detail("An earlier request with this Idempotency-Key timed out upstream or failed inside it; its outcome is unknown, so it is not run again.");
-    problem_response(&p)
-}
-
 /// 502 `upstream_switched_protocols`: the upstream answered 101 to a
 /// request that did not ask for that protocol (or asked for one the file's
 /// `upgrades` does not forward); nothing was switched.

@@ -20,19 +20,17 @@
 //! ```
 //!
 //! # An unknown outcome on an idempotency route (`ambiguous: keep`)
-//! The library's layer frees a key when the handler answers a 5xx, so a
-//! timed-out request (or one whose answer broke off half-way: the upstream
+//! A request that timed out, whose answer broke off half-way (the upstream
 //! stage reads an idempotency route's answer body ahead, up to
-//! `max_stored_response`, to tell) is not answered 504 to the layer: the upstream
-//! stage answers it `200` with no body and the header
-//! [`OUTCOME_HEADER`]`: unknown`, which the layer stores as the key's
-//! record (one atomic write of the layer's own, kept for `retention`, and
-//! written before the key could be freed). The gateway answers the client
-//! 504 `upstream_timeout`, and every retry with that key meets the
-//! stored record and is answered 409 `idempotency_outcome_unknown`,
-//! never reaching the backend. `ambiguous: release` answers the layer
-//! 504, which frees the key; a 502 (nothing reached the backend) always
-//! does.
+//! `max_stored_response`, to tell), or that the backend answered 500 or
+//! 504, may or may not have had its effect. The upstream stage marks its
+//! answer with the library's [`OutcomeUnknown`](norepeat::idempotency::OutcomeUnknown),
+//! and the layer records the key's outcome as unknown (one atomic write,
+//! kept for `retention`, before the key could be freed): the client gets
+//! 504 `upstream_timeout` (or the backend's own answer), and every retry
+//! with that key is answered 409 `idempotency_outcome_unknown`, never
+//! reaching the backend. `ambiguous: release` leaves the mark off, so the
+//! 5xx frees the key; a 502 (nothing reached the backend) always does.
 
 mod answers;
 mod files;
@@ -58,14 +56,9 @@ pub use store::SharedStore;
 pub use upstream::headers::strip_hop_by_hop;
 
 use axum::body::Body;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use std::convert::Infallible;
 use tower::util::BoxCloneSyncService;
 
 /// A route's whole stack.
 pub(crate) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
-
-/// The header by which the upstream stage tells an idempotency layer's
-/// record that the outcome is unknown (see the module docs). Never sent
-/// to a client.
-pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("norepeat-gateway-outcome");

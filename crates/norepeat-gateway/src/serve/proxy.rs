@@ -10,17 +10,16 @@
 //! | identify | `identify/` | the caller, scoped by site, read by the route's layers |
 //! | guard | `route/stack.rs` | the route's rate limit, then its guard (the library's layers) |
 //! | upstream | `upstream/` | the request forwarded, its answer brought back |
-//! | answer | [`finish`] | an unknown outcome turned into the client's answer, the outcome named |
+//! | answer | [`finish`] | the outcome named, from what the answer carries (a problem, a replay, a fail-open) |
 //! | log | `log/` | the access-log line and the metrics |
 //!
 //! [`dispatch`] is the front door every reader calls (hyper's service, the
 //! lane's routed requests); [`route_request`] runs the phases from the
 //! head on.
 use crate::config::{normalize_path, route_spelling};
-use crate::serve::OUTCOME_HEADER;
 use crate::serve::answers::{
-    client_body_broke, invalid_request, misdirected, outcome_unknown, records_lost,
-    upstream_switched, upstream_timeout, upstream_unavailable,
+    client_body_broke, invalid_request, misdirected, records_lost, upstream_switched,
+    upstream_timeout, upstream_unavailable,
 };
 use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
@@ -34,7 +33,7 @@ use crate::serve::upstream::{Failure, forward};
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, Uri};
 use norepeat::degrade::FailedOpen;
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
@@ -224,7 +223,7 @@ pub(crate) async fn route_request(
     // Let through by the local memory, the store down: failed open.
     // A replay is a replay, whatever decided it (the local memory too).
     let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
-    let (res, counted) = finish(res, store_failed || (decided_locally && !replayed));
+    let counted = finish(&res, store_failed || (decided_locally && !replayed));
     route.metrics.count(counted);
     route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
@@ -266,48 +265,20 @@ fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
 #[derive(Debug, Clone, Copy)]
 struct HoldSince(u64);
 
-/// Turns the upstream stage's "unknown" record into the client's answer,
-/// and names the outcome. `store_failed`: the store failed the request's
-/// decision and it went through anyway (a shadowed guard would have
-/// refused it, or the local memory of a fail-open route admitted it).
-pub(crate) fn finish(mut res: Response<Body>, store_failed: bool) -> (Response<Body>, Counted) {
-    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
-    if let Some(outcome) = res.headers_mut().remove(OUTCOME_HEADER) {
-        if replayed {
-            return (outcome_unknown(), Counted::Request(Outcome::Unknown));
-        }
-        // The backend's own 500 or 504 (its status in the header): the
-        // client gets the backend's answer as it was.
-        let backend = outcome
-            .to_str()
-            .ok()
-            .and_then(|s| s.parse::<u16>().ok())
-            .and_then(|s| StatusCode::from_u16(s).ok());
-        if let Some(status) = backend {
-            *res.status_mut() = status;
-            let open = res.extensions().get::<FailedOpen>().is_some() || store_failed;
-            let outcome = if open {
-                Outcome::FailOpen
-            } else {
-                Outcome::Passed
-            };
-            return (res, Counted::Request(outcome));
-        }
-        return (
-            upstream_timeout(),
-            Counted::Request(Outcome::UpstreamTimeout),
-        );
-    }
+/// Names the outcome of a routed request's answer. `store_failed`: the
+/// store failed the request's decision and it went through anyway (a
+/// shadowed guard would have refused it, or the local memory of a
+/// fail-open route admitted it).
+pub(crate) fn finish(res: &Response<Body>, store_failed: bool) -> Counted {
     if let Some(p) = res.extensions().get::<Problem>() {
-        let counted = of_code(p.code.as_str());
-        return (res, counted);
+        return of_code(p.code.as_str());
     }
     let outcome = if res.extensions().get::<FailedOpen>().is_some() || store_failed {
         Outcome::FailOpen
-    } else if replayed {
+    } else if res.headers().contains_key(IDEMPOTENT_REPLAYED) {
         Outcome::Replayed
     } else {
         Outcome::Passed
     };
-    (res, Counted::Request(outcome))
+    Counted::Request(outcome)
 }

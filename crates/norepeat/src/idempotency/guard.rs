@@ -25,11 +25,12 @@ pub enum IdempotencyError {
     /// `idempotency_key_mismatch`).
     #[error("this Idempotency-Key was used with a different request")]
     Mismatch,
-    /// The request that holds the key was abandoned: its lease passed
-    /// with no renewal (its process died, or lost the store for a whole
-    /// lease) and no answer was stored, so whether its effect happened is
-    /// unknown; it is not run again (409 `idempotency_outcome_unknown`).
-    /// See [`Abandoned`].
+    /// Whether the effect of the request that holds the key happened is
+    /// unknown: it was abandoned (its lease passed with no renewal: its
+    /// process died, or lost the store for a whole lease, see
+    /// [`Abandoned`]), or its handler said so
+    /// ([`OutcomeUnknown`](super::OutcomeUnknown)); it is not run again
+    /// (409 `idempotency_outcome_unknown`).
     #[error("the request that held this Idempotency-Key was abandoned; its outcome is unknown")]
     OutcomeUnknown,
     /// The store failed and the layer fails closed (503
@@ -122,14 +123,7 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
     /// waiting for a running request's result, the same call is repeated
     /// with backoff: it replays once the record completes, and takes the key
     /// itself if the first request released it.
-    /// `legacy`: the fingerprint the release before this one gave the same
-    /// request, when it differs; a record it wrote matches it too.
-    pub(super) async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Digest,
-        legacy: Option<&Digest>,
-    ) -> Claimed<G> {
+    pub(super) async fn claim(&self, key: &str, fingerprint: &Digest) -> Claimed<G> {
         let mut owner: Owner = [0; 16];
         rand::fill(&mut owner[..]);
         let key: Arc<str> = Arc::from(key);
@@ -191,12 +185,16 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                     None => continue,
                 }
             }
-            if !rec.is_for(fingerprint) && !legacy.is_some_and(|l| rec.is_for(l)) {
+            if !rec.is_for(fingerprint) {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "mismatch").increment(1);
                 return Claimed::Refused(IdempotencyError::Mismatch);
             }
             if let Some(done) = rec.completed {
                 return Claimed::Done(done);
+            }
+            if rec.unknown.is_some() {
+                metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
+                return Claimed::Refused(IdempotencyError::OutcomeUnknown);
             }
             if let Some(lease) = rec.lease {
                 let now = crate::clock::now_ms();

@@ -81,6 +81,42 @@ impl Attempt {
     }
 }
 
+/// Put in a response's extensions by the inner service when nobody knows
+/// whether its effect happened: a call it made downstream timed out, or
+/// broke off after the request went out. The layer records the key's
+/// outcome as unknown (with the response's status, which the client gets
+/// as it is), keeps it for the retention, and refuses every repeat with
+/// 409 `idempotency_outcome_unknown`: never run again, never guessed (a
+/// 5xx alone frees the key, and the retry would run the effect twice if
+/// the first one happened). An operator who checked what happened clears
+/// the record ([`IdempotencyLayer::clear`]).
+///
+/// ```
+/// use axum::{Extension, Router, body::Body, routing::post};
+/// use http::{Request, StatusCode};
+/// use norepeat::idempotency::{IdempotencyLayer, OutcomeUnknown};
+/// use norepeat::store::MemoryStore;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // The payment provider did not answer in time: it may have charged.
+/// let pay = || async { (StatusCode::GATEWAY_TIMEOUT, Extension(OutcomeUnknown), "timed out") };
+/// let app: Router = Router::new()
+///     .route("/payments", post(pay).layer(IdempotencyLayer::new(MemoryStore::default())));
+/// let req = || {
+///     Request::post("/payments")
+///         .header("x-user-id", "u1")
+///         .header("idempotency-key", "k1")
+///         .body(Body::empty())
+///         .unwrap()
+/// };
+/// assert_eq!(app.clone().oneshot(req()).await.unwrap().status(), StatusCode::GATEWAY_TIMEOUT);
+/// // The retry is not run again.
+/// assert_eq!(app.oneshot(req()).await.unwrap().status(), StatusCode::CONFLICT);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutcomeUnknown;
+
 /// A service made idempotent by an [`IdempotencyLayer`].
 pub type Idempotency<S, G> = Middleware<IdempotencyLayer<G>, S>;
 
@@ -150,11 +186,6 @@ pub struct IdempotencyLayer<G> {
     guard: IdempotencyGuard<G>,
     keys: KeyBuilder,
     fingerprinter: Fingerprinter,
-    /// The fingerprint of the release before this one (the fingerprint
-    /// guard's, which ignored [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)),
-    /// to recognise a retry of a record it wrote; `None` once a
-    /// fingerprinter of the application's own is set.
-    legacy: Option<Fingerprinter>,
     identity: Arc<dyn Identify>,
     /// The identity an older configuration gave callers, whose records are
     /// still honoured (see [`previous_identity`](IdempotencyLayer::previous_identity)).
@@ -211,7 +242,6 @@ impl<G: Clone> IdempotencyLayer<G> {
             // any field are two requests (422), whatever the fingerprint
             // guard ignores to catch double clicks.
             fingerprinter: Fingerprinter::ignoring(std::iter::empty::<&str>()),
-            legacy: Some(Fingerprinter::default()),
             identity: Arc::new(UserHeader::default()),
             previous: None,
             route: None,
@@ -548,11 +578,9 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// (unlike the fingerprint guard, which leaves out
     /// [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)
     /// to catch double clicks: under one key, a body that differs in any
-    /// field is another request). A record written by a release that left
-    /// those fields out is still recognised while the default is kept.
+    /// field is another request).
     pub fn fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
         self.fingerprinter = fingerprinter;
-        self.legacy = None;
         self
     }
 }
@@ -779,8 +807,7 @@ where
     // The slot bounds the handlers that own a key: a request that owns none
     // (answered at once, or run in its caller's future by shadow mode or a
     // failing store) gives it back before it goes on.
-    let legacy = legacy_fingerprint(&cfg, user, path, &parts, &bytes, &fingerprint);
-    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint, legacy.as_ref()).await {
+    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint).await {
         Claimed::Owned(c, owner, attempt) => (c, owner, attempt),
         Claimed::Done(done) => {
             drop(slot);
@@ -815,7 +842,7 @@ where
     claim::detach_tracked(
         &tracker,
         Box::pin(async move {
-            let out = run_claimed(cfg, inner, req, claim, owner, fingerprint).await;
+            let out = run_claimed(cfg, inner, req, claim, (owner, attempt), fingerprint).await;
             drop(slot);
             out
         }),
@@ -844,43 +871,6 @@ async fn previous_scope<G: KeyValueStore + Clone>(
     }
     let key = cfg.record_key(&previous, &parts.method, path, client_key);
     Ok(cfg.guard.store.get(&key).await?.map(|_| previous))
-}
-
-/// The fingerprint the release before this one gave the request, when it
-/// differs from `fingerprint` (the body names a field the fingerprint
-/// guard ignores): a record that release wrote for this very request is
-/// then still recognised (a replay, or 409), not taken for another request.
-/// `None` for most requests (no such field: one fingerprint, no second
-/// pass over the body).
-fn legacy_fingerprint<G>(
-    cfg: &IdempotencyLayer<G>,
-    user: &str,
-    path: &str,
-    parts: &http::request::Parts,
-    body: &Bytes,
-    fingerprint: &Digest,
-) -> Option<Digest> {
-    let legacy = cfg.legacy.as_ref()?;
-    if !names_a_default_ignored_field(body) {
-        return None;
-    }
-    let out = kept(&legacy.fingerprint_http(user, parts, path, body).ok()?);
-    (out != *fingerprint).then_some(out)
-}
-
-/// Whether `body` holds one of [`DEFAULT_IGNORED_FIELDS`](crate::fingerprint::DEFAULT_IGNORED_FIELDS)
-/// right after a `"`, as a JSON key is written (one pass, a byte compared
-/// per field at each quote: most bodies have a few quotes and none of the
-/// fields). A mention elsewhere (inside a value) only costs the second
-/// fingerprint, which then equals the first.
-fn names_a_default_ignored_field(body: &[u8]) -> bool {
-    body.iter().enumerate().any(|(i, &b)| {
-        b == b'"'
-            && crate::fingerprint::DEFAULT_IGNORED_FIELDS.iter().any(|f| {
-                let rest = &body[i + 1..];
-                rest.first() == f.as_bytes().first() && rest.starts_with(f.as_bytes())
-            })
-    })
 }
 
 /// 128 bits of the request's fingerprint: caller, method, concrete path, query,
@@ -938,7 +928,7 @@ impl From<IdempotencyError> for Problem {
                 "This Idempotency-Key was used with a different request; use a new key for a new operation.",
             ),
             IdempotencyError::OutcomeUnknown => Problem::new(Code::IdempotencyOutcomeUnknown).detail(
-                "The request that held this Idempotency-Key ended without an answer (its server stopped mid-request); whether it took effect is unknown, so it is not run again. Check the outcome before sending a new operation with a new key.",
+                "The request that held this Idempotency-Key ended without a known outcome (it timed out, or its server stopped mid-request); whether it took effect is unknown, so it is not run again. Check the outcome before sending a new operation with a new key.",
             ),
             IdempotencyError::Unavailable(_) => Problem::new(Code::GuardUnavailable)
                 .detail(GUARD_UNAVAILABLE)
@@ -971,27 +961,6 @@ mod tests {
             h.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
         }
         h
-    }
-
-    #[test]
-    fn bodies_naming_an_ignored_field_are_found() {
-        for body in [
-            &br#"{"sign":"x"}"#[..],
-            br#"{"a":1, "meta":{"traceId":"t"}}"#,
-            br#"[{"timestamp":5}]"#,
-            br#"{"random":0.5}"#,
-        ] {
-            assert!(names_a_default_ignored_field(body), "{body:?}");
-        }
-        for body in [
-            &br#"{"sku":"S","qty":2}"#[..],
-            br#"{"designer":"x"}"#,
-            br#"""#,
-            b"",
-            b"sign",
-        ] {
-            assert!(!names_a_default_ignored_field(body), "{body:?}");
-        }
     }
 
     #[test]

@@ -156,7 +156,7 @@ pub(crate) use guard::CLOCK_SKEW_MS;
 pub use guard::{Abandoned, IdempotencyError};
 pub use layer::{
     Attempt, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency,
-    IdempotencyLayer, Inspected, RecordState, ResponseBody,
+    IdempotencyLayer, Inspected, OutcomeUnknown, RecordState, ResponseBody,
 };
 pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 pub use record::IDEMPOTENT_BODY;

@@ -6,6 +6,9 @@
 //! in progress: version=4(1) state=1(1) fingerprint(3) owner(2) attempt(1)
 //!              deadline(4: the lease's end, hundredths of a second
 //!              since the Unix epoch, modulo 2^32)
+//! released:    as in progress, state=3
+//! unknown:     as in progress, state=4, then status(u16): the status
+//!              the client was told
 //! completed:   version=2(1) state=2(1) fingerprint(16)
 //!              status(u16) header_count(u8)
 //!              { name  value_len(u16) value } * header_count
@@ -104,6 +107,11 @@ const COMPLETED: u8 = 2;
 /// without an outcome to keep (a 5xx the policy does not store): the key's
 /// next request runs, as the next attempt.
 const RELEASED: u8 = 3;
+/// A version-4 in-progress record's layout and the status its client was
+/// told, written when its request ended with an outcome nobody knows (see
+/// [`OutcomeUnknown`](super::OutcomeUnknown)): kept for the retention, and
+/// every repeat is refused (409 `idempotency_outcome_unknown`).
+const UNKNOWN: u8 = 4;
 /// Random bits of the owner a version-2 in-progress record keeps, in bytes.
 const OWNER_BYTES_V2: usize = 10;
 /// Random bits of the owner a version-3 in-progress record keeps, in bytes.
@@ -159,6 +167,8 @@ pub(crate) struct Record {
     /// Released ([`released`]): the next request takes the key over as
     /// attempt `lease.attempt + 1`, whatever its body.
     pub(crate) released: bool,
+    /// An unknown outcome ([`unknown`]): the status the client was told.
+    pub(crate) unknown: Option<StatusCode>,
 }
 
 /// The attempt number and the lease deadline of an in-progress record.
@@ -219,6 +229,20 @@ pub(crate) fn released(claimed: &[u8]) -> Option<Vec<u8>> {
     let mut out = claimed.to_vec();
     out[1] = RELEASED;
     Some(out)
+}
+
+/// The record of attempt `attempt`, whose outcome is unknown (its client
+/// was told `status`): kept for the retention, every repeat refused.
+pub(crate) fn unknown(
+    owner: &Owner,
+    fingerprint: &Digest,
+    attempt: u8,
+    status: StatusCode,
+) -> Vec<u8> {
+    let mut out = in_progress(owner, fingerprint, attempt, 0);
+    out[1] = UNKNOWN;
+    out.extend_from_slice(&status.as_u16().to_be_bytes());
+    out
 }
 
 /// `claimed` (a version-4 in-progress record) with its lease deadline moved
@@ -354,7 +378,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
     let mut fingerprint_len = 16;
     let mut lease = None;
     let fingerprint = match version {
-        VERSION_4 if state == IN_PROGRESS || state == RELEASED => {
+        VERSION_4 if matches!(state, IN_PROGRESS | RELEASED | UNKNOWN) => {
             let mut fingerprint = [0; 16];
             fingerprint[..FINGERPRINT_BYTES_V4].copy_from_slice(r.take(FINGERPRINT_BYTES_V4)?);
             fingerprint_len = FINGERPRINT_BYTES_V4;
@@ -364,7 +388,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
             lease = Some(Lease { attempt, deadline });
             fingerprint
         }
-        VERSION_4 => return Err(Malformed("a version-4 record is only ever in progress")),
+        VERSION_4 => return Err(Malformed("a version-4 record is only ever a claim")),
         VERSION_3 if state == IN_PROGRESS => {
             let mut fingerprint = [0; 16];
             fingerprint[..FINGERPRINT_BYTES_V3].copy_from_slice(r.take(FINGERPRINT_BYTES_V3)?);
@@ -386,9 +410,14 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
         }
         _ => return Err(Malformed("unknown version")),
     };
+    let unknown = if version == VERSION_4 && state == UNKNOWN {
+        Some(StatusCode::from_u16(r.u16()?).map_err(|_| Malformed("bad status"))?)
+    } else {
+        None
+    };
     let completed = match state {
-        IN_PROGRESS | RELEASED if r.at == bytes.len() => None,
-        IN_PROGRESS | RELEASED => {
+        IN_PROGRESS | RELEASED | UNKNOWN if r.at == bytes.len() => None,
+        IN_PROGRESS | RELEASED | UNKNOWN => {
             return Err(Malformed("trailing bytes after an in-progress record"));
         }
         COMPLETED => {
@@ -435,6 +464,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, Malformed> {
         lease,
         completed,
         released: version == VERSION_4 && state == RELEASED,
+        unknown,
     })
 }
 

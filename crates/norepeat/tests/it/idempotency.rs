@@ -17,7 +17,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
-use norepeat::idempotency::{Abandoned, IdempotencyLayer, StorePolicy};
+use norepeat::idempotency::{
+    Abandoned, IdempotencyLayer, OutcomeUnknown, RecordState, StorePolicy,
+};
 use norepeat::keys::{KeyBuilder, Namespace};
 #[cfg(feature = "redis")]
 use norepeat::store::Resilient;
@@ -80,7 +82,7 @@ impl Drop for Hold {
 /// `x-sleep-ms`, `x-hold` (waits for its [`Hold`]), `x-status`, `x-big` (a body of that many bytes, exact
 /// size), `x-stream` (that many 1000-byte chunks, unknown size), `x-sse`,
 /// `x-break` (that many chunks, then an error), `x-trailers` (a body with
-/// trailers).
+/// trailers), `x-unknown` (the answer marked [`OutcomeUnknown`]).
 async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Response {
     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
     let num = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
@@ -134,6 +136,9 @@ async fn pay(State(runs): State<Runs>, headers: HeaderMap, _body: Bytes) -> Resp
         ];
         let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
         return (status, common, Body::new(body)).into_response();
+    }
+    if headers.contains_key("x-unknown") {
+        return (status, axum::Extension(OutcomeUnknown), "timed out").into_response();
     }
     if headers.contains_key("x-sse") {
         return (
@@ -232,7 +237,8 @@ every_store!(
     streaming_response_passes_through_whole_and_its_outcome_is_kept,
     a_success_whose_body_breaks_is_not_run_again,
     a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers,
-    a_key_compares_the_whole_body_and_still_knows_the_previous_releases_records,
+    a_key_compares_the_whole_body,
+    an_unknown_outcome_is_kept_refused_and_cleared_by_an_operator,
 );
 
 each_store!(
@@ -1149,15 +1155,8 @@ async fn handler_error_releases_the_key() {
 /// requests (422), also in a field the fingerprint guard ignores to catch
 /// double clicks (`timestamp`, `sign`, `random`, `traceId`): those are not
 /// for deciding that a different request is the same one (before: the
-/// second body got the first one's replay). A record the release before
-/// this one wrote, whose fingerprint ignored those fields, is still
-/// replayed to a retry of its request.
-async fn a_key_compares_the_whole_body_and_still_knows_the_previous_releases_records<
-    G: KeyValueStore + Clone,
->(
-    store: G,
-) {
-    use norepeat::fingerprint::{Fingerprinter, RequestParts};
+/// second body got the first one's replay).
+async fn a_key_compares_the_whole_body<G: KeyValueStore + Clone>(store: G) {
     let runs = Runs::default();
     let app = app(IdempotencyLayer::new(store.clone()), &runs);
     let first_body = r#"{"orderId":"o1","amount":1999,"timestamp":1}"#;
@@ -1181,35 +1180,53 @@ async fn a_key_compares_the_whole_body_and_still_knows_the_previous_releases_rec
     assert_eq!(other.code(), "idempotency_key_mismatch");
     assert!(pay_with(&app, "u1", "k", first_body).await.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
 
-    // What the release before wrote for a body with a `sign`: a completed
-    // record (version 2) whose fingerprint left `sign` out.
-    let old_body = r#"{"orderId":"o2","amount":5,"sign":"abc"}"#;
-    let legacy = Fingerprinter::default()
-        .fingerprint(&RequestParts {
-            user: "u1",
-            method: "POST",
-            route: "/payments",
-            query: None,
-            json: true,
-            body: old_body.as_bytes(),
-        })
-        .unwrap();
-    let mut record = vec![2u8, 2];
-    record.extend_from_slice(&legacy.0[..16]);
-    record.extend_from_slice(&201u16.to_be_bytes());
-    record.push(0);
-    record.extend_from_slice(b"paid before the deploy");
-    let ttl = Duration::from_secs(60);
+/// A handler that marks its answer [`OutcomeUnknown`] (a 504: its call
+/// downstream timed out) leaves the key recorded as such, with the status
+/// its client got: every retry, whatever the [`Abandoned`] policy, is 409
+/// `idempotency_outcome_unknown` and never runs; an operator reads the
+/// record and clears it, and the next retry runs as a new request. Before
+/// (a 5xx alone): the key was freed and the retry ran the effect again.
+async fn an_unknown_outcome_is_kept_refused_and_cleared_by_an_operator<G: KeyValueStore + Clone>(
+    store: G,
+) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store.clone()).abandoned(Abandoned::Retry);
+    let app = app(layer.clone(), &runs);
+    let req = |unknown: bool| {
+        let mut b = payment("u1", Some(b"k-unknown"));
+        if unknown {
+            b = b.header("x-unknown", "1").header("x-status", "504");
+        }
+        b.body(Body::from(BODY)).unwrap()
+    };
+    let first = send(&app, req(true)).await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    for _ in 0..2 {
+        let retry = send(&app, req(false)).await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{:?}", retry.body);
+        assert_eq!(retry.code(), "idempotency_outcome_unknown");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let read = layer
+        .inspect("u1", &http::Method::POST, "/payments", "k-unknown")
+        .await
+        .unwrap()
+        .expect("the record is kept");
+    assert_eq!(
+        read.state,
+        RecordState::OutcomeUnknown {
+            attempt: 1,
+            status: StatusCode::GATEWAY_TIMEOUT
+        }
+    );
     assert!(
-        store
-            .put_if_absent(&record_key("u1", "k2"), &record, ttl)
+        layer
+            .clear("u1", &http::Method::POST, "/payments", "k-unknown", &read)
             .await
             .unwrap()
-            .is_none()
     );
-    let retry = pay_with(&app, "u1", "k2", old_body).await;
-    assert!(retry.replayed(), "{:?}", retry.body);
-    assert_eq!(&retry.body[..], b"paid before the deploy");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(send(&app, req(false)).await.status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

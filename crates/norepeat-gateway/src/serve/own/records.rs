@@ -5,7 +5,6 @@
 use super::json;
 use crate::config::{normalize_host, normalize_path, route_spelling};
 use crate::serve::HostScoped;
-use crate::serve::OUTCOME_HEADER;
 use crate::serve::gateway::Gateway;
 use axum::body::Body;
 use axum::extract::Query;
@@ -158,40 +157,21 @@ pub(super) async fn record(
         RecordState::Released { attempt } => {
             serde_json::json!({"state": "released", "attempt": attempt})
         }
+        RecordState::OutcomeUnknown { attempt, status } => serde_json::json!({
+            "state": "outcome_unknown",
+            "attempt": attempt,
+            "status": status.as_u16(),
+        }),
         RecordState::Completed {
             status,
             headers,
             body_len,
-        } => {
-            // The gateway's own record of an unknown outcome (see the
-            // module docs): a 200 carrying OUTCOME_HEADER, whose value is
-            // the backend's own status (a 500 or 504 it answered), or
-            // `unknown` (no answer: the client was told 504).
-            match read.stored_header(OUTCOME_HEADER.as_str()) {
-                Some(told) => {
-                    let told = told
-                        .to_str()
-                        .ok()
-                        .and_then(|s| s.parse::<u16>().ok())
-                        .unwrap_or(504);
-                    serde_json::json!({
-                        "state": "outcome_unknown",
-                        "status": told,
-                        "headers": headers
-                            .iter()
-                            .filter(|h| *h != OUTCOME_HEADER.as_str())
-                            .collect::<Vec<_>>(),
-                        "body_len": body_len,
-                    })
-                }
-                None => serde_json::json!({
-                    "state": "completed",
-                    "status": status.as_u16(),
-                    "headers": headers,
-                    "body_len": body_len,
-                }),
-            }
-        }
+        } => serde_json::json!({
+            "state": "completed",
+            "status": status.as_u16(),
+            "headers": headers,
+            "body_len": body_len,
+        }),
         _ => serde_json::json!({"state": "unknown"}),
     };
     if req.method() != http::Method::DELETE {

@@ -3,6 +3,7 @@
 
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
 use crate::serve::HostScoped;
+use crate::serve::RouteService;
 use crate::serve::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
@@ -10,14 +11,15 @@ use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::store::{SharedStore, note_failure};
 use crate::serve::upstream::pool::{Pool, Target, client, connect_timeout};
 use crate::serve::upstream::{Broken, Failure, forward, read_ahead};
-use crate::serve::{OUTCOME_HEADER, RouteService};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::declares_over;
 use norepeat::degrade::FailurePolicy;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
-use norepeat::idempotency::{Abandoned, Attempt, DetachedTasks, IdempotencyLayer, StoredHeaders};
+use norepeat::idempotency::{
+    Abandoned, Attempt, DetachedTasks, IdempotencyLayer, OutcomeUnknown, StoredHeaders,
+};
 use norepeat::problem::{Code, Problem};
 use norepeat::ratelimit::{RateLimitLayer, RateLimiter};
 use norepeat::token::{TokenGuard, TokenLayer};
@@ -166,8 +168,7 @@ pub(crate) fn stack(
                 .identity(scoped.clone())
                 .route(name.clone())
                 // The first answer's headers, but hop-by-hop and
-                // Set-Cookie (and with them the upstream stage's
-                // OUTCOME_HEADER, which the backend cannot send).
+                // Set-Cookie.
                 .stored_headers(StoredHeaders::AllButHopByHop)
                 .detached_tasks_in(detached)
                 .shadow(route.shadow);
@@ -291,17 +292,11 @@ impl UpstreamStage {
                     told.as_ref(),
                     res.status().as_u16(),
                 );
-                // The backend cannot speak for the gateway.
-                res.headers_mut().remove(OUTCOME_HEADER);
                 if self.keep && unknown_outcome(res.status()) {
-                    // Stored by the idempotency layer as the key's record
-                    // (a 200 it keeps), carrying the backend's status, which
-                    // the client gets back with the backend's answer; a retry
-                    // meets the record: 409 `idempotency_outcome_unknown`.
-                    let status = res.status();
-                    *res.status_mut() = StatusCode::OK;
-                    res.headers_mut()
-                        .insert(OUTCOME_HEADER, HeaderValue::from(status.as_u16()));
+                    // Recorded by the idempotency layer as the key's unknown
+                    // outcome; the client gets the backend's answer as it
+                    // is, and a retry 409 `idempotency_outcome_unknown`.
+                    res.extensions_mut().insert(OutcomeUnknown);
                 }
                 res
             }
@@ -310,10 +305,8 @@ impl UpstreamStage {
             // A 101 nobody asked for came after the request reached the
             // backend: its outcome is unknown, as a timeout's.
             Err(Failure::Timeout | Failure::Switched) if self.keep => {
-                // Stored by the idempotency layer as the key's record.
-                let mut res = Response::new(Body::empty());
-                res.headers_mut()
-                    .insert(OUTCOME_HEADER, HeaderValue::from_static("unknown"));
+                let mut res = upstream_timeout();
+                res.extensions_mut().insert(OutcomeUnknown);
                 res
             }
             Err(Failure::Timeout | Failure::Switched) => upstream_timeout(),

@@ -33,6 +33,16 @@ pub enum RecordState {
         /// The attempt that was released.
         attempt: u8,
     },
+    /// Attempt `attempt` ended with an outcome nobody knows (it timed out:
+    /// see [`OutcomeUnknown`](super::OutcomeUnknown)); its client was told
+    /// `status`. Every repeat is refused until the record is cleared or its
+    /// retention ends.
+    OutcomeUnknown {
+        /// The attempt whose outcome is unknown.
+        attempt: u8,
+        /// The status its client got (a 504, or the backend's own 500).
+        status: StatusCode,
+    },
     /// Completed: a retry gets this answer replayed.
     Completed {
         /// The stored status.
@@ -52,32 +62,6 @@ pub struct Inspected {
     /// What the record says.
     pub state: RecordState,
     bytes: Bytes,
-}
-
-impl Inspected {
-    /// The value of header `name` in the stored answer, if the record is
-    /// completed and kept it: a header an application put there for its
-    /// operators (the gateway keeps the status its client was told of an
-    /// unknown outcome in one).
-    ///
-    /// ```
-    /// use norepeat::idempotency::IdempotencyLayer;
-    /// use norepeat::store::MemoryStore;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = IdempotencyLayer::new(MemoryStore::default());
-    /// let read = layer.inspect("u1", &http::Method::POST, "/payments", "k1").await?;
-    /// assert!(read.is_none_or(|r| r.stored_header("x-order").is_none()));
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn stored_header(&self, name: &str) -> Option<http::HeaderValue> {
-        let rec = record::decode(&self.bytes).ok()?;
-        rec.completed?
-            .headers
-            .into_iter()
-            .find(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    }
 }
 
 impl<G: KeyValueStore + Clone> IdempotencyLayer<G> {
@@ -116,6 +100,10 @@ impl<G: KeyValueStore + Clone> IdempotencyLayer<G> {
         };
         let rec = record::decode(&bytes).map_err(|e| StoreError::Protocol(e.to_string()))?;
         let state = match (rec.completed, rec.lease) {
+            (None, Some(lease)) if rec.unknown.is_some() => RecordState::OutcomeUnknown {
+                attempt: lease.attempt,
+                status: rec.unknown.unwrap_or(StatusCode::GATEWAY_TIMEOUT),
+            },
             (None, Some(lease)) if rec.released => RecordState::Released {
                 attempt: lease.attempt,
             },

@@ -2,7 +2,7 @@
 //! held claim, then store its response (complete) or free the key
 //! (release); and the replay of a stored response.
 
-use super::{IDEMPOTENT_REPLAYED, IdempotencyLayer, ResponseBody, pass};
+use super::{IDEMPOTENT_REPLAYED, IdempotencyLayer, OutcomeUnknown, ResponseBody, pass};
 use crate::claim::{Claim, Completion, Renewal};
 use crate::idempotency::body::{Collected, collect_capped};
 use crate::idempotency::record::{self, Completed, Digest, Owner};
@@ -21,7 +21,7 @@ pub(super) async fn run_claimed<S, G, ReqBody, ResBody>(
     mut inner: S,
     req: Request<ReqBody>,
     claim: Claim<G>,
-    owner: Owner,
+    (owner, attempt): (Owner, u8),
     fingerprint: Digest,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -61,6 +61,13 @@ where
     };
     if offer.committed() {
         claim.keep();
+        return Ok(pass(res));
+    }
+    if res.extensions().get::<OutcomeUnknown>().is_some() {
+        // Kept as the key's record, with the status the client gets, before
+        // the key could be freed: every repeat is refused, none run again.
+        let unknown = record::unknown(&owner, &fingerprint, attempt, res.status());
+        complete(&cfg, claim, unknown).await;
         return Ok(pass(res));
     }
     if !cfg.policy.stores(res.status()) {

@@ -30,6 +30,26 @@ fn in_progress_round_trips_and_is_12_bytes() {
     assert!(!r.is_for(&other));
 }
 
+/// An unknown outcome keeps the claim's fingerprint and attempt and the
+/// status the client was told: 14 bytes, never renewed, never released.
+#[test]
+fn an_unknown_outcome_round_trips_with_its_status() {
+    let fingerprint: Digest = std::array::from_fn(|i| u8::try_from(i + 100).unwrap());
+    let b = unknown(&[7; 16], &fingerprint, 2, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(b.len(), 14);
+    assert_eq!(&b[..2], &[VERSION_4, UNKNOWN]);
+    assert!(restamp(&b, 5).is_none());
+    assert!(released(&b).is_none());
+    let r = decode(&Bytes::from(b)).unwrap();
+    assert_eq!(r.unknown, Some(StatusCode::GATEWAY_TIMEOUT));
+    assert_eq!(r.lease.map(|l| l.attempt), Some(2));
+    assert!(r.completed.is_none() && !r.released);
+    assert!(r.is_for(&fingerprint));
+    // A claim is not an unknown outcome.
+    let claim = decode(&Bytes::from(in_progress(&[7; 16], &fingerprint, 2, 9))).unwrap();
+    assert_eq!(claim.unknown, None);
+}
+
 /// A renewal moves the deadline and nothing else; a record that is not a
 /// version-4 claim is never restamped.
 #[test]
