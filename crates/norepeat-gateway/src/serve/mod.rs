@@ -35,6 +35,7 @@
 //! does.
 
 mod answers;
+mod cors;
 mod files;
 mod gateway;
 mod head;
@@ -43,7 +44,9 @@ mod identify;
 mod listen;
 mod log;
 mod own;
+mod page;
 mod proxy;
+mod reply;
 mod route;
 mod store;
 mod tls;
