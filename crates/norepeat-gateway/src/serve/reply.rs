@@ -49,16 +49,23 @@ impl ForClient {
     /// Reads `req`, before it is routed.
     pub(crate) fn of(live: &Routes, req: &Request<Body>) -> Self {
         let h = req.headers();
-        let cors = match h.get(header::ORIGIN) {
-            Some(value) if !live.cors.is_empty() => Some(Origin {
-                listed: cors::listed(&live.cors, Some(value)).is_some(),
-                routed: routed(live, req),
-                value: value.clone(),
-            }),
-            _ => None,
-        };
+        let origin = (!live.cors.is_empty())
+            .then(|| h.get(header::ORIGIN))
+            .flatten();
+        let cors = origin.map(|value| Origin {
+            listed: cors::listed(&live.cors, Some(value)).is_some(),
+            routed: routed(live, req),
+            value: value.clone(),
+        });
+        // An API client's `*/*` or `application/json` names no text type:
+        // one scan, and its `q`-values are never read.
         let html = h
             .get(header::ACCEPT)
+            .filter(|a| {
+                a.as_bytes()
+                    .windows(5)
+                    .any(|w| w.eq_ignore_ascii_case(b"text/"))
+            })
             .and_then(|a| a.to_str().ok())
             .is_some_and(prefers_html);
         let page = html.then(|| Page {

@@ -79,6 +79,20 @@ async fn a_form_and_a_json_client_post_to_one_path_each_under_its_own_guard() {
             "{t:?}"
         );
     }
+    // Two types at once: no type (a backend might read either).
+    let (status, text) = raw(
+        &g,
+        "POST /orders",
+        &[
+            ("x-user-id", "u1"),
+            ("content-type", "application/json"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        r#"{"sku":"b2"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("missing_token"), "{text}");
     // One form order, one JSON order.
     assert_eq!(effects(&b).await["/orders"], 2);
 }
