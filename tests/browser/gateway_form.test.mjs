@@ -11,8 +11,10 @@
 // application/x-www-form-urlencoded POST /orders: no script sends the
 // order. Checks: the first submit reaches the backend (201); the same
 // token submitted again (the back button's stale form) is refused 409
-// `duplicate_submission`; the page reloaded gets a new token and submits
-// again (201); the backend counted exactly two orders.
+// `duplicate_submission`, shown as the gateway's HTML page (a browser's
+// navigation prefers text/html) with a link back to the form; the page
+// reloaded gets a new token and submits again (201); the backend counted
+// exactly two orders.
 
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
@@ -53,8 +55,12 @@ try {
   await page.evaluate((t) => { document.querySelector('#token').value = t; }, token);
   const again = await submit();
   assert.equal(again.status, 409, `the same token again: ${again.body}`);
-  assert.equal(JSON.parse(again.body).code, 'duplicate_submission');
-  console.log('  the same token again: 409 duplicate_submission');
+  // The refusal, as the page the browser shows: its title, a link back.
+  assert.equal(await page.title(), '409 Duplicate submission', again.body);
+  assert.equal(await page.textContent('h1'), 'Duplicate submission');
+  assert.match(again.body, /duplicate_submission/);
+  assert.equal(await page.getAttribute('a', 'href'), `${gateway}/form`);
+  console.log('  the same token again: 409 duplicate_submission, as a page');
 
   const fresh = await load();
   assert.notEqual(fresh, token, 'a reload fetches a new token');

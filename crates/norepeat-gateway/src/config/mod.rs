@@ -58,8 +58,10 @@
 //! | `identity.jwt.issuer`, `audiences` | not checked |
 //! | `token_secret` | `NOREPEAT_GATEWAY_TOKEN_SECRET`, else a random one kept in the store |
 //! | `token_ttl` | `60s` |
-//! | `cors.allow_origins` | none (no page of another origin may ask for a token) |
+//! | `cors.allow_origins` | none (no page of another origin may call a route or ask for a token) |
+//! | `error_page` | none: a browser's refusal is the gateway's own small page |
 //! | `routes[].identity` | the file's `identity` |
+//! | `routes[].content_type` | none: every request body's type |
 //! | `routes` | none (every request passes through) |
 //! | `routes[].upstream` | the file's `upstream` |
 //! | `routes[].on_store_failure` | `closed` for idempotency, `open` otherwise |
@@ -93,6 +95,7 @@
 //! `120/m`, `1000/h`), sizes a whole number of bytes or one with `B`,
 //! `KiB`, `MiB` or `GiB` (`64KiB`).
 
+mod error_page;
 mod parse;
 mod path;
 mod route_match;
@@ -104,13 +107,14 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use error_page::{ErrorPage, MAX_ERROR_PAGE, PLACEHOLDERS};
 pub use ipnet::IpNet;
 pub use norepeat::ratelimit::{Algorithm, Quota};
 pub(crate) use path::host_span;
 pub use path::{
     normalize_host, normalize_path, route_spelling, with_slashes_decoded, without_format_suffix,
 };
-pub use route_match::{METHODS, RouteMatch};
+pub use route_match::{METHODS, MediaType, RouteMatch};
 pub(crate) use tls::certified_key;
 pub use tls::{Tls, UpstreamCa};
 
@@ -140,8 +144,12 @@ pub struct Config {
     pub limits: Limits,
     /// `token_ttl` (60 s): the life of a repeat token.
     pub token_ttl: Duration,
-    /// `cors`: the pages that may ask `GET /.norepeat/token`.
+    /// `cors`: the pages of other origins that may call the routes and
+    /// ask `GET /.norepeat/token`.
     pub cors: Cors,
+    /// `error_page`: the page a browser's navigation gets for a refusal
+    /// (`None`: the gateway's own).
+    pub error_page: Option<ErrorPage>,
     /// The routes, in order: the first that matches a request takes it.
     pub routes: Vec<Route>,
     /// Whether the file has a `routes` key. A reload that would remove
@@ -330,6 +338,9 @@ pub struct Route {
     /// `host`: the one site (`Host`, in [`normalize_host`]'s spelling)
     /// whose requests this route takes; `None` takes every site's.
     pub host: Option<String>,
+    /// `content_type`: the one media type of the bodies this route takes;
+    /// `None` takes every request, whatever its `Content-Type`.
+    pub content_type: Option<MediaType>,
     /// `guard`, with its own fields.
     pub guard: Option<Guard>,
     /// `rate_limit`.
@@ -578,8 +589,9 @@ impl fmt::Debug for JwtSecret {
     }
 }
 
-/// `cors:`: the origins whose pages may call `GET /.norepeat/token`
-/// (with credentials, so a cookie identity works from them).
+/// `cors:`: the origins whose pages may call the routes and
+/// `GET /.norepeat/token` (with credentials, so a cookie identity works
+/// from them).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Cors {
@@ -749,7 +761,9 @@ impl Config {
 
     /// The route that takes a request: the first whose `match` matches
     /// the path once normalized ([`normalize_path`]), with its index;
-    /// `None` passes the request through unguarded.
+    /// `None` passes the request through unguarded. A route's
+    /// `content_type` is not looked at here (the body's type is the
+    /// request's, not its path's).
     ///
     /// ```
     /// use norepeat_gateway::config::Config;

@@ -19,7 +19,7 @@ use super::{
     AccessLog, Admin, Ambiguous, Config, DEFAULT_DRAIN_DELAY, DEFAULT_LISTEN,
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_RETENTION, DEFAULT_TIMEOUT,
     DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet, LimitBy, Limits, MIN_TOKEN_SECRET,
-    OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
+    MediaType, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
     TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
 use norepeat::fingerprint::DEFAULT_IGNORED_FIELDS;
@@ -46,6 +46,7 @@ const TOP: &[&str] = &[
     "upgrades",
     "records",
     "on_data_loss",
+    "error_page",
 ];
 const TLS: &[&str] = &["cert", "key"];
 const ADMIN: &[&str] = &["listen", "token_env", "public"];
@@ -60,6 +61,7 @@ const LIMITS: &[&str] = &[
 const ROUTE: &[&str] = &[
     "match",
     "host",
+    "content_type",
     "guard",
     "rate_limit",
     "shadow",
@@ -254,7 +256,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         match w.sequence(n, "routes") {
             None => routes = None,
             Some(items) => {
-                let mut seen: Vec<(usize, RouteMatch, Option<String>)> = Vec::new();
+                let mut seen: Vec<Seen> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     let r = route(w, item, i, (upstream.as_ref(), ctx), &mut seen);
                     match (r, routes.as_mut()) {
@@ -287,6 +289,12 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         None => Some(super::Cors::default()),
         Some(n) => cors(w, n),
     };
+    let error_page = match top.get("error_page") {
+        None => Some(None),
+        Some(n) => w
+            .parse(n, "error_page", |s| super::ErrorPage::load(ctx.dir.join(s)))
+            .map(Some),
+    };
     let hosts = match top.get("hosts") {
         None => Some(Vec::new()),
         Some(n) => hosts(w, n),
@@ -313,6 +321,9 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
     };
     if let (Some(sites), Some(list), Some(up)) = (&hosts, &routes, &upstream) {
         unguarded_under_another_host(w, list, sites, up);
+    }
+    if let (Some(list), Some(up)) = (&routes, &upstream) {
+        unguarded_under_another_type(w, list, up);
     }
     if let (Some(sites), Some(list)) = (&hosts, &routes)
         && !sites.is_empty()
@@ -345,6 +356,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         upstream_ca: upstream_ca?,
         token_ttl: token_ttl?,
         cors: cors?,
+        error_page: error_page?,
         listen: listen?,
         upstream: upstream?,
         store: store?,
@@ -395,7 +407,7 @@ fn unguarded_under_another_host(
             // What takes this route's requests under `other`: the first
             // route for every site or for `other` whose match covers it.
             let taken = routes.iter().enumerate().find(|(_, t)| {
-                t.matcher.covers(&r.matcher)
+                takes_every_type_of(t, r)
                     && match (&t.host, other) {
                         (None, _) => true,
                         (Some(h), Some(o)) => h == o,
@@ -426,6 +438,57 @@ fn unguarded_under_another_host(
                 });
                 break;
             }
+        }
+    }
+}
+
+/// Whether route `t` takes every request route `r` takes, their hosts
+/// aside: its `match` covers `r`'s, and it names no `content_type` or
+/// `r`'s.
+fn takes_every_type_of(t: &Route, r: &Route) -> bool {
+    t.matcher.covers(&r.matcher) && (t.content_type.is_none() || t.content_type == r.content_type)
+}
+
+/// A guarded route for one `content_type` whose method and path a body of
+/// another type (one no route names, or none) takes to the same backend
+/// unguarded: through a route without a guard, or the pass-through. A
+/// backend that reads its body whatever the `Content-Type` says (Flask's
+/// `get_json(force=True)`, a form parser that also takes JSON) would run
+/// it. Such a request goes to the first route of that path without a
+/// `content_type`: that route must be guarded. A route for another named
+/// type is the operator's own choice, and no problem.
+fn unguarded_under_another_type(w: &mut Walker, routes: &[Route], file_upstream: &Upstream) {
+    let same = |a: &Upstream, b: &Upstream| a.uri().authority() == b.uri().authority();
+    for (i, r) in routes.iter().enumerate() {
+        let Some(own) = &r.content_type else { continue };
+        if r.guard.is_none() && r.rate_limit.is_none() {
+            continue;
+        }
+        // For every site when the route is, else for its own.
+        let taken = routes.iter().enumerate().find(|(_, t)| {
+            t.content_type.is_none()
+                && t.matcher.covers(&r.matcher)
+                && (t.host.is_none() || t.host == r.host)
+        });
+        let unguarded_to_same = match taken {
+            Some((_, t)) if t.guard.is_some() || t.rate_limit.is_some() => false,
+            Some((_, t)) => same(&t.upstream, &r.upstream),
+            None => same(file_upstream, &r.upstream),
+        };
+        if unguarded_to_same {
+            let by = match taken {
+                Some((j, _)) => format!("routes[{j}], which has no guard"),
+                None => "the pass-through".to_owned(),
+            };
+            w.problems.push(Problem {
+                line: None,
+                column: None,
+                field: format!("routes[{i}].content_type"),
+                message: format!(
+                    "{} is guarded only for {own}: a body of another type (or none) reaches the same upstream unguarded ({by}); add a guarded route for {} without content_type after it",
+                    r.matcher, r.matcher
+                ),
+            });
         }
     }
 }
@@ -629,14 +692,18 @@ fn admin(w: &mut Walker, node: &Node, ctx: &Ctx) -> Option<Admin> {
     })
 }
 
-/// Route `index`; `seen` holds the matches of the routes before it, so
-/// a route that none could reach (the first match wins) is named.
+/// What a route before this one takes: its index, `match`, `host` and
+/// `content_type`.
+type Seen = (usize, RouteMatch, Option<String>, Option<MediaType>);
+
+/// Route `index`; `seen` holds what the routes before it take, so a
+/// route that none could reach (the first match wins) is named.
 fn route(
     w: &mut Walker,
     node: &Node,
     index: usize,
     (upstream_default, ctx): (Option<&Upstream>, &Ctx),
-    seen: &mut Vec<(usize, RouteMatch, Option<String>)>,
+    seen: &mut Vec<Seen>,
 ) -> Option<Route> {
     let path = &format!("routes[{index}]");
     // A route's own fields, then each guard's (`Guard::FIELDS`).
@@ -671,13 +738,18 @@ fn route(
             })
             .map(Some),
     };
-    if let (Some(m), Some(n), Some(h)) = (&matcher, f.get("match"), &host) {
+    let content_type = match f.get("content_type") {
+        None => Some(None),
+        Some(n) => w.parse(n, &p("content_type"), MediaType::parse).map(Some),
+    };
+    if let (Some(m), Some(n), Some(h), Some(t)) = (&matcher, f.get("match"), &host, &content_type) {
         // An earlier route takes every request of this one when its match
-        // covers this match and it is for every site or for this one.
-        let covering = seen
-            .iter()
-            .find(|(_, e, eh)| e.covers(m) && (eh.is_none() || eh == h));
-        if let Some((i, earlier, _)) = covering {
+        // covers this match, it is for every site or for this one, and
+        // for every body type or for this one.
+        let covering = seen.iter().find(|(_, e, eh, et)| {
+            e.covers(m) && (eh.is_none() || eh == h) && (et.is_none() || et == t)
+        });
+        if let Some((i, earlier, _, _)) = covering {
             w.at(
                 n,
                 &p("match"),
@@ -686,7 +758,7 @@ fn route(
                 ),
             );
         }
-        seen.push((index, m.clone(), h.clone()));
+        seen.push((index, m.clone(), h.clone(), t.clone()));
     }
     let guard_name = match f.get("guard") {
         None => Some(None),
@@ -843,6 +915,7 @@ fn route(
     Some(Route {
         matcher: matcher?,
         host: host?,
+        content_type: content_type?,
         guard,
         rate_limit,
         shadow: shadow?,

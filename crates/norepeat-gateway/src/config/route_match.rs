@@ -1,5 +1,6 @@
-// Over 400 lines on purpose: a route's `match`: its grammar, how it covers another, how it matches a path, and the table of paths each rule takes.
-//! `match: METHOD PATH`: which requests a route takes.
+// Over 400 lines on purpose: a route's `match` (its grammar, how it covers another, how it matches a path, the table of paths each rule takes) and its `content_type`.
+//! `match: METHOD PATH` and `content_type: TYPE`: which requests a route
+//! takes.
 
 use std::fmt;
 
@@ -127,6 +128,13 @@ impl RouteMatch {
         self.matches_with(method, path, |l, p| l == p)
     }
 
+    /// Whether `path` is this route's whatever the method: a preflight
+    /// (`OPTIONS`) asks about the route its method names.
+    #[must_use]
+    pub fn matches_path(&self, path: &str) -> bool {
+        self.matches_with(&self.method, path, |l, p| l == p)
+    }
+
     /// [`matches`](Self::matches) with the path's literal segments compared
     /// in any case: whether a backend that folds case (IIS, ASP.NET, a
     /// case-insensitive file system) would take `path` for this route.
@@ -211,6 +219,98 @@ impl RouteMatch {
             })
             .collect()
     }
+}
+
+/// A route's `content_type`: the one media type (`type/subtype`) of the
+/// request bodies it takes, so one path can have a route for forms and
+/// another for JSON. It is compared in any case, and the request's
+/// parameters (`; charset=utf-8`) are ignored, as a backend's framework
+/// reads the type (werkzeug's `mimetype`, Express's `type-is`).
+///
+/// A request whose `Content-Type` is another type, is missing, or is sent
+/// twice is taken by none of the routes that name one.
+///
+/// ```
+/// use norepeat_gateway::config::MediaType;
+///
+/// let form = MediaType::parse("application/x-www-form-urlencoded")?;
+/// assert!(form.takes(Some("application/x-www-form-urlencoded")));
+/// assert!(form.takes(Some("Application/X-WWW-Form-Urlencoded; charset=UTF-8")));
+/// assert!(!form.takes(Some("application/json")));
+/// assert!(!form.takes(None));
+/// assert_eq!(form.to_string(), "application/x-www-form-urlencoded");
+/// assert!(MediaType::parse("application/json; charset=utf-8").is_err());
+/// assert!(MediaType::parse("*/*").is_err());
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaType(String);
+
+impl MediaType {
+    /// Reads `type/subtype` as a route's `content_type` writes it (kept in
+    /// lower case).
+    ///
+    /// # Errors
+    /// A message naming what is wrong: not `type/subtype` of RFC 9110
+    /// tokens, a wildcard (`*`), or parameters (which a match ignores).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.contains(';') {
+            let essence = text.split(';').next().unwrap_or_default().trim();
+            return Err(format!(
+                "write the media type without parameters ({essence}): a request's parameters (charset=...) are ignored"
+            ));
+        }
+        let Some((kind, sub)) = text.split_once('/') else {
+            return Err(format!(
+                "expected a media type such as application/json, not {text:?}"
+            ));
+        };
+        if kind == "*" || sub == "*" {
+            return Err(format!(
+                "{text:?}: a route names one media type, not a wildcard (a route without content_type takes every type)"
+            ));
+        }
+        if !is_token(kind) || !is_token(sub) {
+            return Err(format!(
+                "expected a media type such as application/json, not {text:?}"
+            ));
+        }
+        Ok(Self(text.to_ascii_lowercase()))
+    }
+
+    /// Whether a request whose `Content-Type` is `content_type` (`None`:
+    /// none, or more than one) is one this route takes: its type and
+    /// subtype, in any case, parameters ignored.
+    #[must_use]
+    pub fn takes(&self, content_type: Option<&str>) -> bool {
+        content_type.is_some_and(|v| essence(v).eq_ignore_ascii_case(&self.0))
+    }
+
+    /// The media type, lower case.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MediaType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A `Content-Type` value's `type/subtype`, without parameters or the
+/// space around it.
+fn essence(value: &str) -> &str {
+    value.split(';').next().unwrap_or_default().trim()
+}
+
+/// Whether `s` is an RFC 9110 token (`tchar`s, at least one).
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// One segment of a template (never empty: a trailing slash was taken
@@ -435,6 +535,148 @@ mod tests {
     fn every_listed_method_is_accepted() {
         for method in METHODS {
             assert_eq!(m(&format!("{method} /x")).method(), method);
+        }
+    }
+
+    #[test]
+    fn a_path_matches_whatever_the_method() {
+        assert!(m("POST /orders/{id}").matches_path("/orders/7/"));
+        assert!(!m("POST /orders/{id}").matches_path("/orders"));
+        assert!(m("ANY /api/{*rest}").matches_path("/api/x"));
+    }
+
+    #[test]
+    fn a_media_type_is_its_essence_in_any_case() {
+        let json = MediaType::parse(" Application/JSON ").unwrap();
+        assert_eq!(json.as_str(), "application/json");
+        for sent in [
+            "application/json",
+            "APPLICATION/JSON",
+            "application/json;charset=utf-8",
+            " application/json ; charset=\"utf-8\"",
+        ] {
+            assert!(json.takes(Some(sent)), "{sent}");
+        }
+        for sent in [
+            "application/jsonx",
+            "text/json",
+            "application/json+x",
+            "",
+            "application",
+        ] {
+            assert!(!json.takes(Some(sent)), "{sent}");
+        }
+        assert!(!json.takes(None));
+        for (text, want) in [
+            ("application/json; charset=utf-8", "without parameters"),
+            ("json", "expected a media type"),
+            ("application/", "expected a media type"),
+            ("text/*", "not a wildcard"),
+            ("*/*", "not a wildcard"),
+            ("a b/c", "expected a media type"),
+            ("a/b/c", "expected a media type"),
+        ] {
+            let err = MediaType::parse(text).expect_err(text);
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    /// `content_type` in a file: one path, a route per body type, and
+    /// `check`'s rule that a guarded path is not reachable unguarded by a
+    /// body of another type.
+    mod in_a_file {
+        use crate::config::{Config, Guard};
+
+        const UP: &str = "upstream: http://127.0.0.1:9000\nroutes:\n";
+        const FORM: &str = "  - match: POST /orders\n    content_type: application/x-www-form-urlencoded\n    guard: token\n";
+        const JSON: &str =
+            "  - match: POST /orders\n    content_type: Application/JSON\n    guard: fingerprint\n";
+
+        fn problems(routes: &str) -> Vec<String> {
+            match Config::parse("t.yaml", format!("{UP}{routes}").as_bytes()) {
+                Ok(_) => Vec::new(),
+                Err(p) => p
+                    .list()
+                    .iter()
+                    .map(|p| format!("{}: {}", p.field, p.message))
+                    .collect(),
+            }
+        }
+
+        #[test]
+        fn a_route_per_type_and_a_guarded_one_for_the_rest() {
+            let rest = "  - match: POST /orders\n    guard: token\n";
+            let c = Config::parse("t.yaml", format!("{UP}{FORM}{JSON}{rest}").as_bytes())
+                .unwrap_or_else(|p| panic!("{p}"));
+            let types: Vec<Option<&str>> = c
+                .routes
+                .iter()
+                .map(|r| r.content_type.as_ref().map(super::MediaType::as_str))
+                .collect();
+            assert_eq!(
+                types,
+                [
+                    Some("application/x-www-form-urlencoded"),
+                    Some("application/json"),
+                    None
+                ]
+            );
+            assert!(matches!(c.routes[1].guard, Some(Guard::Fingerprint { .. })));
+        }
+
+        #[test]
+        fn a_guarded_type_with_the_rest_unguarded_is_refused() {
+            // The rest passes through.
+            let got = problems(&format!("{FORM}{JSON}"));
+            assert_eq!(got.len(), 2, "{got:#?}");
+            assert!(
+                got[0].starts_with("routes[0].content_type: POST /orders is guarded only for application/x-www-form-urlencoded: a body of another type (or none) reaches the same upstream unguarded (the pass-through)"),
+                "{got:#?}"
+            );
+            assert!(got[1].starts_with("routes[1].content_type: "), "{got:#?}");
+            // The rest through a route that only routes, to the same
+            // backend.
+            let routing = "  - match: ANY /{*all}\n    upstream: http://127.0.0.1:9000\n";
+            let got = problems(&format!("{JSON}{routing}"));
+            assert_eq!(got.len(), 1, "{got:#?}");
+            assert!(
+                got[0].contains("(routes[1], which has no guard)"),
+                "{got:#?}"
+            );
+            // To another backend, or guarded: no problem.
+            let elsewhere = "  - match: ANY /{*all}\n    upstream: http://127.0.0.1:9001\n";
+            assert!(problems(&format!("{JSON}{elsewhere}")).is_empty());
+            let limited = "  - match: POST /{x}\n    rate_limit: { rate: 5/s }\n";
+            assert!(problems(&format!("{JSON}{limited}")).is_empty());
+            // A typed route that only routes is the operator's choice.
+            let plain = "  - match: POST /orders\n    content_type: text/plain\n    upstream: http://127.0.0.1:9001\n";
+            assert!(problems(plain).is_empty());
+        }
+
+        #[test]
+        fn a_route_another_takes_whole_is_never_reached() {
+            let rest = "  - match: POST /orders\n    guard: token\n";
+            let got = problems(&format!("{rest}{JSON}"));
+            assert_eq!(got.len(), 1, "{got:#?}");
+            assert!(
+                got[0].starts_with("routes[1].match: never reached: routes[0]"),
+                "{got:#?}"
+            );
+            let got = problems(&format!("{JSON}{JSON}{rest}"));
+            assert_eq!(got.len(), 1, "{got:#?}");
+            assert!(
+                got[0].starts_with("routes[1].match: never reached"),
+                "{got:#?}"
+            );
+            let got = problems(
+                "  - match: POST /orders\n    content_type: application/json; charset=utf-8\n    guard: token\n",
+            );
+            assert_eq!(got.len(), 1, "{got:#?}");
+            assert!(
+                got[0]
+                    .starts_with("routes[0].content_type: write the media type without parameters"),
+                "{got:#?}"
+            );
         }
     }
 }

@@ -33,6 +33,7 @@
 //! 5xx frees the key; a 502 (nothing reached the backend) always does.
 
 mod answers;
+mod cors;
 mod files;
 mod gateway;
 mod head;
@@ -41,7 +42,9 @@ mod identify;
 mod listen;
 mod log;
 mod own;
+mod page;
 mod proxy;
+mod reply;
 mod route;
 mod store;
 mod tls;

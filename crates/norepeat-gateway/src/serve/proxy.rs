@@ -21,13 +21,15 @@ use crate::serve::answers::{
     client_body_broke, invalid_request, misdirected, records_lost, upstream_switched,
     upstream_timeout, upstream_unavailable,
 };
+use crate::serve::cors::route_preflight;
 use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
 use crate::serve::identify::caller::with_peer;
 use crate::serve::log::access;
 use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
+use crate::serve::reply::ForClient;
 use crate::serve::route::table::Routes;
-use crate::serve::route::{Choice, choose};
+use crate::serve::route::{Choice, choose_request};
 use crate::serve::store::STORE_FAILED;
 use crate::serve::upstream::{Failure, forward};
 use axum::body::Body;
@@ -114,9 +116,21 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     res
 }
 
-/// A request through its route (or straight through): the answer, the
+/// A request through its route (or straight through): the answer, as its
+/// client asked for it (`reply.rs`: CORS, a browser's refusal page), the
 /// route that took it, and its outcome as the access log names it.
 pub(crate) async fn route_request(
+    live: Arc<Routes>,
+    trusted: bool,
+    req: Request<Body>,
+    chosen: Option<&OnceLock<Arc<RouteMetrics>>>,
+) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
+    let client = ForClient::of(&live, &req);
+    let (res, route, outcome) = route_phases(live, trusted, req, chosen).await;
+    (client.shape(res), route, outcome)
+}
+
+async fn route_phases(
     live: Arc<Routes>,
     trusted: bool,
     mut req: Request<Body>,
@@ -157,11 +171,14 @@ pub(crate) async fn route_request(
     }
     let path = normalized.as_deref().unwrap_or(req.uri().path());
     let sent = req.uri().path();
-    let (found_at, keyed) = match choose(&live, req.method().as_str(), path, sent, site.as_ref()) {
-        Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
-        Choice::Passthrough => (None, None),
-        Choice::Route { at, keyed } => (Some(at), keyed),
-    };
+    let method = req.method().as_str();
+    let (found_at, keyed) =
+        match choose_request(&live, (method, path, sent), site.as_ref(), req.headers()) {
+            Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
+            Choice::Preflight => return (route_preflight(req.headers()), None, "preflight"),
+            Choice::Passthrough => (None, None),
+            Choice::Route { at, keyed } => (Some(at), keyed),
+        };
     let found = found_at.map(|i| &live.list[i]);
     // A guarded route decides on one request and its one answer: a
     // connection that switches protocols is neither.

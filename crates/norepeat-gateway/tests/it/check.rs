@@ -48,7 +48,7 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         (
             "unknown_field",
             route("    guard: token\n    retries: 3\n"),
-            ":5:5: routes[0].retries: unknown field; expected one of match, host, guard,",
+            ":5:5: routes[0].retries: unknown field; expected one of match, host, content_type, guard,",
         ),
         (
             "bad_duration",

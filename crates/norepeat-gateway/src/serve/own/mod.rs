@@ -2,7 +2,6 @@
 //! readiness and metrics on the traffic's listener, and the admin
 //! listener's (the same, and one key's record).
 
-pub(crate) mod cors;
 mod records;
 
 use crate::serve::gateway::Gateway;
@@ -171,14 +170,14 @@ async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     // across a reload.
     let live = gw.live.load_full();
     let mut res = issue(&live, req);
-    crate::serve::own::cors::allow(&live.cors, origin.as_ref(), res.headers_mut());
+    crate::serve::cors::allow(&live.cors, origin.as_ref(), res.headers_mut());
     res
 }
 
 /// `OPTIONS /.norepeat/token`: a page's preflight (`cors`).
 async fn preflight(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     let cors = Arc::clone(&gw.live.load().cors);
-    crate::serve::own::cors::preflight(&cors, req.headers()).unwrap_or_else(|| {
+    crate::serve::cors::preflight(&cors, req.headers()).unwrap_or_else(|| {
         Problem::custom(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request",

@@ -1,13 +1,16 @@
 //! The route phase: which route a request takes ([`choose`]: the first
-//! that matches its normalized path and its site, or a refusal of a
-//! spelling that would pass a guard by), the compiled routes a reload
-//! swaps whole ([`table`]), and each route's stack ([`stack`]).
+//! that matches its normalized path, its site and its body's type, or a
+//! refusal of a spelling that would pass a guard by, or a preflight the
+//! gateway answers), the compiled routes a reload swaps whole
+//! ([`table`]), and each route's stack ([`stack`]).
 
 pub(crate) mod stack;
 pub(crate) mod table;
 
 use crate::config::{with_slashes_decoded, without_format_suffix};
-use crate::serve::route::table::Routes;
+use crate::serve::cors;
+use crate::serve::route::table::{Compiled, Routes};
+use http::{HeaderMap, header};
 
 /// Which way a request goes, from its method, its normalized path and
 /// its site: what [`route_request`] and the pass-through's lane
@@ -21,11 +24,30 @@ pub(crate) enum Choice {
     /// The route at `at` in the list; `keyed`: the spelling without a
     /// format suffix it was found by, if it was.
     Route { at: usize, keyed: Option<String> },
+    /// A preflight of a listed origin (`cors`) for a route: the gateway's
+    /// to answer ([`cors::route_preflight`]). From the lane, which has not
+    /// read the headers: an `OPTIONS` on a route's path, which may be one
+    /// (`dispatch` reads them and decides).
+    Preflight,
+}
+
+/// What the route phase has of the request's headers.
+#[derive(Clone, Copy)]
+enum Headers<'a> {
+    /// None: the lane chooses from the head's method and target. A route
+    /// that names a `content_type` may take the request, and an `OPTIONS`
+    /// may be a preflight: either goes to `dispatch`, which reads them.
+    Unread,
+    /// The request's.
+    Read(&'a HeaderMap),
 }
 
 /// The route `method` and `path` (normalized; `sent`, as the client sent
 /// it) take on `site`, the first that matches; or the pass-through; or a
-/// refusal.
+/// refusal. The lane's choice, from the head's method and target: see
+/// [`Choice::Preflight`], and a route with a `content_type` is taken as
+/// one that may match (the lane passes through only a request no route
+/// may take).
 pub(crate) fn choose(
     live: &Routes,
     method: &str,
@@ -33,9 +55,51 @@ pub(crate) fn choose(
     sent: &str,
     site: Option<&String>,
 ) -> Choice {
+    choose_by(live, (method, path, sent), site, Headers::Unread)
+}
+
+/// [`choose`], with the request's `headers`: a route's `content_type` is
+/// matched against its `Content-Type`, and a preflight is one when it
+/// comes from a listed origin and asks for a method a route takes.
+pub(crate) fn choose_request(
+    live: &Routes,
+    (method, path, sent): (&str, &str, &str),
+    site: Option<&String>,
+    headers: &HeaderMap,
+) -> Choice {
+    choose_by(live, (method, path, sent), site, Headers::Read(headers))
+}
+
+fn choose_by(
+    live: &Routes,
+    (method, path, sent): (&str, &str, &str),
+    site: Option<&String>,
+    headers: Headers<'_>,
+) -> Choice {
+    if method == "OPTIONS" && !live.cors.is_empty() && is_preflight(live, path, site, headers) {
+        return Choice::Preflight;
+    }
+    // Sent once: a type sent twice is no type (the backend's framework
+    // might read either).
+    let content_type = match headers {
+        Headers::Unread => None,
+        Headers::Read(h) => {
+            let mut all = h.get_all(header::CONTENT_TYPE).iter();
+            match (all.next(), all.next()) {
+                (Some(v), None) => v.to_str().ok(),
+                _ => None,
+            }
+        }
+    };
+    let takes_type = |r: &Compiled| match (&r.content_type, headers) {
+        (None, _) | (Some(_), Headers::Unread) => true,
+        (Some(t), Headers::Read(_)) => t.takes(content_type),
+    };
     let find = |p: &str| {
         live.list.iter().position(|r| {
-            r.matcher.matches(method, p) && r.host.as_ref().is_none_or(|h| site == Some(h))
+            r.matcher.matches(method, p)
+                && r.host.as_ref().is_none_or(|h| site == Some(h))
+                && takes_type(r)
         })
     };
     // No route, or one that only routes (`ANY /api/{*rest}`): another
@@ -64,6 +128,34 @@ pub(crate) fn choose(
     match found_at {
         Some(at) => Choice::Route { at, keyed },
         None => Choice::Passthrough,
+    }
+}
+
+/// Whether an `OPTIONS` on `path` is a preflight for a route of `site`:
+/// from a listed origin, for the method it asks (`Access-Control-Request-
+/// Method`). Unread (the lane): whether a route of `site` has this path,
+/// whatever its method.
+fn is_preflight(live: &Routes, path: &str, site: Option<&String>, headers: Headers<'_>) -> bool {
+    let ours = |r: &&Compiled| r.host.as_ref().is_none_or(|h| site == Some(h));
+    match headers {
+        Headers::Unread => live
+            .list
+            .iter()
+            .filter(ours)
+            .any(|r| r.matcher.matches_path(path)),
+        Headers::Read(h) => {
+            let asked = h
+                .get(header::ACCESS_CONTROL_REQUEST_METHOD)
+                .and_then(|m| m.to_str().ok());
+            match asked {
+                Some(asked) if cors::listed(&live.cors, h.get(header::ORIGIN)).is_some() => live
+                    .list
+                    .iter()
+                    .filter(ours)
+                    .any(|r| r.matcher.matches(asked, path)),
+                _ => false,
+            }
+        }
     }
 }
 

@@ -24,8 +24,11 @@ pub(crate) struct Routes {
     /// The pass-through's upstream connections (the file's `upstream`).
     pub(crate) passthrough: Pool,
     pub(crate) caller: Caller,
-    /// `cors.allow_origins`: the pages that may ask for a token.
+    /// `cors.allow_origins`: the pages of other origins that may call the
+    /// routes and ask for a token.
     pub(crate) cors: Arc<[String]>,
+    /// `error_page`: the operator's page for a refusal to a browser.
+    pub(crate) error_page: Option<crate::config::ErrorPage>,
     /// Issues the tokens; the guard of the fail-open token routes.
     pub(crate) tokens: Option<TokenGuard<SharedStore>>,
     /// The same signer over the store without its local memory: the guard
@@ -51,6 +54,8 @@ pub(crate) struct Compiled {
     pub(crate) matcher: crate::config::RouteMatch,
     /// `host`: the one site whose requests the route takes.
     pub(crate) host: Option<String>,
+    /// `content_type`: the one body type the route takes.
+    pub(crate) content_type: Option<crate::config::MediaType>,
     /// A guard or a rate limit: a spelling of its path that a back end
     /// would take alike must not pass it by.
     pub(crate) guarded: bool,
@@ -156,6 +161,7 @@ impl Routes {
                 Compiled {
                     matcher: r.matcher.clone(),
                     host: r.host.clone(),
+                    content_type: r.content_type.clone(),
                     guarded: r.guard.is_some() || r.rate_limit.is_some(),
                     max_body: r.max_request_body,
                     fails_closed: (r.guard.is_some() || r.rate_limit.is_some())
@@ -173,6 +179,7 @@ impl Routes {
             passthrough: client(MAX_CONNECT, Target::new(&config.upstream)),
             caller,
             cors: config.cors.allow_origins.clone().into(),
+            error_page: config.error_page.clone(),
             tokens,
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),

@@ -1,0 +1,150 @@
+//! The answer as its client asked for it, the answer phase's last step:
+//! what the request said of its client is read before it is routed
+//! ([`ForClient::of`]), and its answer shaped by it ([`ForClient::shape`]):
+//!
+//! - `cors`: a route's answer, and each of the gateway's own refusals,
+//!   carries the CORS headers for a listed `Origin` (`cors.rs`);
+//! - a refusal (the gateway's or a guard's problem+json) to a browser's
+//!   navigation is an HTML page with the same status and headers
+//!   (`page.rs`).
+//!
+//! A request with neither an `Origin` (under `cors`) nor an `Accept` that
+//! prefers HTML costs two header lookups.
+
+use crate::config::{ErrorPage, normalize_path};
+use crate::serve::cors;
+use crate::serve::page::{Refusal, back_link, prefers_html, render};
+use crate::serve::route::table::Routes;
+use crate::serve::route::{Choice, choose_request};
+use crate::serve::upstream::pool::Secure;
+use axum::body::Body;
+use http::{HeaderValue, Request, Response, header};
+use norepeat::problem::Problem;
+
+/// What a request said of how its answer is to be given.
+pub(crate) struct ForClient {
+    cors: Option<Origin>,
+    page: Option<Page>,
+}
+
+/// An `Origin` under `cors`.
+struct Origin {
+    value: HeaderValue,
+    /// One of `cors.allow_origins`.
+    listed: bool,
+    /// A route takes the request (its answers are the gateway's to give
+    /// CORS headers; an unmatched request's are the backend's).
+    routed: bool,
+}
+
+/// A browser's navigation: what its refusal's page needs.
+struct Page {
+    referer: Option<HeaderValue>,
+    authority: Option<String>,
+    secure: bool,
+    template: Option<ErrorPage>,
+}
+
+impl ForClient {
+    /// Reads `req`, before it is routed.
+    pub(crate) fn of(live: &Routes, req: &Request<Body>) -> Self {
+        let h = req.headers();
+        let origin = (!live.cors.is_empty())
+            .then(|| h.get(header::ORIGIN))
+            .flatten();
+        let cors = origin.map(|value| Origin {
+            listed: cors::listed(&live.cors, Some(value)).is_some(),
+            routed: routed(live, req),
+            value: value.clone(),
+        });
+        // An API client's `*/*` or `application/json` names no text type:
+        // one scan, and its `q`-values are never read.
+        let html = h
+            .get(header::ACCEPT)
+            .filter(|a| {
+                a.as_bytes()
+                    .windows(5)
+                    .any(|w| w.eq_ignore_ascii_case(b"text/"))
+            })
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(prefers_html);
+        let page = html.then(|| Page {
+            referer: h.get(header::REFERER).cloned(),
+            authority: req
+                .uri()
+                .authority()
+                .map(|a| a.as_str().to_owned())
+                .or_else(|| {
+                    h.get(header::HOST)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                }),
+            secure: req.extensions().get::<Secure>().is_some(),
+            template: live.error_page.clone(),
+        });
+        Self { cors, page }
+    }
+
+    /// `res` as the client asked for it.
+    pub(crate) fn shape(self, mut res: Response<Body>) -> Response<Body> {
+        if self.cors.is_none() && self.page.is_none() {
+            return res;
+        }
+        let problem = res.extensions().get::<Problem>().cloned();
+        if let Some(o) = &self.cors
+            && (o.routed || problem.is_some())
+        {
+            if o.listed {
+                cors::for_listed(&o.value, res.headers_mut());
+            } else {
+                cors::vary_origin(res.headers_mut());
+            }
+        }
+        if let (Some(page), Some(problem)) = (&self.page, &problem) {
+            let back = back_link(
+                page.referer.as_ref().and_then(|r| r.to_str().ok()),
+                page.authority.as_deref(),
+                page.secure,
+            );
+            let html = render(
+                page.template.as_ref().map(ErrorPage::text),
+                &Refusal {
+                    status: res.status().as_u16(),
+                    title: problem.code.title(),
+                    detail: &problem.detail,
+                    code: problem.code.as_str(),
+                    back,
+                },
+            );
+            let h = res.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.remove(header::CONTENT_LENGTH);
+            // The same refusal is JSON to another client: no cache hands
+            // one the other's.
+            h.append(header::VARY, HeaderValue::from_static("Accept"));
+            *res.body_mut() = Body::from(html);
+        }
+        res
+    }
+}
+
+/// Whether a route takes `req` (chosen as the route phase will choose it).
+fn routed(live: &Routes, req: &Request<Body>) -> bool {
+    let sent = req.uri().path();
+    let path = normalize_path(sent);
+    let site = (live.by_host || !live.hosts.is_empty())
+        .then(|| crate::serve::identify::scope::site(req.headers(), req.uri()))
+        .flatten();
+    matches!(
+        choose_request(
+            live,
+            (req.method().as_str(), &path, sent),
+            site.as_ref(),
+            req.headers()
+        ),
+        Choice::Route { .. }
+    )
+}
