@@ -7,7 +7,9 @@ count (and the Host it was sent), with the headers `X-Order: <count>`, `X-Backen
 `Set-Cookie` (with X-Echo-Body, the request body as received, in `body`; with X-Status: N, that status instead of 201; 2 MiB of `x` instead with X-Big; with X-Stall, the head and
 11 of the 100 bytes it announces, then nothing for 30 s; with X-Break, the
 same head and 11 bytes, then the connection closed). GET /effects answers
-the counters, GET /attempts the `Idempotency-Attempt` header of each
+the counters (`lookups`: the GETs of `/.../by-key/KEY`, which answer what
+the POST with that Idempotency-Key did, 404 when none did; X-No-Effect:
+a POST that waits X-Delay and does nothing), GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
 echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer. It prints
@@ -23,6 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 EFFECTS = {}
 ATTEMPTS = {}
+# The answers of POSTs with an Idempotency-Key, by key: what
+# GET /.../by-key/KEY (a reconciliation's lookup) finds.
+KEYED = {}
 LOCK = threading.Lock()
 BIG = b"x" * (2 * 1024 * 1024)
 FORM = b"""<!doctype html>
@@ -78,10 +83,19 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         path = self.path.split("?")[0]
+        if self.headers.get("X-No-Effect"):
+            # A request that had no effect before it stalled: its
+            # lookup finds nothing.
+            time.sleep(float(self.headers.get("X-Delay") or 0))
+            self.answer(201, b"{}")
+            return
         with LOCK:
             EFFECTS[path] = EFFECTS.get(path, 0) + 1
             n = EFFECTS[path]
             ATTEMPTS.setdefault(path, []).append(self.headers.get("Idempotency-Attempt"))
+            key = self.headers.get("Idempotency-Key")
+            if key:
+                KEYED[key] = {"path": path, "effect": n, "found": True}
         delay = float(self.headers.get("X-Delay") or 0)
         if delay:
             time.sleep(delay)
@@ -145,6 +159,23 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self):
+        if "/by-key/" in self.path:
+            # A reconciliation's lookup: X-Lookup: N answers N (the
+            # backend cannot tell), else 200 with what the key's POST
+            # did, or 404.
+            from urllib.parse import unquote
+            key = unquote(self.path.split("/by-key/", 1)[1])
+            with LOCK:
+                EFFECTS["lookups"] = EFFECTS.get("lookups", 0) + 1
+                found = KEYED.get(key)
+            forced = self.headers.get("X-Lookup")
+            if forced:
+                self.answer(int(forced), b"{}")
+            elif found is None:
+                self.answer(404, b"{}")
+            else:
+                self.answer(200, json.dumps(found).encode(), [("Set-Cookie", "lookup=1")])
+            return
         if self.path == "/effects":
             with LOCK:
                 body = json.dumps(EFFECTS).encode()

@@ -72,6 +72,7 @@
 //! | `routes[].required` (idempotency) | `true` |
 //! | `routes[].retention` (idempotency) | `24h` |
 //! | `routes[].ambiguous` (idempotency) | `keep` |
+//! | `routes[].reconcile` (idempotency) | none: an unknown outcome stays unknown (409) until its record ends or an operator clears it |
 //! | `routes[].max_request_body` | `64KiB` |
 //! | `routes[].max_stored_response` | `1MiB` |
 //! | `routes[].timeout` | `30s` |
@@ -388,7 +389,17 @@ pub enum Guard {
         retention: Duration,
         /// What an unknown outcome does to the key.
         ambiguous: Ambiguous,
+        /// `reconcile.lookup`: asked what became of an unknown outcome.
+        reconcile: Option<Lookup>,
     },
+}
+
+/// `reconcile: { lookup: GET /payments/by-key/{key} }` of an idempotency
+/// route: the backend's own record of an operation, by its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    /// The path, with `{key}` where the client's key goes (percent-encoded).
+    pub path: String,
 }
 
 /// What the gateway knows of each guard, in one place: its name in the
@@ -402,7 +413,7 @@ impl Guard {
 
     /// The fields that belong to one guard: (field, its guard's name, what
     /// a problem calls it). On another route each is a problem.
-    pub const FIELDS: [(&'static str, &'static str, &'static str); 6] = [
+    pub const FIELDS: [(&'static str, &'static str, &'static str); 7] = [
         ("window", "fingerprint", "a window"),
         ("ignore_fields", "fingerprint", "ignore_fields"),
         (
@@ -413,6 +424,7 @@ impl Guard {
         ("required", "idempotency", "required"),
         ("retention", "idempotency", "a retention"),
         ("ambiguous", "idempotency", "ambiguous"),
+        ("reconcile", "idempotency", "reconcile"),
     ];
 
     /// The name the file gives the guard.

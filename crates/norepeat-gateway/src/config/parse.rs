@@ -18,9 +18,9 @@ use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use super::{
     AccessLog, Admin, Ambiguous, Config, DEFAULT_DRAIN_DELAY, DEFAULT_LISTEN,
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_RETENTION, DEFAULT_TIMEOUT,
-    DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet, LimitBy, Limits, MIN_TOKEN_SECRET,
-    MediaType, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route, RouteMatch, StoreUrl,
-    TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
+    DEFAULT_WINDOW, Guard, Identity, IdentitySource, IpNet, LimitBy, Limits, Lookup,
+    MIN_TOKEN_SECRET, MediaType, OnStoreFailure, Problem, Problems, Quota, RateLimit, Route,
+    RouteMatch, StoreUrl, TOKEN_SECRET_ENV, TokenSecret, Upstream, normalize_host,
 };
 use norepeat::fingerprint::DEFAULT_IGNORED_FIELDS;
 use norepeat::ratelimit::Algorithm;
@@ -71,6 +71,7 @@ const ROUTE: &[&str] = &[
     "max_stored_response",
     "timeout",
     "identity",
+    "reconcile",
 ];
 const IDENTITY: &[&str] = &[
     "header",
@@ -851,12 +852,24 @@ fn route(
                         _ => Err(format!("expected keep or release, not {s:?}")),
                     })
                 });
+                let reconcile = match f.get("reconcile") {
+                    None => Some(None),
+                    Some(n) => lookup(w, n, &p("reconcile")).map(Some),
+                };
+                if let (Some(Ambiguous::Release), Some(n)) = (amb, f.get("reconcile")) {
+                    w.at(
+                        n,
+                        &p("reconcile"),
+                        "reconcile needs ambiguous: keep (under release no outcome is kept unknown: a retry runs again)",
+                    );
+                }
                 // Combined, not `?` (as above).
                 (|| {
                     Some(Some(Guard::Idempotency {
                         required: req?,
                         retention: retention?,
                         ambiguous: amb?,
+                        reconcile: reconcile?,
                     }))
                 })()
             }
@@ -1485,6 +1498,36 @@ fn host_port(s: &str, port_optional: bool) -> Result<(), String> {
         None if port_optional => Ok(()),
         None => Err(format!("{s:?} has no port")),
     }
+}
+
+/// `reconcile: { lookup: "GET /path/{key}" }`: a GET (a lookup changes
+/// nothing), an absolute path holding `{key}` once and no other `{`.
+fn lookup(w: &mut Walker, node: &Node, path: &str) -> Option<Lookup> {
+    let f = w.mapping(node, path, &["lookup"])?;
+    let at = format!("{path}.lookup");
+    let Some(n) = f.get("lookup") else {
+        w.at(node, &at, "reconcile needs a lookup: GET /path/{key}");
+        return None;
+    };
+    w.parse(n, &at, |s| {
+        let Some(rest) = s.strip_prefix("GET ") else {
+            return Err(format!(
+                "expected GET /path/{{key}} (a lookup is a GET: it changes nothing), not {s:?}"
+            ));
+        };
+        let rest = rest.trim();
+        if !rest.starts_with('/') || rest.contains(char::is_whitespace) {
+            return Err(format!("expected an absolute path after GET, not {rest:?}"));
+        }
+        if rest.matches("{key}").count() != 1 || rest.replace("{key}", "").contains(['{', '}']) {
+            return Err(format!(
+                "the path must hold {{key}} once (where the client's key goes) and no other braces, not {rest:?}"
+            ));
+        }
+        Ok(Lookup {
+            path: rest.to_owned(),
+        })
+    })
 }
 
 /// `memory`, `redis://...`, `rediss://...` or `redis+cluster://h:p,h:p`.

@@ -126,7 +126,8 @@ fn idempotency_defaults_and_fields() {
         Some(Guard::Idempotency {
             required: true,
             retention: Duration::from_secs(24 * 3600),
-            ambiguous: Ambiguous::Keep
+            ambiguous: Ambiguous::Keep,
+            reconcile: None,
         })
     );
     assert_eq!(r.on_store_failure, OnStoreFailure::Closed);
@@ -138,10 +139,61 @@ fn idempotency_defaults_and_fields() {
         Some(Guard::Idempotency {
             required: false,
             retention: Duration::from_secs(300),
-            ambiguous: Ambiguous::Release
+            ambiguous: Ambiguous::Release,
+            reconcile: None,
         })
     );
     assert_eq!(r.on_store_failure, OnStoreFailure::Open);
+}
+
+#[test]
+fn a_reconcile_lookup_is_a_get_of_a_path_with_the_key() {
+    let r =
+        route("    guard: idempotency\n    reconcile: { lookup: \"GET /payments/by-key/{key}\" }\n");
+    let Some(Guard::Idempotency { reconcile, .. }) = r.guard else {
+        panic!("an idempotency route")
+    };
+    assert_eq!(
+        reconcile,
+        Some(Lookup {
+            path: "/payments/by-key/{key}".into()
+        })
+    );
+    for (fields, says) in [
+        ("reconcile: { lookup: \"POST /p/{key}\" }", "a lookup is a GET"),
+        ("reconcile: { lookup: \"GET /p\" }", "must hold {key} once"),
+        (
+            "reconcile: { lookup: \"GET /p/{key}/{id}\" }",
+            "no other braces",
+        ),
+        ("reconcile: { lookup: \"GET p/{key}\" }", "an absolute path"),
+        ("reconcile: {}", "needs a lookup"),
+        (
+            "reconcile: { lookup: \"GET /p/{key}\", cache: 1s }",
+            "unknown field",
+        ),
+        (
+            "ambiguous: release\n    reconcile: { lookup: \"GET /p/{key}\" }",
+            "needs ambiguous: keep",
+        ),
+    ] {
+        let got = bad(&one_route(&format!(
+            "    guard: idempotency\n    {fields}\n"
+        )));
+        assert!(
+            got.iter()
+                .any(|p| p.contains("reconcile") && p.contains(says)),
+            "{fields}: {got:?}"
+        );
+    }
+    let got = bad(&one_route(
+        "    guard: token\n    reconcile: { lookup: \"GET /p/{key}\" }\n",
+    ));
+    assert!(
+        got.iter()
+            .any(|p| p.contains("only an idempotency route has reconcile")),
+        "{got:?}"
+    );
 }
 
 #[test]

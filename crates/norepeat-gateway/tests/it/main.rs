@@ -22,6 +22,7 @@ mod lifecycle;
 mod never_panics;
 mod operator;
 mod passthrough;
+mod reconcile;
 mod records;
 mod refusal_page;
 mod requests_never_5xx;

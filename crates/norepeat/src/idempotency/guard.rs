@@ -89,6 +89,9 @@ pub(super) enum Claimed<G: KeyValueStore + Clone> {
     Done(Completed),
     /// 409, 422 or 503.
     Refused(IdempotencyError),
+    /// An unknown outcome (of attempt `attempt`, held in `existing`), with
+    /// a [`Reconcile`](super::Reconcile) hook to ask: see `settle`.
+    Unknown { existing: Bytes, attempt: u8 },
     /// The store failed and the route fails open.
     Unguarded,
 }
@@ -111,6 +114,9 @@ pub(super) struct IdempotencyGuard<G> {
     pub(super) retention: Duration,
     /// What a repeat does with an abandoned claim.
     pub(super) abandoned: Abandoned,
+    /// An unknown outcome is handed back ([`Claimed::Unknown`]) to be
+    /// reconciled, not refused.
+    pub(super) reconciling: bool,
     /// `norepeat_decisions_total{mode="idempotency",outcome="admitted"}`,
     /// the decision of nearly every request: its handle taken from the
     /// recorder at the first admission and kept (registering it at every
@@ -193,6 +199,10 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 return Claimed::Done(done);
             }
             if rec.unknown.is_some() {
+                if self.reconciling {
+                    let attempt = rec.lease.map_or(1, |l| l.attempt);
+                    return Claimed::Unknown { existing, attempt };
+                }
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
                 return Claimed::Refused(IdempotencyError::OutcomeUnknown);
             }
@@ -200,6 +210,12 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 let now = crate::clock::now_ms();
                 if claim::passed(lease.deadline, now, 0) {
                     match self.abandoned {
+                        Abandoned::OutcomeUnknown if self.reconciling => {
+                            return Claimed::Unknown {
+                                existing,
+                                attempt: lease.attempt,
+                            };
+                        }
                         Abandoned::OutcomeUnknown => {
                             metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
                             return Claimed::Refused(IdempotencyError::OutcomeUnknown);
@@ -275,6 +291,48 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             Ok(None) => None,
             Err(e) => Some(self.on_failure(e)),
         }
+    }
+
+    /// Settles the unknown outcome `existing` holds (of attempt
+    /// `attempt`) as a reconciliation found it: `done` (a completed
+    /// record) stored in its place and replayed, or, with `None` (the
+    /// effect did not happen), the key taken over by this request as the
+    /// next attempt. A key someone changed first is in use (409): its
+    /// repeat looks again.
+    pub(super) async fn settle(
+        &self,
+        key: &str,
+        existing: &Bytes,
+        fingerprint: &Digest,
+        attempt: u8,
+        done: Option<(Vec<u8>, Completed)>,
+    ) -> Claimed<G> {
+        let ttl = self.retention.max(self.lease);
+        if let Some((bytes, completed)) = done {
+            return match self
+                .store
+                .replace_if_equals(key, existing, &bytes, ttl)
+                .await
+            {
+                Ok(true) => Claimed::Done(completed),
+                Ok(false) => Claimed::Refused(IdempotencyError::InUse),
+                Err(e) => self.on_failure(e),
+            };
+        }
+        let mut owner: Owner = [0; 16];
+        rand::fill(&mut owner[..]);
+        let stamped = Stamped {
+            restamp: record::restamp,
+            lease: self.lease,
+        };
+        let lease = record::Lease {
+            attempt,
+            deadline: 0,
+        };
+        let key: Arc<str> = Arc::from(key);
+        self.next_attempt(&key, existing, owner, fingerprint, lease, ttl, stamped)
+            .await
+            .unwrap_or(Claimed::Refused(IdempotencyError::InUse))
     }
 
     /// The wall-clock end of a lease that starts now, in milliseconds.

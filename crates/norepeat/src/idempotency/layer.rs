@@ -7,8 +7,8 @@ use super::body::Passthrough;
 use super::detached::DetachedTasks;
 use super::guard::{Abandoned, Claimed, IdempotencyError, IdempotencyGuard};
 use super::policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
-use super::record::Completed;
-use super::record::Digest;
+use super::reconcile::{IDEMPOTENCY_RECONCILED, Reconcile, Reconciled};
+use super::record::{self, Completed, Digest};
 use crate::body as request_body;
 use crate::claim::{self, Renewer};
 use crate::degrade::{FailurePolicy, on_store_error};
@@ -22,7 +22,7 @@ use crate::middleware::{
 use crate::problem::{Code, Problem};
 use crate::store::{KeyValueStore, ReadStoreExt, StoreError};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::Either;
 use std::borrow::Cow;
@@ -206,6 +206,8 @@ pub struct IdempotencyLayer<G> {
     slots: Arc<Semaphore>,
     /// Decide, count and log, never refuse or replay.
     shadow: bool,
+    /// Asked what became of an unknown outcome.
+    reconciler: Option<Arc<dyn Reconcile>>,
 }
 
 impl<G> std::fmt::Debug for IdempotencyLayer<G> {
@@ -235,6 +237,7 @@ impl<G: Clone> IdempotencyLayer<G> {
                 failure: FailurePolicy::FailClosed,
                 retention: Duration::from_secs(24 * 3600),
                 abandoned: Abandoned::OutcomeUnknown,
+                reconciling: false,
                 admitted: Arc::default(),
             },
             keys: KeyBuilder::default(),
@@ -255,6 +258,7 @@ impl<G: Clone> IdempotencyLayer<G> {
             detached: DetachedTasks::new(),
             slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             shadow: false,
+            reconciler: None,
         }
     }
 
@@ -406,6 +410,19 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// ```
     pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
         self.guard.abandoned = abandoned;
+        self
+    }
+
+    /// Asks `hook` what became of an unknown outcome (a request marked
+    /// [`OutcomeUnknown`], or a claim abandoned under
+    /// [`Abandoned::OutcomeUnknown`]) when a repeat meets it, instead of
+    /// refusing every repeat until the record ends: the effect happened
+    /// (its answer is stored and replayed, with
+    /// `Idempotency-Reconciled: true`), did not (the repeat takes the key
+    /// over and runs as the next [`Attempt`]), or is still unknown (409).
+    /// See [`Reconcile`] for an example. Not asked in shadow mode.
+    pub fn reconcile(mut self, hook: impl Reconcile) -> Self {
+        self.reconciler = Some(Arc::new(hook));
         self
     }
 
@@ -594,6 +611,7 @@ impl<S, G: Clone> Layer<S> for IdempotencyLayer<G> {
             // A shadowed repeat is decided at once (see `shadow`).
             layer.guard.wait = Duration::ZERO;
         }
+        layer.guard.reconciling = layer.reconciler.is_some() && !layer.shadow;
         Middleware::new(inner, layer)
     }
 }
@@ -807,12 +825,30 @@ where
     // The slot bounds the handlers that own a key: a request that owns none
     // (answered at once, or run in its caller's future by shadow mode or a
     // failing store) gives it back before it goes on.
-    let (claim, owner, attempt) = match cfg.guard.claim(&key, &fingerprint).await {
+    let claimed = match cfg.guard.claim(&key, &fingerprint).await {
+        Claimed::Unknown { existing, attempt } => {
+            let at = Unknown {
+                key: &key,
+                client_key,
+                existing: &existing,
+                attempt,
+            };
+            reconciled(&cfg, &parts, at, &fingerprint).await
+        }
+        claimed => claimed,
+    };
+    let (claim, owner, attempt) = match claimed {
         Claimed::Owned(c, owner, attempt) => (c, owner, attempt),
         Claimed::Done(done) => {
             drop(slot);
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return refuse(&cfg, inner, Refusal::Replay(done), req, Some(user)).await;
+        }
+        Claimed::Unknown { .. } => {
+            drop(slot);
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            let p = Problem::from(IdempotencyError::OutcomeUnknown);
+            return refuse(&cfg, inner, p.into(), req, Some(user)).await;
         }
         Claimed::Refused(e) => {
             drop(slot);
@@ -848,6 +884,77 @@ where
         }),
     )
     .await
+}
+
+/// An unknown outcome met by a repeat: the store key, the client's key,
+/// the record's bytes and its attempt.
+struct Unknown<'a> {
+    key: &'a str,
+    client_key: &'a str,
+    existing: &'a Bytes,
+    attempt: u8,
+}
+
+/// Asks the [`Reconcile`] hook what became of the unknown outcome `at`,
+/// and settles the key by its answer (see the `reconcile` module).
+async fn reconciled<G: KeyValueStore + Clone>(
+    cfg: &IdempotencyLayer<G>,
+    parts: &http::request::Parts,
+    at: Unknown<'_>,
+    fingerprint: &Digest,
+) -> Claimed<G> {
+    let count = |result: &'static str| {
+        metrics::counter!("norepeat_idempotency_reconciled_total", "result" => result).increment(1);
+    };
+    let Some(hook) = cfg.reconciler.as_ref() else {
+        return Claimed::Refused(IdempotencyError::OutcomeUnknown);
+    };
+    match hook.reconcile(parts, at.client_key).await {
+        Reconciled::Done(res) => {
+            count("done");
+            let (head, body) = res.into_parts();
+            let mut headers: Vec<(HeaderName, HeaderValue)> = cfg
+                .replayed_headers
+                .select(&head.headers)
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+            headers.push((IDEMPOTENCY_RECONCILED, HeaderValue::from_static("true")));
+            let pairs = headers.iter().map(|(n, v)| (n, v));
+            let bytes = if body.len() <= cfg.max_body {
+                record::completed(&[0; 16], fingerprint, head.status, pairs, &body)
+            } else {
+                record::completed_without_body(&[0; 16], fingerprint, head.status, pairs)
+            };
+            // What a later repeat replays, as it decodes it.
+            let Ok(record::Record {
+                completed: Some(done),
+                ..
+            }) = record::decode(&Bytes::from(bytes.clone()))
+            else {
+                return Claimed::Refused(IdempotencyError::OutcomeUnknown);
+            };
+            cfg.guard
+                .settle(
+                    at.key,
+                    at.existing,
+                    fingerprint,
+                    at.attempt,
+                    Some((bytes, done)),
+                )
+                .await
+        }
+        Reconciled::Absent => {
+            count("absent");
+            cfg.guard
+                .settle(at.key, at.existing, fingerprint, at.attempt, None)
+                .await
+        }
+        Reconciled::Unknown => {
+            count("unknown");
+            metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "rejected", "reason" => "outcome_unknown").increment(1);
+            Claimed::Refused(IdempotencyError::OutcomeUnknown)
+        }
+    }
 }
 
 /// The caller's previous identity, when

@@ -53,6 +53,7 @@
 //! | same key, same request, first one done | the stored status, allowed headers and body byte for byte, plus `Idempotent-Replayed: true`; the handler does not run |
 //! | same key, other request (body, query, method or caller differ) | 422 `idempotency_key_mismatch` |
 //! | same key, first one still running | 409 `idempotency_key_in_use` with `Retry-After: 1`; or, with [`wait_for_result`](IdempotencyLayer::wait_for_result), a bounded wait, then the replay |
+//! | same key, first one's outcome unknown (its handler marked it [`OutcomeUnknown`]: a call downstream timed out) | 409 `idempotency_outcome_unknown`, for the retention, never run again; with a [`reconcile`](IdempotencyLayer::reconcile) hook, the application is asked (see [`Reconcile`]) |
 //! | same key, first one abandoned (its lease passed unrenewed with no answer stored: its process was killed, or lost the store for a whole lease) | 409 `idempotency_outcome_unknown`, for the retention, never run again (default, [`Abandoned::OutcomeUnknown`]); with [`Abandoned::Retry`], one repeat takes the claim over and runs as [`Attempt`] 2 |
 //! | the same, where the effect commits with the record ([`IdempotentTx`]) | the abandoned claim's transaction never committed: it ran no effect, so [`Abandoned::Retry`] is right there and the repeat runs (the shop's `POST /payments` does this) |
 //! | a record written by the release before this one (version 3, no deadline), in progress | 409 `idempotency_key_in_use` for as long as it lives (its lease), as before |
@@ -147,6 +148,7 @@ mod detached;
 mod guard;
 mod layer;
 mod policy;
+mod reconcile;
 mod record;
 mod tx;
 
@@ -159,5 +161,6 @@ pub use layer::{
     IdempotencyLayer, Inspected, OutcomeUnknown, RecordState, ResponseBody,
 };
 pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
+pub use reconcile::{IDEMPOTENCY_RECONCILED, Reconcile, ReconcileFuture, Reconciled};
 pub use record::IDEMPOTENT_BODY;
 pub use tx::{IdempotentTx, TxError};

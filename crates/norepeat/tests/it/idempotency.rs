@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 #[cfg(feature = "redis")]
 use norepeat::degrade::FailurePolicy;
 use norepeat::idempotency::{
-    Abandoned, IdempotencyLayer, OutcomeUnknown, RecordState, StorePolicy,
+    Abandoned, IdempotencyLayer, OutcomeUnknown, Reconciled, RecordState, StorePolicy,
 };
 use norepeat::keys::{KeyBuilder, Namespace};
 #[cfg(feature = "redis")]
@@ -239,6 +239,7 @@ every_store!(
     a_claim_past_its_lease_is_an_unknown_outcome_until_its_owner_answers,
     a_key_compares_the_whole_body,
     an_unknown_outcome_is_kept_refused_and_cleared_by_an_operator,
+    an_unknown_outcome_is_reconciled_by_the_applications_lookup,
 );
 
 each_store!(
@@ -1229,4 +1230,79 @@ async fn an_unknown_outcome_is_kept_refused_and_cleared_by_an_operator<G: KeyVal
     );
     assert_eq!(send(&app, req(false)).await.status, StatusCode::CREATED);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A repeat that meets an unknown outcome asks the application's lookup:
+/// "done" stores and replays its answer (`Idempotency-Reconciled: true`)
+/// to this repeat and every later one, without asking again; "absent"
+/// takes the key over and runs the handler once, as attempt 2; "unknown"
+/// leaves the record as it was (409). Before: every repeat got 409 until
+/// the record's retention ended.
+async fn an_unknown_outcome_is_reconciled_by_the_applications_lookup<G: KeyValueStore + Clone>(
+    store: G,
+) {
+    let runs = Runs::default();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&asked);
+    let layer = IdempotencyLayer::new(store.clone()).reconcile(
+        move |_req: &http::request::Parts, key: &str| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let answer = match key {
+                "k-done" => {
+                    let res = http::Response::builder()
+                        .status(StatusCode::CREATED)
+                        .header("content-type", "application/json")
+                        .body(Bytes::from_static(b"{\"paymentId\":\"found\"}"))
+                        .unwrap();
+                    Reconciled::Done(res)
+                }
+                "k-absent" => Reconciled::Absent,
+                _ => Reconciled::Unknown,
+            };
+            async move { answer }
+        },
+    );
+    let app = app(layer, &runs);
+    let req = |key: &str, unknown: bool| {
+        let mut b = payment("u1", Some(key.as_bytes()));
+        if unknown {
+            b = b.header("x-unknown", "1").header("x-status", "504");
+        }
+        b.body(Body::from(BODY)).unwrap()
+    };
+    for key in ["k-done", "k-absent", "k-unknown"] {
+        assert_eq!(
+            send(&app, req(key, true)).await.status,
+            StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    for _ in 0..2 {
+        let done = send(&app, req("k-done", false)).await;
+        assert_eq!(done.status, StatusCode::CREATED, "{:?}", done.body);
+        assert_eq!(&done.body[..], b"{\"paymentId\":\"found\"}");
+        assert_eq!(done.headers["idempotent-replayed"], "true");
+        assert_eq!(done.headers["idempotency-reconciled"], "true");
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once, then replayed");
+
+    let absent = send(&app, req("k-absent", false)).await;
+    assert_eq!(absent.status, StatusCode::CREATED, "{:?}", absent.body);
+    assert!(!absent.headers.contains_key("idempotent-replayed"));
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        4,
+        "run once more, as attempt 2"
+    );
+    let again = send(&app, req("k-absent", false)).await;
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+
+    for _ in 0..2 {
+        let unknown = send(&app, req("k-unknown", false)).await;
+        assert_eq!(unknown.status, StatusCode::CONFLICT);
+        assert_eq!(unknown.code(), "idempotency_outcome_unknown");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
 }

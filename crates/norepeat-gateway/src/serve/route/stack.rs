@@ -9,6 +9,7 @@ use crate::serve::answers::{
 };
 use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::store::{SharedStore, note_failure};
+use crate::serve::upstream::lookup::Lookups;
 use crate::serve::upstream::pool::{Pool, Target, client, connect_timeout};
 use crate::serve::upstream::{Broken, Failure, forward, read_ahead};
 use axum::body::Body;
@@ -150,6 +151,7 @@ pub(crate) fn stack(
             required,
             retention,
             ambiguous,
+            reconcile,
         }) => {
             // `keep`: a claim whose gateway died mid-request is an unknown
             // outcome, like a timeout; `release`: a retry takes it over, and
@@ -172,6 +174,16 @@ pub(crate) fn stack(
                 .stored_headers(StoredHeaders::AllButHopByHop)
                 .detached_tasks_in(detached)
                 .shadow(route.shadow);
+            let layer = match reconcile {
+                Some(lookup) => layer.reconcile(Lookups {
+                    client: client(connect_timeout(route.timeout), Target::new(&route.upstream)),
+                    lookup: lookup.clone(),
+                    timeout: route.timeout,
+                    max_body: usize::try_from(route.max_stored_response).unwrap_or(usize::MAX),
+                    route: Arc::from(name.as_str()),
+                }),
+                None => layer,
+            };
             records = Some(layer.clone());
             boxed(layer.layer(base))
         }

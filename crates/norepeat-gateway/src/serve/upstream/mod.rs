@@ -10,6 +10,7 @@
 
 pub(crate) mod exchange;
 pub(crate) mod headers;
+pub(crate) mod lookup;
 pub(crate) mod pool;
 
 use crate::serve::http1::protocol_name;
