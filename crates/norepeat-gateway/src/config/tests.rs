@@ -148,8 +148,9 @@ fn idempotency_defaults_and_fields() {
 
 #[test]
 fn a_reconcile_lookup_is_a_get_of_a_path_with_the_key() {
-    let r =
-        route("    guard: idempotency\n    reconcile: { lookup: \"GET /payments/by-key/{key}\" }\n");
+    let r = route(
+        "    guard: idempotency\n    reconcile: { lookup: \"GET /payments/by-key/{key}\" }\n",
+    );
     let Some(Guard::Idempotency { reconcile, .. }) = r.guard else {
         panic!("an idempotency route")
     };
@@ -160,7 +161,10 @@ fn a_reconcile_lookup_is_a_get_of_a_path_with_the_key() {
         })
     );
     for (fields, says) in [
-        ("reconcile: { lookup: \"POST /p/{key}\" }", "a lookup is a GET"),
+        (
+            "reconcile: { lookup: \"POST /p/{key}\" }",
+            "a lookup is a GET",
+        ),
         ("reconcile: { lookup: \"GET /p\" }", "must hold {key} once"),
         (
             "reconcile: { lookup: \"GET /p/{key}/{id}\" }",

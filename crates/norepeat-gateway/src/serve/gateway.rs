@@ -42,6 +42,10 @@ pub struct Gateway {
     /// When (Unix ms) the store was last found to have lost its data (its
     /// epoch key gone); 0: never.
     pub(crate) store_lost_data_at: std::sync::atomic::AtomicU64,
+    /// Whether the Redis that keeps idempotency records keeps its data
+    /// through a restart (AOF or RDB): [`PERSISTENT`], [`FORGETS`], or 0
+    /// (not known, or no idempotency records on it).
+    pub(crate) store_persistent: std::sync::atomic::AtomicU8,
     /// The upstream calls of idempotency routes whose client left: a
     /// shutdown waits for them (they complete their keys' records).
     pub(crate) detached: DetachedTasks,
@@ -188,6 +192,7 @@ impl Gateway {
         ));
         Ok(Self {
             store_lost_data_at: std::sync::atomic::AtomicU64::new(0),
+            store_persistent: std::sync::atomic::AtomicU8::new(0),
             records,
             store_answers,
             live: ArcSwap::from_pointee(routes),
@@ -295,7 +300,11 @@ pub(crate) async fn watch_epoch(gw: Arc<Gateway>) {
     };
     // The epoch this instance knows: its own, or the one already there.
     let mut known: Option<Vec<u8>> = None;
+    let mut persistence_told = false;
     loop {
+        if !persistence_told && known.is_some() {
+            persistence_told = gw.check_persistence().await;
+        }
         match &known {
             None => {
                 let mine = fresh();
@@ -318,6 +327,9 @@ pub(crate) async fn watch_epoch(gw: Arc<Gateway>) {
                     {
                         known = Some(held.map_or_else(|| mine.into_bytes(), |v| v.to_vec()));
                         gw.store_lost_data().await;
+                        // A store that came back may come back otherwise
+                        // configured.
+                        persistence_told = false;
                     }
                 }
             },
@@ -326,7 +338,53 @@ pub(crate) async fn watch_epoch(gw: Arc<Gateway>) {
     }
 }
 
+/// `Gateway::store_persistent`: AOF or RDB on.
+pub(crate) const PERSISTENT: u8 = 2;
+/// `Gateway::store_persistent`: neither: a restart forgets every record.
+pub(crate) const FORGETS: u8 = 1;
+
 impl Gateway {
+    /// Asks the Redis that keeps idempotency records (no `records:`)
+    /// whether it keeps its data through a restart, on a connection of its
+    /// own; said once at warn when it does not (a restart forgets every
+    /// record, and the retries of requests made before it run again), and
+    /// shown in `healthz`. Whether the question was answered (or needs no
+    /// answer): `false` asks again at the next look.
+    async fn check_persistence(&self) -> bool {
+        let url = match &self.store_url {
+            StoreUrl::Redis(u) | StoreUrl::Cluster(u) => u.clone(),
+            StoreUrl::Memory => return true,
+        };
+        let keeps_records = self.live.load().list.iter().any(|r| r.records.is_some());
+        if self.records.is_some() || !keeps_records {
+            return true;
+        }
+        let Ok(store) = norepeat::store::AnyStore::from_url(Some(&url)).await else {
+            return false;
+        };
+        match store.persistent().await {
+            Ok(Some(true)) => {
+                self.store_persistent
+                    .store(PERSISTENT, std::sync::atomic::Ordering::Release);
+            }
+            Ok(Some(false)) => {
+                self.store_persistent
+                    .store(FORGETS, std::sync::atomic::Ordering::Release);
+                tracing::warn!(
+                    store = self.store.kind(),
+                    "the store keeps this file's idempotency records but has neither AOF nor RDB on: a restart of it forgets every record, and the retries of requests made before it run again; turn on appendonly (or a save schedule), or keep the records in a database (records: postgres://... or sqlite:FILE)"
+                );
+            }
+            Ok(None) => {
+                tracing::info!(
+                    "the store does not say whether it keeps its data through a restart (CONFIG refused): store_persistent is null"
+                );
+            }
+            Err(_) => return false,
+        }
+        true
+    }
+
     /// The store was found to have lost its data: said once (an error
     /// line, `norepeat_gateway_store_data_lost_total`, `healthz`'s
     /// `store_lost_data_at`), and the token routes built again on the

@@ -108,7 +108,7 @@ async fn a_shadow_route_lets_every_request_through_and_counts() {
     let health = health_once(&g, "store_answers", true.into()).await;
     assert_eq!(
         health,
-        serde_json::json!({"status":"ok","routes":7,"store":"memory","records":null,"store_lost_data_at":null,"breaker":"Closed",
+        serde_json::json!({"status":"ok","routes":7,"store":"memory","records":null,"store_persistent":null,"store_lost_data_at":null,"breaker":"Closed",
             "store_answers":true,"refusing":[],"last_reload":null})
     );
     assert_eq!(

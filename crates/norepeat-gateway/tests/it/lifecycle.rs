@@ -606,9 +606,15 @@ async fn a_store_that_lost_its_data_is_noticed_and_one_secret_is_shared_again() 
     );
     let first = gateway(&yaml).await;
     assert_eq!(health(&first).await["store_lost_data_at"], Value::Null);
+    // The kit's Redis keeps nothing on disk, and holds the file's
+    // idempotency records: said in healthz and at start.
+    health_once(&first, "store_persistent", false.into()).await;
     assert_eq!(pay_on(&first, "/payments", "k-before").await.status(), 201);
     redis.restart().await;
+    // The Redis comes back with AOF on: a gateway started now says so.
+    redis.config_set("appendonly", "yes").await;
     let second = gateway(&yaml).await;
+    health_once(&second, "store_persistent", true.into()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !health(&first).await["store_lost_data_at"].is_number() {
         assert!(

@@ -42,6 +42,34 @@ pub enum AnyStore {
 const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl AnyStore {
+    /// Whether the store keeps its data through a restart: a database
+    /// does (`Some(true)`), the memory does not (`Some(false)`), a Redis
+    /// does with AOF or RDB on ([`RedisStore::persistent`](super::RedisStore::persistent)).
+    ///
+    /// ```
+    /// use norepeat::store::AnyStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), norepeat::store::StoreError> {
+    /// let store = AnyStore::from_url(None).await?;
+    /// assert_eq!(store.persistent().await?, Some(false));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The store does not answer.
+    pub async fn persistent(&self) -> Result<Option<bool>, StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(Some(false)),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(s) => s.persistent().await,
+            #[cfg(feature = "redis")]
+            AnyStore::Cluster(s) => s.persistent().await,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(..) => Ok(Some(true)),
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(..) => Ok(Some(true)),
+        }
+    }
+
     /// `None`: a [`MemoryStore`] of 100,000 entries. `redis://...`: one Redis.
     /// `redis+cluster://host:port,host:port`: a Redis Cluster. With the
     /// `postgres` feature, `postgres://...` (or `postgresql://`); with

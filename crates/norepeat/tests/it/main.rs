@@ -47,6 +47,8 @@ mod kv_behaviour;
 mod memory_store;
 mod nested_paths;
 mod packaging;
+#[cfg(feature = "redis")]
+mod persistence;
 mod ratelimit;
 mod ratelimit_algorithms;
 mod redis_batching;

@@ -265,6 +265,11 @@ fn health(gw: &Gateway, detailed: bool) -> Response<Body> {
             "routes": live.list.len(),
             "store": gw.store.kind(),
             "records": gw.records.as_ref().map(crate::serve::SharedStore::kind),
+            "store_persistent": match gw.store_persistent.load(std::sync::atomic::Ordering::Acquire) {
+                crate::serve::gateway::PERSISTENT => true.into(),
+                crate::serve::gateway::FORGETS => false.into(),
+                _ => serde_json::Value::Null,
+            },
             "store_lost_data_at": match gw.store_lost_data_at.load(std::sync::atomic::Ordering::Acquire) {
                 0 => serde_json::Value::Null,
                 ms => ms.into(),

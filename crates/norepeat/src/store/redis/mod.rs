@@ -308,6 +308,7 @@ trait Connections {
 
 mod batch;
 mod cluster;
+mod persistence;
 mod single;
 
 pub use cluster::ClusterStore;

@@ -43,6 +43,17 @@ impl std::fmt::Debug for RedisStore {
 pub const DEFAULT_CONNECTIONS: usize = 2;
 
 impl RedisStore {
+    /// Whether the server keeps its data through a restart: AOF on or an
+    /// RDB save schedule (`Some(true)`), neither (`Some(false)`: a restart
+    /// forgets every key), or `None` when it will not say (`CONFIG`
+    /// refused).
+    ///
+    /// # Errors
+    /// The server does not answer.
+    pub async fn persistent(&self) -> Result<Option<bool>, StoreError> {
+        self.0.persistent().await
+    }
+
     /// Connects to the Redis at `url` (`redis://host:port/db`) with
     /// [`DEFAULT_CONNECTIONS`] multiplexed connections.
     ///
