@@ -16,6 +16,7 @@ mod connections;
 mod guards;
 mod idempotency;
 mod identity;
+mod introspect;
 mod lifecycle;
 mod never_panics;
 mod operator;
