@@ -211,11 +211,7 @@ pub(crate) async fn route_request(
             "records_lost",
         );
     }
-    let req = match route.guarded {
-        true => identify(&route.caller, req).await,
-        false => Ok(req),
-    };
-    let (res, decided_locally) = match req {
+    let (res, decided_locally) = match identify(&route.caller, req).await {
         Err(refused) => (refused, false),
         Ok(req) => {
             STORE_FAILED

@@ -150,6 +150,20 @@ async fn pay(g: &Process, session: &Session, key: &str) -> Response {
         .unwrap()
 }
 
+/// [`pay`] until its answer is not a 503: a store slow to answer a cold
+/// gateway's first calls (on a loaded machine) is refused fail-closed, and
+/// nothing ran; the client's retry is the same request.
+async fn pay_answered(g: &Process, session: &Session, key: &str) -> Response {
+    for _ in 0..100 {
+        let res = pay(g, session, key).await;
+        if res.status() != StatusCode::SERVICE_UNAVAILABLE {
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{key}: 503 for 10 s");
+}
+
 async fn problem(res: Response) -> (StatusCode, String) {
     let status = res.status();
     let body: Value = res.json().await.unwrap_or(Value::Null);
@@ -163,12 +177,12 @@ async fn a_payment_and_its_retry(identity: &str) -> u64 {
     let (app, redis) = (flask().await, RedisServer::start().await);
     let g = gateway_for(&app, &redis, identity).await;
     let mut session = Session::login(&app, "alice").await;
-    let first = pay(&g, &session, "pay-1").await;
+    let first = pay_answered(&g, &session, "pay-1").await;
     assert_eq!(first.status(), StatusCode::CREATED, "{:?}", first.headers());
     let before = session.0.clone();
     assert!(session.take(&first), "the app rotates its cookie");
     assert_ne!(session.0, before);
-    let retry = pay(&g, &session, "pay-1").await;
+    let retry = pay_answered(&g, &session, "pay-1").await;
     assert!(retry.status().is_success() || retry.status() == StatusCode::CONFLICT);
     counts(&app).await["charges"].as_u64().unwrap()
 }
@@ -318,7 +332,10 @@ async fn whoami_refusing_failing_or_slow_is_401_or_503() {
     assert_eq!(counts(&app).await["charges"], 0);
     // Back up: the same credential is asked again (a failure is not kept).
     control(&app, "whoami=ok").await;
-    assert_eq!(pay(&g, &carol, "k-up").await.status(), StatusCode::CREATED);
+    assert_eq!(
+        pay_answered(&g, &carol, "k-up").await.status(),
+        StatusCode::CREATED
+    );
     // What whoami was sent: the caller's headers and the forwarding ones,
     // never the request's own (its key, its body's type).
     let seen = counts(&app).await["whoami_headers"].clone();
@@ -361,7 +378,9 @@ async fn concurrent_requests_with_one_credential_make_one_call() {
     let payments: Vec<_> = (0..8)
         .map(|i| {
             let (g, session) = (std::sync::Arc::clone(&g), std::sync::Arc::clone(&session));
-            tokio::spawn(async move { pay(&g, &session, &format!("k-{i}")).await.status() })
+            tokio::spawn(
+                async move { pay_answered(&g, &session, &format!("k-{i}")).await.status() },
+            )
         })
         .collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -381,4 +400,96 @@ async fn concurrent_requests_with_one_credential_make_one_call() {
         (c["whoami"].as_u64(), c["charges"].as_u64()),
         (Some(1), Some(8))
     );
+}
+
+/// Only a route that reads the caller asks: a rate limit by address never
+/// does. A `shadow` route never refuses: with whoami down its payment
+/// goes through (its layer counts the request without a caller).
+#[tokio::test]
+async fn only_a_route_that_reads_the_caller_asks_and_shadow_never_refuses() {
+    let (app, redis) = (flask().await, RedisServer::start().await);
+    let g = gateway(&format!(
+        "upstream: http://127.0.0.1:{}
+store: {}
+identity:
+{INTROSPECT}
+routes:
+  - match: POST /payments
+    guard: idempotency
+    shadow: true
+  - match: POST /orders
+    rate_limit: {{ rate: 100/s, by: address }}
+",
+        app.port,
+        redis.url()
+    ))
+    .await;
+    let session = Session::login(&app, "frank").await;
+    control(&app, "whoami=down").await;
+    assert_eq!(
+        pay(&g, &session, "k-shadow").await.status(),
+        StatusCode::CREATED
+    );
+    let asked = counts(&app).await["whoami"].as_u64().unwrap();
+    assert_eq!(asked, 1, "the shadow route asked");
+    let order = Client::new()
+        .post(url(&g, "/orders"))
+        .header("cookie", session.cookie())
+        .body("sku=A1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(order.status(), StatusCode::CREATED);
+    let c = counts(&app).await;
+    assert_eq!(
+        (c["whoami"].as_u64(), c["charges"].as_u64()),
+        (Some(1), Some(1))
+    );
+}
+
+/// The admin reads a record of a caller the backend names by the headers
+/// the client sent: its cookie, however often refreshed since.
+#[tokio::test]
+async fn the_admin_reads_the_record_of_an_introspected_caller() {
+    let (app, redis) = (flask().await, RedisServer::start().await);
+    let admin = crate::common::free_port();
+    let token = "an-admin-token-of-some-length";
+    let g = crate::common::gateway_env(
+        &format!(
+            "admin: {{ listen: 127.0.0.1:{admin}, token_env: NOREPEAT_GATEWAY_ADMIN_TOKEN }}
+upstream: http://127.0.0.1:{}
+store: {}
+identity:
+{INTROSPECT}
+routes:
+  - match: POST /payments
+    guard: idempotency
+",
+            app.port,
+            redis.url()
+        ),
+        &[("NOREPEAT_GATEWAY_ADMIN_TOKEN", token)],
+    )
+    .await;
+    let mut session = Session::login(&app, "erin").await;
+    let paid = pay_answered(&g, &session, "k-adm").await;
+    assert_eq!(paid.status(), StatusCode::CREATED);
+    assert!(session.take(&paid));
+    let read = |cookie: String| {
+        Client::new()
+            .get(format!(
+                "http://127.0.0.1:{admin}/.norepeat/admin/record?method=POST&path=/payments&key=k-adm&host=127.0.0.1"
+            ))
+            .header("norepeat-admin-token", token)
+            .header("cookie", cookie)
+            .send()
+    };
+    let res = read(session.cookie()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let record: Value = res.json().await.unwrap();
+    assert_eq!(record["state"], "completed", "{record}");
+    // Another user's cookie reads no record of erin's.
+    let other = Session::login(&app, "grace").await;
+    let res = read(other.cookie()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
 }

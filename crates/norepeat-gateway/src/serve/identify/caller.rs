@@ -67,6 +67,23 @@ pub struct Caller {
     source: Arc<Source>,
     ip: Arc<ByClientIp>,
     required: bool,
+    /// What the identify phase does on the route: ask the backend (for
+    /// an `introspect` source), on a route that reads the caller.
+    asks: Asks,
+}
+
+/// Whether, and how, the identify phase asks the backend on a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asks {
+    /// The route reads the caller: no answer from the backend is the
+    /// client's 401 or 503.
+    Refusing,
+    /// A `shadow` route: no answer is no caller, which its layers count
+    /// and let through.
+    Observing,
+    /// Nothing of the route reads the caller (it only routes, or limits
+    /// by address): never asked.
+    Never,
 }
 
 /// A source of the caller, ready to read.
@@ -109,7 +126,29 @@ impl Caller {
             source: Arc::new(Source::new(&identity.source, None)),
             ip: Arc::new(ip),
             required: identity.required,
+            asks: Asks::Refusing,
         }
+    }
+
+    /// This caller on `route`: asked about only where a guard, or a rate
+    /// limit by identity, reads it; without refusing on a `shadow` route.
+    #[must_use]
+    pub(crate) fn on_route(mut self, route: &crate::config::Route) -> Self {
+        let reads = route.guard.is_some()
+            || route
+                .rate_limit
+                .is_some_and(|rl| rl.by == crate::config::LimitBy::Identity);
+        self.asks = match (reads, route.shadow) {
+            (false, _) => Asks::Never,
+            (true, true) => Asks::Observing,
+            (true, false) => Asks::Refusing,
+        };
+        self
+    }
+
+    /// What the identify phase does on this caller's route.
+    pub(crate) fn asks(&self) -> Asks {
+        self.asks
     }
 
     /// The caller of `identity` on a route whose upstream is `upstream`:

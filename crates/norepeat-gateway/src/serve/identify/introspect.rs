@@ -24,6 +24,7 @@
 
 use crate::config::{Introspect, IntrospectUser, Upstream};
 use crate::serve::head::FORWARDING;
+use crate::serve::identify::caller::Asks;
 use crate::serve::upstream::forward;
 use crate::serve::upstream::pool::{Pool, Secure, Target, client, connect_timeout};
 use axum::body::Body;
@@ -304,7 +305,9 @@ fn credential(headers: &HeaderMap) -> Option<Credential> {
 /// The identify phase: on a route whose caller the backend names, asks
 /// it (`introspect`) and puts the answer in `req`'s extensions for the
 /// layers; the client's answer instead when there is no caller to be had
-/// (401, 503). Any other identity is read by the layers themselves.
+/// (401, 503), but on a `shadow` route, whose layers count a request
+/// without a caller and let it through. Any other identity is read by the
+/// layers themselves; a route that does not read the caller never asks.
 ///
 /// # Errors
 /// The client's answer: 401 `unauthenticated` when the backend refuses
@@ -313,11 +316,21 @@ pub(crate) async fn identify(
     caller: &super::caller::Caller,
     req: Request<Body>,
 ) -> Result<Request<Body>, Response<Body>> {
+    if caller.asks() == Asks::Never {
+        return Ok(req);
+    }
     let (mut parts, body) = req.into_parts();
     if let Some(introspector) = caller.to_ask(&parts) {
         let trusted = caller.peer_is_trusted(&parts.extensions);
-        let id = introspector.ask(&parts, trusted).await?;
-        parts.extensions.insert(Introspected(id));
+        match introspector.ask(&parts, trusted).await {
+            Ok(id) => {
+                parts.extensions.insert(Introspected(id));
+            }
+            // Nothing put in the extensions: a credential without a
+            // name, no caller, which a shadow route's layers count.
+            Err(_) if caller.asks() == Asks::Observing => {}
+            Err(answer) => return Err(answer),
+        }
     }
     Ok(Request::from_parts(parts, body))
 }

@@ -143,7 +143,8 @@ impl Routes {
                         Caller::asking(&config.identity, &r.upstream)
                     }
                     None => caller.clone(),
-                };
+                }
+                .on_route(r);
                 let (service, records) = stack(
                     r,
                     // A guard that keeps answers keeps them in `records`
