@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one Flask app's scenarios (the rotating cookie, the favicon, whoami refusing or down, concurrency, shadow, the admin) sharing its session helpers.
 //! `identity.introspect` (issue 51, item 4): the backend says who the
 //! caller is. Against the real gateway binary, a real Redis of the test
 //! kit and a real Flask app (`tests/flask_app.py`) whose session cookie

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the identify phase, its one call per credential and its cache (about 330 lines) beside the unit tests of what is asked, with what, and when.
 //! `identity.introspect`: the backend says who the caller is, as NGINX's
 //! `auth_request` and Traefik's `forwardAuth` ask theirs. A session cookie
 //! the backend re-signs on every answer (Flask's, Rails') is a new value
@@ -231,6 +232,13 @@ impl Introspector {
                 h.append(name.clone(), v.clone());
             }
         }
+        // HTTP/2 names the site in its `:authority`, not in `Host`.
+        if !h.contains_key(header::HOST)
+            && let Some(a) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            h.insert(header::HOST, v);
+        }
         if let Some(peer) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
             req.extensions_mut().insert(*peer);
         }
@@ -398,5 +406,69 @@ mod tests {
             ["authorization", "cookie", "host", "x-forwarded-for"]
         );
         assert_eq!(req.headers()["cookie"], "a=1; b=2");
+        // An untrusted peer's forwarding headers are not passed on; an
+        // HTTP/2 request's authority is the Host.
+        let (parts, ()) = Request::get("https://shop.example/payments")
+            .header("cookie", "a=1")
+            .header("x-forwarded-for", "192.0.2.1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let req = ask.request(&parts, false);
+        assert_eq!(req.headers().get("x-forwarded-for"), None);
+        assert_eq!(req.headers()["host"], "shop.example");
+    }
+
+    /// `any_of`: the backend is asked only when no source before it is
+    /// present; a request without a credential is not asked about (no
+    /// caller: the address, or 401 when required); a backend that cannot
+    /// be reached is 503 `guard_unavailable`.
+    #[tokio::test]
+    async fn an_earlier_source_present_is_never_asked_about() {
+        use norepeat::identity::Identify;
+        // Nothing listens on port 9.
+        let config = crate::config::Config::parse(
+            "g.yaml",
+            b"upstream: http://127.0.0.1:9\nidentity:\n  any_of: [{ header: X-User-Id }, { introspect: { path: /who, user: { json: /id } } }]\n",
+        )
+        .unwrap();
+        let caller = super::super::caller::Caller::asking(&config.identity, &config.upstream);
+        let req = |pairs: &[(&str, &str)]| {
+            let mut r = Request::post("/payments");
+            for (k, v) in pairs {
+                r = r.header(*k, *v);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        let header = req(&[("x-user-id", "7"), ("cookie", "s=1")]);
+        assert!(caller.to_ask(&header.into_parts().0).is_none());
+        let cookie = req(&[("cookie", "s=1")]);
+        assert!(caller.to_ask(&cookie.into_parts().0).is_some());
+        let bare = identify(&caller, req(&[])).await.unwrap();
+        let (parts, _) = bare.into_parts();
+        assert!(matches!(
+            parts.extensions.get::<Introspected>(),
+            Some(Introspected(None))
+        ));
+        assert_eq!(caller.identify(&parts), None, "no peer, not required");
+        let refused = identify(&caller, req(&[("cookie", "s=1")]))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(refused.headers().contains_key(header::RETRY_AFTER));
+        assert_eq!(
+            refused
+                .extensions()
+                .get::<Problem>()
+                .map(|p| p.code.as_str()),
+            Some("guard_unavailable")
+        );
+        // A header, no asking: read by the layers as before.
+        let header = identify(&caller, req(&[("x-user-id", "7")])).await.unwrap();
+        assert!(
+            caller
+                .identify(&header.into_parts().0)
+                .is_some_and(|id| id.starts_with("h:"))
+        );
     }
 }
