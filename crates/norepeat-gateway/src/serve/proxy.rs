@@ -7,7 +7,7 @@
 //! | accept | `listen/` | a connection taken under `max_connections`, timed by its phase (`listen/timed.rs`), read by the lane (`listen/lane.rs`) or hyper |
 //! | read head | `head.rs` | what is refused from the head alone ([`not_forwarded`]), what is dropped before anything reads it ([`drop_nominated`], [`only_allowed_upgrades`]); the request id ([`dispatch`]) |
 //! | choose route | `route/` | the site (`hosts`: 421), the route on the normalized path or a refusal of a spelling that would pass a guard by ([`choose`]) |
-//! | identify | `identify/` | the backend asked who the caller is, on a guarded route whose identity is `introspect` ([`identify`]); the caller, scoped by site, read by the route's layers |
+//! | identify | `identify/` | the backend asked who the caller is, on a route that reads the caller and whose identity is `introspect` ([`identify`]); the caller, scoped by site, read by the route's layers |
 //! | guard | `route/stack.rs` | the route's rate limit, then its guard (the library's layers) |
 //! | upstream | `upstream/` | the request forwarded, its answer brought back |
 //! | answer | [`finish`] | an unknown outcome turned into the client's answer, the outcome named |
@@ -211,20 +211,20 @@ pub(crate) async fn route_request(
             "records_lost",
         );
     }
-    let (res, decided_locally) = match identify(&route.caller, req).await {
-        Err(refused) => (refused, false),
-        Ok(req) => {
-            STORE_FAILED
-                .scope(Cell::new(false), async {
-                    let res = match route.service.clone().oneshot(req).await {
-                        Ok(res) => res,
-                        Err(never) => match never {},
-                    };
-                    (res, STORE_FAILED.with(Cell::get))
-                })
-                .await
-        }
-    };
+    let (res, decided_locally) = STORE_FAILED
+        .scope(Cell::new(false), async {
+            // identify: a caller the backend names (`introspect`) is asked.
+            let req = match identify(&route.caller, req).await {
+                Ok(req) => req,
+                Err(refused) => return (refused, false),
+            };
+            let res = match route.service.clone().oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            };
+            (res, STORE_FAILED.with(Cell::get))
+        })
+        .await;
     // Before `finish`, which may answer with a response of its own.
     let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
     // Let through by the local memory, the store down: failed open.
