@@ -553,7 +553,9 @@ pub struct Jwt {
 /// `auth_request` and Traefik's `forwardAuth` do.
 ///
 /// ```
-/// use norepeat_gateway::config::{Config, IdentitySource, IntrospectUser};
+/// use norepeat_gateway::config::{
+///     Config, DEFAULT_INTROSPECT_CACHE, DEFAULT_INTROSPECT_TIMEOUT, IdentitySource, IntrospectUser,
+/// };
 /// use std::time::Duration;
 ///
 /// let config = Config::parse("g.yaml", b"
@@ -563,7 +565,8 @@ pub struct Jwt {
 /// let IdentitySource::Introspect(i) = &config.identity.source else { panic!() };
 /// assert_eq!(i.path, "/api/whoami");
 /// assert_eq!(i.user, IntrospectUser::Json("/user/id".into()));
-/// assert_eq!((i.cache, i.timeout), (Duration::from_secs(60), Duration::from_millis(500)));
+/// assert_eq!((i.cache, i.timeout), (DEFAULT_INTROSPECT_CACHE, DEFAULT_INTROSPECT_TIMEOUT));
+/// assert_eq!(DEFAULT_INTROSPECT_TIMEOUT, Duration::from_millis(500));
 /// # Ok::<(), norepeat_gateway::config::Problems>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]

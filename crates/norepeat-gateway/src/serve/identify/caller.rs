@@ -113,7 +113,26 @@ enum Read {
 }
 
 impl Caller {
-    /// The caller of `identity`.
+    /// The caller of `identity`. An `introspect` source needs the route's
+    /// upstream, which the gateway gives it when it builds its routes:
+    /// here it asks no one, and a request with a `Cookie` or an
+    /// `Authorization` has no caller (one with neither is as one without
+    /// a source: the address, unless `required`).
+    ///
+    /// ```
+    /// use norepeat::identity::Identify;
+    /// use norepeat_gateway::config::Config;
+    /// use norepeat_gateway::serve::Caller;
+    ///
+    /// let config = Config::parse("g.yaml", b"
+    /// upstream: http://127.0.0.1:9000
+    /// identity: { introspect: { path: /whoami, user: { header: X-User-Id } } }
+    /// ")?;
+    /// let caller = Caller::new(&config.identity);
+    /// let req = http::Request::get("/").header("cookie", "session=abc").body(()).unwrap();
+    /// assert_eq!(caller.identify(&req.into_parts().0), None);
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
     #[must_use]
     pub fn new(identity: &Identity) -> Self {
         let ip = identity
