@@ -331,6 +331,15 @@ async fn whoami_refusing_failing_or_slow_is_401_or_503() {
         );
     }
     assert_eq!(counts(&app).await["charges"], 0);
+    let m = crate::common::scrape(&g).await;
+    let calls = |result: &str| {
+        crate::common::value(
+            &m,
+            "norepeat_gateway_introspect_total",
+            &format!("result=\"{result}\""),
+        )
+    };
+    assert_eq!((calls("refused"), calls("unavailable")), (2, 2), "{m}");
     // Back up: the same credential is asked again (a failure is not kept).
     control(&app, "whoami=ok").await;
     assert_eq!(

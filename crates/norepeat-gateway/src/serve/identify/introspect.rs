@@ -22,6 +22,8 @@
 //! goes nowhere. A user is kept per credential (a keyed hash of those two
 //! headers: never their values) for `cache`, at most [`ANSWERS`] of them;
 //! concurrent requests with one credential wait for one call ([`Flights`]).
+//! Each call is counted in `norepeat_gateway_introspect_total{result}`
+//! (`user`, `refused`, `unavailable`).
 
 use crate::config::{Introspect, IntrospectUser, Upstream};
 use crate::serve::head::FORWARDING;
@@ -191,13 +193,18 @@ impl Introspector {
             let asked = tokio::time::timeout(timeout, asked(&client, timeout, &user, req))
                 .await
                 .unwrap_or(Asked::Unavailable("no answer in time"));
-            match &asked {
-                Asked::User(id) => answers.insert(credential, Arc::clone(id)),
-                Asked::Refused => {}
+            let result = match &asked {
+                Asked::User(id) => {
+                    answers.insert(credential, Arc::clone(id));
+                    "user"
+                }
+                Asked::Refused => "refused",
                 Asked::Unavailable(why) => {
                     tracing::warn!(%path, why, "identity.introspect: no user from the backend");
+                    "unavailable"
                 }
-            }
+            };
+            metrics::counter!("norepeat_gateway_introspect_total", "result" => result).increment(1);
             flights
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
