@@ -163,17 +163,15 @@ impl Introspector {
         };
         match asked {
             Asked::User(id) => Ok(Some(id)),
+            // The path asked stays in the log: it is the backend's, not
+            // the client's to know.
             Asked::Refused => Err(Problem::new(Code::Unauthenticated)
-                .detail(format!(
-                    "The backend's {} does not know this caller (it answered 401 or 403).",
-                    self.path
-                ))
+                .detail("The backend names no one for this Cookie or Authorization (it answered 401 or 403).")
                 .to_response()
                 .map(Body::new)),
             Asked::Unavailable(why) => Err(Problem::new(Code::GuardUnavailable)
                 .detail(format!(
-                    "Who the caller is could not be learnt from the backend's {} ({why}); retry shortly.",
-                    self.path
+                    "Who the caller is could not be learnt from the backend ({why}); retry shortly."
                 ))
                 .retry_after_secs(1)
                 .to_response()
