@@ -94,12 +94,13 @@ if [ ! -d tests/browser/node_modules ] && [ -f tests/browser/package.json ]; the
   (cd tests/browser && npm ci --no-audit --no-fund)
 fi
 
-# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/it/schemathesis.rs),
+# 6. Schemathesis (PyPI) for the API fuzz test (crates/norepeat-shop/tests/it/schemathesis.rs)
+#    and Flask for the gateway's introspection test (crates/norepeat-gateway/tests/flask_app.py),
 #    in the git-ignored .venv/.
-if ! .venv/bin/schemathesis --version >/dev/null 2>&1; then
-  log "installing schemathesis into .venv/"
+if ! .venv/bin/schemathesis --version >/dev/null 2>&1 || ! .venv/bin/python -c 'import flask' 2>/dev/null; then
+  log "installing schemathesis and flask into .venv/"
   python3 -m venv .venv
-  .venv/bin/pip install -q 'schemathesis==4.32.5'
+  .venv/bin/pip install -q 'schemathesis==4.32.5' 'flask==3.1.3'
 fi
 
 # 7. The suite.

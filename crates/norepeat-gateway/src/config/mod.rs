@@ -56,6 +56,8 @@
 //! | `identity` | the peer address (`ip`), no trusted proxies, not required |
 //! | `identity.jwt.claim` | `sub` |
 //! | `identity.jwt.issuer`, `audiences` | not checked |
+//! | `identity.introspect.cache` | `60s` |
+//! | `identity.introspect.timeout` | `500ms` |
 //! | `token_secret` | `NOREPEAT_GATEWAY_TOKEN_SECRET`, else a random one kept in the store |
 //! | `token_ttl` | `60s` |
 //! | `cors.allow_origins` | none (no page of another origin may call a route or ask for a token) |
@@ -532,8 +534,8 @@ pub struct Identity {
     pub required: bool,
 }
 
-/// Where the caller is read: `ip: true`, `header`, `cookie`, `jwt` or
-/// `any_of`. Each value is hashed with its kind, so a cookie's value and a
+/// Where the caller is read: `ip: true`, `header`, `cookie`, `jwt`,
+/// `introspect` or `any_of`. Each value is hashed with its kind, so a cookie's value and a
 /// header's never name one caller.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum IdentitySource {
@@ -549,6 +551,9 @@ pub enum IdentitySource {
     Cookie(String),
     /// `jwt: {...}`: a claim of a bearer JWT whose signature verifies.
     Jwt(Jwt),
+    /// `introspect: {...}`: the user the backend names when asked with
+    /// the client's `Cookie` and `Authorization`.
+    Introspect(Introspect),
     /// `any_of: [...]`: the first of these sources the request carries.
     AnyOf(Vec<IdentitySource>),
 }
@@ -565,6 +570,56 @@ pub struct Jwt {
     pub issuer: Option<String>,
     /// `audiences`: when set, the token's `aud` must name one of them.
     pub audiences: Vec<String>,
+}
+
+/// `identity.introspect`: ask the backend who the caller is, as NGINX's
+/// `auth_request` and Traefik's `forwardAuth` do.
+///
+/// ```
+/// use norepeat_gateway::config::{
+///     Config, DEFAULT_INTROSPECT_CACHE, DEFAULT_INTROSPECT_TIMEOUT, IdentitySource, IntrospectUser,
+/// };
+/// use std::time::Duration;
+///
+/// let config = Config::parse("g.yaml", b"
+/// upstream: http://127.0.0.1:9000
+/// identity: { introspect: { path: /api/whoami, user: { json: /user/id } } }
+/// ")?;
+/// let IdentitySource::Introspect(i) = &config.identity.source else { panic!() };
+/// assert_eq!(i.path, "/api/whoami");
+/// assert_eq!(i.user, IntrospectUser::Json("/user/id".into()));
+/// assert_eq!((i.cache, i.timeout), (DEFAULT_INTROSPECT_CACHE, DEFAULT_INTROSPECT_TIMEOUT));
+/// assert_eq!(DEFAULT_INTROSPECT_TIMEOUT, Duration::from_millis(500));
+/// # Ok::<(), norepeat_gateway::config::Problems>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Introspect {
+    /// `path`: what is asked (`GET`), on the route's upstream; a path
+    /// and an optional query.
+    pub path: String,
+    /// `user`: where the 200 names the user.
+    pub user: IntrospectUser,
+    /// `cache`: how long an answer is kept per credential.
+    pub cache: Duration,
+    /// `timeout`: how long the backend has to answer, body included.
+    pub timeout: Duration,
+}
+
+/// The default `identity.introspect.cache`.
+pub const DEFAULT_INTROSPECT_CACHE: Duration = Duration::from_secs(60);
+
+/// The default `identity.introspect.timeout`.
+pub const DEFAULT_INTROSPECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// `identity.introspect.user`: where the backend's 200 names the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntrospectUser {
+    /// `{ header: NAME }`: a header of the answer (the name, lower case).
+    Header(String),
+    /// `{ json: /pointer }`: a string or a number at this JSON pointer
+    /// (RFC 6901) of the answer's body.
+    Json(String),
 }
 
 /// `secret_env` or `public_keys` of `identity.jwt`.

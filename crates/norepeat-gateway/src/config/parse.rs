@@ -77,13 +77,16 @@ const IDENTITY: &[&str] = &[
     "header",
     "cookie",
     "jwt",
+    "introspect",
     "ip",
     "any_of",
     "trusted_proxies",
     "required",
 ];
 /// The fields of one source (`identity`'s, or one entry of `any_of`).
-const SOURCES: &[&str] = &["header", "cookie", "jwt", "ip", "any_of"];
+const SOURCES: &[&str] = &["header", "cookie", "jwt", "introspect", "ip", "any_of"];
+const INTROSPECT: &[&str] = &["path", "user", "cache", "timeout"];
+const INTROSPECT_USER: &[&str] = &["header", "json"];
 const JWT: &[&str] = &["claim", "secret_env", "public_keys", "issuer", "audiences"];
 const CORS: &[&str] = &["allow_origins"];
 const RATE_LIMIT: &[&str] = &["algorithm", "rate", "burst", "by"];
@@ -1236,6 +1239,7 @@ fn source_of(w: &mut Walker, f: &Fields, path: &str, ctx: &Ctx) -> Option<Identi
                 .ok_or_else(|| format!("{s:?} is not a cookie name"))
         }),
         "jwt" => jwt(w, n, &at, ctx).map(IdentitySource::Jwt),
+        "introspect" => introspect(w, n, &at).map(IdentitySource::Introspect),
         _ if path.contains("any_of[") => {
             w.at(
                 n,
@@ -1258,7 +1262,7 @@ fn source_of(w: &mut Walker, f: &Fields, path: &str, ctx: &Ctx) -> Option<Identi
                         w.at(
                             item,
                             &item_path,
-                            "expected one source: header, cookie, jwt or ip",
+                            "expected one source: header, cookie, jwt, introspect or ip",
                         );
                         return None;
                     }
@@ -1269,6 +1273,17 @@ fn source_of(w: &mut Walker, f: &Fields, path: &str, ctx: &Ctx) -> Option<Identi
                         item,
                         &item_path,
                         "the peer address is always present: put ip last (the sources after it are never read)",
+                    );
+                    all = None;
+                }
+                let asks = |s: &IdentitySource| matches!(s, IdentitySource::Introspect(_));
+                if one.as_ref().is_some_and(asks)
+                    && all.as_ref().is_some_and(|v| v.iter().any(asks))
+                {
+                    w.at(
+                        item,
+                        &item_path,
+                        "a second introspect: the backend is asked once per request; keep one",
                     );
                     all = None;
                 }
@@ -1374,6 +1389,106 @@ fn jwt(w: &mut Walker, node: &Node, path: &str, ctx: &Ctx) -> Option<super::Jwt>
         issuer: issuer?,
         audiences: audiences?,
     })
+}
+
+/// `introspect: { path, user: { header | json }, cache, timeout }`.
+fn introspect(w: &mut Walker, node: &Node, path: &str) -> Option<super::Introspect> {
+    use super::{DEFAULT_INTROSPECT_CACHE, DEFAULT_INTROSPECT_TIMEOUT};
+    let f = w.mapping(node, path, INTROSPECT)?;
+    let p = |name: &str| format!("{path}.{name}");
+    let asked = match f.get("path") {
+        None => {
+            w.at(node, path, "missing path: what to GET on the upstream (/api/whoami)");
+            None
+        }
+        Some(n) => w.parse(n, &p("path"), |s| {
+            let fits = s.starts_with('/')
+                && !s.contains('#')
+                && http::uri::PathAndQuery::try_from(s).is_ok_and(|pq| pq.as_str() == s);
+            if fits {
+                Ok(s.to_owned())
+            } else {
+                Err(format!(
+                    "expected a path on the upstream such as /api/whoami (a query may follow), not {s:?}"
+                ))
+            }
+        }),
+    };
+    let user = match f.get("user") {
+        None => {
+            w.at(
+                node,
+                path,
+                "missing user: { header: X-User-Id } or { json: /user/id }, where the 200 names the user",
+            );
+            None
+        }
+        Some(n) => introspect_user(w, n, &p("user")),
+    };
+    let cache = match f.get("cache") {
+        None => Some(DEFAULT_INTROSPECT_CACHE),
+        Some(n) => w.duration(n, &p("cache")),
+    };
+    let timeout = match f.get("timeout") {
+        None => Some(DEFAULT_INTROSPECT_TIMEOUT),
+        Some(n) => w.duration(n, &p("timeout")),
+    };
+    Some(super::Introspect {
+        path: asked?,
+        user: user?,
+        cache: cache?,
+        timeout: timeout?,
+    })
+}
+
+/// `user: { header: NAME }` or `user: { json: /pointer }`.
+fn introspect_user(w: &mut Walker, node: &Node, path: &str) -> Option<super::IntrospectUser> {
+    use super::IntrospectUser;
+    let f = w.mapping(node, path, INTROSPECT_USER)?;
+    match (f.get("header"), f.get("json")) {
+        (Some(_), Some(n)) => {
+            w.at(
+                n,
+                &format!("{path}.json"),
+                "header and json both name the user: keep one",
+            );
+            None
+        }
+        (None, None) => {
+            w.at(
+                node,
+                path,
+                "expected { header: X-User-Id } or { json: /user/id }",
+            );
+            None
+        }
+        (Some(n), None) => w.parse(n, &format!("{path}.header"), |s| {
+            token(s)
+                .then(|| IntrospectUser::Header(s.to_ascii_lowercase()))
+                .ok_or_else(|| format!("{s:?} is not a header name"))
+        }),
+        (None, Some(n)) => w.parse(n, &format!("{path}.json"), |s| {
+            json_pointer(s)
+                .then(|| IntrospectUser::Json(s.to_owned()))
+                .ok_or_else(|| {
+                    format!(
+                        "{s:?} is not a JSON pointer (RFC 6901): /user/id, each step after a /, ~0 for ~ and ~1 for /"
+                    )
+                })
+        }),
+    }
+}
+
+/// An RFC 6901 JSON pointer: empty (the whole document), or steps each
+/// after a `/`, in which `~` is only `~0` or `~1`.
+fn json_pointer(s: &str) -> bool {
+    if s.is_empty() {
+        return true;
+    }
+    s.starts_with('/')
+        && s.split('~')
+            .skip(1)
+            .all(|after| after.starts_with(['0', '1']))
 }
 
 /// `cors: { allow_origins: [https://shop.example] }`.

@@ -407,7 +407,7 @@ fn identity_problems() {
     assert_one(
         &id("  user: sid\n"),
         "3:3 identity.user:",
-        "unknown field; expected one of header, cookie, jwt, ip, any_of,",
+        "unknown field; expected one of header, cookie, jwt, introspect, ip, any_of,",
     );
     assert_one(
         &id("  header: IP\n"),
@@ -560,6 +560,123 @@ fn jwt_and_any_of_problems() {
         &[],
         "identity.any_of[0].header:",
         "ip: true",
+    );
+}
+
+#[test]
+fn an_introspect_identity_and_its_defaults() {
+    let c = ok(&format!(
+        "{UP}identity:\n  introspect:\n    path: /api/whoami?full=1\n    user: {{ header: X-User-Id }}\n    cache: 5m\n    timeout: 2s\n  required: true\n"
+    ));
+    assert_eq!(
+        c.identity.source,
+        IdentitySource::Introspect(Introspect {
+            path: "/api/whoami?full=1".into(),
+            user: IntrospectUser::Header("x-user-id".into()),
+            cache: Duration::from_secs(300),
+            timeout: Duration::from_secs(2),
+        })
+    );
+    assert!(c.identity.required);
+    let c = ok(&format!(
+        "{UP}identity: {{ any_of: [{{ cookie: sid }}, {{ introspect: {{ path: /me, user: {{ json: \"/a~1b/0\" }} }} }}] }}\n"
+    ));
+    let IdentitySource::AnyOf(list) = &c.identity.source else {
+        panic!("{:?}", c.identity.source)
+    };
+    assert_eq!(
+        list[1],
+        IdentitySource::Introspect(Introspect {
+            path: "/me".into(),
+            user: IntrospectUser::Json("/a~1b/0".into()),
+            cache: DEFAULT_INTROSPECT_CACHE,
+            timeout: DEFAULT_INTROSPECT_TIMEOUT,
+        })
+    );
+    // A route's own.
+    let r = route(
+        "    guard: idempotency\n    identity: { introspect: { path: /me, user: { json: /id } } }\n",
+    );
+    assert!(matches!(
+        r.identity.map(|i| i.source),
+        Some(IdentitySource::Introspect(_))
+    ));
+}
+
+#[test]
+fn introspect_problems_name_their_field() {
+    let id = |f: &str| format!("{UP}identity:\n  introspect: {f}\n");
+    for (block, prefix, message) in [
+        (
+            "{ path: /me, user: { json: /id }, ttl: 5s }",
+            "3:49 identity.introspect.ttl:",
+            "unknown field",
+        ),
+        (
+            "{ path: /me, user: { json: user/id } }",
+            "3:42 identity.introspect.user.json:",
+            "not a JSON pointer",
+        ),
+        (
+            "{ path: /me, user: { json: /a~2 } }",
+            "3:42 identity.introspect.user.json:",
+            "not a JSON pointer",
+        ),
+        (
+            "{ path: /me, user: { header: X User } }",
+            "3:44 identity.introspect.user.header:",
+            "not a header name",
+        ),
+        (
+            "{ path: /me, user: { header: X-U, json: /id } }",
+            "3:55 identity.introspect.user.json:",
+            "keep one",
+        ),
+        (
+            "{ path: /me, user: {} }",
+            "3:34 identity.introspect.user:",
+            "expected { header",
+        ),
+        (
+            "{ path: /me, user: { json: /id }, cache: 60 }",
+            "3:56 identity.introspect.cache:",
+            "no unit",
+        ),
+        (
+            "{ path: /me, user: { json: /id }, timeout: soon }",
+            "3:58 identity.introspect.timeout:",
+            "expected a duration",
+        ),
+        (
+            "{ path: /me, user: { json: /id }, timeout: 0s }",
+            "3:58 identity.introspect.timeout:",
+            "above zero",
+        ),
+        (
+            "{ path: whoami, user: { json: /id } }",
+            "3:23 identity.introspect.path:",
+            "expected a path",
+        ),
+        (
+            "{ path: \"/who ami\", user: { json: /id } }",
+            "3:23 identity.introspect.path:",
+            "expected a path",
+        ),
+        (
+            "{ user: { json: /id } }",
+            "3:15 identity.introspect:",
+            "missing path",
+        ),
+        ("{ path: /me }", "3:15 identity.introspect:", "missing user"),
+    ] {
+        assert_one(&id(block), prefix, message);
+    }
+    assert_one(
+        &format!(
+            "{UP}identity:\n  any_of:\n    - introspect: {{ path: /a, user: {{ json: /id }} }}\n    - introspect: {{ path: /b, user: {{ json: /id }} }}\n"
+        ),
+        "5:7 identity.any_of[1]:",
+        "a second introspect",
     );
 }
 

@@ -7,7 +7,7 @@
 //! | accept | `listen/` | a connection taken under `max_connections`, timed by its phase (`listen/timed.rs`), read by the lane (`listen/lane.rs`) or hyper |
 //! | read head | `head.rs` | what is refused from the head alone ([`not_forwarded`]), what is dropped before anything reads it ([`drop_nominated`], [`only_allowed_upgrades`]); the request id ([`dispatch`]) |
 //! | choose route | `route/` | the site (`hosts`: 421), the route on the normalized path or a refusal of a spelling that would pass a guard by ([`choose`]) |
-//! | identify | `identify/` | the caller, scoped by site, read by the route's layers |
+//! | identify | `identify/` | the backend asked who the caller is, on a route that reads the caller and whose identity is `introspect` ([`identify`]); the caller, scoped by site, read by the route's layers |
 //! | guard | `route/stack.rs` | the route's rate limit, then its guard (the library's layers) |
 //! | upstream | `upstream/` | the request forwarded, its answer brought back |
 //! | answer | [`finish`] | the outcome named, from what the answer carries (a problem, a replay, a fail-open) |
@@ -25,6 +25,7 @@ use crate::serve::cors::route_preflight;
 use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
 use crate::serve::identify::caller::with_peer;
+use crate::serve::identify::introspect::identify;
 use crate::serve::log::access;
 use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
 use crate::serve::reply::ForClient;
@@ -228,6 +229,11 @@ async fn route_phases(
     }
     let (res, decided_locally) = STORE_FAILED
         .scope(Cell::new(false), async {
+            // identify: a caller the backend names (`introspect`) is asked.
+            let req = match identify(&route.caller, req).await {
+                Ok(req) => req,
+                Err(refused) => return (refused, false),
+            };
             let res = match route.service.clone().oneshot(req).await {
                 Ok(res) => res,
                 Err(never) => match never {},

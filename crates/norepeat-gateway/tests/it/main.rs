@@ -18,6 +18,7 @@ mod cors;
 mod guards;
 mod idempotency;
 mod identity;
+mod introspect;
 mod lifecycle;
 mod never_panics;
 mod operator;

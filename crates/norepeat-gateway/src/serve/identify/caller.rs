@@ -1,13 +1,15 @@
 // Over 400 lines on purpose: every identity source and how its value is read (a header's credentials, a cookie as frameworks decode it, a JWT), each beside the tests of its spellings.
 //! Who the caller is: the file's `identity` (or a route's own): a header,
-//! one named cookie or a verified bearer JWT's claim (each hashed, with its
-//! kind), the first of several present (`any_of`), or the peer address
+//! one named cookie, a verified bearer JWT's claim or the user the backend
+//! names (`introspect`, asked in the identify phase: `introspect.rs`), each
+//! hashed with its kind, the first of several present (`any_of`), or the peer address
 //! (`X-Forwarded-For` believed only from `trusted_proxies`), read by the
 //! library's [`ByClientIp`], the one implementation of that walk.
 
-use crate::config::{Identity, IdentitySource, JwtKeys};
+use crate::config::{Identity, IdentitySource, JwtKeys, Upstream};
 use crate::jwt::{KeySet, Refused, Rules};
 use crate::serve::files::stat;
+use crate::serve::identify::introspect::{Introspected, Introspector};
 use arc_swap::ArcSwapOption;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
@@ -65,6 +67,23 @@ pub struct Caller {
     source: Arc<Source>,
     ip: Arc<ByClientIp>,
     required: bool,
+    /// What the identify phase does on the route: ask the backend (for
+    /// an `introspect` source), on a route that reads the caller.
+    asks: Asks,
+}
+
+/// Whether, and how, the identify phase asks the backend on a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asks {
+    /// The route reads the caller: no answer from the backend is the
+    /// client's 401 or 503.
+    Refusing,
+    /// A `shadow` route: no answer is no caller, which its layers count
+    /// and let through.
+    Observing,
+    /// Nothing of the route reads the caller (it only routes, or limits
+    /// by address): never asked.
+    Never,
 }
 
 /// A source of the caller, ready to read.
@@ -74,6 +93,10 @@ enum Source {
     Header(HeaderName),
     Cookie(String),
     Jwt(Bearer),
+    /// The user the backend named, asked in the identify phase; `None`
+    /// for a caller made without its upstream ([`Caller::new`]), which
+    /// cannot ask: its credentials name no one.
+    Introspect(Option<Arc<Introspector>>),
     AnyOf(Vec<Source>),
 }
 
@@ -90,7 +113,26 @@ enum Read {
 }
 
 impl Caller {
-    /// The caller of `identity`.
+    /// The caller of `identity`. An `introspect` source needs the route's
+    /// upstream, which the gateway gives it when it builds its routes:
+    /// here it asks no one, and a request with a `Cookie` or an
+    /// `Authorization` has no caller (one with neither is as one without
+    /// a source: the address, unless `required`).
+    ///
+    /// ```
+    /// use norepeat::identity::Identify;
+    /// use norepeat_gateway::config::Config;
+    /// use norepeat_gateway::serve::Caller;
+    ///
+    /// let config = Config::parse("g.yaml", b"
+    /// upstream: http://127.0.0.1:9000
+    /// identity: { introspect: { path: /whoami, user: { header: X-User-Id } } }
+    /// ")?;
+    /// let caller = Caller::new(&config.identity);
+    /// let req = http::Request::get("/").header("cookie", "session=abc").body(()).unwrap();
+    /// assert_eq!(caller.identify(&req.into_parts().0), None);
+    /// # Ok::<(), norepeat_gateway::config::Problems>(())
+    /// ```
     #[must_use]
     pub fn new(identity: &Identity) -> Self {
         let ip = identity
@@ -100,10 +142,66 @@ impl Caller {
                 ip.trust_net(net.network(), net.prefix_len())
             });
         Self {
-            source: Arc::new(Source::new(&identity.source)),
+            source: Arc::new(Source::new(&identity.source, None)),
             ip: Arc::new(ip),
             required: identity.required,
+            asks: Asks::Refusing,
         }
+    }
+
+    /// This caller on `route`: asked about only where a guard, or a rate
+    /// limit by identity, reads it; without refusing on a `shadow` route.
+    #[must_use]
+    pub(crate) fn on_route(mut self, route: &crate::config::Route) -> Self {
+        let reads = route.guard.is_some()
+            || route
+                .rate_limit
+                .is_some_and(|rl| rl.by == crate::config::LimitBy::Identity);
+        self.asks = match (reads, route.shadow) {
+            (false, _) => Asks::Never,
+            (true, true) => Asks::Observing,
+            (true, false) => Asks::Refusing,
+        };
+        self
+    }
+
+    /// What the identify phase does on this caller's route.
+    pub(crate) fn asks(&self) -> Asks {
+        self.asks
+    }
+
+    /// The caller of `identity` on a route whose upstream is `upstream`:
+    /// the one an `introspect` source asks.
+    #[must_use]
+    pub(crate) fn asking(identity: &Identity, upstream: &Upstream) -> Self {
+        Self {
+            source: Arc::new(Source::new(&identity.source, Some(upstream))),
+            ..Self::new(identity)
+        }
+    }
+
+    /// Whether the backend is asked who the caller is (`introspect`).
+    pub(crate) fn introspects(&self) -> bool {
+        self.source.introspects()
+    }
+
+    /// The introspection to run for the request in `parts` before its
+    /// layers read the caller: the `introspect` source, when reading the
+    /// sources in order reaches it (an `any_of` whose earlier source the
+    /// request carries never asks).
+    pub(crate) fn to_ask(&self, parts: &Parts) -> Option<&Introspector> {
+        let list = match &*self.source {
+            Source::AnyOf(list) => list.as_slice(),
+            one => std::slice::from_ref(one),
+        };
+        for s in list {
+            match s {
+                Source::Introspect(i) => return i.as_deref(),
+                other if other.read(parts, &self.ip) != Read::Absent => return None,
+                _ => {}
+            }
+        }
+        None
     }
 
     /// Whether the connection's peer is a trusted proxy, whose forwarding
@@ -153,7 +251,7 @@ impl Identify for Caller {
 }
 
 impl Source {
-    fn new(source: &IdentitySource) -> Self {
+    fn new(source: &IdentitySource, upstream: Option<&Upstream>) -> Self {
         match source {
             IdentitySource::PeerAddress => Source::Peer,
             // Checked by the file's parser: a header name.
@@ -162,7 +260,20 @@ impl Source {
             }
             IdentitySource::Cookie(name) => Source::Cookie(name.clone()),
             IdentitySource::Jwt(jwt) => Source::Jwt(Bearer::new(jwt)),
-            IdentitySource::AnyOf(list) => Source::AnyOf(list.iter().map(Source::new).collect()),
+            IdentitySource::Introspect(i) => {
+                Source::Introspect(upstream.map(|u| Arc::new(Introspector::new(i, u))))
+            }
+            IdentitySource::AnyOf(list) => {
+                Source::AnyOf(list.iter().map(|s| Source::new(s, upstream)).collect())
+            }
+        }
+    }
+
+    fn introspects(&self) -> bool {
+        match self {
+            Source::Introspect(_) => true,
+            Source::AnyOf(list) => list.iter().any(Source::introspects),
+            _ => false,
         }
     }
 
@@ -190,6 +301,18 @@ impl Source {
                 None => Read::Absent,
             },
             Source::Jwt(bearer) => bearer.read(&parts.headers),
+            Source::Introspect(_) => match parts.extensions.get::<Introspected>() {
+                Some(Introspected(Some(id))) => Read::Found(id.to_string()),
+                Some(Introspected(None)) => Read::Absent,
+                // Not asked (a request that did not go through the identify
+                // phase): a credential without a name is no caller.
+                None if parts.headers.contains_key(http::header::COOKIE)
+                    || parts.headers.contains_key(http::header::AUTHORIZATION) =>
+                {
+                    Read::Invalid
+                }
+                None => Read::Absent,
+            },
             Source::AnyOf(list) => list
                 .iter()
                 .map(|s| s.read(parts, ip))
@@ -208,6 +331,10 @@ impl Source {
                 "A bearer JWT (Authorization: Bearer ...) with a {} claim, whose signature verifies and that has not expired, is required.",
                 b.claim
             ),
+            Source::Introspect(_) => {
+                "A Cookie or an Authorization header that the backend names a user for is required."
+                    .to_owned()
+            }
             Source::AnyOf(list) => {
                 let each: Vec<String> = list.iter().map(Source::missing).collect();
                 format!("One of these is required. {}", each.join(" Or: "))
@@ -219,7 +346,7 @@ impl Source {
 /// `"{kind}:"` and the keyed hash of `parts`, NUL-separated (one part
 /// hashes as it is, the spelling of the release before `cookie` and `jwt`
 /// for a header, keeping its records).
-fn hashed(kind: &str, parts: &[&[u8]]) -> String {
+pub(super) fn hashed(kind: &str, parts: &[&[u8]]) -> String {
     let mut h = blake3::Hasher::new_keyed(KEY);
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {

@@ -169,7 +169,14 @@ async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     // One load: the CORS list and the signer of one configuration, even
     // across a reload.
     let live = gw.live.load_full();
-    let mut res = issue(&live, req);
+    // A caller the backend names is asked first (`introspect`).
+    let mut req = req;
+    crate::serve::identify::caller::with_peer(req.extensions_mut());
+    let asked = match live.tokens {
+        Some(_) => crate::serve::identify::introspect::identify(&live.caller, req).await,
+        None => Ok(req),
+    };
+    let mut res = asked.map_or_else(|refused| refused, |req| issue(&live, req));
     crate::serve::cors::allow(&live.cors, origin.as_ref(), res.headers_mut());
     res
 }

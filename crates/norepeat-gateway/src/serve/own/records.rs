@@ -122,6 +122,12 @@ pub(super) async fn record(
     if let Ok(h) = header::HeaderValue::from_str(host) {
         parts.headers.insert(header::HOST, h);
     }
+    // A caller the backend names is asked with the client's headers.
+    let asked = http::Request::from_parts(parts, Body::empty());
+    let parts = match crate::serve::identify::introspect::identify(route_caller, asked).await {
+        Ok(req) => req.into_parts().0,
+        Err(refused) => return refused,
+    };
     let Some(caller) = HostScoped::new(route_caller.clone())
         .site(live.site.clone())
         .identify(&parts)

@@ -90,7 +90,7 @@ impl Routes {
         (detached, stopping): (&DetachedTasks, &CancellationToken),
         tokens: Option<(TokenGuard<SharedStore>, TokenGuard<SharedStore>)>,
     ) -> Result<Self, StoreError> {
-        let caller = Caller::new(&config.identity);
+        let caller = Caller::asking(&config.identity, &config.upstream);
         let wants_tokens = config
             .routes
             .iter()
@@ -140,11 +140,16 @@ impl Routes {
                     OnStoreFailure::Open => tokens.as_ref(),
                     OnStoreFailure::Closed => closed_tokens.as_ref(),
                 };
-                // A route's own identity, else the file's.
-                let caller = r
-                    .identity
-                    .as_ref()
-                    .map_or_else(|| caller.clone(), Caller::new);
+                // A route's own identity, else the file's (asking the
+                // route's upstream, when the backend names the caller).
+                let caller = match &r.identity {
+                    Some(own) => Caller::asking(own, &r.upstream),
+                    None if caller.introspects() && r.upstream != config.upstream => {
+                        Caller::asking(&config.identity, &r.upstream)
+                    }
+                    None => caller.clone(),
+                }
+                .on_route(r);
                 let (service, records) = stack(
                     r,
                     // A guard that keeps answers keeps them in `records`
