@@ -31,6 +31,11 @@ use tracing_subscriber::registry::LookupSpan;
 /// The library's modules whose warnings and errors report a store failure
 /// and what was done about it: the failure policy's decision, the
 /// breaker, a token use or a key that could not be given back.
+///
+/// ```
+/// use norepeat_shop::commands::storm::FAULT_TARGETS;
+/// assert!(FAULT_TARGETS.contains(&"norepeat::degrade"));
+/// ```
 pub const FAULT_TARGETS: [&str; 4] = [
     "norepeat::degrade",
     "norepeat::store::breaker",
@@ -83,6 +88,15 @@ impl InjectedFaults {
     }
 
     /// Whether an injected outage is under way.
+    ///
+    /// ```
+    /// use norepeat_shop::commands::storm::InjectedFaults;
+    /// let faults = InjectedFaults::default();
+    /// faults.begin();
+    /// assert!(faults.injecting());
+    /// faults.end();
+    /// assert!(!faults.injecting());
+    /// ```
     #[must_use]
     pub fn injecting(&self) -> bool {
         self.on.load(Ordering::SeqCst)
@@ -143,6 +157,17 @@ fn is_fault_target(target: &str) -> bool {
 
 /// Lets through every line but those of an injected outage (see
 /// [`InjectedFaults::hidden`]).
+///
+/// ```
+/// use norepeat_shop::commands::storm::InjectedFaults;
+/// use tracing_subscriber::layer::SubscriberExt;
+/// use tracing_subscriber::{Layer, Registry};
+///
+/// let faults = InjectedFaults::default();
+/// // The printing layer prints everything but the injected outages' lines.
+/// let printing = tracing_subscriber::fmt::layer().with_filter(faults.hidden());
+/// let _subscriber = Registry::default().with(printing);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Hidden(InjectedFaults);
 
