@@ -2,9 +2,13 @@
 
 use clap::{Parser, Subcommand};
 use norepeat_shop::commands;
+use norepeat_shop::commands::storm::InjectedFaults;
 use norepeat_shop::config::ShopConfig;
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use tracing_subscriber::filter::FilterExt as _;
+use tracing_subscriber::layer::{Layer as _, SubscriberExt as _};
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// mimalloc rather than glibc's malloc: on the 2-core bench machine the
 /// HTTP rows ran about a third faster, both with and without the guard, and
@@ -86,20 +90,24 @@ impl LogFormat {
 
 /// Installs the global subscriber: logs go to stderr (stdout stays for the
 /// commands' output), filtered by `RUST_LOG` (default `warn,norepeat=info`).
-fn init_logging(format: LogFormat) {
+/// With `faults` (the storm), the lines of the outages it injects are
+/// counted there instead of printed.
+fn init_logging(format: LogFormat, faults: Option<&InjectedFaults>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "warn,norepeat=info".into());
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => fmt.json().with_ansi(false).init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Json => fmt.json().with_ansi(false).boxed(),
         LogFormat::Text => {
             let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
             fmt.with_ansi(std::io::stderr().is_terminal() && !no_color)
-                .init();
+                .boxed()
         }
-    }
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter.and(faults.map(InjectedFaults::hidden))))
+        .with(faults.map(InjectedFaults::counter))
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -110,8 +118,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(format);
     let cli = Cli::parse();
+    let faults = matches!(cli.command, Some(Command::Storm(_))).then(InjectedFaults::default);
+    init_logging(format, faults.as_ref());
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -131,7 +140,8 @@ fn main() -> ExitCode {
             }
             Some(Command::Storm(args)) => {
                 let json = args.json;
-                let (rows, clean) = commands::storm::run(args)
+                let faults = faults.unwrap_or_default();
+                let (rows, clean) = commands::storm::run(args, &faults)
                     .await
                     .map_err(|e| e.to_string())?;
                 if json {

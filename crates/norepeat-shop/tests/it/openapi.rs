@@ -77,3 +77,71 @@ async fn an_undocumented_method_on_orders_is_405_not_a_token_problem() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
+
+/// The value of attribute `attr` in the page's tag with `id="{id}"`.
+fn attribute(page: &str, id: &str, attr: &str) -> String {
+    let at = page
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element with id {id} on the page"));
+    let start = page[..at].rfind('<').unwrap();
+    let end = at + page[at..].find('>').unwrap();
+    let tag = &page[start..end];
+    let (_, rest) = tag
+        .split_once(&format!(" {attr}=\""))
+        .unwrap_or_else(|| panic!("{tag}: no {attr}"));
+    rest.split('"').next().unwrap().to_owned()
+}
+
+/// The page's order form takes what the API takes, no more and no less: a
+/// business id the page cut at 64 characters was one the API accepts (128).
+#[tokio::test]
+async fn the_pages_form_has_the_apis_limits() {
+    let s = shop().await;
+    let get = |uri: &'static str| {
+        let app = s.app.clone();
+        async move {
+            let res = app
+                .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{uri}");
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(body.to_vec()).unwrap()
+        }
+    };
+    let page = get("/").await;
+    let doc: Value = serde_json::from_str(&get("/openapi.json").await).unwrap();
+
+    let order = &doc["components"]["schemas"]["OrderRequest"]["properties"];
+    assert_eq!(
+        attribute(&page, "biz-id", "maxlength"),
+        order["bizId"]["maxLength"].to_string(),
+        "business id"
+    );
+    assert_eq!(
+        attribute(&page, "quantity", "min"),
+        order["quantity"]["minimum"].to_string(),
+        "quantity"
+    );
+    assert_eq!(
+        attribute(&page, "quantity", "max"),
+        order["quantity"]["maximum"].to_string(),
+        "quantity"
+    );
+
+    let user = doc["paths"]["/orders"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "X-User-Id")
+        .unwrap();
+    let max = user["schema"]["maxLength"].to_string();
+    assert_eq!(attribute(&page, "user-id", "maxlength"), max, "user id");
+    // The page checks the user id before it sends one: the same visible
+    // ASCII (`!` to `~`), the same lengths.
+    assert_eq!(user["schema"]["pattern"], format!("^[!-~]{{1,{max}}}$"));
+    assert!(
+        page.contains(&format!("const USER_ID = /^[\\x21-\\x7e]{{1,{max}}}$/;")),
+        "the page's user id check"
+    );
+}

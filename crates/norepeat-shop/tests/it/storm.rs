@@ -10,10 +10,19 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_norepeat");
 
 fn storm(extra: &[&str], env: &[(&str, String)]) -> (bool, Value) {
+    let (ok, json, _) = storm_logged(extra, env);
+    (ok, json)
+}
+
+/// [`storm`], and its log lines (JSON) on stderr.
+fn storm_logged(extra: &[&str], env: &[(&str, String)]) -> (bool, Value, Vec<Value>) {
     let mut cmd = std::process::Command::new(BIN);
     cmd.args(["storm", "--json", "--requests", "60"])
         .args(extra);
-    cmd.env_remove("REDIS_URL").env_remove("DATABASE_URL");
+    cmd.env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .env("NOREPEAT_LOG_FORMAT", "json");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -21,7 +30,39 @@ fn storm(extra: &[&str], env: &[(&str, String)]) -> (bool, Value) {
     let stdout = String::from_utf8(out.stdout).unwrap();
     let json: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {stdout}"));
-    (out.status.success(), json)
+    let logs = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (out.status.success(), json, logs)
+}
+
+/// A successful storm logs no warning or error for the outages it injects
+/// on purpose (it printed some 300 beside exit 0): one info line counts
+/// them, how many of each.
+fn check_logs(logs: &[Value]) {
+    let loud: Vec<&Value> = logs
+        .iter()
+        .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+        .collect();
+    assert!(
+        loud.is_empty(),
+        "{} warnings or errors: {loud:?}",
+        loud.len()
+    );
+    let summaries: Vec<&str> = logs
+        .iter()
+        .filter(|l| l["level"] == "INFO")
+        .filter_map(|l| l["fields"]["message"].as_str())
+        .filter(|m| m.starts_with("the store outages the storm injected logged"))
+        .collect();
+    assert_eq!(summaries.len(), 1, "{logs:?}");
+    for line in [
+        "WARN norepeat::degrade \"store failed: admitting (fail-open)\"",
+        "ERROR norepeat::store::breaker \"circuit breaker opened",
+    ] {
+        assert!(summaries[0].contains(line), "{line} in {}", summaries[0]);
+    }
 }
 
 /// Checks the rows of a run of `defences` defences (naive among them).
@@ -87,10 +128,11 @@ fn check(json: &Value, defences: usize) {
 
 #[test]
 fn storm_on_embedded_defaults() {
-    let (ok, json) = storm(&[], &[]);
+    let (ok, json, logs) = storm_logged(&[], &[]);
     // No Redis: the gateway rows are left out.
     check(&json, 4);
     assert!(ok, "exit status must be 0 when every defended row is clean");
+    check_logs(&logs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,10 +43,11 @@
 //! arrive), `harness` (a row's context, timed requests and deliveries, the
 //! driver), `shops` (the shops, their database, the damage counted back),
 //! `gateway` (the gateway processes' file; the processes are the test kit's `GatewayProcess`), `report` (rows and
-//! table), `error`.
+//! table), `faults` (the injected outages' log lines, counted), `error`.
 
 mod args;
 mod error;
+mod faults;
 mod gateway;
 mod harness;
 mod report;
@@ -55,6 +56,7 @@ mod shops;
 
 pub use args::StormArgs;
 pub use error::StormError;
+pub use faults::{FAULT_TARGETS, Hidden, InjectedFaults};
 pub use report::{Row, table};
 
 use crate::config::Defence;
@@ -139,10 +141,12 @@ fn setups(args: &StormArgs) -> Result<Vec<Setup>, StormError> {
 }
 
 /// Runs the storm; returns the rows and whether every defended row is clean.
+/// The store outages it injects are announced to `faults`; at the end, one
+/// info line says what they logged (see [`InjectedFaults`]).
 ///
 /// # Errors
 /// When shops cannot be started or the database cannot be read.
-pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
+pub async fn run(args: StormArgs, faults: &InjectedFaults) -> Result<(Vec<Row>, bool), StormError> {
     let run_id: u32 = rand::random_range(0..1_000_000);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
@@ -202,9 +206,14 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
             shops
                 .stock(&http, &ctx.sku, logical as i64, args.admin_token.as_deref())
                 .await?;
-            let samples = drive(scenario, &ctx, &shops).await;
+            let samples = drive(scenario, &ctx, &shops, faults).await;
             shops.set_outage(false);
             let counts = shops.count(&http, &ctx).await?;
+            // An outage lasts, for its log, until the breakers it opened
+            // have closed: their closing is its doing too.
+            if shops.breakers_closed() {
+                faults.end();
+            }
             rows.push(report::row(
                 scenario,
                 defence.name(),
@@ -214,8 +223,14 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
             ));
         }
         shops.stop().await;
+        faults.end();
     }
     bar.finish_and_clear();
+    if let Some(summary) = faults.summary() {
+        tracing::info!(
+            "the store outages the storm injected logged, counted instead of printed: {summary}"
+        );
+    }
     let clean = rows
         .iter()
         .filter(|r| r.defence != "naive")
@@ -225,9 +240,15 @@ pub async fn run(args: StormArgs) -> Result<(Vec<Row>, bool), StormError> {
 
 /// Sends a row's logical orders, half a millisecond apart, and collects
 /// every sample (taking the store down when the scenario says).
-async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<Sample> {
+async fn drive(
+    scenario: &'static str,
+    ctx: &Arc<RowCtx>,
+    shops: &Shops,
+    faults: &InjectedFaults,
+) -> Vec<Sample> {
     let half = ctx.logical / 2;
     if scenario == "token-outage" {
+        faults.begin();
         shops.set_outage(true);
     }
     let mut tasks = Vec::new();
@@ -235,6 +256,7 @@ async fn drive(scenario: &'static str, ctx: &Arc<RowCtx>, shops: &Shops) -> Vec<
         if scenario == "store-outage" && i == half {
             // Let the first half land, then the store dies mid-storm.
             tokio::time::sleep(Duration::from_millis(50)).await;
+            faults.begin();
             shops.set_outage(true);
         }
         let ctx = Arc::clone(ctx);

@@ -11,7 +11,7 @@ use crate::commands::serve::InProcess;
 use crate::config::{Defence, ShopConfig};
 use crate::db::Db;
 use crate::events::Events;
-use norepeat::store::AnyStore;
+use norepeat::store::{AnyStore, BreakerState};
 use norepeat_testkit::{GatewayProcess, gateway_binary};
 use serde_json::{Value, json};
 
@@ -180,6 +180,14 @@ impl Shops {
         for r in &self.running {
             r.state.outage.set_down(down);
         }
+    }
+
+    /// Whether every instance's store breaker is closed (none of them has
+    /// an outage left to recover from).
+    pub(super) fn breakers_closed(&self) -> bool {
+        self.running
+            .iter()
+            .all(|r| r.state.primary.circuit().state() == BreakerState::Closed)
     }
 
     /// Orders, duplicates and units of the row, read back from the database.
