@@ -208,7 +208,12 @@ pub struct IdempotencyLayer<G> {
     shadow: bool,
     /// Asked what became of an unknown outcome.
     reconciler: Option<Arc<dyn Reconcile>>,
+    /// The key taken from the request itself, not `Idempotency-Key`.
+    key_from: Option<KeyFrom>,
 }
+
+/// A key taken from a request's head and body ([`IdempotencyLayer::key_from`]).
+type KeyFrom = Arc<dyn Fn(&http::request::Parts, &Bytes) -> Option<String> + Send + Sync>;
 
 impl<G> std::fmt::Debug for IdempotencyLayer<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -259,6 +264,7 @@ impl<G: Clone> IdempotencyLayer<G> {
             slots: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             shadow: false,
             reconciler: None,
+            key_from: None,
         }
     }
 
@@ -410,6 +416,33 @@ impl<G: Clone> IdempotencyLayer<G> {
     /// ```
     pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
         self.guard.abandoned = abandoned;
+        self
+    }
+
+    /// Takes each request's key from the request itself instead of the
+    /// `Idempotency-Key` header: `key` gets its head and its body (read
+    /// under [`max_request_body`](Self::max_request_body)) and gives the
+    /// key, or `None` (the request goes on unguarded). So a repeat of a
+    /// form the client cannot give a key gets the first answer: keyed by
+    /// its one-time token, or by its content (a hash of the fields that
+    /// name the operation). The key is scoped by caller, method and path
+    /// as a client's is.
+    ///
+    /// ```
+    /// use norepeat::idempotency::IdempotencyLayer;
+    /// use norepeat::store::MemoryStore;
+    /// // The order form's own number: a second click gets the first order.
+    /// let layer = IdempotencyLayer::new(MemoryStore::default()).key_from(|_head, body| {
+    ///     let form = std::str::from_utf8(body).ok()?;
+    ///     form.split('&').find_map(|f| f.strip_prefix("formId=")).map(str::to_owned)
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn key_from(
+        mut self,
+        key: impl Fn(&http::request::Parts, &Bytes) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key_from = Some(Arc::new(key));
         self
     }
 
@@ -748,8 +781,10 @@ where
         .await;
     };
     let user = user.as_str();
-    let client_key = match client_key(&parts.headers) {
-        Ok(Some(k)) => k,
+    let header_key = match client_key(&parts.headers) {
+        // The key is the request's own (`key_from`): read with its body.
+        _ if cfg.key_from.is_some() => None,
+        Ok(Some(k)) => Some(k),
         Ok(None) if cfg.required => {
             let p = Problem::new(Code::MissingIdempotencyKey).detail(
                 "This operation needs an Idempotency-Key header; send a new random key (a UUID) per operation, and the same one on every retry of it.",
@@ -774,6 +809,13 @@ where
         Ok(b) => b,
         // Nothing left to hand on, even in shadow mode.
         Err(e) => return Ok(reject(&Problem::from(e))),
+    };
+    let derived = cfg.key_from.as_ref().and_then(|from| from(&parts, &bytes));
+    let Some(client_key) = derived.as_deref().or(header_key) else {
+        // No key of the request's own: it goes on unguarded, as a request
+        // without a key under `required(false)`.
+        let req = Request::from_parts(parts, ReqBody::from(bytes));
+        return Ok(pass(inner.call(req).await?));
     };
     // The scope and the fingerprint take the concrete path: `/orders/1/pay`
     // and `/orders/2/pay` are different resources. The template is a label.

@@ -98,7 +98,7 @@
 //! | same key, other request | 422 `idempotency_key_mismatch` | an `idempotency_error` (compares incoming parameters) | 422 |
 //! | same key, still running | 409 with `Retry-After`, or a bounded wait and the replay | 409 conflict, nothing saved | 409 |
 //! | what is replayed | status, allow-listed headers, body byte for byte, `Idempotent-Replayed: true` | status code and body | the stored response |
-//! | which responses are stored | configurable: 2xx and request-describing 4xx, not 401, 403, 404, 408, 409, 413 or 429 (default); all; or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
+//! | which responses are stored | configurable: 2xx, 3xx and request-describing 4xx, not 401, 403, 404, 408, 409, 413 or 429 (default); all; or 2xx only | everything once the endpoint began, 500s included ([`StorePolicy::All`]) | left to the server |
 //! | retention | 24 h default, configurable | keys may be pruned after at least 24 h | expiry policy is the server's, and should be published |
 //! | scope | caller + method + concrete path + key | account + key | the resource |
 //! | lost claim (slow or dead owner) | lease with renewal; a dead owner's claim is an unknown outcome (409), or taken over as attempt 2 with [`Abandoned::Retry`] (the handler is told its [`Attempt`]); a stale completion is fenced out | not documented | not specified |

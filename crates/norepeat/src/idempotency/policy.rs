@@ -12,13 +12,14 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum StorePolicy {
-    /// 2xx, and the 4xx that describe the request itself (400, 422, 410,
-    /// ...). Not 401, 403, 404, 408, 409, 413 or 429: nothing happened, and
+    /// 2xx, 3xx (a form's `303 See Other` to the order it made: the
+    /// request was handled), and the 4xx that describe the request itself
+    /// (400, 422, 410, ...). Not 401, 403, 404, 408, 409, 413 or 429: nothing happened, and
     /// the answer describes the caller or a moment (a login, a missing
     /// resource, a lock, a size limit, a rate), not an effect; it may well
     /// change on retry, and a client sending fresh keys must not pile up a
     /// day's record for each (a 404 per unknown id at 5k requests/s is
-    /// gigabytes an hour). No 1xx, 3xx or 5xx.
+    /// gigabytes an hour). No 1xx or 5xx.
     #[default]
     Default,
     /// Every response once the handler has started, 5xx included: Stripe's
@@ -37,6 +38,7 @@ impl StorePolicy {
             StorePolicy::SuccessOnly => status.is_success(),
             StorePolicy::Default => {
                 status.is_success()
+                    || status.is_redirection()
                     || (status.is_client_error()
                         && !matches!(status.as_u16(), 401 | 403 | 404 | 408 | 409 | 413 | 429))
             }
@@ -166,10 +168,10 @@ mod tests {
     #[test]
     fn default_policy_stores_what_describes_the_request() {
         let p = StorePolicy::Default;
-        for s in [200, 201, 204, 400, 410, 422] {
+        for s in [200, 201, 204, 302, 303, 400, 410, 422] {
             assert!(p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
-        for s in [101, 302, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503] {
+        for s in [101, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503] {
             assert!(!p.stores(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         assert!(StorePolicy::All.stores(StatusCode::INTERNAL_SERVER_ERROR));

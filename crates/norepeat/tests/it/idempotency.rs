@@ -240,6 +240,7 @@ every_store!(
     a_key_compares_the_whole_body,
     an_unknown_outcome_is_kept_refused_and_cleared_by_an_operator,
     an_unknown_outcome_is_reconciled_by_the_applications_lookup,
+    a_key_from_the_form_replays_the_303_to_the_second_click,
 );
 
 each_store!(
@@ -1305,4 +1306,42 @@ async fn an_unknown_outcome_is_reconciled_by_the_applications_lookup<G: KeyValue
         assert_eq!(unknown.code(), "idempotency_outcome_unknown");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+/// `key_from`: a form with no `Idempotency-Key`, keyed by a field of its
+/// own; its answer, a 303 to the order (stored: the request was handled),
+/// is replayed to the second click, and a form without the field goes on
+/// unguarded. Before: 3xx was not stored, the key was released and the
+/// second click ran the handler again.
+async fn a_key_from_the_form_replays_the_303_to_the_second_click<G: KeyValueStore + Clone>(
+    store: G,
+) {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store).key_from(|_head, body| {
+        let form = std::str::from_utf8(body).ok()?;
+        form.split('&')
+            .find_map(|f| f.strip_prefix("formId="))
+            .map(str::to_owned)
+    });
+    let app = app(layer, &runs);
+    let click = |body: &'static str| {
+        Request::post("/payments")
+            .header("x-user-id", "u1")
+            .header("x-status", "303")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let first = send(&app, click("formId=f1&sku=A")).await;
+    assert_eq!(first.status, StatusCode::SEE_OTHER);
+    let second = send(&app, click("formId=f1&sku=A")).await;
+    assert_eq!(second.status, StatusCode::SEE_OTHER);
+    assert_eq!(second.headers["location"], first.headers["location"]);
+    assert_eq!(second.headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        send(&app, click("sku=A")).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "no key: unguarded");
 }
