@@ -145,7 +145,21 @@ impl Fingerprinter {
     /// [`InvalidJson`], which the layers answer 400); one that only looks
     /// like JSON and does not parse is hashed as bytes. `path` is the
     /// concrete request path.
-    pub(crate) fn fingerprint_http(
+    ///
+    /// ```
+    /// use norepeat::fingerprint::Fingerprinter;
+    /// let req = http::Request::post("/orders").body(()).unwrap();
+    /// let (head, ()) = req.into_parts();
+    /// let f = Fingerprinter::default();
+    /// let a = f.fingerprint_http("u1", &head, "/orders", br#"{"sku":"A","traceId":"1"}"#).unwrap();
+    /// let b = f.fingerprint_http("u1", &head, "/orders", br#"{"traceId":"2","sku":"A"}"#).unwrap();
+    /// assert_eq!(a, b);
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidJson`]: the content type says JSON and the body does not
+    /// parse.
+    pub fn fingerprint_http(
         &self,
         user: &str,
         parts: &http::request::Parts,

@@ -74,6 +74,8 @@
 //! | `routes[].required` (idempotency) | `true` |
 //! | `routes[].retention` (idempotency) | `24h` |
 //! | `routes[].ambiguous` (idempotency) | `keep` |
+//! | `routes[].on_repeat` (token, fingerprint) | `refuse`: a repeat gets 409 |
+//! | `routes[].wait` (`on_repeat: replay`) | `5s` |
 //! | `routes[].reconcile` (idempotency) | none: an unknown outcome stays unknown (409) until its record ends or an operator clears it |
 //! | `routes[].max_request_body` | `64KiB` |
 //! | `routes[].max_stored_response` | `1MiB` |
@@ -363,6 +365,10 @@ pub struct Route {
     /// The route's own `identity` (its `trusted_proxies` are the file's);
     /// `None` takes the file's.
     pub identity: Option<Identity>,
+    /// `on_repeat: replay` on a token or fingerprint route: a repeat gets
+    /// the first answer, waiting up to this long (`wait`) while the first
+    /// is still at the backend; `None` (`refuse`, the default): 409.
+    pub on_repeat: Option<Duration>,
 }
 
 /// `guard:` and the fields that belong to it.

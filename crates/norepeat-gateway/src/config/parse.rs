@@ -72,6 +72,8 @@ const ROUTE: &[&str] = &[
     "timeout",
     "identity",
     "reconcile",
+    "on_repeat",
+    "wait",
 ];
 const IDENTITY: &[&str] = &[
     "header",
@@ -924,6 +926,7 @@ fn route(
         }
         Some(n) => identity(w, n, &p("identity"), ctx, true).map(Some),
     };
+    let on_repeat = on_repeat(w, &f, path, named.as_deref());
     let (guard, rate_limit, identity) = (guard?, rate_limit?, identity?);
     if routing_only && f.get("upstream").is_none() {
         return None;
@@ -941,7 +944,46 @@ fn route(
         max_stored_response: max_stored_response?,
         timeout: timeout?,
         identity,
+        on_repeat: on_repeat?,
     })
+}
+
+/// `on_repeat: refuse | replay` (token and fingerprint routes) and its
+/// `wait` (replay only, default 5 s): `Some(wait)` to replay.
+fn on_repeat(
+    w: &mut Walker,
+    f: &Fields,
+    path: &str,
+    guard: Option<&str>,
+) -> Option<Option<Duration>> {
+    let p = |field: &str| format!("{path}.{field}");
+    let replay = match f.get("on_repeat") {
+        None => false,
+        Some(n) => {
+            let replay = w.parse(n, &p("on_repeat"), |s| match s {
+                "refuse" => Ok(false),
+                "replay" => Ok(true),
+                _ => Err(format!("expected refuse or replay, not {s:?}")),
+            })?;
+            if !matches!(guard, Some("token" | "fingerprint")) {
+                w.at(
+                    n,
+                    &p("on_repeat"),
+                    "only a token or fingerprint route has on_repeat (an idempotency route always replays)",
+                );
+                return None;
+            }
+            replay
+        }
+    };
+    match f.get("wait") {
+        Some(n) if !replay => {
+            w.at(n, &p("wait"), "only a route with on_repeat: replay waits");
+            None
+        }
+        Some(n) => w.duration(n, &p("wait")).map(Some),
+        None => Some(replay.then_some(DEFAULT_REPEAT_WAIT)),
+    }
 }
 
 /// A route field's value: `default` when it is absent, `None` when it is
@@ -1614,6 +1656,10 @@ fn host_port(s: &str, port_optional: bool) -> Result<(), String> {
         None => Err(format!("{s:?} has no port")),
     }
 }
+
+/// How long a repeat on an `on_repeat: replay` route waits for the first
+/// request's answer.
+const DEFAULT_REPEAT_WAIT: Duration = Duration::from_secs(5);
 
 /// `reconcile: { lookup: "GET /path/{key}" }`: a GET (a lookup changes
 /// nothing), an absolute path holding `{key}` once and no other `{`.

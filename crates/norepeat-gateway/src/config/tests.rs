@@ -201,6 +201,36 @@ fn a_reconcile_lookup_is_a_get_of_a_path_with_the_key() {
 }
 
 #[test]
+fn on_repeat_replays_on_token_and_fingerprint_routes_only() {
+    assert_eq!(route("    guard: fingerprint\n").on_repeat, None);
+    let r = route("    guard: fingerprint\n    on_repeat: replay\n");
+    assert_eq!(r.on_repeat, Some(Duration::from_secs(5)));
+    let r = route("    guard: token\n    on_repeat: replay\n    wait: 2s\n");
+    assert_eq!(r.on_repeat, Some(Duration::from_secs(2)));
+    assert_eq!(
+        route("    guard: token\n    on_repeat: refuse\n").on_repeat,
+        None
+    );
+    for (fields, says) in [
+        (
+            "guard: idempotency\n    on_repeat: replay",
+            "only a token or fingerprint route",
+        ),
+        (
+            "guard: token\n    on_repeat: again",
+            "expected refuse or replay",
+        ),
+        (
+            "guard: token\n    wait: 2s",
+            "only a route with on_repeat: replay waits",
+        ),
+    ] {
+        let got = bad(&one_route(&format!("    {fields}\n")));
+        assert!(got.iter().any(|p| p.contains(says)), "{fields}: {got:?}");
+    }
+}
+
+#[test]
 fn route_overrides() {
     let r = route(
         "    guard: token\n    shadow: true\n    upstream: http://10.0.0.2:8000/base/\n    on_store_failure: closed\n    max_request_body: 1MiB\n    max_stored_response: 4096\n    timeout: 2s\n",

@@ -21,6 +21,7 @@ mod identity;
 mod introspect;
 mod lifecycle;
 mod never_panics;
+mod on_repeat;
 mod operator;
 mod passthrough;
 mod reconcile;

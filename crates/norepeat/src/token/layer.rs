@@ -382,6 +382,22 @@ fn token_of(parts: &Parts) -> Option<String> {
     })
 }
 
+/// The token a request presents, wherever [`TokenLayer`] with
+/// [`form_field`](TokenLayer::form_field) looks: `Repeat-Token`, the
+/// `repeatToken` query parameter, or a `repeatToken` field of a form
+/// `body`. For keying something else by it (a stored answer replayed to a
+/// second click).
+///
+/// ```
+/// let req = http::Request::post("/orders?repeatToken=t1").body(()).unwrap();
+/// let (head, ()) = req.into_parts();
+/// assert_eq!(norepeat::token::presented(&head, b"").as_deref(), Some("t1"));
+/// ```
+#[must_use]
+pub fn presented(parts: &Parts, body: &[u8]) -> Option<String> {
+    token_of(parts).or_else(|| is_form(&parts.headers).then(|| form_token(body)).flatten())
+}
+
 /// Whether the body is a form (`application/x-www-form-urlencoded`,
 /// parameters allowed).
 fn is_form(headers: &http::HeaderMap) -> bool {

@@ -57,7 +57,7 @@ mod layer;
 
 pub use crate::middleware::ResponseBody;
 pub use guard::{TokenGuard, TokenGuardError};
-pub use layer::{NotReached, Token, TokenLayer};
+pub use layer::{NotReached, Token, TokenLayer, presented};
 
 const VERSION: u8 = 1;
 const NONCE: usize = 12;

@@ -63,6 +63,7 @@ pub(crate) fn stack(
     scoped: &HostScoped,
     (detached, stopping): (&DetachedTasks, &CancellationToken),
     tokens: Option<&TokenGuard<SharedStore>>,
+    token_ttl: Duration,
     metrics: &Arc<RouteMetrics>,
 ) -> (RouteService, Option<IdempotencyLayer<SharedStore>>) {
     let caller = scoped.caller();
@@ -188,6 +189,45 @@ pub(crate) fn stack(
             boxed(layer.layer(base))
         }
     };
+    // `on_repeat: replay`: the first answer kept under the token (for its
+    // life) or the fingerprint (for the window), replayed to a repeat.
+    let guarded = match (route.on_repeat, &route.guard) {
+        (Some(wait), Some(Guard::Token)) => {
+            let layer = replaying(route, store, &name, (wait, token_ttl))
+                .identity(caller.clone())
+                .key_from(|head, body| norepeat::token::presented(head, body));
+            boxed(
+                layer
+                    .layer(guarded)
+                    .map_response(|r| in_use_is_duplicate(r.map(Body::new))),
+            )
+        }
+        (
+            Some(wait),
+            Some(Guard::Fingerprint {
+                window,
+                ignore_fields,
+            }),
+        ) => {
+            let same = Fingerprinter::ignoring(ignore_fields.iter().cloned());
+            let keyed = same.clone();
+            let layer = replaying(route, store, &name, (wait, *window))
+                .identity(scoped.clone())
+                .fingerprinter(same)
+                .key_from(move |head, body| {
+                    let fp = keyed
+                        .fingerprint_http("", head, head.uri.path(), body)
+                        .ok()?;
+                    Some(hex::encode(&fp.0[..16]))
+                });
+            boxed(
+                layer
+                    .layer(guarded)
+                    .map_response(|r| in_use_is_duplicate(r.map(Body::new))),
+            )
+        }
+        _ => guarded,
+    };
     let Some(rl) = route.rate_limit else {
         return (guarded, records);
     };
@@ -203,6 +243,44 @@ pub(crate) fn stack(
         boxed(layer.route(name).shadow(route.shadow).layer(guarded)),
         records,
     )
+}
+
+/// The layer that keeps a token or fingerprint route's first answer for
+/// `life` and replays it to a repeat (`on_repeat: replay`), a repeat that
+/// comes while the first is at the backend waiting up to `wait`. No key of
+/// the request's own (no token): it goes on to the guard, which answers.
+fn replaying(
+    route: &Route,
+    store: &SharedStore,
+    name: &str,
+    (wait, life): (Duration, Duration),
+) -> IdempotencyLayer<SharedStore> {
+    IdempotencyLayer::new(store.clone())
+        .required(false)
+        .retention(life)
+        .wait_for_result(wait)
+        .max_body(usize::try_from(route.max_stored_response).unwrap_or(usize::MAX))
+        .max_request_body(usize::try_from(route.max_request_body).unwrap_or(usize::MAX))
+        .on_store_failure(policy(route.on_store_failure))
+        .route(name.to_owned())
+        .stored_headers(StoredHeaders::AllButHopByHop)
+        .shadow(route.shadow)
+}
+
+/// A repeat still waiting when its `wait` ran out is refused as `refuse`
+/// refuses it: 409 `duplicate_submission`.
+fn in_use_is_duplicate(res: Response<Body>) -> Response<Body> {
+    let in_use = res
+        .extensions()
+        .get::<Problem>()
+        .is_some_and(|p| p.code == Code::IdempotencyKeyInUse);
+    if !in_use {
+        return res;
+    }
+    let p = Problem::new(Code::DuplicateSubmission)
+        .detail("The same submission is still being processed; retry shortly to get its answer.")
+        .retry_after_secs(1);
+    p.to_response().map(Body::new)
 }
 
 /// The innermost stage of a route: the upstream, its timeout, its metric.

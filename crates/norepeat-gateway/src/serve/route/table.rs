@@ -161,6 +161,7 @@ impl Routes {
                     &HostScoped::new(caller.clone()).site(site.clone()),
                     (detached, stopping),
                     tokens,
+                    config.token_ttl,
                     &metrics,
                 );
                 Compiled {
