@@ -10,7 +10,9 @@ same head and 11 bytes, then the connection closed). GET /effects answers
 the counters (`lookups`: the GETs of `/.../by-key/KEY`, which answer what
 the POST with that Idempotency-Key did, 404 when none did; X-No-Effect:
 a POST that waits X-Delay and does nothing), GET /attempts the `Idempotency-Attempt` header of each
-POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET /echo the request's headers (and two hop-by-hop headers
+POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET
+/slow-form the same posting to POST /slow-orders (one effect, then a 303
+a second later to GET /order-page?n=N, an HTML page), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
 echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer. It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
@@ -44,6 +46,11 @@ fetch('/.norepeat/token', {credentials: 'same-origin'})
 </script>
 </body></html>
 """
+
+
+# The same form, posting to a slow order service that answers 303 to the
+# order's page (the browser test of `on_repeat: replay`).
+SLOW_FORM = FORM.replace(b'action="/orders"', b'action="/slow-orders"')
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -83,6 +90,15 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         path = self.path.split("?")[0]
+        if path == "/slow-orders":
+            # A slow order service behind a form: one effect, a second
+            # later a 303 to the order's page.
+            with LOCK:
+                EFFECTS[path] = EFFECTS.get(path, 0) + 1
+                n = EFFECTS[path]
+            time.sleep(1)
+            self.answer(303, b"", [("Location", f"/order-page?n={n}")])
+            return
         if self.headers.get("X-No-Effect"):
             # A request that had no effect before it stalled: its
             # lookup finds nothing.
@@ -175,6 +191,15 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(404, b"{}")
             else:
                 self.answer(200, json.dumps(found).encode(), [("Set-Cookie", "lookup=1")])
+            return
+        if self.path == "/slow-form":
+            self.answer(200, SLOW_FORM, [("Set-Cookie", "sid=browser-2; Path=/; SameSite=Lax")],
+                        content_type="text/html; charset=utf-8")
+            return
+        if self.path.startswith("/order-page"):
+            n = self.path.split("n=", 1)[-1]
+            page = f"<!doctype html><title>Order {n}</title><h1>Order {n}</h1>".encode()
+            self.answer(200, page, content_type="text/html; charset=utf-8")
             return
         if self.path == "/effects":
             with LOCK:

@@ -56,3 +56,45 @@ async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
     );
     assert_eq!(effects(&b).await["/orders"], 2);
 }
+
+/// `on_repeat: replay` in a real browser (issue 51): on a form whose slow
+/// order service answers 303 to the order's page, a click, two clicks and
+/// a double click each make one order and end on its page
+/// (`tests/browser/gateway_replay.test.mjs`). Before (no `on_repeat`):
+/// the second click's page was the 409 refusal, while its order had been
+/// made, and the test timed out waiting for the order's page.
+#[tokio::test]
+async fn a_second_click_ends_on_the_orders_page_in_a_real_browser() {
+    let browser_dir = repo_root().join("tests/browser");
+    assert!(
+        browser_dir.join("node_modules/playwright-core").exists(),
+        "the browser test needs tests/browser/node_modules: run ./scripts/test.sh"
+    );
+    let b = backend(0).await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nidentity: {{ cookie: sid, required: true }}\nroutes:\n  - match: POST /slow-orders\n    guard: token\n    on_repeat: replay\n",
+        b.port
+    );
+    let g = gateway(&yaml).await;
+    let run = Command::new("node")
+        .arg(browser_dir.join("gateway_replay.test.mjs"))
+        .arg(url(&g, ""))
+        .arg(url(&b, ""))
+        .current_dir(&browser_dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the browser test finishes within 2 minutes")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "gateway_replay.test.mjs failed ({}):\n{stdout}{stderr}",
+        out.status
+    );
+    assert_eq!(effects(&b).await["/slow-orders"], 3);
+}
