@@ -15,6 +15,7 @@ mod check;
 mod connections;
 mod content_type;
 mod cors;
+mod documented;
 mod examples;
 mod guards;
 mod idempotency;
