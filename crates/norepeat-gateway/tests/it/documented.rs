@@ -510,16 +510,48 @@ async fn past_1024_running_payments_the_next_is_503_with_retry_after() {
 }
 
 /// A second `SIGTERM` during the drain delay cuts it short: with
-/// `drain_delay: 5m`, the process exits 0 long before.
+/// `drain_delay: 5m`, the process exits 0 long before. The first is sent
+/// once the gateway has answered (see the next test for why).
 #[tokio::test]
 async fn a_second_sigterm_cuts_the_drain_short() {
     let b = backend(0).await;
     let mut g = gateway(&simple(&b, "drain_delay: 5m\n")).await;
+    assert_eq!(health(&g).await["status"], "ok");
     g.signal("-TERM").await;
+    draining(&g).await;
+    g.signal("-TERM").await;
+    let exit = g.process.wait_exit(Duration::from_secs(60)).await;
+    assert!(
+        exit.expect("exited within 60 s of a 5 min drain").success(),
+        "{exit:?}"
+    );
+}
+
+/// A `SIGTERM` sent as soon as the gateway says `listening on` starts the
+/// drain (readiness 503 while the listener accepts).
+///
+/// Ignored: it fails about one run in four on 2 busy cores. The process
+/// dies at once, with no log line and no drain: the `SIGTERM` handler is
+/// installed only by the task `serve` spawns (`stop_signal()`, in
+/// `serve/listen/mod.rs`), after `main` has printed `listening on`, so a
+/// signal in between meets the default action (`hold_signals` in `main.rs`
+/// holds `SIGHUP`, `SIGUSR1` and `SIGUSR2` only).
+#[tokio::test]
+#[ignore = "bug: a SIGTERM right after `listening on` kills the gateway (no handler yet)"]
+async fn a_sigterm_right_after_listening_drains_rather_than_kills() {
+    let b = backend(0).await;
+    let g = gateway(&simple(&b, "drain_delay: 5m\n")).await;
+    g.signal("-TERM").await;
+    draining(&g).await;
+}
+
+/// Waits (up to 30 s) until `readyz` of `g` answers 503: the drain began,
+/// and the listener still accepts.
+async fn draining(g: &Process) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let ready = Client::new()
-            .get(url(&g, "/.norepeat/readyz"))
+            .get(url(g, "/.norepeat/readyz"))
             .send()
             .await
             .unwrap();
@@ -529,12 +561,6 @@ async fn a_second_sigterm_cuts_the_drain_short() {
         assert!(tokio::time::Instant::now() < deadline, "never draining");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    g.signal("-TERM").await;
-    let exit = g.process.wait_exit(Duration::from_secs(60)).await;
-    assert!(
-        exit.expect("exited within 60 s of a 5 min drain").success(),
-        "{exit:?}"
-    );
 }
 
 /// `accept` out of descriptors (`EMFILE`, the gateway under a limit of
