@@ -29,8 +29,8 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn the_contract_example_is_ok() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/files/example.yaml");
+fn the_walk_through_example_is_ok() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway.yaml");
     let out = check(&path);
     assert_eq!(text(&out.stdout), "ok: 5 routes\n", "{}", text(&out.stderr));
     assert_eq!(out.status.code(), Some(0));

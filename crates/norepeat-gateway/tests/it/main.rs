@@ -15,6 +15,8 @@ mod check;
 mod connections;
 mod content_type;
 mod cors;
+mod documented;
+mod examples;
 mod guards;
 mod idempotency;
 mod identity;

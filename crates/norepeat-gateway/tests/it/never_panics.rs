@@ -4,7 +4,7 @@
 use norepeat_gateway::config::{Config, Problems};
 use proptest::prelude::*;
 
-const EXAMPLE: &[u8] = include_bytes!("../files/example.yaml");
+const EXAMPLE: &[u8] = include_bytes!("../../examples/gateway.yaml");
 
 fn answers(bytes: &[u8]) {
     match Config::parse("fuzz.yaml", bytes) {
@@ -33,7 +33,7 @@ proptest! {
         answers(text.as_bytes());
     }
 
-    /// The contract's example with bytes replaced, removed or inserted.
+    /// The walk-through's example with bytes replaced, removed or inserted.
     #[test]
     fn mutated_example(
         edits in proptest::collection::vec((0..EXAMPLE.len(), any::<u8>(), 0..3u8), 1..8)
@@ -53,7 +53,7 @@ proptest! {
 
 #[test]
 fn the_example_parses() {
-    let config = Config::parse("example.yaml", EXAMPLE).expect("the contract's example");
+    let config = Config::parse("gateway.yaml", EXAMPLE).expect("examples/gateway.yaml");
     assert_eq!(config.routes.len(), 5);
 }
 
