@@ -1,5 +1,7 @@
 //! The bench's command-line options.
 
+use std::path::PathBuf;
+
 /// The bench's options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -49,6 +51,36 @@ pub struct BenchArgs {
     #[arg(long = "only", value_name = "ROW",
           value_parser = clap::builder::PossibleValuesParser::new(super::RESULT_NAMES))]
     pub only: Vec<String>,
+    /// Run every row this many times, each round all rows in turn (a row
+    /// beside its anchor), and report each figure's median over the
+    /// rounds and its range; each ratio is the median of the rounds'.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub rounds: u16,
+    /// The `norepeat-gateway` binary of the gateway rows (default: the
+    /// one next to this executable).
+    #[arg(long = "gateway", env = "NOREPEAT_GATEWAY_BIN", value_name = "PATH")]
+    pub gateway_bin: Option<PathBuf>,
+    /// An earlier build of `norepeat-gateway`: adds the rows
+    /// `gateway.before.passthrough`, `.guarded` and `.idempotency`, each
+    /// beside the current build's.
+    #[arg(
+        long = "gateway-before",
+        env = "NOREPEAT_GATEWAY_BEFORE_BIN",
+        value_name = "PATH"
+    )]
+    pub gateway_before_bin: Option<PathBuf>,
+    /// The `nginx` of the NGINX rows (default: on the `PATH` or in
+    /// `/usr/sbin`).
+    #[arg(long = "nginx", env = "NOREPEAT_NGINX_BIN", value_name = "PATH")]
+    pub nginx_bin: Option<PathBuf>,
+    /// The `idempotent-proxy-server` (1.2.2) of the
+    /// `gateway.idempotent_proxy*` rows (default: on the `PATH`).
+    #[arg(
+        long = "idempotent-proxy",
+        env = "NOREPEAT_IDEMPOTENT_PROXY_BIN",
+        value_name = "PATH"
+    )]
+    pub idempotent_proxy_bin: Option<PathBuf>,
     /// Run as the gateway rows' load generator (a JSON spec, written by
     /// the bench itself) and print what it measured. Internal.
     #[arg(long, hide = true, value_name = "SPEC")]

@@ -31,6 +31,21 @@ pub(crate) struct Sample {
     /// Every core's busy time per operation (`/proc/stat`), where the row
     /// reads it (the gateway rows driven by a process).
     pub(crate) machine_cpu_us_per_op: Option<f64>,
+    /// The backend's CPU time per operation (the gateway rows: the bench
+    /// process, which serves the backend).
+    pub(crate) backend_cpu_us_per_op: Option<f64>,
+    /// The load generator's CPU time per operation (the gateway rows
+    /// driven by a process of their own).
+    pub(crate) loader_cpu_us_per_op: Option<f64>,
+}
+
+/// CPU µs per request of each process a row reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PerRequest {
+    pub(crate) proxy: Option<f64>,
+    pub(crate) store: Option<f64>,
+    pub(crate) backend: Option<f64>,
+    pub(crate) machine: Option<f64>,
 }
 
 /// Runs `op` from `load.concurrency` tasks: a warm-up, then the measured
@@ -106,6 +121,8 @@ where
         cpu_us_per_op: cpu.map(|c| c.as_secs_f64() * 1e6 / ops),
         store_cpu_us_per_op: None,
         machine_cpu_us_per_op: None,
+        backend_cpu_us_per_op: None,
+        loader_cpu_us_per_op: None,
     })
 }
 

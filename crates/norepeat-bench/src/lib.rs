@@ -20,8 +20,11 @@
 //! | `http.unguarded` | `POST /orders` over loopback to a trivial axum route, keep-alive, a unique body each |
 //! | `http.guarded` | the same route behind `FingerprintLayer`, the same load generator, the same run |
 //! | `http.handrolled` | the same route with the guard written by hand in the handler: `SET key NX PX` through plain redis-rs, 409 when taken (one Redis; on the memory store, a `Mutex<HashMap>` by hand) |
-//! | `gateway.direct`, `gateway.passthrough`, `gateway.nginx` | `GET` from a load generator in a process of its own (64 keep-alive connections, 2 threads) to a trivial backend, through `norepeat-gateway` unguarded, through nginx's `proxy_pass` (see `rows::gateway`) |
-//! | `gateway.nginx_post`, `gateway.guarded`, `gateway.idempotency` | the same load, `POST` with a new body each (and a new `Idempotency-Key`), through nginx, a fingerprint gateway, an idempotency gateway |
+//! | `gateway.direct`, `gateway.nginx`, `gateway.passthrough` | `GET` from a load generator in a process of its own (64 keep-alive connections, 2 threads) to a trivial backend: directly, through NGINX's `proxy_pass` (as many workers as the gateway), through `norepeat-gateway` unguarded (see `rows::gateway`) |
+//! | `gateway.nginx_post`, `gateway.nginx_lua`, `gateway.guarded` | the same load, `POST` with a new body each: through NGINX, through NGINX with the fingerprint guard written in Lua (`SET NX PX` on the same Redis), through a fingerprint gateway |
+//! | `gateway.idempotent_proxy`, `gateway.idempotency` | `POST` with a new `Idempotency-Key` each, through `idempotent-proxy-server` 1.2.2 on the same Redis, through an idempotency gateway |
+//! | `gateway.idempotent_proxy_replay`, `gateway.replay` | `POST` with one completed key a connection: each answered from its record, by each of the two |
+//! | `gateway.before.*` | with `--gateway-before PATH`: `passthrough`, `guarded` and `idempotency` on that earlier build of the gateway, in the same run |
 //! | `gateway.inproc.*` | the earlier measure: `POST` driven from the bench process itself, directly, through the gateway unguarded and guarded, through nginx |
 //! | `idempotency.cycle.postgres`, `idempotency.replay.postgres` | with `--database postgres://...`: `idempotency.cycle` and `idempotency.replay` with the records in a `PgStore` table |
 //! | `idempotency.cycle.sqlite`, `idempotency.replay.sqlite` | with `--database sqlite://FILE` or `--sql-rows` (a temporary file): the same on a `SqliteStore` in WAL mode |
@@ -34,6 +37,12 @@
 //! have expired and been reclaimed (every row that writes many keys gives
 //! them a 3 s TTL, as `redis.raw` does), so that no row pays for another's
 //! expiry in the server.
+//!
+//! `--rounds N` runs every row N times, all rows in turn each round (a
+//! gateway row beside its anchor), and reports each row's median figures
+//! with the range of its rate, and each ratio as the median of the
+//! rounds' ratios (each taken within its round), with their range: on a
+//! shared machine one run's ratio is noise.
 //!
 //! On one Redis it also measures the memory a fingerprint key, an
 //! in-progress and a completed idempotency record take (on a private
@@ -127,7 +136,8 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
     // A per-run random prefix keeps runs against one Redis apart.
     let run: u64 = rand::random();
 
-    let bar = ProgressBar::new((RESULT_NAMES.len() + sql_targets.len()) as u64 + 2).with_style(
+    let steps = RESULT_NAMES.len() * usize::from(args.rounds) + sql_targets.len() + 2;
+    let bar = ProgressBar::new(steps as u64).with_style(
         ProgressStyle::with_template("{spinner} bench {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
@@ -149,61 +159,63 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
         (true, Some(u)) if args.duration_ms.is_none() => Some(probe::Settle::new(u).await?),
         _ => None,
     };
-    let mut results = Vec::with_capacity(RESULT_NAMES.len());
-    for name in RESULT_NAMES {
-        if only && !args.only.iter().any(|o| o == name) {
-            continue;
-        }
-        if let Some(s) = &mut settle {
-            bar.set_message(format!("{name}: waiting for earlier keys to expire"));
-            let waited = s.wait(name).await?;
-            tracing::debug!(
-                row = name,
-                waited_ms = waited.as_millis(),
-                "earlier keys expired"
-            );
-        }
-        bar.set_message(name);
-        // The memory store evicts early once full (by design): give each
-        // row its own, so one row's flood of keys does not evict another's.
-        let store = fresh(&store);
-        let cx = rows::RowCtx {
-            store: &store,
-            load: &load,
-            run,
-            url,
-            cluster: &args.cluster,
-            me,
-        };
-        if let Some(s) = rows::row(name, &cx).await? {
-            results.push(BenchResult {
-                name,
-                ops_per_s: s.ops_per_s,
-                p50_us: s.p50_us,
-                p99_us: s.p99_us,
-                ops: s.ops,
-                cpu_us_per_op: s.cpu_us_per_op,
-                store_cpu_us_per_op: s.store_cpu_us_per_op,
-                machine_cpu_us_per_op: s.machine_cpu_us_per_op,
+    let named = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let programs = rows::Programs {
+        gateway: named(&args.gateway_bin),
+        gateway_before: named(&args.gateway_before_bin),
+        nginx: named(&args.nginx_bin),
+        idempotent_proxy: named(&args.idempotent_proxy_bin),
+    };
+    let mut rounds = Vec::with_capacity(usize::from(args.rounds));
+    for round in 0..args.rounds {
+        // Each round writes keys and bodies of its own.
+        let run = run.wrapping_add(u64::from(round));
+        let mut results = Vec::with_capacity(RESULT_NAMES.len());
+        for name in RESULT_NAMES {
+            if only && !args.only.iter().any(|o| o == name) {
+                continue;
+            }
+            if let Some(s) = &mut settle {
+                bar.set_message(format!("{name}: waiting for earlier keys to expire"));
+                let waited = s.wait(name).await?;
+                tracing::debug!(
+                    row = name,
+                    waited_ms = waited.as_millis(),
+                    "earlier keys expired"
+                );
+            }
+            bar.set_message(if args.rounds > 1 {
+                format!("round {} of {}: {name}", round + 1, args.rounds)
+            } else {
+                name.to_owned()
             });
+            // The memory store evicts early once full (by design): give each
+            // row its own, so one row's flood of keys does not evict another's.
+            let store = fresh(&store);
+            let cx = rows::RowCtx {
+                store: &store,
+                load: &load,
+                run,
+                url,
+                cluster: &args.cluster,
+                me,
+                programs: &programs,
+            };
+            if let Some(s) = rows::row(name, &cx).await? {
+                results.push(BenchResult::of(name, &s));
+            }
+            bar.inc(1);
         }
-        bar.inc(1);
+        rounds.push(results);
     }
+    // The SQL rows and their figures belong to the first round.
+    let mut results = rounds.first().cloned().unwrap_or_default();
 
     // The SQL rows after the Redis ones, before the ceiling.
     for target in &sql_targets {
         bar.set_message(target.names()[0]);
         for (name, s) in rows::sql::rows(target, &load, run).await? {
-            results.push(BenchResult {
-                name,
-                ops_per_s: s.ops_per_s,
-                p50_us: s.p50_us,
-                p99_us: s.p99_us,
-                ops: s.ops,
-                cpu_us_per_op: s.cpu_us_per_op,
-                store_cpu_us_per_op: s.store_cpu_us_per_op,
-                machine_cpu_us_per_op: s.machine_cpu_us_per_op,
-            });
+            results.push(BenchResult::of(name, &s));
         }
         bar.inc(1);
     }
@@ -231,15 +243,15 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
     bar.inc(1);
     bar.finish_and_clear();
 
-    Ok(Report {
-        store: store.kind(),
-        url: url.map(redact),
-        concurrency: load.concurrency,
-        duration,
-        results,
+    if let Some(first) = rounds.first_mut() {
+        *first = results;
+    }
+    Ok(Report::of_rounds(
+        (store.kind(), url.map(redact), load.concurrency, duration),
+        rounds,
         memory,
         ceiling,
-    })
+    ))
 }
 
 /// Memory per key on a private `redis-server` (the same binary as the

@@ -10,7 +10,7 @@
 //! share a scheduler, an allocator or a CPU budget with the load.
 
 use super::BenchError;
-use super::harness::{Sample, cpu_time, percentile};
+use super::harness::{PerRequest, Sample, cpu_time, percentile};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -31,6 +31,10 @@ pub(crate) enum Fresh {
     /// `POST` with an `Idempotency-Key` unique to the request (and a unique
     /// body).
     Key,
+    /// `POST` with one `Idempotency-Key` (and one body) per connection:
+    /// its first request (in the warm-up) completes the key, every other
+    /// one is answered from its record.
+    Replay,
 }
 
 /// One load: what to send where, how hard and how long.
@@ -287,15 +291,19 @@ fn request(spec: &Spec, c: usize, i: u64) -> Result<Request<Full<Bytes>>, BenchE
         .header("x-user-id", "bench-user");
     let req = match spec.fresh {
         Fresh::Nothing => b.method(Method::GET).body(Full::new(Bytes::new())),
-        Fresh::Body | Fresh::Key => {
-            let note = format!("{:016x}-{c}-{i}", spec.run);
+        Fresh::Body | Fresh::Key | Fresh::Replay => {
+            let note = if spec.fresh == Fresh::Replay {
+                format!("{:016x}-{c}", spec.run)
+            } else {
+                format!("{:016x}-{c}-{i}", spec.run)
+            };
             let b = b
                 .method(Method::POST)
                 .header(http::header::CONTENT_TYPE, "application/json");
-            let b = if spec.fresh == Fresh::Key {
-                b.header("idempotency-key", &note)
-            } else {
+            let b = if spec.fresh == Fresh::Body {
                 b
+            } else {
+                b.header("idempotency-key", &note)
             };
             b.body(Full::new(Bytes::from(format!(
                 r#"{{"sku":"SKU-1","quantity":1,"note":"{note}"}}"#
@@ -307,16 +315,19 @@ fn request(spec: &Spec, c: usize, i: u64) -> Result<Request<Full<Bytes>>, BenchE
 
 impl Measured {
     /// The row's sample, with the CPU times per request the bench read
-    /// (the proxy's, the store's, the machine's).
-    pub(crate) fn sample(&self, [cpu, store, machine]: [Option<f64>; 3]) -> Sample {
+    /// (the proxy's, the store's, the backend's, the machine's) and the
+    /// load generator's own.
+    pub(crate) fn sample(&self, cpu: PerRequest) -> Sample {
         Sample {
             ops_per_s: self.ops_per_s,
             p50_us: self.p50_us,
             p99_us: self.p99_us,
             ops: self.ops,
-            cpu_us_per_op: cpu,
-            store_cpu_us_per_op: store,
-            machine_cpu_us_per_op: machine,
+            cpu_us_per_op: cpu.proxy,
+            store_cpu_us_per_op: cpu.store,
+            machine_cpu_us_per_op: cpu.machine,
+            backend_cpu_us_per_op: cpu.backend,
+            loader_cpu_us_per_op: self.loader_cpu_us_per_op,
         }
     }
 }
@@ -351,5 +362,21 @@ mod tests {
         );
         assert!(key(&a).is_some() && key(&a) != key(&b));
         assert!(key(&request(&spec(Fresh::Body), 0, 1).unwrap()).is_none());
+    }
+
+    /// A replay row sends one key a connection (its body made of the key): every
+    /// request after the first is a replay, not a new key.
+    #[test]
+    fn a_replay_repeats_its_connections_key_and_body() {
+        let key = |r: &Request<Full<Bytes>>| r.headers().get("idempotency-key").cloned();
+        let s = spec(Fresh::Replay);
+        let (a, b, other) = (
+            request(&s, 3, 1).unwrap(),
+            request(&s, 3, 2).unwrap(),
+            request(&s, 4, 1).unwrap(),
+        );
+        assert_eq!(a.method(), Method::POST);
+        assert!(key(&a).is_some() && key(&a) == key(&b));
+        assert_ne!(key(&a), key(&other));
     }
 }

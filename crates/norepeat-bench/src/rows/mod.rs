@@ -11,6 +11,8 @@ mod http;
 pub(crate) mod idempotency;
 pub(crate) mod sql;
 
+pub(crate) use gateway::Programs;
+
 use super::BenchError;
 use super::harness::{Load, Sample, measure};
 use norepeat::fingerprint::Digest;
@@ -27,8 +29,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Every row, in the order they run. `redis.raw` sits right before the
-/// rows it is the yardstick of, so they share a sitting.
-pub const RESULT_NAMES: [&str; 24] = [
+/// rows it is the yardstick of, and each gateway row beside its anchor,
+/// so they share a sitting (and, with `--rounds`, alternate).
+pub const RESULT_NAMES: [&str; 31] = [
     "token.issue",
     "redis.raw",
     "token.consume",
@@ -44,11 +47,18 @@ pub const RESULT_NAMES: [&str; 24] = [
     "http.guarded",
     "http.handrolled",
     "gateway.direct",
-    "gateway.passthrough",
     "gateway.nginx",
+    "gateway.passthrough",
+    "gateway.before.passthrough",
     "gateway.nginx_post",
+    "gateway.nginx_lua",
     "gateway.guarded",
+    "gateway.before.guarded",
+    "gateway.idempotent_proxy",
     "gateway.idempotency",
+    "gateway.before.idempotency",
+    "gateway.idempotent_proxy_replay",
+    "gateway.replay",
     "gateway.inproc.direct",
     "gateway.inproc.passthrough",
     "gateway.inproc.guarded",
@@ -68,6 +78,8 @@ pub(crate) struct RowCtx<'a> {
     pub(crate) cluster: &'a [String],
     /// How to start this bench again, as the gateway rows' load generator.
     pub(crate) me: &'a super::SelfCommand,
+    /// The programs the gateway rows run.
+    pub(crate) programs: &'a Programs,
 }
 
 /// Measures the row `name`; `None` where it does not apply (`redis.raw`
