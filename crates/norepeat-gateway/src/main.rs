@@ -242,6 +242,9 @@ fn run(config: &Config, listen: Option<SocketAddr>, file: PathBuf, mode: Mode) -
         #[cfg(unix)]
         let _hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+        // `SIGTERM` likewise: one the moment after the line below drains.
+        norepeat_gateway::serve::arm_stop_signal()
+            .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

@@ -54,7 +54,7 @@ mod workers;
 pub use gateway::{BuildError, Gateway};
 pub use identify::caller::Caller;
 pub use identify::scope::HostScoped;
-pub use listen::{Workers, serve, serve_workers};
+pub use listen::{Workers, arm_stop_signal, serve, serve_workers};
 pub use store::SharedStore;
 pub use upstream::headers::strip_hop_by_hop;
 

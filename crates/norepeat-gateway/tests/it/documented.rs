@@ -528,16 +528,11 @@ async fn a_second_sigterm_cuts_the_drain_short() {
 }
 
 /// A `SIGTERM` sent as soon as the gateway says `listening on` starts the
-/// drain (readiness 503 while the listener accepts).
-///
-/// Ignored: it fails about one run in four on 2 busy cores. The process
-/// dies at once, with no log line and no drain: the `SIGTERM` handler is
-/// installed only by the task `serve` spawns (`stop_signal()`, in
-/// `serve/listen/mod.rs`), after `main` has printed `listening on`, so a
-/// signal in between meets the default action (`hold_signals` in `main.rs`
-/// holds `SIGHUP`, `SIGUSR1` and `SIGUSR2` only).
+/// drain (readiness 503 while the listener accepts). Before: it failed
+/// about one run in four on 2 busy cores, the process killed at once with
+/// no log line and no drain (the handler was installed by a task `serve`
+/// spawned after `main` printed `listening on`); now `main` arms it first.
 #[tokio::test]
-#[ignore = "bug: a SIGTERM right after `listening on` kills the gateway (no handler yet)"]
 async fn a_sigterm_right_after_listening_drains_rather_than_kills() {
     let b = backend(0).await;
     let g = gateway(&simple(&b, "drain_delay: 5m\n")).await;

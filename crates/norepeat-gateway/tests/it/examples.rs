@@ -391,10 +391,11 @@ async fn the_readme_walk_through_answers_as_it_shows() {
     );
     assert_eq!(problem(limited).await.1, "rate_limited");
 
-    let h = health(&g).await;
+    let h = health_once(&g, "store_persistent", false.into()).await;
     assert_eq!(
         h,
         serde_json::json!({"breaker":"Closed","last_reload":null,"records":null,"refusing":[],
-            "routes":5,"status":"ok","store":"redis","store_answers":true,"store_lost_data_at":null})
+            "routes":5,"status":"ok","store":"redis","store_answers":true,"store_lost_data_at":null,
+            "store_persistent":false})
     );
 }

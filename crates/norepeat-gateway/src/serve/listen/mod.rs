@@ -202,7 +202,7 @@ async fn serve_on(
     tokio::spawn({
         let accepting = accepting.clone();
         async move {
-            stop_signal().await;
+            stop_signal(1).await;
             // Readiness first, while the listener still accepts: the load
             // balancer takes the instance out before anyone is refused. A
             // second signal cuts the delay short.
@@ -213,7 +213,7 @@ async fn serve_on(
             );
             tokio::select! {
                 () = tokio::time::sleep(drain_delay) => {}
-                () = stop_signal() => {}
+                () = stop_signal(2) => {}
             }
             tracing::info!("no longer accepting: finishing the requests in flight (at most 10 s)");
             let _ = tx.send(Some(tokio::time::Instant::now() + GRACE));
@@ -470,25 +470,60 @@ pub(crate) async fn watch(gw: Arc<Gateway>, path: PathBuf) {
     }
 }
 
-pub(crate) async fn stop_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// How many stop signals (`SIGTERM`, Ctrl-C) the process has had, counted
+/// from the moment [`arm_stop_signal`] ran.
+static STOPS: std::sync::OnceLock<tokio::sync::watch::Receiver<u32>> = std::sync::OnceLock::new();
+
+/// Takes `SIGTERM` and Ctrl-C over and counts them, once per process (a
+/// second call does nothing). The binary calls it before it says it
+/// listens: a stop asked the moment after is a drain, not the signal's
+/// default action, which ends the process at once.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+/// norepeat_gateway::serve::arm_stop_signal()?;
+/// // Once armed, a second call changes nothing.
+/// norepeat_gateway::serve::arm_stop_signal()?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// The signal handler cannot be installed.
+pub fn arm_stop_signal() -> std::io::Result<()> {
+    if STOPS.get().is_some() {
+        return Ok(());
+    }
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = ctrl_c => {},
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    if STOPS.set(rx).is_err() {
+        return Ok(());
+    }
+    tokio::spawn(async move {
+        loop {
+            #[cfg(unix)]
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            tx.send_modify(|n| *n += 1);
         }
+    });
+    Ok(())
+}
+
+/// Waits until the process has had its `nth` stop signal (1: start
+/// draining; 2: cut the drain short).
+pub(crate) async fn stop_signal(nth: u32) {
+    if arm_stop_signal().is_err() {
+        // No handler: nothing will ever ask.
+        std::future::pending::<()>().await;
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
+    let Some(rx) = STOPS.get() else {
+        return std::future::pending().await;
+    };
+    let mut rx = rx.clone();
+    let _ = rx.wait_for(|n| *n >= nth).await;
 }
