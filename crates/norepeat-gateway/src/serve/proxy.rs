@@ -25,7 +25,7 @@ use crate::serve::cors::route_preflight;
 use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
 use crate::serve::identify::caller::with_peer;
-use crate::serve::identify::introspect::identify;
+use crate::serve::identify::identify;
 use crate::serve::log::access;
 use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
 use crate::serve::reply::ForClient;

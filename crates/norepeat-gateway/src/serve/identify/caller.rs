@@ -9,6 +9,7 @@
 use crate::config::{Identity, IdentitySource, JwtKeys, Upstream};
 use crate::jwt::{KeySet, Refused, Rules};
 use crate::serve::files::stat;
+use crate::serve::identify::hash::hashed;
 use crate::serve::identify::introspect::{Introspected, Introspector};
 use arc_swap::ArcSwapOption;
 use axum::extract::ConnectInfo;
@@ -341,25 +342,6 @@ impl Source {
             }
         }
     }
-}
-
-/// `"{kind}:"` and the keyed hash of `parts`, NUL-separated (one part
-/// hashes as it is, the spelling of the release before `cookie` and `jwt`
-/// for a header, keeping its records).
-pub(super) fn hashed(kind: &str, parts: &[&[u8]]) -> String {
-    let mut h = blake3::Hasher::new_keyed(KEY);
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            h.update(b"\0");
-        }
-        h.update(p);
-    }
-    let hex = h.finalize().to_hex();
-    let mut id = String::with_capacity(kind.len() + 33);
-    id.push_str(kind);
-    id.push(':');
-    id.push_str(&hex[..32]);
-    id
 }
 
 /// `ip:` and the address, as `format!("ip:{ip}")` spells it, without the
@@ -765,10 +747,6 @@ fn credentials(v: &[u8]) -> Cow<'_, [u8]> {
     }
 }
 
-/// The domain of the identity hash (a fixed key: the hash names a caller,
-/// it is not a secret).
-const KEY: &[u8; 32] = b"norepeat-gateway identity v1 ...";
-
 /// The client's address, for `rate_limit.by: address`.
 #[derive(Debug, Clone)]
 pub(crate) struct ByAddress(Arc<ByClientIp>);
@@ -863,7 +841,7 @@ mod tests {
             assert_eq!(id(v), usual, "{v}");
         }
         assert_ne!(id("Bearer t0ken"), usual, "credentials are case-sensitive");
-        let before = blake3::keyed_hash(KEY, b"Bearer T0ken");
+        let before = blake3::keyed_hash(crate::serve::identify::hash::KEY, b"Bearer T0ken");
         assert_eq!(usual, format!("h:{}", &before.to_hex()[..32]));
         assert_eq!(&*credentials(b"Basic  dXNlcg=="), b"Basic dXNlcg==");
     }
@@ -1020,7 +998,7 @@ mod tests {
             with_headers(&caller, &h)
         };
         let abc = id(&["sid=abc"]).unwrap();
-        let before = blake3::keyed_hash(KEY, b"abc");
+        let before = blake3::keyed_hash(crate::serve::identify::hash::KEY, b"abc");
         assert_eq!(abc, format!("c:{}", &before.to_hex()[..32]));
         for lines in [
             &[r#"sid="abc""#][..],

@@ -173,7 +173,7 @@ async fn token(State(gw): State<Arc<Gateway>>, req: Request) -> Response<Body> {
     let mut req = req;
     crate::serve::identify::caller::with_peer(req.extensions_mut());
     let asked = match live.tokens {
-        Some(_) => crate::serve::identify::introspect::identify(&live.caller, req).await,
+        Some(_) => crate::serve::identify::identify(&live.caller, req).await,
         None => Ok(req),
     };
     let mut res = asked.map_or_else(|refused| refused, |req| issue(&live, req));

@@ -124,7 +124,7 @@ pub(super) async fn record(
     }
     // A caller the backend names is asked with the client's headers.
     let asked = http::Request::from_parts(parts, Body::empty());
-    let parts = match crate::serve::identify::introspect::identify(route_caller, asked).await {
+    let parts = match crate::serve::identify::identify(route_caller, asked).await {
         Ok(req) => req.into_parts().0,
         Err(refused) => return refused,
     };
