@@ -50,6 +50,8 @@ mod packaging;
 mod ratelimit;
 mod ratelimit_algorithms;
 mod redis_batching;
+mod replicas;
+mod sentinel;
 mod shadow;
 mod token_clocks;
 mod webhook;
