@@ -24,6 +24,7 @@ mod records;
 mod requests_never_5xx;
 mod routing;
 mod store_down;
+mod store_urls;
 mod tomcat;
 mod transport;
 mod upstream;
