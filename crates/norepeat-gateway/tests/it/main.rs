@@ -23,6 +23,7 @@ mod passthrough;
 mod records;
 mod requests_never_5xx;
 mod routing;
+mod sentinel;
 mod store_down;
 mod store_urls;
 mod tomcat;
