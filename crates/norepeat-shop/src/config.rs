@@ -52,7 +52,13 @@ pub struct ShopConfig {
     /// Address to listen on (`127.0.0.1:0` picks a free port).
     #[arg(long, env = "NOREPEAT_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// `redis://...` or `redis+cluster://host:port,...`; unset: in-process memory store.
+    /// `redis://...`, `redis+sentinel://host:port,.../MASTER_NAME` or
+    /// `redis+cluster://host:port,...`, each with
+    /// `?replicas=N&replicas_timeout=T` if claims must wait for replicas;
+    /// unset: in-process memory store.
+    ///
+    /// A URL the store refuses (an unknown scheme or query parameter)
+    /// stops the start with the store's message.
     #[arg(long = "redis", env = "REDIS_URL")]
     pub redis_url: Option<String>,
     /// `sqlite://PATH?mode=rwc` or `postgres://...`; unset: `./norepeat-shop.db`.

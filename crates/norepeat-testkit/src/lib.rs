@@ -4,6 +4,7 @@
 //!
 //! * [`RedisServer`]: a private `redis-server` on a free loopback port, killed on drop.
 //! * [`RedisCluster`]: a 6-node (3 masters, 3 replicas) Redis Cluster, with failover helpers.
+//! * [`RedisSentinels`]: a master, two replicas and three Sentinels, with failover helpers.
 //! * [`PgDatabase`]: a freshly created PostgreSQL database, dropped on drop.
 //! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
 //! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
@@ -40,6 +41,7 @@ mod metrics;
 mod pg;
 mod proxy;
 mod redis_server;
+mod sentinel;
 mod shop;
 mod sql;
 mod tomcat;
@@ -55,6 +57,7 @@ pub use self::metrics::{Labels, Recorded};
 pub use pg::{DEFAULT_PG_ADMIN_URL, PG_ADMIN_URL_ENV, PgDatabase};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use redis_server::RedisServer;
+pub use sentinel::{MASTER_NAME as SENTINEL_MASTER_NAME, RedisSentinels};
 pub use shop::{CALLBACK_SECRET_ENV, KEPT_ENV, ShopProcess, sign_callback, sign_callback_now};
 pub use sql::SqlBackend;
 pub use tomcat::{TOMCAT_HOME_ENV, Tomcat, TomcatConnector};

@@ -1691,7 +1691,8 @@ fn lookup(w: &mut Walker, node: &Node, path: &str) -> Option<Lookup> {
     })
 }
 
-/// `memory`, `redis://...`, `rediss://...` or `redis+cluster://h:p,h:p`.
+/// `memory`, `redis://...`, `rediss://...`, `redis+sentinel://h:p,h:p/NAME`
+/// or `redis+cluster://h:p,h:p`, each with the store's query if asked.
 /// Credentials are never repeated in a message.
 /// `records:`: `postgres://...` (or `postgresql://`) or `sqlite:FILE` (a
 /// relative FILE is the configuration file's folder's).
@@ -1728,31 +1729,63 @@ fn records(s: &str, dir: &std::path::Path) -> Result<super::RecordsUrl, String> 
 }
 
 fn store(s: &str) -> Result<StoreUrl, String> {
-    let expected = "expected memory, redis://host:port[/db] or redis+cluster://host:port,host:port";
+    let expected = "expected memory, redis://host:port[/db], redis+sentinel://host:port,host:port/MASTER_NAME or redis+cluster://host:port,host:port (each may end with ?replicas=N&replicas_timeout=T)";
     let hosts = |rest: &str| rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_owned();
+    // The query (the store's `replicas` settings) and whatever else the
+    // library refuses: checked by the library itself, nothing sent. Its
+    // message names the URL with its password hidden.
+    let library = |s: &str| {
+        norepeat::store::AnyStore::check_url(s).map_err(|e| match e {
+            norepeat::store::StoreError::InvalidUrl(why) => why,
+            other => other.to_string(),
+        })
+    };
     if s == "memory" {
         return Ok(StoreUrl::Memory);
     }
     if let Some(rest) = s.strip_prefix("redis+cluster://") {
+        let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
         let nodes = hosts(rest.trim_end_matches('/'));
-        if nodes.contains(['/', '?', '#']) {
-            return Err("a cluster URL has no path, query or database".into());
+        if nodes.contains(['/', '#']) {
+            return Err("a cluster URL has no path or database".into());
         }
         for node in nodes.split(',') {
             host_port(node, false).map_err(|e| format!("cluster node {e}; {expected}"))?;
         }
+        library(s)?;
         return Ok(StoreUrl::Cluster(s.to_owned()));
+    }
+    if let Some(rest) = s
+        .strip_prefix("redis+sentinel://")
+        .or_else(|| s.strip_prefix("rediss+sentinel://"))
+    {
+        let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
+        let rest = hosts(rest);
+        let Some((sentinels, master)) = rest.split_once('/') else {
+            return Err(format!("no master name after the Sentinels; {expected}"));
+        };
+        for sentinel in sentinels.split(',') {
+            host_port(sentinel, false).map_err(|e| format!("Sentinel {e}; {expected}"))?;
+        }
+        if master.trim_end_matches('/').is_empty() {
+            return Err(format!("no master name after the Sentinels; {expected}"));
+        }
+        library(s)?;
+        // One Redis to the routes: the library follows its master.
+        return Ok(StoreUrl::Redis(s.to_owned()));
     }
     if let Some(rest) = s
         .strip_prefix("redis://")
         .or_else(|| s.strip_prefix("rediss://"))
     {
+        let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
         let rest = hosts(rest);
         let (authority, db) = rest.split_once('/').unwrap_or((&rest, ""));
         host_port(authority, true).map_err(|e| format!("{e}; {expected}"))?;
         if !db.is_empty() && db.parse::<u32>().is_err() {
             return Err(format!("the database must be a number, not {db:?}"));
         }
+        library(s)?;
         return Ok(StoreUrl::Redis(s.to_owned()));
     }
     let scheme = s.split_once("://").map_or(s, |(scheme, _)| scheme);

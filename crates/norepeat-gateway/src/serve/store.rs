@@ -132,7 +132,14 @@ enum Stores {
 impl Stores {
     fn new(store: AnyStore, url: Option<&str>) -> Self {
         match (&store, url) {
-            (AnyStore::Redis(_), Some(url)) if crate::serve::workers::count() > 1 => {
+            // Not behind Sentinel: a worker's own store is made lazily,
+            // and a Sentinel's master must be asked for first (its one
+            // store follows the master for every worker).
+            (AnyStore::Redis(_), Some(url))
+                if crate::serve::workers::count() > 1
+                    && !url.starts_with("redis+sentinel://")
+                    && !url.starts_with("rediss+sentinel://") =>
+            {
                 Self::PerWorker {
                     first: store,
                     url: url.to_owned(),

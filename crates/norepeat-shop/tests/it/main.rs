@@ -29,6 +29,7 @@ mod payments_database;
 mod retries;
 mod schemathesis;
 mod security;
+mod sentinel;
 mod shutdown;
 mod slow_store;
 mod storm;

@@ -21,7 +21,7 @@ use super::{
 pub enum AnyStore {
     /// In process.
     Memory(MemoryStore),
-    /// One Redis.
+    /// One Redis, or the master a set of Sentinels names.
     #[cfg(feature = "redis")]
     Redis(super::RedisStore),
     /// A Redis Cluster.
@@ -71,7 +71,13 @@ impl AnyStore {
     }
 
     /// `None`: a [`MemoryStore`] of 100,000 entries. `redis://...`: one Redis.
-    /// `redis+cluster://host:port,host:port`: a Redis Cluster. With the
+    /// `redis+sentinel://host:port,host:port/MASTER_NAME`: the master those
+    /// Sentinels name, followed through failovers (see
+    /// [`RedisStore`](super::RedisStore)). `redis+cluster://host:port,host:port`:
+    /// a Redis Cluster. Each Redis URL may end with
+    /// `?replicas=N&replicas_timeout=T`: every claim and completion then
+    /// waits for `N` replicas to have it (see
+    /// [`RedisStore`](super::RedisStore#replicas)). With the
     /// `postgres` feature, `postgres://...` (or `postgresql://`); with
     /// `sqlite`, `sqlite:FILE` (created if missing, in WAL mode): a table
     /// (`norepeat_keys`) created if it does not exist, its expired rows
@@ -89,7 +95,11 @@ impl AnyStore {
                 super::ClusterStore::connect(&cluster_nodes(u)?).await?,
             )),
             #[cfg(feature = "redis")]
-            Some(u) if u.starts_with("redis://") || u.starts_with("rediss://") => {
+            Some(u)
+                if u.starts_with("redis://")
+                    || u.starts_with("rediss://")
+                    || super::redis::url::is_sentinel(u) =>
+            {
                 Ok(Self::Redis(super::RedisStore::connect(u).await?))
             }
             #[cfg(feature = "postgres")]
@@ -126,7 +136,52 @@ impl AnyStore {
                 Ok(Self::Sqlite(store, reaper))
             }
             Some(u) => Err(StoreError::InvalidUrl(format!(
-                "{:?}: expected redis://[[user]:password@]host:port[/db], rediss://... or redis+cluster://host:port,host:port",
+                "{:?}: expected redis://[[user]:password@]host:port[/db], rediss://..., redis+sentinel://host:port,host:port/MASTER_NAME or redis+cluster://host:port,host:port",
+                super::redact_url(u)
+            ))),
+        }
+    }
+}
+
+impl AnyStore {
+    /// What [`from_url`](Self::from_url) would refuse in `url` before
+    /// sending anything, found with nothing sent: a scheme it does not
+    /// know, a Redis URL that does not parse, a query parameter it does
+    /// not know (`replicas` and `replicas_timeout` are the store's own;
+    /// `protocol` is passed on to redis-rs on one Redis). An SQL URL is
+    /// checked when connected to. For a configuration check that must
+    /// not wait on the store.
+    ///
+    /// ```
+    /// use norepeat::store::AnyStore;
+    /// assert!(AnyStore::check_url("redis://cache:6379/0?replicas=1&replicas_timeout=50ms").is_ok());
+    /// assert!(AnyStore::check_url("redis+sentinel://s1:26379,s2:26379/mymaster").is_ok());
+    /// let e = AnyStore::check_url("redis://cache:6379?replica=1").unwrap_err();
+    /// assert!(e.to_string().contains("unknown query parameter \"replica\""));
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidUrl`], saying what is wrong and how a good URL
+    /// looks (a password shown as `***`).
+    pub fn check_url(url: &str) -> Result<(), StoreError> {
+        match url {
+            #[cfg(feature = "redis")]
+            u if u.starts_with(CLUSTER_SCHEME) => cluster_nodes(u)?
+                .iter()
+                .try_for_each(|node| super::redis::check_url(node)),
+            #[cfg(feature = "redis")]
+            u if u.starts_with("redis://")
+                || u.starts_with("rediss://")
+                || super::redis::url::is_sentinel(u) =>
+            {
+                super::redis::check_url(u)
+            }
+            #[cfg(feature = "postgres")]
+            u if u.starts_with("postgres://") || u.starts_with("postgresql://") => Ok(()),
+            #[cfg(feature = "sqlite")]
+            u if u.starts_with("sqlite:") => Ok(()),
+            u => Err(StoreError::InvalidUrl(format!(
+                "{:?}: expected redis://[[user]:password@]host:port[/db], rediss://..., redis+sentinel://host:port,host:port/MASTER_NAME or redis+cluster://host:port,host:port",
                 super::redact_url(u)
             ))),
         }
@@ -135,25 +190,29 @@ impl AnyStore {
 
 const CLUSTER_SCHEME: &str = "redis+cluster://";
 
-/// `redis+cluster://[user:password@]host:port,host:port[/]` as one
-/// `redis://[user:password@]host:port` per node: the credentials, written
-/// once before the first host, apply to every node.
+/// `redis+cluster://[user:password@]host:port,host:port[/][?query]` as one
+/// `redis://[user:password@]host:port[?query]` per node: the credentials,
+/// written once before the first host, and the query (the store's
+/// `replicas` settings, read by [`ClusterStore`](super::ClusterStore))
+/// apply to every node.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 fn cluster_nodes(url: &str) -> Result<Vec<String>, StoreError> {
     let bad = |why: &str| {
         StoreError::InvalidUrl(format!(
-            "{:?}: {why} (expected redis+cluster://[[user]:password@]host:port,host:port)",
+            "{:?}: {why} (expected redis+cluster://[[user]:password@]host:port,host:port[?replicas=N&replicas_timeout=T])",
             super::redact_url(url)
         ))
     };
     let rest = url
         .strip_prefix(CLUSTER_SCHEME)
         .ok_or_else(|| bad("wrong scheme"))?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains(['/', '?', '#']) {
-        return Err(bad(
-            "a path, query or database is not supported on a cluster",
-        ));
+    if rest.contains(['/', '#']) || query.contains('#') {
+        return Err(bad("a path or database is not supported on a cluster"));
     }
     let (auth, hosts) = match rest.rsplit_once('@') {
         Some((auth, hosts)) => (format!("{auth}@"), hosts),
@@ -163,7 +222,7 @@ fn cluster_nodes(url: &str) -> Result<Vec<String>, StoreError> {
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{auth}{h}"))
+        .map(|h| format!("redis://{auth}{h}{query}"))
         .collect();
     if nodes.is_empty() {
         return Err(bad("no node"));
@@ -335,11 +394,15 @@ mod tests {
             cluster_nodes("redis+cluster://u:p%40ss@h1:7000,h2:7000/").unwrap(),
             ["redis://u:p%40ss@h1:7000", "redis://u:p%40ss@h2:7000"]
         );
+        assert_eq!(
+            cluster_nodes("redis+cluster://h1:7000,h2:7000/?replicas=1").unwrap(),
+            ["redis://h1:7000?replicas=1", "redis://h2:7000?replicas=1"]
+        );
         for bad in [
             "redis+cluster://",
             "redis+cluster://,",
             "redis+cluster://h:1/0",
-            "redis+cluster://h:1?x=1",
+            "redis+cluster://h:1#x",
             "redis://h:1",
         ] {
             assert!(cluster_nodes(bad).is_err(), "{bad}");

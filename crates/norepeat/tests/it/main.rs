@@ -52,6 +52,8 @@ mod persistence;
 mod ratelimit;
 mod ratelimit_algorithms;
 mod redis_batching;
+mod replicas;
+mod sentinel;
 mod shadow;
 mod token_clocks;
 mod webhook;

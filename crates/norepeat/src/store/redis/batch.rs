@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the queue, its ticket and the send path (with the replicas' WAIT) share one batch's state and read best in order.
 //! Auto-pipelining: the commands (claims, scripts) that arrive together
 //! leave in one write.
 //!
@@ -46,9 +47,10 @@
 //! that answer ([`Pending::answer_or_redirect`]), to send it again alone
 //! where it belongs; one Redis never answers so.
 
+use super::url::Replicas;
 use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -98,6 +100,9 @@ struct State {
 pub(super) struct Waiting {
     cmd: Cmd,
     reply: oneshot::Sender<Reply>,
+    /// A write that must reach the store's replicas before its caller
+    /// is answered (see [`send`]).
+    durable: bool,
 }
 
 /// A command's answer, and the command itself when the answer says it did
@@ -150,12 +155,17 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cmd`. `true` when no task is due to take the queue: the
-    /// caller must then hand a [`Ticket`] to a task that runs [`flush`].
-    pub(super) fn push(&self, cmd: Cmd) -> (Pending, bool) {
+    /// Queues `cmd` (`durable`: a write its replicas must have, when the
+    /// store asks for them). `true` when no task is due to take the queue:
+    /// the caller must then hand a [`Ticket`] to a task that runs [`flush`].
+    pub(super) fn push(&self, cmd: Cmd, durable: bool) -> (Pending, bool) {
         let (reply, answer) = oneshot::channel();
         let mut state = self.state();
-        state.waiting.push(Waiting { cmd, reply });
+        state.waiting.push(Waiting {
+            cmd,
+            reply,
+            durable,
+        });
         let first = !std::mem::replace(&mut state.scheduled, true);
         (Pending(answer), first)
     }
@@ -245,10 +255,14 @@ impl Pending {
 /// a slow store is then seen as slow, not as silent. A command never
 /// answered (its batch failed: a broken connection, the response timeout)
 /// reports nothing, nor does one answered with a server error.
+///
+/// With `replicas`, a batch that carries a durable write ends with one
+/// `WAIT` (see [`send`]).
 pub(super) async fn flush<P, C>(
     mut ticket: Ticket<P>,
     con: impl FnOnce(&P) -> C,
     late: impl Fn(&P, Duration),
+    replicas: Option<Replicas>,
 ) where
     P: AsRef<Queue>,
     C: ConnectionLike + Send,
@@ -268,7 +282,7 @@ pub(super) async fn flush<P, C>(
     }
     let mut sending = std::pin::pin!(async {
         let batch = queue.take();
-        if send(&mut con, batch, |took| late(slot, took)).await {
+        if send(&mut con, batch, |took| late(slot, took), replicas).await {
             queue.answered();
         }
     });
@@ -293,12 +307,22 @@ pub(super) async fn flush<P, C>(
 /// Sends `batch` on `con`, one write, and hands each command its answer.
 /// Commands whose caller has gone are left out. Whether the connection
 /// answered (a server error is an answer; a broken connection is not).
+///
+/// With `replicas`, a batch that carries a durable write (a claim, a
+/// completion) ends with `WAIT count timeout`, in the same pipeline: one
+/// round trip, and one `WAIT` covers every write before it on the
+/// connection. A durable write is answered only after it; when fewer
+/// replicas than asked have it, its caller gets an error (the write ran on
+/// the master, but a failover before the replicas copy it would lose it:
+/// a store failure, for the route's policy to decide).
 async fn send<C: ConnectionLike + Send>(
     con: &mut C,
     mut batch: Vec<Waiting>,
     late: impl Fn(Duration),
+    replicas: Option<Replicas>,
 ) -> bool {
     batch.retain(|w| !w.reply.is_closed());
+    let replicas = replicas.filter(|_| batch.iter().any(|w| w.durable));
     let sent = Instant::now();
     // An answer its caller no longer waits for: the store answered, late.
     // Only a value is reported: a server error (an `OOM`, a redirection) is
@@ -325,8 +349,8 @@ async fn send<C: ConnectionLike + Send>(
     };
     match batch.len() {
         0 => false,
-        1 => {
-            let Waiting { cmd, reply } = batch.pop().expect("one command");
+        1 if replicas.is_none() => {
+            let Waiting { cmd, reply, .. } = batch.pop().expect("one command");
             match cmd.query_async::<Value>(con).await {
                 // A server error (a redirection among them) is the command's
                 // own answer.
@@ -345,32 +369,54 @@ async fn send<C: ConnectionLike + Send>(
             }
         }
         n => {
-            let mut pipe = Pipeline::with_capacity(n);
+            let mut pipe = Pipeline::with_capacity(n + 1);
             // With `ignore_errors`, a command's server error is its own
             // answer (a `Value::ServerError`), not the pipeline's.
             pipe.ignore_errors();
             let mut replies = Vec::with_capacity(n);
-            for Waiting { cmd, reply } in batch {
+            let mut durable = Vec::with_capacity(n);
+            for Waiting {
+                cmd,
+                reply,
+                durable: d,
+            } in batch
+            {
                 pipe.add_command(cmd);
                 replies.push(reply);
+                durable.push(d);
             }
+            if let Some(r) = replicas {
+                pipe.add_command(wait(r));
+            }
+            let expected = n + usize::from(replicas.is_some());
             let answers = pipe.query_async::<Vec<Value>>(con).await.and_then(|v| {
-                if v.len() == n {
+                if v.len() == expected {
                     Ok(v)
                 } else {
                     Err(RedisError::from((
                         ErrorKind::Parse,
                         "a pipeline's answers did not match its commands",
-                        format!("{} answers to {n} commands", v.len()),
+                        format!("{} answers to {expected} commands", v.len()),
                     )))
                 }
             });
             match answers {
-                Ok(values) => {
-                    for ((value, reply), cmd) in
-                        values.into_iter().zip(replies).zip(pipe.cmd_iter())
+                Ok(mut values) => {
+                    let shortfall = replicas.and_then(|r| {
+                        let acked = values.pop().map(Value::extract_error);
+                        short_of(r, acked)
+                    });
+                    for (((value, reply), cmd), durable) in values
+                        .into_iter()
+                        .zip(replies)
+                        .zip(pipe.cmd_iter())
+                        .zip(durable)
                     {
-                        answer(reply, value.extract_error(), cmd);
+                        let value = match (&shortfall, value.extract_error()) {
+                            (Some(e), Ok(_)) if durable => Err(e.clone()),
+                            (_, value) => value,
+                        };
+                        answer(reply, value, cmd);
                     }
                     true
                 }
@@ -383,4 +429,34 @@ async fn send<C: ConnectionLike + Send>(
             }
         }
     }
+}
+
+/// `WAIT count timeout_ms`.
+pub(super) fn wait(r: Replicas) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3, 24);
+    cmd.arg("WAIT")
+        .arg(r.count)
+        .arg(u64::try_from(r.timeout.as_millis()).unwrap_or(u64::MAX));
+    cmd
+}
+
+/// The error of the durable writes of a batch whose `WAIT` answered
+/// `acked`, or `None` when at least `r.count` replicas have them.
+pub(super) fn short_of(r: Replicas, acked: Option<RedisResult<Value>>) -> Option<RedisError> {
+    let got = match acked {
+        Some(Ok(Value::Int(n))) if n >= i64::from(r.count) => return None,
+        Some(Ok(Value::Int(n))) => format!("{n} had it"),
+        Some(Ok(other)) => format!("WAIT answered {other:?}"),
+        Some(Err(e)) => format!("WAIT failed: {e}"),
+        None => "WAIT was not answered".to_owned(),
+    };
+    Some(RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ResponseError),
+        "a write not acknowledged by enough replicas (a failover could lose it)",
+        format!(
+            "asked {} within {} ms, {got}",
+            r.count,
+            r.timeout.as_millis()
+        ),
+    )))
 }

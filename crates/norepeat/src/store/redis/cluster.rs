@@ -62,6 +62,7 @@
 
 use super::batch::{self, Queue, Redirected, Ticket};
 use super::single::{at, manager_config};
+use super::url::{self, Replicas};
 use super::{Backend, Connections, Scripts, map_err};
 use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
@@ -142,10 +143,30 @@ impl ClusterStore {
 
     /// Connects to the cluster that `nodes` (`redis://host:port` each) belong to.
     ///
+    /// A node URL may end with `?replicas=N[&replicas_timeout=T]` (as a
+    /// [`RedisStore`](crate::store::RedisStore)'s: each claim and
+    /// completion waits for `N` replicas of its master, `WAIT N T` in its
+    /// batch); every URL that says so must say the same.
+    ///
     /// # Errors
     /// When no node can be reached or a URL is invalid.
     pub async fn connect<S: AsRef<str>>(nodes: &[S]) -> Result<Self, StoreError> {
-        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let given: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let mut replicas = None;
+        let mut nodes = Vec::with_capacity(given.len());
+        for node in &given {
+            let (rest, asked) = url::split_settings(node, &[])
+                .map_err(|e| StoreError::InvalidUrl(format!("{:?}: {e}", redact_url(node))))?;
+            if asked.is_some() && replicas.is_some_and(|r| Some(r) != asked) {
+                return Err(StoreError::InvalidUrl(format!(
+                    "{:?}: the nodes ask for different replicas",
+                    redact_url(node)
+                )));
+            }
+            replicas = replicas.or(asked);
+            nodes.push(rest.into_owned());
+        }
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
         let shown = nodes
             .iter()
             .map(|n| redact_url(n))
@@ -180,6 +201,7 @@ impl ClusterStore {
         let inner = Arc::new(Inner {
             cluster,
             info,
+            replicas,
             map: ArcSwap::from_pointee(SlotMap::empty()),
             refreshing: AtomicBool::new(false),
             stale: AtomicBool::new(false),
@@ -220,6 +242,8 @@ struct Inner {
     cluster: ClusterConnection,
     /// The first node's connection settings, the address aside.
     info: ConnectionInfo,
+    /// The replicas each claim and completion waits for.
+    replicas: Option<Replicas>,
     map: ArcSwap<SlotMap>,
     /// A refresh task is running.
     refreshing: AtomicBool,
@@ -385,36 +409,45 @@ impl Inner {
     /// another and is redirected until it times out). A slot in transition
     /// (`TRYAGAIN`, `CLUSTERDOWN`), or a second redirection, goes to the
     /// cluster client, which waits and follows.
-    async fn redirect(&self, cmd: Cmd, error: RedisError) -> RedisResult<Value> {
+    ///
+    /// `durable`: the command's slot, when it is a write its master's
+    /// replicas must have; `WAIT` follows it in the same pipeline.
+    async fn redirect(
+        &self,
+        cmd: Cmd,
+        error: RedisError,
+        durable: Option<u16>,
+    ) -> RedisResult<Value> {
         let asking = error.code() == Some("ASK");
         let target = error.redirect_node().and_then(|(addr, _slot)| {
             let (host, port) = addr.rsplit_once(':')?;
             Some((host.to_owned(), port.parse::<u16>().ok()?))
         });
         let Some(node) = target.and_then(|(host, port)| self.node_at(host, port)) else {
-            return self.alone(cmd).await;
+            return self.alone(cmd, durable).await;
         };
         let mut con = ConnectionManager::clone(&node.manager.load());
-        let answer = if asking {
+        let wait = self.replicas.filter(|_| durable.is_some());
+        let answer = if asking || wait.is_some() {
             let mut pipe = redis::pipe();
-            pipe.ignore_errors()
-                .add_command(redis::cmd("ASKING"))
-                .add_command(cmd.clone());
+            pipe.ignore_errors();
+            if asking {
+                pipe.add_command(redis::cmd("ASKING"));
+            }
+            pipe.add_command(cmd.clone());
+            if let Some(r) = wait {
+                pipe.add_command(batch::wait(r));
+            }
+            let expected = 1 + usize::from(asking) + usize::from(wait.is_some());
             pipe.query_async::<Vec<Value>>(&mut con)
                 .await
-                .and_then(|mut answers| match (answers.pop(), answers.len()) {
-                    (Some(answer), 1) => answer.extract_error(),
-                    _ => Err(RedisError::from((
-                        ErrorKind::Parse,
-                        "ASKING and a command did not get two answers",
-                    ))),
-                })
+                .and_then(|answers| answered(answers, expected, usize::from(asking), wait))
         } else {
             cmd.query_async::<Value>(&mut con).await
         };
         match answer {
             Err(e) if matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")) => {
-                self.alone(cmd).await
+                self.alone(cmd, durable).await
             }
             answer => answer,
         }
@@ -434,10 +467,23 @@ impl Inner {
     }
 
     /// Sends `cmd` alone through the cluster client, which follows
-    /// redirections and waits out slots in transition.
-    async fn alone(&self, cmd: Cmd) -> RedisResult<Value> {
+    /// redirections and waits out slots in transition. `durable`: its
+    /// slot, when its master's replicas must have it: then `cmd` and
+    /// `WAIT` go as one pipeline to that slot's master (the client sends
+    /// a redirected pipeline again whole: the `WAIT` again, and the
+    /// command, which a redirection says did not run).
+    async fn alone(&self, cmd: Cmd, durable: Option<u16>) -> RedisResult<Value> {
         let mut con = self.cluster.clone();
-        cmd.query_async(&mut con).await
+        let (Some(slot), Some(r)) = (durable, self.replicas) else {
+            return cmd.query_async(&mut con).await;
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).add_command(batch::wait(r));
+        let route = redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(
+            redis::cluster_routing::Route::new(slot, redis::cluster_routing::SlotAddr::Master),
+        );
+        let answers = con.route_pipeline(pipe, 0, 2, route).await?;
+        answered(answers, 2, 0, Some(r))
     }
 
     /// Reports one late answer to every live target, forgetting the gone.
@@ -446,6 +492,33 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|to| to.report(took));
+    }
+}
+
+/// The answer of the command at `at` of a pipeline of `expected`
+/// answers, the last of which is `WAIT`'s when `wait` is asked: an error
+/// when fewer replicas than asked acknowledged it.
+fn answered(
+    mut answers: Vec<Value>,
+    expected: usize,
+    at: usize,
+    wait: Option<Replicas>,
+) -> RedisResult<Value> {
+    if answers.len() != expected {
+        return Err(RedisError::from((
+            ErrorKind::Parse,
+            "a redirected command's pipeline got the wrong number of answers",
+            format!("{} answers to {expected} commands", answers.len()),
+        )));
+    }
+    let acked = wait.map(|_| answers.pop().map(Value::extract_error));
+    let answer = answers.swap_remove(at).extract_error()?;
+    match wait
+        .zip(acked)
+        .and_then(|(r, acked)| batch::short_of(r, acked))
+    {
+        Some(short) => Err(short),
+        None => Ok(answer),
     }
 }
 
@@ -539,13 +612,17 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// Sends a command a master did not run where it belongs (see
 /// [`Inner::redirect`]), refreshing the map after a `MOVED`. Boxed: only
 /// while slots move.
-fn resend(inner: Arc<Inner>, redirected: Redirected) -> BoxFuture<'static, RedisResult<Value>> {
+fn resend(
+    inner: Arc<Inner>,
+    redirected: Redirected,
+    durable: Option<u16>,
+) -> BoxFuture<'static, RedisResult<Value>> {
     if matches!(redirected.error.code(), Some("MOVED" | "CLUSTERDOWN")) {
         inner.refresh_soon();
     }
     Box::pin(async move {
         let Redirected { cmd, error } = redirected;
-        inner.redirect(cmd, error).await
+        inner.redirect(cmd, error, durable).await
     })
 }
 
@@ -573,15 +650,22 @@ impl Connections for Nodes {
     /// Queued at once on the queue of the key's master (see [`batch`]); a
     /// command that master did not run (a redirection) is sent again alone
     /// through the cluster client, and the map refreshed.
-    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+    fn query(
+        &self,
+        key: &str,
+        cmd: Cmd,
+        durable: bool,
+    ) -> impl Future<Output = RedisResult<Value>> + Send {
         let inner = Arc::clone(&self.0);
-        let node = inner.map.load().node(slot_of(key.as_bytes())).cloned();
+        let slot = slot_of(key.as_bytes());
+        let node = inner.map.load().node(slot).cloned();
+        let durable_slot = (durable && inner.replicas.is_some()).then_some(slot);
         // The rare paths (a slot the map does not know, a redirection) are
         // boxed: the future of every claim on a cluster, and so an
         // `AnyStore`'s, carries only a receiver and a pointer.
         let pending = match node {
             Some(node) => {
-                let (answer, first) = node.queue.push(cmd);
+                let (answer, first) = node.queue.push(cmd, durable);
                 if first {
                     let ticket = Ticket::new(NodeOf {
                         inner: Arc::clone(&inner),
@@ -591,13 +675,14 @@ impl Connections for Nodes {
                         ticket,
                         |n: &NodeOf| ConnectionManager::clone(&n.node.manager.load()),
                         |n: &NodeOf, took| n.inner.report_late(took),
+                        inner.replicas,
                     ));
                 }
                 Ok(answer)
             }
             None => Err(Box::pin(async move {
                 inner.refresh_soon();
-                inner.alone(cmd).await
+                inner.alone(cmd, durable_slot).await
             }) as BoxFuture<'static, RedisResult<Value>>),
         };
         let inner = Arc::clone(&self.0);
@@ -617,7 +702,7 @@ impl Connections for Nodes {
                     }
                     return answer;
                 }
-                Err(redirected) => resend(inner, redirected),
+                Err(redirected) => resend(inner, redirected, durable_slot),
             };
             resending.await
         }

@@ -1,4 +1,14 @@
-//! Redis and Redis Cluster backends.
+//! Redis and Redis Cluster backends, and a Redis whose master Sentinel
+//! names.
+//!
+//! # Replicas
+//!
+//! A store made from a URL with `?replicas=N` (and `replicas_timeout=T`,
+//! 100 ms unless given) ends every batch that carries a claim or a
+//! completion with `WAIT N T`, on the same connection and in the same
+//! pipeline; a claim or completion fewer than `N` replicas acknowledged
+//! within `T` fails (a store failure: the route's policy applies). See
+//! [`batch`] for how, and the crate README for what it guarantees.
 
 use crate::store::{KeyOp, KeyReply, RateDecision, RateOp, StoreError, ttl_ms};
 use bytes::Bytes;
@@ -92,7 +102,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
             .arg("PX")
             .arg(ttl_ms(ttl))
             .arg("GET");
-        let answer = self.con.query(key, cmd).await.map_err(map_err)?;
+        let answer = self.con.query(key, cmd, true).await.map_err(map_err)?;
         let old: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(old.map(Bytes::from))
     }
@@ -101,17 +111,19 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
     /// like a claim so that it shares its connection's next write. A server
     /// that answers `NOSCRIPT` (restarted, or newly promoted) did not run
     /// it: the script is loaded there and the command sent once more, as
-    /// redis-rs's own `invoke_async` does.
+    /// redis-rs's own `invoke_async` does. `durable`: a write the store's
+    /// replicas must have (a completion).
     async fn script(
         &self,
         script: &Script,
         key: &str,
         evalsha: impl Fn() -> Cmd,
+        durable: bool,
     ) -> RedisResult<Value> {
-        match self.con.query(key, evalsha()).await {
+        match self.con.query(key, evalsha(), durable).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 script.load_async(&mut self.con.pick(key)).await?;
-                self.con.query(key, evalsha()).await
+                self.con.query(key, evalsha(), durable).await
             }
             answer => answer,
         }
@@ -119,6 +131,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
 
     /// An owner-checked script (release, renew, replace): `args`, then
     /// `ttl` in milliseconds when given; `true` when it changed the key.
+    /// `durable`: the store's replicas must have it (a completion).
     ///
     /// Boxed: a script's future (EVALSHA, and SCRIPT LOAD on NOSCRIPT) is
     /// several times the size of a `SET`'s, and [`execute`](Self::execute)'s
@@ -131,6 +144,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         key: &'a str,
         args: &'a [&'a [u8]],
         ttl: Option<Duration>,
+        durable: bool,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let evalsha = || {
@@ -144,7 +158,10 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 }
                 cmd
             };
-            let answer = self.script(script, key, evalsha).await.map_err(map_err)?;
+            let answer = self
+                .script(script, key, evalsha, durable)
+                .await
+                .map_err(map_err)?;
             let n: i64 = redis::from_redis_value(answer).map_err(protocol)?;
             Ok(n == 1)
         })
@@ -162,7 +179,10 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
             cmd.arg(a).arg(b);
             cmd
         };
-        let answer = self.script(script, key, evalsha).await.map_err(map_err)?;
+        let answer = self
+            .script(script, key, evalsha, false)
+            .await
+            .map_err(map_err)?;
         let v: (i64, i64, i64) = redis::from_redis_value(answer).map_err(protocol)?;
         Ok(decision(v))
     }
@@ -193,11 +213,11 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 .await
                 .map(KeyReply::Held),
             KeyOp::DeleteIfEquals { key, expected } => self
-                .eval_bool(&s.release, key, &[expected], None)
+                .eval_bool(&s.release, key, &[expected], None, false)
                 .await
                 .map(KeyReply::Changed),
             KeyOp::ExpireIfEquals { key, expected, ttl } => self
-                .eval_bool(&s.renew, key, &[expected], Some(ttl))
+                .eval_bool(&s.renew, key, &[expected], Some(ttl), false)
                 .await
                 .map(KeyReply::Changed),
             KeyOp::ReplaceIfEquals {
@@ -206,13 +226,13 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
                 value,
                 ttl,
             } => self
-                .eval_bool(&s.replace, key, &[expected, value], Some(ttl))
+                .eval_bool(&s.replace, key, &[expected, value], Some(ttl), true)
                 .await
                 .map(KeyReply::Changed),
             KeyOp::Get { key } => {
                 let mut cmd = Cmd::with_capacity(2, 3 + key.len());
                 cmd.arg("GET").arg(key);
-                let answer = self.con.query(key, cmd).await.map_err(map_err)?;
+                let answer = self.con.query(key, cmd, false).await.map_err(map_err)?;
                 let v: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(protocol)?;
                 Ok(KeyReply::Held(v.map(Bytes::from)))
             }
@@ -295,8 +315,15 @@ trait Connections {
     /// Sends one command on `key` (a claim's `SET`, a script's `EVALSHA`)
     /// and returns its answer, a server error as an `Err`. The commands on
     /// one key leave on one connection, in the order of these calls: a
-    /// release never overtakes a completion sent before it.
-    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
+    /// release never overtakes a completion sent before it. `durable`: a
+    /// write the store's replicas must have, when it asks for them (see
+    /// [`batch`]).
+    fn query(
+        &self,
+        key: &str,
+        cmd: Cmd,
+        durable: bool,
+    ) -> impl Future<Output = RedisResult<Value>> + Send;
 
     /// Replaces connections whose replies stopped coming.
     fn reconnect(&self);
@@ -306,10 +333,26 @@ trait Connections {
     fn report_late_answers(&self, to: crate::store::LateAnswers);
 }
 
+/// What [`AnyStore::check_url`](crate::store::AnyStore::check_url) finds
+/// wrong in a Redis URL (one Redis, a Sentinel URL, or one node of a
+/// cluster), with nothing sent: its query, and a Sentinel URL's parts.
+/// (The rest is redis-rs's to read when connecting: a `rediss://` URL,
+/// for one, is refused there by a build without TLS.)
+pub(crate) fn check_url(url: &str) -> Result<(), StoreError> {
+    let checked = if url::is_sentinel(url) {
+        url::sentinel(url).map(drop)
+    } else {
+        url::split_settings(url, &["protocol"]).map(drop)
+    };
+    checked.map_err(|e| single::invalid(url, &e))
+}
+
 mod batch;
 mod cluster;
 mod persistence;
+mod sentinel;
 mod single;
+pub(crate) mod url;
 
 pub use cluster::ClusterStore;
 pub use single::{DEFAULT_CONNECTIONS, RedisStore};

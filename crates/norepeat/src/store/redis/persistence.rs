@@ -15,7 +15,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
     pub(super) async fn persistent(&self) -> Result<Option<bool>, StoreError> {
         let mut info = Cmd::new();
         info.arg("INFO").arg("persistence");
-        let text = match self.con.query("", info).await.map_err(map_err)? {
+        let text = match self.con.query("", info, false).await.map_err(map_err)? {
             Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
             Value::VerbatimString { text, .. } => text,
             _ => return Ok(None),
@@ -25,7 +25,7 @@ impl<C: Connections + Send + Sync + 'static> Backend<C> {
         }
         let mut save = Cmd::new();
         save.arg("CONFIG").arg("GET").arg("save");
-        let Ok(answer) = self.con.query("", save).await else {
+        let Ok(answer) = self.con.query("", save, false).await else {
             return Ok(None);
         };
         let schedule = match answer {

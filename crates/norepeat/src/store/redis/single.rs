@@ -1,9 +1,15 @@
-//! One Redis server, over a few multiplexed connections.
+// Over 400 lines on purpose: one Redis's pool and the following of a Sentinel's master share the pool's slots and client (following a master is replacing them).
+//! One Redis server, over a few multiplexed connections: one named by its
+//! address, or the master a set of Sentinels names (followed when it
+//! moves).
 
 use super::batch::{self, Queue, Ticket};
+use super::sentinel::{self, Discovery};
+use super::url::{self, Replicas};
 use super::{Backend, Connections, Scripts, map_err};
 use crate::store::{LateAnswers, StoreError, redact_url};
 use arc_swap::ArcSwap;
+use futures_util::FutureExt;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisResult, Value};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +31,34 @@ use std::time::Duration;
 /// let store = norepeat::store::RedisStore::connect("redis://127.0.0.1:6379").await?;
 /// # Ok(()) }
 /// ```
+///
+/// # Sentinel
+///
+/// `redis+sentinel://[user:password@]host:port,host:port/MASTER_NAME`
+/// (`rediss+sentinel://` for TLS, as `rediss://`) names the Sentinels and
+/// the master's name: the store asks the Sentinels where the master is,
+/// and asks again when a call there gets no answer or is answered
+/// `READONLY` (after a failover); when the master moved, every connection
+/// is replaced, and those to the old master dropped. The credentials are
+/// the master's; the Sentinels are asked without them.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), norepeat::store::StoreError> {
+/// let store = norepeat::store::RedisStore::connect(
+///     "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster?replicas=1",
+/// ).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Replicas
+///
+/// `?replicas=N[&replicas_timeout=T]` (on any of the URLs above; `T` as
+/// `50ms` or `1s`, 100 ms unless given, at most 1 s): every batch that
+/// carries a claim or a completion ends with `WAIT N T` on its
+/// connection, and a claim or completion that fewer than `N` replicas
+/// acknowledged within `T` fails with [`StoreError::Server`] (it ran on the
+/// master; a failover before the replicas copy it would lose it). Any
+/// other query parameter but redis-rs's `protocol` is an error.
 #[derive(Clone)]
 pub struct RedisStore(Backend<Pool>);
 
@@ -76,7 +110,22 @@ impl RedisStore {
     /// server when the first connection fails. A password in the URL shows
     /// as `***` in either.
     pub async fn connect_with(url: &str, connections: usize) -> Result<Self, StoreError> {
-        let client = open(url)?;
+        let (client, replicas, sentinel) = if url::is_sentinel(url) {
+            let discovery = discovery(url)?;
+            let client = discovery.0.master().await.map_err(|e| {
+                at(
+                    url,
+                    StoreError::Connection(format!(
+                        "no master named {:?} found through the Sentinels: {e}",
+                        discovery.0.name()
+                    )),
+                )
+            })?;
+            (client, discovery.1, Some(Arc::new(discovery.0)))
+        } else {
+            let (client, replicas) = open(url)?;
+            (client, replicas, None)
+        };
         let mut managers = Vec::new();
         for _ in 0..connections.max(1) {
             managers.push(
@@ -85,7 +134,7 @@ impl RedisStore {
                     .map_err(|e| at(url, map_err(e)))?,
             );
         }
-        Ok(Self::with_pool(client, managers))
+        Ok(Self::with_pool(client, managers, replicas, sentinel))
     }
 
     /// Like [`connect`](Self::connect), but connects on first use: a store
@@ -112,20 +161,35 @@ impl RedisStore {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL.
+    /// [`StoreError::InvalidUrl`] when the URL is not a Redis URL, or is a
+    /// Sentinel URL (its master must be asked for first: use
+    /// [`connect`](Self::connect)).
     pub fn connect_lazy_with(url: &str, connections: usize) -> Result<Self, StoreError> {
-        let client = open(url)?;
+        if url::is_sentinel(url) {
+            return Err(StoreError::InvalidUrl(format!(
+                "{:?}: a Sentinel URL is connected to with RedisStore::connect (the Sentinels must name the master first)",
+                redact_url(url)
+            )));
+        }
+        let (client, replicas) = open(url)?;
         let managers = (0..connections.max(1))
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| at(url, map_err(e)))?;
-        Ok(Self::with_pool(client, managers))
+        Ok(Self::with_pool(client, managers, replicas, None))
     }
 
-    fn with_pool(client: redis::Client, managers: Vec<ConnectionManager>) -> Self {
+    fn with_pool(
+        client: redis::Client,
+        managers: Vec<ConnectionManager>,
+        replicas: Option<Replicas>,
+        sentinel: Option<Arc<Discovery>>,
+    ) -> Self {
         Self(Backend {
             con: Pool(Arc::new(PoolInner {
-                client,
+                client: ArcSwap::from_pointee(client),
+                replicas,
+                sentinel,
                 slots: managers
                     .into_iter()
                     .map(|m| Slot {
@@ -140,15 +204,29 @@ impl RedisStore {
     }
 }
 
-/// The client of `url`, or why the URL is no Redis URL (with its password
-/// replaced by `***`, and how a good one looks).
-fn open(url: &str) -> Result<redis::Client, StoreError> {
-    redis::Client::open(url).map_err(|e| {
-        StoreError::InvalidUrl(format!(
-            "{:?} ({e}); a Redis URL looks like redis://[[user]:password@]host:port[/db] or rediss:// for TLS",
-            redact_url(url)
-        ))
-    })
+/// How a good URL looks, for the errors of a bad one.
+const LOOKS_LIKE: &str = "a Redis URL looks like redis://[[user]:password@]host:port[/db] or rediss:// for TLS, or redis+sentinel://[[user]:password@]host:port,host:port/MASTER_NAME, each with ?replicas=N&replicas_timeout=T if asked";
+
+/// Why `url` is no Redis URL: `why`, the URL with its password replaced
+/// by `***`, and how a good one looks.
+pub(super) fn invalid(url: &str, why: &dyn std::fmt::Display) -> StoreError {
+    StoreError::InvalidUrl(format!("{:?} ({why}); {LOOKS_LIKE}", redact_url(url)))
+}
+
+/// The client of `url` and the replicas it asks for, or why the URL is no
+/// Redis URL.
+fn open(url: &str) -> Result<(redis::Client, Option<Replicas>), StoreError> {
+    let (rest, replicas) = url::split_settings(url, &["protocol"]).map_err(|e| invalid(url, &e))?;
+    let client = redis::Client::open(&*rest).map_err(|e| invalid(url, &e))?;
+    Ok((client, replicas))
+}
+
+/// The Sentinels of a Sentinel URL and the replicas it asks for, or why
+/// the URL is no such URL.
+fn discovery(url: &str) -> Result<(Discovery, Option<Replicas>), StoreError> {
+    let parsed = url::sentinel(url).map_err(|e| invalid(url, &e))?;
+    let discovery = Discovery::new(&parsed).map_err(|e| invalid(url, &e))?;
+    Ok((discovery, parsed.replicas))
 }
 
 /// `error`, naming the server it came from (`url` without its password).
@@ -187,7 +265,13 @@ pub(super) fn manager_config() -> redis::aio::ConnectionManagerConfig {
 struct Pool(Arc<PoolInner>);
 
 struct PoolInner {
-    client: redis::Client,
+    /// The server's client; behind Sentinel, the master's of the moment
+    /// (replaced by [`follow_master`]).
+    client: ArcSwap<redis::Client>,
+    /// The replicas each claim and completion waits for.
+    replicas: Option<Replicas>,
+    /// The Sentinels that name the server, when they do.
+    sentinel: Option<Arc<Discovery>>,
     slots: Box<[Slot]>,
     /// Where the answers that came after their callers gave up are
     /// reported (see [`batch`]); read only when such an answer comes.
@@ -269,9 +353,17 @@ impl Connections for Pool {
     /// answer, so a claim's future does not carry the command): the call
     /// that finds no task due to take the queue spawns the one that sends
     /// the batch (see [`batch`]).
-    fn query(&self, key: &str, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send {
+    ///
+    /// Behind Sentinel, an answer that says the master may have moved (no
+    /// answer, or `READONLY`) asks the Sentinels again ([`follow_master`]).
+    fn query(
+        &self,
+        key: &str,
+        cmd: Cmd,
+        durable: bool,
+    ) -> impl Future<Output = RedisResult<Value>> + Send {
         let index = self.slot_of(key);
-        let (answer, first) = self.0.slots[index].queue.push(cmd);
+        let (answer, first) = self.0.slots[index].queue.push(cmd, durable);
         if first {
             let ticket = Ticket::new(SlotOf {
                 pool: Arc::clone(&self.0),
@@ -281,9 +373,20 @@ impl Connections for Pool {
                 ticket,
                 |s: &SlotOf| ConnectionManager::clone(&s.slot().manager.load()),
                 |s: &SlotOf, took| s.pool.report_late(took),
+                self.0.replicas,
             ));
         }
-        answer.answer()
+        // Only a Sentinel's pool is held by the answer (one Redis's
+        // futures carry a `None`, and no reference count is touched).
+        let watched = self.0.sentinel.is_some().then(|| Arc::clone(&self.0));
+        answer.answer().map(move |answer| {
+            if let Some(pool) = watched
+                && sentinel::may_have_moved(&answer)
+            {
+                follow_master(&pool);
+            }
+            answer
+        })
     }
 
     /// Replaces every connection with a fresh one (made on first use). A
@@ -292,14 +395,10 @@ impl Connections for Pool {
     /// itself: every later reply would be matched to an abandoned request.
     fn reconnect(&self) {
         let p = &*self.0;
-        for slot in &p.slots {
-            match ConnectionManager::new_lazy_with_config(p.client.clone(), manager_config()) {
-                Ok(fresh) => slot.manager.store(Arc::new(fresh)),
-                Err(e) => tracing::warn!(error = %e, "could not replace a Redis connection"),
-            }
-        }
+        replace_connections(p, &p.client.load());
         metrics::counter!("norepeat_store_reconnects_total").increment(1);
         tracing::warn!("replaced the Redis connections after repeated timeouts");
+        follow_master(&self.0);
     }
 
     fn report_late_answers(&self, to: LateAnswers) {
@@ -307,6 +406,66 @@ impl Connections for Pool {
         late.retain(LateAnswers::is_live);
         late.push(to);
     }
+}
+
+/// Replaces every connection of `pool` with a fresh one to `client`'s
+/// server (made on first use); the old ones close when their last call
+/// is answered.
+fn replace_connections(pool: &PoolInner, client: &redis::Client) {
+    for slot in &pool.slots {
+        match ConnectionManager::new_lazy_with_config(client.clone(), manager_config()) {
+            Ok(fresh) => slot.manager.store(Arc::new(fresh)),
+            Err(e) => tracing::warn!(error = %e, "could not replace a Redis connection"),
+        }
+    }
+}
+
+/// Behind Sentinel, asks the Sentinels where the master is, in a task of
+/// its own (one at a time, at most one lookup per
+/// [`LOOKUP_GAP`](sentinel::LOOKUP_GAP)), and when it moved, points the
+/// pool there: every connection replaced, the old master's dropped. Does
+/// nothing for a Redis named by its address, or outside a runtime (the
+/// next failed call asks again).
+fn follow_master(pool: &Arc<PoolInner>) {
+    let Some(discovery) = &pool.sentinel else {
+        return;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if !discovery.ask() {
+        return;
+    }
+    let pool = Arc::clone(pool);
+    runtime.spawn(async move {
+        let Some(discovery) = pool.sentinel.clone() else {
+            return;
+        };
+        while discovery.again() {
+            match discovery.master().await {
+                Ok(client) => {
+                    let old = pool.client.load();
+                    if client.get_connection_info().addr() != old.get_connection_info().addr() {
+                        tracing::warn!(
+                            master = discovery.name(),
+                            from = %old.get_connection_info().addr(),
+                            to = %client.get_connection_info().addr(),
+                            "the Sentinels name a new master: connections moved there"
+                        );
+                        replace_connections(&pool, &client);
+                        pool.client.store(Arc::new(client));
+                        metrics::counter!("norepeat_store_master_changes_total").increment(1);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    master = discovery.name(),
+                    error = %e,
+                    "the Sentinels named no master (a failover under way?)"
+                ),
+            }
+            tokio::time::sleep(sentinel::LOOKUP_GAP).await;
+        }
+    });
 }
 
 impl_store!(RedisStore, "redis");
