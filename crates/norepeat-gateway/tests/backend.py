@@ -12,7 +12,8 @@ the POST with that Idempotency-Key did, 404 when none did; X-No-Effect:
 a POST that waits X-Delay and does nothing), GET /attempts the `Idempotency-Attempt` header of each
 POST by path (`null` when absent), GET /form a plain HTML form with a repeat token (the browser test), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
-echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer. It prints
+echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer, GET /health its health (200, or
+the status set by GET /health/set/N). It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -29,6 +30,7 @@ ATTEMPTS = {}
 # GET /.../by-key/KEY (a reconciliation's lookup) finds.
 KEYED = {}
 LOCK = threading.Lock()
+HEALTH = {"status": 200}
 BIG = b"x" * (2 * 1024 * 1024)
 FORM = b"""<!doctype html>
 <html><head><title>order</title></head><body>
@@ -175,6 +177,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(404, b"{}")
             else:
                 self.answer(200, json.dumps(found).encode(), [("Set-Cookie", "lookup=1")])
+            return
+        if self.path.startswith("/health/set/"):
+            HEALTH["status"] = int(self.path.rsplit("/", 1)[1])
+            self.answer(200, b"{}")
+            return
+        if self.path == "/health":
+            self.answer(HEALTH["status"], b"{}")
             return
         if self.path == "/effects":
             with LOCK:
