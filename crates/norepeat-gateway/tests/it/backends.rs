@@ -76,7 +76,10 @@ async fn a_refused_connection_moves_the_request_to_the_next_server() {
     let redis = RedisServer::start().await;
     let b = backend(0).await;
     let [lane, routed, guarded] = [free_port(), free_port(), free_port()];
-    let up = |dead: u16| format!("[http://127.0.0.1:{dead}, http://127.0.0.1:{}]", b.port);
+    // On 127.0.0.2, where nothing of the tests listens (they bind
+    // 127.0.0.1): the port is not taken meanwhile, by the gateway itself
+    // or another test's backend.
+    let up = |dead: u16| format!("[http://127.0.0.2:{dead}, http://127.0.0.1:{}]", b.port);
     let yaml = format!(
         "upstream: {}\nstore: {}\nidentity:\n  header: X-User-Id\nroutes:\n  - match: POST /orders\n    upstream: {}\n  - match: POST /payments\n    guard: idempotency\n    upstream: {}\n",
         up(lane),
