@@ -66,6 +66,46 @@ async fn requests_spread_over_both_servers() {
     assert!(on_a > 0 && on_b > 0, "{on_a} on a, {on_b} on b");
 }
 
+/// While one order waits on a server (its answer delayed), the next ones
+/// go to the other: the fewest requests outstanding, not merely in turn.
+#[tokio::test]
+async fn a_busy_server_gets_no_more_until_it_answers() {
+    let redis = RedisServer::start().await;
+    let (a, b) = (backend(0).await, backend(0).await);
+    let g = gateway(&file_over(&[a.port, b.port], &redis.url(), "")).await;
+    let slow = {
+        let u = url(&g, "/orders");
+        tokio::spawn(async move {
+            Client::new()
+                .post(u)
+                .header("x-delay", "3")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    // Counted before the delay: the slow one is in flight on one of them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (busy, free) = loop {
+        if count(&a, "/orders").await == 1 {
+            break (&a, &b);
+        }
+        if count(&b, "/orders").await == 1 {
+            break (&b, &a);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for _ in 0..6 {
+        assert_eq!(order(&g).await, StatusCode::CREATED);
+    }
+    assert_eq!(count(busy, "/orders").await, 1);
+    assert_eq!(count(free, "/orders").await, 6);
+    assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+}
+
 /// Every path to the upstream (the lane's `GET`, a route's request
 /// written by hand, a guarded one) meets a server that refuses first (the
 /// first pick of each client, ties in turn, is the list's first) and

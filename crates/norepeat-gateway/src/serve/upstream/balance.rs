@@ -2,7 +2,8 @@
 //! which one a request goes to, and which are out.
 //!
 //! A request goes to the server with the fewest requests outstanding
-//! (ties in turn), among those that are up. A server is out for
+//! (from the pick to its answer's end; ties in turn), among those that
+//! are up. A server is out for
 //! [`REFUSED_FOR`] after it refused a connection (passive health), and,
 //! with `health_check`, from a failed check until one passes. When every
 //! server is out, they are tried anyway, as NGINX does, rather than

@@ -371,10 +371,40 @@ impl Client {
                 }
                 Ok(res) => {
                     self.health[pick.at].reached();
-                    return Ok(res);
+                    // Outstanding until its answer's body has ended.
+                    let lease = pick.lease.take();
+                    return Ok(res.map(|body| Body::new(Leased { body, lease })));
                 }
             }
         }
+    }
+}
+
+/// An answer's body that holds its request's [`Lease`] until it is
+/// dropped (the answer read, or given up).
+struct Leased {
+    body: Body,
+    #[allow(dead_code)] // Held for its `Drop`: one request fewer outstanding.
+    lease: Option<Lease>,
+}
+
+impl http_body::Body for Leased {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
