@@ -14,7 +14,8 @@ POST by path (`null` when absent), GET /form a plain HTML form with a repeat tok
 /slow-form the same posting to POST /slow-orders (one effect, then a 303
 a second later to GET /order-page?n=N, an HTML page), GET /echo the request's headers (and two hop-by-hop headers
 of its own), GET /upgrade (or any path ending so) 101 to the protocol of its `Upgrade` and then an
-echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer. It prints
+echo of every byte (426 without `Upgrade`), GET /switch 101 to h2c whatever was asked, GET /big 2 MiB, GET /break a broken answer, GET /health its health (200, or
+the status set by GET /health/set/N). It prints
 `listening on http://127.0.0.1:PORT` once it listens (argv[1]: the port,
 0 for any), as the test kit's ShopProcess expects.
 """
@@ -31,6 +32,7 @@ ATTEMPTS = {}
 # GET /.../by-key/KEY (a reconciliation's lookup) finds.
 KEYED = {}
 LOCK = threading.Lock()
+HEALTH = {"status": 200}
 BIG = b"x" * (2 * 1024 * 1024)
 FORM = b"""<!doctype html>
 <html><head><title>order</title></head><body>
@@ -200,6 +202,13 @@ class Handler(BaseHTTPRequestHandler):
             n = self.path.split("n=", 1)[-1]
             page = f"<!doctype html><title>Order {n}</title><h1>Order {n}</h1>".encode()
             self.answer(200, page, content_type="text/html; charset=utf-8")
+            return
+        if self.path.startswith("/health/set/"):
+            HEALTH["status"] = int(self.path.rsplit("/", 1)[1])
+            self.answer(200, b"{}")
+            return
+        if self.path == "/health":
+            self.answer(HEALTH["status"], b"{}")
             return
         if self.path == "/effects":
             with LOCK:

@@ -90,10 +90,12 @@
 //! | `limits` | `header_timeout: 10s`, `idle_timeout: 60s`, `body_timeout: 30s`, `request_timeout: 60s`, `max_connections: 10000`, `max_streams: 100` |
 //! | `tls` | none: plain HTTP/1.1 and cleartext HTTP/2 (prior knowledge) |
 //! | `upstream_ca` | none: an `https://` upstream is checked against the system's roots |
+//! | `health_check` | none: only a refused connection takes a server out, for 10 s (`interval`: `5s`) |
 //!
 //! `upstream`, `routes[].match` and `rate_limit.rate` have none. `listen`
 //! is an IP address and a port (`127.0.0.1:0` picks a free port; quote an
-//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]` or `https://...`.
+//! IPv6 one, `"[::1]:8090"`); an `upstream` is `http://host[:port][/base]` or `https://...`, or a
+//! list of them (`[http://a:8000, http://b:8000]`, one path for all).
 //! A misspelt field gets the nearest known name (`did you mean window?`). Durations
 //! are the library's grammar ([`norepeat::attribute::parse_duration`]:
 //! `250ms`, `3s`, `5m`, `24h`, `7d`), rates its [`Quota::parse`] (`5/s`,
@@ -138,6 +140,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where every request goes unless its route says otherwise.
     pub upstream: Upstream,
+    /// `health_check`: the upstream servers asked, in the background,
+    /// whether they are up (`None`: only a refused connection takes a
+    /// server out, for 10 s).
+    pub health_check: Option<HealthCheck>,
     /// Where the guards keep their keys.
     pub store: StoreUrl,
     /// Who the caller is.
@@ -241,6 +247,7 @@ start_only!(
     records,
     tls,
     upstream_ca,
+    health_check,
     limits,
     drain_delay,
     access_log,
@@ -713,28 +720,49 @@ impl RecordsUrl {
     }
 }
 
-/// An `http://host:port[/base]` (or `https://`) upstream.
+/// An `http://host:port[/base]` (or `https://`) upstream: one server, or
+/// a list of them (`upstream: [http://a:8000, http://b:8000]`) that the
+/// requests are spread over.
+///
+/// ```
+/// let file = b"upstream: [http://10.0.0.1:8000, http://10.0.0.2:8000]\n";
+/// let config = norepeat_gateway::config::Config::parse("g.yaml", file).unwrap();
+/// let servers: Vec<&str> = config.upstream.servers().map(|s| s.as_str()).collect();
+/// assert_eq!(servers, ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]);
+/// assert_eq!(config.upstream.as_str(), "http://10.0.0.1:8000");
+/// ```
 #[derive(Debug, Clone)]
-pub struct Upstream(String, http::Uri);
+pub struct Upstream(String, http::Uri, Vec<Upstream>);
 
 impl Upstream {
-    /// The URL as written, without a trailing `/`.
+    /// The URL as written, without a trailing `/` (a list's first).
     #[must_use]
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The URL parsed: it has a scheme (`http` or `https`) and an
-    /// authority, no query.
+    /// authority, no query (a list's first).
     #[must_use]
     pub fn uri(&self) -> &http::Uri {
         &self.1
+    }
+
+    /// Every server, in the file's order (one for a single URL).
+    pub fn servers(&self) -> impl Iterator<Item = &Upstream> {
+        std::iter::once(self).chain(self.2.iter())
+    }
+
+    /// `first` and then `rest`, as one upstream.
+    pub(super) fn list(mut first: Upstream, rest: Vec<Upstream>) -> Self {
+        first.2 = rest;
+        first
     }
 }
 
 impl PartialEq for Upstream {
     fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
+        self.0 == other.0 && self.2 == other.2
     }
 }
 
@@ -742,8 +770,39 @@ impl Eq for Upstream {}
 
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        if self.2.is_empty() {
+            return f.write_str(&self.0);
+        }
+        f.write_str("[")?;
+        for (i, s) in self.servers().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(&s.0)?;
+        }
+        f.write_str("]")
     }
+}
+
+/// `health_check: {path, interval}`: every upstream server is asked
+/// `GET path` every `interval` (within `min(interval, 2s)`); one that
+/// does not answer 2xx takes no requests until it does again.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let file = b"upstream: [http://a:8000, http://b:8000]\nhealth_check: { path: /health }\n";
+/// let config = norepeat_gateway::config::Config::parse("g.yaml", file).unwrap();
+/// let check = config.health_check.unwrap();
+/// assert_eq!((check.path.as_str(), check.interval), ("/health", Duration::from_secs(5)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HealthCheck {
+    /// The path asked (`/health`).
+    pub path: String,
+    /// How often (`5s`).
+    pub interval: Duration,
 }
 
 /// The key that signs tokens; its `Debug` never shows it.

@@ -47,7 +47,9 @@ const TOP: &[&str] = &[
     "records",
     "on_data_loss",
     "error_page",
+    "health_check",
 ];
+const HEALTH_CHECK: &[&str] = &["path", "interval"];
 const TLS: &[&str] = &["cert", "key"];
 const ADMIN: &[&str] = &["listen", "token_env", "public"];
 const LIMITS: &[&str] = &[
@@ -200,7 +202,11 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
             );
             None
         }
-        Some(n) => w.parse(n, "upstream", upstream),
+        Some(n) => upstreams(w, n, "upstream"),
+    };
+    let health_check = match top.get("health_check") {
+        None => Some(None),
+        Some(n) => health_check(w, n).map(Some),
     };
     let store = match top.get("store") {
         None => Some(StoreUrl::Memory),
@@ -365,6 +371,7 @@ fn read(w: &mut Walker, bytes: &[u8], ctx: &Ctx) -> Option<Config> {
         error_page: error_page?,
         listen: listen?,
         upstream: upstream?,
+        health_check: health_check?,
         store: store?,
         identity: identity?,
         token_secret: token_secret?,
@@ -895,7 +902,7 @@ fn route(
     };
     let upstream = match f.get("upstream") {
         None => upstream_default.cloned(),
-        Some(n) => w.parse(n, &p("upstream"), upstream),
+        Some(n) => upstreams(w, n, &p("upstream")),
     };
     let size = |w: &mut Walker, field: &str, default: u64| match f.get(field) {
         None => Some(default),
@@ -1603,6 +1610,94 @@ fn secret(bytes: &[u8]) -> Result<TokenSecret, String> {
     }
 }
 
+/// The most servers one upstream list names.
+const MAX_SERVERS: usize = 64;
+
+/// An upstream: one URL ([`upstream`]), or a list of them, each an
+/// `http(s)://` URL, none twice, all with the same path (the
+/// pass-through writes it once, before the server is chosen).
+fn upstreams(w: &mut Walker, node: &Node, path: &str) -> Option<Upstream> {
+    let YamlData::Sequence(items) = &super::walk::untag(node).data else {
+        return w.parse(node, path, upstream);
+    };
+    if items.is_empty() {
+        w.at(
+            node,
+            path,
+            "an empty list; name at least one server (http://host:port)",
+        );
+        return None;
+    }
+    if items.len() > MAX_SERVERS {
+        w.at(
+            node,
+            path,
+            &format!("{} servers; at most {MAX_SERVERS}", items.len()),
+        );
+        return None;
+    }
+    let mut all = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        let Some(u) = w.parse(item, &at, upstream) else {
+            all = None;
+            continue;
+        };
+        let Some(list) = all.as_mut() else { continue };
+        let first: Option<&Upstream> = list.first();
+        if list.iter().any(|o: &Upstream| {
+            o.uri().authority() == u.uri().authority() && o.uri().scheme() == u.uri().scheme()
+        }) {
+            w.at(item, &at, &format!("{u} is in the list twice"));
+            all = None;
+        } else if let Some(first) = first.filter(|f| {
+            f.uri().path().trim_end_matches('/') != u.uri().path().trim_end_matches('/')
+        }) {
+            w.at(
+                item,
+                &at,
+                &format!("every server of a list has the same path: {u} has not {first}'s"),
+            );
+            all = None;
+        } else {
+            list.push(u);
+        }
+    }
+    let mut list = all?.into_iter();
+    let first = list.next()?;
+    Some(Upstream::list(first, list.collect()))
+}
+
+/// `health_check: {path: /health, interval: 5s}`.
+fn health_check(w: &mut Walker, node: &Node) -> Option<super::HealthCheck> {
+    let f = w.mapping(node, "health_check", HEALTH_CHECK)?;
+    let path = match f.get("path") {
+        None => {
+            w.at(
+                node,
+                "health_check.path",
+                "missing; it is required (/health)",
+            );
+            None
+        }
+        Some(n) => w.parse(n, "health_check.path", |s| {
+            if s.starts_with('/') && s.parse::<http::uri::PathAndQuery>().is_ok() {
+                Ok(s.to_owned())
+            } else {
+                Err(format!("expected a path such as /health, not {s:?}"))
+            }
+        }),
+    };
+    let interval = match f.get("interval") {
+        None => Some(Duration::from_secs(5)),
+        Some(n) => w.duration(n, "health_check.interval"),
+    };
+    Some(super::HealthCheck {
+        path: path?,
+        interval: interval?,
+    })
+}
+
 /// `http://host[:port][/base]` (or `https://`): the scheme, a host, a port if any, no
 /// credentials, query or fragment.
 pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
@@ -1623,7 +1718,7 @@ pub(super) fn upstream(s: &str) -> Result<Upstream, String> {
     host_port(authority, true).map_err(|e| bad(&e))?;
     let s = s.trim_end_matches('/');
     let uri: http::Uri = s.parse().map_err(|_| bad("not a URL"))?;
-    Ok(Upstream(s.to_owned(), uri))
+    Ok(Upstream(s.to_owned(), uri, Vec::new()))
 }
 
 /// `host[:port]`, a bracketed IPv6 address allowed.

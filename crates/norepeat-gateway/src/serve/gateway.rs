@@ -174,8 +174,10 @@ impl Gateway {
         // Before any client is made: `upstream_ca` is read at start.
         let https = std::iter::once(&config.upstream)
             .chain(config.routes.iter().map(|r| &r.upstream))
+            .flat_map(crate::config::Upstream::servers)
             .any(|u| u.as_str().starts_with("https://"));
         crate::serve::upstream::pool::use_upstream_ca(config.upstream_ca.as_ref(), https);
+        crate::serve::upstream::balance::use_health_check(config.health_check.as_ref());
         let detached = DetachedTasks::new();
         let stopping = CancellationToken::new();
         let routes = Routes::build(

@@ -10,6 +10,7 @@
 mod common;
 
 mod around_the_guard;
+mod backends;
 mod browser;
 mod check;
 mod connections;

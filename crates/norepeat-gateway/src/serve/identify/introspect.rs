@@ -28,7 +28,7 @@
 use crate::config::{Introspect, IntrospectUser, Upstream};
 use crate::serve::head::FORWARDING;
 use crate::serve::upstream::forward;
-use crate::serve::upstream::pool::{Pool, Secure, Target, client, connect_timeout};
+use crate::serve::upstream::pool::{Pool, Secure, client, connect_timeout};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
@@ -121,7 +121,7 @@ impl Introspector {
             path,
             user,
             timeout: introspect.timeout,
-            pool: client(connect_timeout(introspect.timeout), Target::new(upstream)),
+            pool: client(connect_timeout(introspect.timeout), upstream),
             answers: moka::sync::Cache::builder()
                 .max_capacity(ANSWERS)
                 .time_to_live(introspect.cache)

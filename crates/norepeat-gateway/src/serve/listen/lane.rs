@@ -15,7 +15,7 @@
 //! request id added as `upstream` adds them. The answer's head is parsed
 //! and written on the same way, its body streamed through (a chunked one
 //! as it came, one with no length chunked by the lane); the upstream
-//! connection goes back to its pool ([`crate::serve::upstream::pool::Client::take_raw`])
+//! connection goes back to its pool ([`crate::serve::upstream::pool::Pick::put_raw`])
 //! when the answer has ended. No `HeaderMap`, no task per upstream
 //! connection, no channel between the two.
 //!
@@ -41,7 +41,7 @@ use crate::serve::log::access::{self, Owed};
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
 use crate::serve::route::{Choice, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
-use crate::serve::upstream::pool::Client;
+use crate::serve::upstream::pool::Pick;
 use bytes::{Buf, BytesMut};
 use http::HeaderValue;
 use std::net::{IpAddr, SocketAddr};
@@ -456,12 +456,13 @@ impl Lane {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let client = request.live.passthrough.get();
+        let mut pick = client.pick();
         let start = std::time::Instant::now();
         // The head must come within the pass-through's timeout (no body
         // to wait for: it counts from now). A client that leaves meanwhile
         // cancels the upstream request, as hyper's path does, and its
         // access-log line says 499.
-        let send = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(client, request));
+        let send = tokio::time::timeout(PASSTHROUGH_TIMEOUT, self.send(&mut pick, request));
         let Some(sent) = unless_client_leaves(io, buf, send).await else {
             return false;
         };
@@ -506,7 +507,7 @@ impl Lane {
         }
         let streamed = self.body(io, buf, &mut up, head.framing).await;
         if streamed == Passed::Whole && head.reusable && self.answer.is_empty() {
-            client.put_raw(up);
+            pick.put_raw(up);
         }
         streamed == Passed::Whole && !closing
     }
@@ -516,7 +517,7 @@ impl Lane {
     /// reads its answer's head, written for the client in `self.out`.
     async fn send(
         &mut self,
-        client: &Client,
+        client: &mut Pick<'_>,
         request: &Request,
     ) -> Result<(TcpStream, AnswerHead), Failed> {
         let mut reused = client.take_raw();

@@ -10,7 +10,7 @@ use crate::serve::answers::{
 use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::store::{SharedStore, note_failure};
 use crate::serve::upstream::lookup::Lookups;
-use crate::serve::upstream::pool::{Pool, Target, client, connect_timeout};
+use crate::serve::upstream::pool::{Pool, client, connect_timeout};
 use crate::serve::upstream::{Broken, Failure, forward, read_ahead};
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -74,7 +74,7 @@ pub(crate) fn stack(
         .is_some_and(Guard::keeps_unknown_outcomes);
     let keeps_answers = route.guard.as_ref().is_some_and(Guard::keeps_answers);
     let upstream = UpstreamStage {
-        client: client(connect_timeout(route.timeout), Target::new(&route.upstream)),
+        client: client(connect_timeout(route.timeout), &route.upstream),
         timeout: route.timeout,
         metrics: Arc::clone(metrics),
         keep,
@@ -177,7 +177,7 @@ pub(crate) fn stack(
                 .shadow(route.shadow);
             let layer = match reconcile {
                 Some(lookup) => layer.reconcile(Lookups {
-                    client: client(connect_timeout(route.timeout), Target::new(&route.upstream)),
+                    client: client(connect_timeout(route.timeout), &route.upstream),
                     lookup: lookup.clone(),
                     timeout: route.timeout,
                     max_body: usize::try_from(route.max_stored_response).unwrap_or(usize::MAX),

@@ -6,7 +6,7 @@ use crate::config::{Config, Guard, OnStoreFailure};
 use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::route::stack::stack;
 use crate::serve::store::SharedStore;
-use crate::serve::upstream::pool::{MAX_CONNECT, Pool, Target, client};
+use crate::serve::upstream::pool::{MAX_CONNECT, Pool, client};
 use crate::serve::{Caller, HostScoped, RouteService};
 use norepeat::idempotency::DetachedTasks;
 use norepeat::store::{KeyValueStoreExt, StoreError};
@@ -182,7 +182,7 @@ impl Routes {
             .collect();
         Ok(Self {
             list,
-            passthrough: client(MAX_CONNECT, Target::new(&config.upstream)),
+            passthrough: client(MAX_CONNECT, &config.upstream),
             caller,
             cors: config.cors.allow_origins.clone().into(),
             error_page: config.error_page.clone(),

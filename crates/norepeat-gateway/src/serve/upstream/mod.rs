@@ -8,6 +8,7 @@
 //! HTTP/1.1 `Upgrade` the file allows spliced through once the upstream
 //! answers 101 to it.
 
+pub(crate) mod balance;
 pub(crate) mod exchange;
 pub(crate) mod headers;
 pub(crate) mod lookup;

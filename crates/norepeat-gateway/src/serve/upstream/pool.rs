@@ -1,10 +1,11 @@
-// Over 400 lines on purpose: one pool of upstream connections, hyper's and plain, with the bodies that give a connection back at their end; each half needs the other's internals.
+// Over 400 lines on purpose: one pool of upstream connections, hyper's and plain, with the bodies that give a connection back at their end, and the client that spreads requests over the servers; each part needs the others' internals.
 //! The upstream's connections: HTTP/1.1 connections pooled per worker and
 //! per route ([`Client`]), a request sent on them by hand
 //! ([`super::exchange`]) when its body is in hand, by hyper's client
 //! otherwise; an `https://` upstream over rustls.
 
 use super::ReadAhead;
+use super::balance::{self, Health, Lease};
 use super::headers::Forwarding;
 use axum::body::Body;
 use bytes::Bytes;
@@ -51,13 +52,61 @@ pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
     (timeout / 2).min(MAX_CONNECT)
 }
 
-/// One client of `to` per worker (see `workers.rs`), each with its own
-/// idle connections, giving up on a connection attempt after `connect`.
+/// One client of `upstream`'s servers per worker (see `workers.rs`), each
+/// with its own idle connections, giving up on a connection attempt after
+/// `connect`.
 #[must_use]
-pub(crate) fn client(connect: Duration, to: Target) -> Pool {
-    std::sync::Arc::new(crate::serve::workers::PerWorker::new(|| {
-        Client::new(connect, to.clone())
+pub(crate) fn client(connect: Duration, upstream: &crate::config::Upstream) -> Pool {
+    let targets: Vec<Target> = upstream.servers().map(Target::new).collect();
+    // One server: no choice to make, nothing to count.
+    let health: std::sync::Arc<[std::sync::Arc<Health>]> = if targets.len() > 1 {
+        upstream
+            .servers()
+            .zip(&targets)
+            .map(|(u, t)| balance::health(u.as_str(), |path| probe(t, path)))
+            .collect()
+    } else {
+        std::sync::Arc::new([])
+    };
+    std::sync::Arc::new(crate::serve::workers::PerWorker::new(|| Client {
+        to: targets[0].clone(),
+        servers: targets
+            .iter()
+            .map(|t| Server::new(connect, t.clone()))
+            .collect(),
+        health: std::sync::Arc::clone(&health),
+        turn: std::sync::atomic::AtomicUsize::new(0),
     }))
+}
+
+/// A health check of `to`: `GET path`, passed by a 2xx within the time.
+fn probe(to: &Target, path: &str) -> balance::Probe {
+    let uri = to.uri(path.parse::<PathAndQuery>().ok().as_ref());
+    let server = std::sync::Arc::new(Server::new(MAX_CONNECT, to.clone()));
+    let authority = to.authority.clone();
+    std::sync::Arc::new(move |within| {
+        let server = std::sync::Arc::clone(&server);
+        let uri = uri.clone();
+        let authority = authority.clone();
+        Box::pin(async move {
+            let Some(uri) = uri else { return false };
+            let Ok(host) = http::HeaderValue::from_str(authority.as_str()) else {
+                return false;
+            };
+            let mut req = Request::new(Body::empty());
+            *req.uri_mut() = uri;
+            req.headers_mut().insert(header::HOST, host);
+            let answer = tokio::time::timeout(within, async {
+                let res = server.send_by_hyper(req).await.ok()?;
+                let ok = res.status().is_success();
+                // Read whole, so the connection is kept for the next check.
+                let _ = axum::body::to_bytes(res.into_body(), 64 * 1024).await;
+                Some(ok)
+            })
+            .await;
+            matches!(answer, Ok(Some(true)))
+        })
+    })
 }
 
 /// The upstream clients of a route (or of the pass-through), one per
@@ -70,8 +119,21 @@ const IDLE_FOR: Duration = Duration::from_secs(30);
 /// The most idle connections a client keeps (the ones past it close).
 const MAX_IDLE: usize = 1024;
 
-/// The HTTP/1.1 connections of one route's upstream (or of the
-/// pass-through's) on one worker: made when none is idle, kept while idle
+/// The servers of one route's upstream (or of the pass-through's) on one
+/// worker: a request goes to one chosen by [`balance::pick`], and to
+/// another only when it reached none of it (`upstream/balance.rs`).
+pub(crate) struct Client {
+    /// The first server's URL: the base path (the same for all) and the
+    /// authority of a request that names none.
+    pub(super) to: Target,
+    servers: Box<[Server]>,
+    /// Each server's state, shared by every worker (none for one server).
+    health: std::sync::Arc<[std::sync::Arc<Health>]>,
+    /// The picks made, for ties in turn.
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+/// The HTTP/1.1 connections of one upstream server on one worker: made when none is idle, kept while idle
 /// for the next request, for [`IDLE_FOR`].
 ///
 /// Ours rather than hyper-util's pooled client: a client has one upstream
@@ -82,7 +144,7 @@ const MAX_IDLE: usize = 1024;
 /// BENCHMARKS.md, issue 39). A request is tried again on another
 /// connection only when the one it was given closed before a byte of it
 /// was written: nothing reached the backend.
-pub(crate) struct Client {
+pub(crate) struct Server {
     connector: HttpsConnector<HttpConnector>,
     pub(super) to: Target,
     idle: std::sync::Arc<std::sync::Mutex<VecDeque<Idle>>>,
@@ -203,9 +265,29 @@ fn park<C>(idle: &std::sync::Mutex<VecDeque<Parked<C>>>, conn: C) {
     idle.push_back(Parked { conn, since: now });
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+/// Why [`Server::send`] has no answer.
+enum Unsent {
+    /// Nothing of it reached the server (no connection): the request
+    /// back, with whether the forwarding headers are already in it.
+    Refused(Box<Request<Body>>, bool),
+    Failed(SendError),
+}
+
+impl From<SendError> for Unsent {
+    fn from(e: SendError) -> Self {
+        Unsent::Failed(e)
     }
 }
 
@@ -220,6 +302,171 @@ pub(super) enum SendError {
 }
 
 impl Client {
+    /// Whether every server is spoken to in the clear (`http://`): the
+    /// pass-through's lane takes only those.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.servers.iter().all(Server::is_plain)
+    }
+
+    /// The upstream's base path (`/base`), none for `/`.
+    pub(crate) fn base(&self) -> Option<&str> {
+        self.to.base.as_deref()
+    }
+
+    /// The server a request goes to first (the lane's way in: it then
+    /// takes a connection from the pick).
+    pub(crate) fn pick(&self) -> Pick<'_> {
+        let at = if self.health.is_empty() {
+            0
+        } else {
+            balance::pick(&self.health, &self.turn, 0).unwrap_or(0)
+        };
+        Pick {
+            client: self,
+            at,
+            tried: 1 << at,
+            lease: self.health.get(at).map(Lease::new),
+        }
+    }
+
+    /// Sends `req` to one server, and to the next when nothing of it
+    /// reached that one (see [`Server::send`]).
+    pub(super) async fn send(
+        &self,
+        mut req: Request<Body>,
+        forwarding: Option<&Forwarding>,
+    ) -> Result<Response<Body>, SendError> {
+        if self.health.is_empty() {
+            return match self.servers[0].send(req, forwarding, false).await {
+                Ok(res) => Ok(res),
+                Err(Unsent::Refused(..)) => Err(SendError::Connect),
+                Err(Unsent::Failed(e)) => Err(e),
+            };
+        }
+        let mut pick = self.pick();
+        let mut forwarding = forwarding;
+        loop {
+            let server = &self.servers[pick.at];
+            // The chosen server's authority for a request that names none.
+            let own = forwarding.map(|f| Forwarding {
+                peer: f.peer,
+                host: f.host.clone(),
+                authority: server.to.authority.clone(),
+                proto: f.proto,
+            });
+            match server.send(req, own.as_ref(), true).await {
+                Err(Unsent::Refused(back, applied)) => {
+                    self.health[pick.at].refused();
+                    if !pick.next() {
+                        return Err(SendError::Connect);
+                    }
+                    req = *back;
+                    if applied {
+                        forwarding = None;
+                    }
+                }
+                Err(Unsent::Failed(e)) => {
+                    self.health[pick.at].reached();
+                    return Err(e);
+                }
+                Ok(res) => {
+                    self.health[pick.at].reached();
+                    // Outstanding until its answer's body has ended.
+                    let lease = pick.lease.take();
+                    return Ok(res.map(|body| Body::new(Leased { body, lease })));
+                }
+            }
+        }
+    }
+}
+
+/// An answer's body that holds its request's [`Lease`] until it is
+/// dropped (the answer read, or given up).
+struct Leased {
+    body: Body,
+    #[allow(dead_code)] // Held for its `Drop`: one request fewer outstanding.
+    lease: Option<Lease>,
+}
+
+impl http_body::Body for Leased {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The server a request goes to, held (as one outstanding) until dropped.
+pub(crate) struct Pick<'a> {
+    client: &'a Client,
+    at: usize,
+    /// The servers it went to, one bit each.
+    tried: u64,
+    #[allow(dead_code)] // Held for its `Drop`: one request fewer outstanding.
+    lease: Option<Lease>,
+}
+
+impl Pick<'_> {
+    /// Moves on to a server not tried yet: `false` when there is none.
+    fn next(&mut self) -> bool {
+        let Some(at) = balance::pick(&self.client.health, &self.client.turn, self.tried) else {
+            return false;
+        };
+        self.at = at;
+        self.tried |= 1 << at;
+        self.lease = Some(Lease::new(&self.client.health[at]));
+        true
+    }
+
+    /// The server's most recently idle plain connection still open
+    /// ([`Server::take_raw`]).
+    pub(crate) fn take_raw(&self) -> Option<tokio::net::TcpStream> {
+        self.client.servers[self.at].take_raw()
+    }
+
+    /// A new plain connection: to the server picked, else (it refused) to
+    /// the next one, and so on; the last one's error when none connects.
+    pub(crate) async fn connect_raw(&mut self) -> std::io::Result<tokio::net::TcpStream> {
+        loop {
+            match self.client.servers[self.at].connect_raw().await {
+                Ok(up) => {
+                    if let Some(h) = self.client.health.get(self.at) {
+                        h.reached();
+                    }
+                    return Ok(up);
+                }
+                Err(e) => {
+                    let Some(h) = self.client.health.get(self.at) else {
+                        return Err(e);
+                    };
+                    h.refused();
+                    if !self.next() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps `stream`, of the server picked, for a next request.
+    pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
+        self.client.servers[self.at].put_raw(stream);
+    }
+}
+
+impl Server {
     fn new(connect: Duration, to: Target) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -251,15 +498,9 @@ impl Client {
         }
     }
 
-    /// Whether the upstream is spoken to in the clear (`http://`): the
-    /// pass-through's lane takes only those.
-    pub(crate) fn is_plain(&self) -> bool {
+    /// Whether the server is spoken to in the clear (`http://`).
+    fn is_plain(&self) -> bool {
         self.to.origin.scheme() == Some(&http::uri::Scheme::HTTP)
-    }
-
-    /// The upstream's base path (`/base`), none for `/`.
-    pub(crate) fn base(&self) -> Option<&str> {
-        self.to.base.as_deref()
     }
 
     /// The most recently idle plain connection that is still open: one
@@ -268,7 +509,7 @@ impl Client {
     /// readiness first: usually no system call when nothing came. A close
     /// that the reactor has not seen yet is missed (as by hyper's pool):
     /// the request then meets it, and is answered 504, never sent again.
-    pub(crate) fn take_raw(&self) -> Option<tokio::net::TcpStream> {
+    fn take_raw(&self) -> Option<tokio::net::TcpStream> {
         let mut idle = self.raw.idle();
         while let Some(c) = idle.pop_back() {
             if c.since.elapsed() >= IDLE_FOR {
@@ -283,13 +524,13 @@ impl Client {
     }
 
     /// Keeps `stream` for a next request.
-    pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
+    fn put_raw(&self, stream: tokio::net::TcpStream) {
         self.raw.park(stream);
     }
 
     /// A new plain connection to the upstream, within the client's
     /// connection timeout.
-    pub(crate) async fn connect_raw(&self) -> std::io::Result<tokio::net::TcpStream> {
+    async fn connect_raw(&self) -> std::io::Result<tokio::net::TcpStream> {
         let host = self.to.authority.host();
         // `[::1]` is the authority's spelling of an IPv6 address.
         let host = host
@@ -353,32 +594,51 @@ impl Client {
     /// route's) is written by hand (`upstream/exchange.rs`); the others, an upgrade, a
     /// streaming upload, an `https://` upstream, by hyper's client.
     /// `forwarding`: the gateway's headers, not yet applied (none for an
-    /// upgrade, hyper's, whose headers are already).
-    pub(super) async fn send(
+    /// upgrade, hyper's, whose headers are already). `again`: another
+    /// server may take the request when this one refuses it (it is kept
+    /// for that: [`Unsent::Refused`]).
+    async fn send(
         &self,
         mut req: Request<Body>,
         forwarding: Option<&Forwarding>,
-    ) -> Result<Response<Body>, SendError> {
+        again: bool,
+    ) -> Result<Response<Body>, Unsent> {
         let by_hand = forwarding.filter(|_| {
             self.is_plain()
                 && !req.headers().contains_key(header::UPGRADE)
                 && crate::serve::upstream::exchange::body_in_hand(&req)
         });
         let Some(forwarding) = by_hand else {
+            let applied = forwarding.is_some();
             if let Some(f) = forwarding {
                 f.apply(req.headers_mut());
             }
-            return self.send_by_hyper(req).await;
+            return self
+                .send_by_hyper(req)
+                .await
+                .map_err(|e| e.applied(applied));
         };
         let (mut parts, body) = req.into_parts();
         let body = match in_hand(body).await {
             InHand::Whole(bytes) => bytes,
-            InHand::Broke(e) => return Err(SendError::Request(e)),
+            InHand::Broke(e) => return Err(SendError::Request(e).into()),
             InHand::Streaming(body) => {
                 forwarding.apply(&mut parts.headers);
-                return self.send_by_hyper(Request::from_parts(parts, body)).await;
+                return self
+                    .send_by_hyper(Request::from_parts(parts, body))
+                    .await
+                    .map_err(|e| e.applied(true));
             }
         };
+        // What a refused request is sent again from (only where another
+        // server may take it: a copy of the head per request).
+        let kept = again.then(|| {
+            let mut head = Request::new(());
+            *head.method_mut() = parts.method.clone();
+            *head.uri_mut() = parts.uri.clone();
+            *head.headers_mut() = parts.headers.clone();
+            (head, body.clone())
+        });
         let uri = std::mem::take(&mut parts.uri);
         let target = uri.path_and_query().map_or("/", PathAndQuery::as_str);
         crate::serve::upstream::exchange::exchange(
@@ -391,18 +651,32 @@ impl Client {
         )
         .await
         .map_err(|e| match e {
-            crate::serve::upstream::exchange::Failed::Unavailable => SendError::Connect,
-            crate::serve::upstream::exchange::Failed::Unknown(e) => SendError::Request(Box::new(e)),
-            crate::serve::upstream::exchange::Failed::Switched => SendError::Switched,
+            crate::serve::upstream::exchange::Failed::Unavailable => match kept {
+                Some((head, body)) => {
+                    Unsent::Refused(Box::new(head.map(|()| Body::from(body))), false)
+                }
+                None => SendError::Connect.into(),
+            },
+            crate::serve::upstream::exchange::Failed::Unknown(e) => {
+                SendError::Request(Box::new(e)).into()
+            }
+            crate::serve::upstream::exchange::Failed::Switched => SendError::Switched.into(),
         })
     }
 
-    /// [`Client::send`] by hyper's client connections.
-    async fn send_by_hyper(&self, mut req: Request<Body>) -> Result<Response<Body>, SendError> {
+    /// [`Server::send`] by hyper's client connections. `Err(Ok(req))`:
+    /// nothing of `req` reached the server.
+    async fn send_by_hyper(
+        &self,
+        mut req: Request<Body>,
+    ) -> Result<Response<Body>, Result<Request<Body>, SendError>> {
         loop {
             let (mut send, reused) = match self.take() {
                 Some(send) => (send, true),
-                None => (self.connect().await?, false),
+                None => match self.connect().await {
+                    Ok(send) => (send, false),
+                    Err(_) => return Err(Ok(req)),
+                },
             };
             // A connection given back as its answer's body ended may still
             // be finishing that answer: a moment, on this thread.
@@ -410,7 +684,7 @@ impl Client {
                 if reused {
                     continue;
                 }
-                return Err(SendError::Connect);
+                return Err(Ok(req));
             }
             match send.try_send_request(req).await {
                 Ok(res) => {
@@ -431,10 +705,25 @@ impl Client {
                     // Not a byte of it written: another connection (a new
                     // one only once).
                     Some(unsent) if reused => req = unsent,
-                    Some(_) => return Err(SendError::Connect),
-                    None => return Err(SendError::Request(Box::new(e.into_error()))),
+                    Some(unsent) => return Err(Ok(unsent)),
+                    None => return Err(Err(SendError::Request(Box::new(e.into_error())))),
                 },
             }
+        }
+    }
+}
+
+/// What [`Server::send_by_hyper`]'s failure is to [`Server::send`].
+trait Applied {
+    /// `applied`: the forwarding headers are in the request.
+    fn applied(self, applied: bool) -> Unsent;
+}
+
+impl Applied for Result<Request<Body>, SendError> {
+    fn applied(self, applied: bool) -> Unsent {
+        match self {
+            Ok(req) => Unsent::Refused(Box::new(req), applied),
+            Err(e) => Unsent::Failed(e),
         }
     }
 }
