@@ -1088,7 +1088,7 @@ fn problems_display_as_one_line_each() {
     assert_eq!(
         p.to_string(),
         "g.yaml:1:1: upstream: missing; it is required (http://host:port)\n\
-         g.yaml:1:8: store: unknown store \"x\"; expected memory, redis://host:port[/db] or redis+cluster://host:port,host:port\n"
+         g.yaml:1:8: store: unknown store \"x\"; expected memory, redis://host:port[/db], redis+sentinel://host:port,host:port/MASTER_NAME or redis+cluster://host:port,host:port (each may end with ?replicas=N&replicas_timeout=T)\n"
     );
     let unreadable = Config::load(Path::new("/nonexistent/gateway.yaml")).unwrap_err();
     assert!(
