@@ -30,8 +30,14 @@ try {
     await page.goto(`${gateway}/slow-form`);
     await page.waitForFunction(() => document.querySelector('#token').value.length > 0);
   };
+  // Polled, not `waitForURL`: a second click aborts the first submit's
+  // navigation, which `waitForURL` reports as an error.
   const ends = async (how) => {
-    await page.waitForURL(/\/order-page\?n=\d+$/, { timeout: 15000 });
+    const deadline = Date.now() + 15000;
+    while (!/\/order-page\?n=\d+$/.test(page.url())) {
+      assert.ok(Date.now() < deadline, `${how}: never reached the order's page (at ${page.url()})`);
+      await page.waitForTimeout(100);
+    }
     await page.waitForSelector('h1');
     const n = Number(new URL(page.url()).searchParams.get('n'));
     assert.equal(await page.textContent('h1'), `Order ${n}`, `${how}: the order's page`);
