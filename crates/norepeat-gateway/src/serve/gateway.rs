@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the gateway's state and the tasks that keep it (reloads, the epoch, persistence), which change together.
 //! The gateway's state: built from the file ([`Gateway::build`]), its
 //! routes swapped whole on a reload ([`Gateway::reload`]). One request's
 //! path through it is `proxy.rs`.

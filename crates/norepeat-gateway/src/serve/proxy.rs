@@ -128,7 +128,8 @@ pub(crate) async fn route_request(
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     let client = ForClient::of(&live, &req);
     let (res, route, outcome) = route_phases(live, trusted, req, chosen).await;
-    (client.shape(res), route, outcome)
+    let routed = route.is_some();
+    (client.shape(res, routed), route, outcome)
 }
 
 async fn route_phases(

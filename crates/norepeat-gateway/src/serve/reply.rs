@@ -11,11 +11,10 @@
 //! A request with neither an `Origin` (under `cors`) nor an `Accept` that
 //! prefers HTML costs two header lookups.
 
-use crate::config::{ErrorPage, normalize_path};
+use crate::config::ErrorPage;
 use crate::serve::cors;
 use crate::serve::page::{Refusal, back_link, prefers_html, render};
 use crate::serve::route::table::Routes;
-use crate::serve::route::{Choice, choose_request};
 use crate::serve::upstream::pool::Secure;
 use axum::body::Body;
 use http::{HeaderValue, Request, Response, header};
@@ -32,9 +31,6 @@ struct Origin {
     value: HeaderValue,
     /// One of `cors.allow_origins`.
     listed: bool,
-    /// A route takes the request (its answers are the gateway's to give
-    /// CORS headers; an unmatched request's are the backend's).
-    routed: bool,
 }
 
 /// A browser's navigation: what its refusal's page needs.
@@ -54,7 +50,6 @@ impl ForClient {
             .flatten();
         let cors = origin.map(|value| Origin {
             listed: cors::listed(&live.cors, Some(value)).is_some(),
-            routed: routed(live, req),
             value: value.clone(),
         });
         // An API client's `*/*` or `application/json` names no text type:
@@ -86,13 +81,16 @@ impl ForClient {
     }
 
     /// `res` as the client asked for it.
-    pub(crate) fn shape(self, mut res: Response<Body>) -> Response<Body> {
+    /// `routed`: a route took the request (its answers are the gateway's
+    /// to give CORS headers; an unmatched request's are the backend's), as
+    /// the route phase chose it: not chosen again here.
+    pub(crate) fn shape(self, mut res: Response<Body>, routed: bool) -> Response<Body> {
         if self.cors.is_none() && self.page.is_none() {
             return res;
         }
         let problem = res.extensions().get::<Problem>().cloned();
         if let Some(o) = &self.cors
-            && (o.routed || problem.is_some())
+            && (routed || problem.is_some())
         {
             if o.listed {
                 cors::for_listed(&o.value, res.headers_mut());
@@ -129,22 +127,4 @@ impl ForClient {
         }
         res
     }
-}
-
-/// Whether a route takes `req` (chosen as the route phase will choose it).
-fn routed(live: &Routes, req: &Request<Body>) -> bool {
-    let sent = req.uri().path();
-    let path = normalize_path(sent);
-    let site = (live.by_host || !live.hosts.is_empty())
-        .then(|| crate::serve::identify::scope::site(req.headers(), req.uri()))
-        .flatten();
-    matches!(
-        choose_request(
-            live,
-            (req.method().as_str(), &path, sent),
-            site.as_ref(),
-            req.headers()
-        ),
-        Choice::Route { .. }
-    )
 }

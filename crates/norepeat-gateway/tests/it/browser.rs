@@ -16,8 +16,11 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-#[tokio::test]
-async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
+/// Runs `tests/browser/SCRIPT` in headless Chromium with `args` (the
+/// gateway's and backends' URLs) and fails with its output unless it
+/// passes. Chromium and the npm packages are the README's test command's
+/// to install; without them this fails, it is never skipped.
+pub(crate) async fn run_browser_script(script: &str, args: &[String]) {
     let browser_dir = repo_root().join("tests/browser");
     let how = "run ./scripts/test.sh (or tests/browser/run.sh --install)";
     assert!(
@@ -28,16 +31,9 @@ async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
         browser_dir.join("node_modules/playwright-core").exists(),
         "the browser test needs tests/browser/node_modules: {how}"
     );
-    let b = backend(0).await;
-    let yaml = format!(
-        "upstream: http://127.0.0.1:{}\nidentity: {{ cookie: sid, required: true }}\nroutes:\n  - match: POST /orders\n    guard: token\n",
-        b.port
-    );
-    let g = gateway(&yaml).await;
     let run = Command::new("node")
-        .arg(browser_dir.join("gateway_form.test.mjs"))
-        .arg(url(&g, ""))
-        .arg(url(&b, ""))
+        .arg(browser_dir.join(script))
+        .args(args)
         .current_dir(&browser_dir)
         .stdin(Stdio::null())
         .kill_on_drop(true)
@@ -51,9 +47,20 @@ async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
     eprintln!("{stdout}{stderr}");
     assert!(
         out.status.success(),
-        "gateway_form.test.mjs failed ({}):\n{stdout}{stderr}",
+        "{script} failed ({}):\n{stdout}{stderr}",
         out.status
     );
+}
+
+#[tokio::test]
+async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
+    let b = backend(0).await;
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nidentity: {{ cookie: sid, required: true }}\nroutes:\n  - match: POST /orders\n    guard: token\n",
+        b.port
+    );
+    let g = gateway(&yaml).await;
+    run_browser_script("gateway_form.test.mjs", &[url(&g, ""), url(&b, "")]).await;
     assert_eq!(effects(&b).await["/orders"], 2);
 }
 
@@ -65,36 +72,12 @@ async fn a_plain_form_submits_its_token_once_in_a_real_browser() {
 /// made, and the test timed out waiting for the order's page.
 #[tokio::test]
 async fn a_second_click_ends_on_the_orders_page_in_a_real_browser() {
-    let browser_dir = repo_root().join("tests/browser");
-    assert!(
-        browser_dir.join("node_modules/playwright-core").exists(),
-        "the browser test needs tests/browser/node_modules: run ./scripts/test.sh"
-    );
     let b = backend(0).await;
     let yaml = format!(
         "upstream: http://127.0.0.1:{}\nidentity: {{ cookie: sid, required: true }}\nroutes:\n  - match: POST /slow-orders\n    guard: token\n    on_repeat: replay\n",
         b.port
     );
     let g = gateway(&yaml).await;
-    let run = Command::new("node")
-        .arg(browser_dir.join("gateway_replay.test.mjs"))
-        .arg(url(&g, ""))
-        .arg(url(&b, ""))
-        .current_dir(&browser_dir)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the browser test finishes within 2 minutes")
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "gateway_replay.test.mjs failed ({}):\n{stdout}{stderr}",
-        out.status
-    );
+    run_browser_script("gateway_replay.test.mjs", &[url(&g, ""), url(&b, "")]).await;
     assert_eq!(effects(&b).await["/slow-orders"], 3);
 }

@@ -256,17 +256,6 @@ async fn a_backends_own_cors_headers_are_never_sent_twice() {
 /// never skipped.
 #[tokio::test]
 async fn a_listed_page_pays_across_origins_in_a_real_browser() {
-    let browser_dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/browser");
-    let how = "run ./scripts/test.sh (or tests/browser/run.sh --install)";
-    assert!(
-        std::path::Path::new("/usr/bin/chromium").exists(),
-        "the browser test needs Debian's chromium: {how}"
-    );
-    assert!(
-        browser_dir.join("node_modules/playwright-core").exists(),
-        "the browser test needs tests/browser/node_modules: {how}"
-    );
     let b = backend(0).await;
     let other = backend(0).await;
     let routes = "
@@ -280,24 +269,7 @@ async fn a_listed_page_pays_across_origins_in_a_real_browser() {
         file(&b, "memory", routes)
     );
     let g = gateway(&yaml).await;
-    let run = Command::new("node")
-        .arg(browser_dir.join("gateway_cors.test.mjs"))
-        .args([url(&g, ""), url(&b, ""), url(&other, "")])
-        .current_dir(&browser_dir)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the browser test finishes within 2 minutes")
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "gateway_cors.test.mjs failed ({}):\n{stdout}{stderr}",
-        out.status
-    );
+    let urls = [url(&g, ""), url(&b, ""), url(&other, "")];
+    crate::browser::run_browser_script("gateway_cors.test.mjs", &urls).await;
     assert_eq!(effects(&b).await["/payments"], 1);
 }

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the README's walk-through, step by step, as one test beside its files' checks.
 //! The files under `examples/`, as a user meets them: each passes
 //! `norepeat-gateway check` (the binary), and the walk-through of the
 //! repository's README ("Put it in front of any service") runs on

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: every idempotency answer through the binary, sharing its helpers.
 //! Idempotency routes through the binary: replays byte for byte, unknown
 //! outcomes (timeouts, broken answers, a backend's 500, a gateway killed
 //! mid-request), keys per caller and per site, two instances on one store.

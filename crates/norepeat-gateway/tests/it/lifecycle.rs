@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the gateway's signals, reloads and store loss, sharing process helpers.
 //! The gateway's life: signals (drain, grace), reloads, a store that is
 //! down at start or killed, health and help.
 

@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: every store a URL can name, and its checking, in one match per operation.
 //! A store chosen at run time.
 
 use super::{

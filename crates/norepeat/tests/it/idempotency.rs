@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: every answer of the layer on every store, sharing one handler and its helpers.
 //! `Idempotency-Key` with replay, against the memory store and a real Redis.
 //!
 //! Every case that takes a store runs twice (module `memory` and `redis`);

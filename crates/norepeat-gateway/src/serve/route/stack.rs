@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: a route's whole stack (its layers, the replay wrapper, the upstream stage), read top to bottom in one place.
 //! A route as a tower stack: rate limit, guard, upstream stage; the
 //! gateway's own problems.
 
