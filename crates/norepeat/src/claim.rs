@@ -537,6 +537,51 @@ async fn delete_owned<S: KeyValueStore>(
     Ok(false)
 }
 
+/// Takes back a claim whose request was refused for a store failure that
+/// may have landed all the same ([`StoreError::may_have_landed`]: an
+/// answer that never came, or a write the replicas did not acknowledge).
+/// The request ran nothing, so its claim must not stay: its retry would
+/// meet it and be refused (409 while its lease lasts, then an unknown
+/// outcome) as if the request had run.
+///
+/// Owner-checked: only `ours`, these very bytes, is deleted, or, for a
+/// claim that took over `previous` (a released or abandoned record),
+/// replaced by `previous` again (for `ttl`). Tried in a task of its own,
+/// now and once more a second later (the store has just failed): a key
+/// that does not hold `ours` yet is no answer (the late write may still
+/// land, through a reconnect or another pooled connection). A claim still
+/// there after both tries stays, as any claim whose owner is gone.
+pub(crate) fn take_back<S: KeyValueStore + Clone>(
+    store: &S,
+    key: Arc<str>,
+    ours: Bytes,
+    previous: Option<(Bytes, Duration)>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = store.clone();
+    runtime.spawn(async move {
+        for pause in [Duration::ZERO, Duration::from_secs(1)] {
+            tokio::time::sleep(pause).await;
+            let undone = match &previous {
+                None => store.delete_if_equals(&key, &ours).await,
+                Some((previous, ttl)) => store.replace_if_equals(&key, &ours, previous, *ttl).await,
+            };
+            match undone {
+                Ok(true) => {
+                    metrics::counter!("norepeat_claims_taken_back_total").increment(1);
+                    return;
+                }
+                // Put back on the master, though its replicas did not
+                // acknowledge it in time: the key no longer holds ours.
+                Err(StoreError::NotReplicated(_)) => return,
+                _ => {}
+            }
+        }
+    });
+}
+
 impl<S: KeyValueStore + Clone> Drop for Claim<S> {
     fn drop(&mut self) {
         if self.settled || !std::thread::panicking() {

@@ -139,7 +139,7 @@ impl Guarded {
             let existing = match Claim::acquire_stamped(
                 store,
                 Arc::clone(&key),
-                value,
+                value.clone(),
                 ttl,
                 stamped,
             )
@@ -150,7 +150,7 @@ impl Guarded {
                     return Ok(Claimed::Owned(claim));
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
-                Err(e) => return self.on_claim_error(e),
+                Err(e) => return self.on_claim_error(e, store, key, value, None),
             };
             if let Some(done) = stored(&existing) {
                 return done.map(Claimed::Done);
@@ -168,13 +168,18 @@ impl Guarded {
                         {
                             let value = claim_value(&owner, attempt.saturating_add(1), lease);
                             let k = Arc::clone(&key);
-                            match Claim::take_over(store, k, &existing, value, ttl, stamped).await {
+                            let taking =
+                                Claim::take_over(store, k, &existing, value.clone(), ttl, stamped);
+                            match taking.await {
                                 Ok(Some(claim)) => {
                                     metrics::counter!("norepeat_decisions_total", "mode" => "once", "outcome" => "admitted", "reason" => "take_over").increment(1);
                                     return Ok(Claimed::Owned(claim));
                                 }
                                 Ok(None) => continue,
-                                Err(e) => return self.on_claim_error(e),
+                                Err(e) => {
+                                    let previous = Some((existing, ttl));
+                                    return self.on_claim_error(e, store, key, value, previous);
+                                }
                             }
                         }
                         Abandoned::Retry => {}
@@ -191,13 +196,26 @@ impl Guarded {
         }
     }
 
+    /// The answer to a claim (`value` on `key`) that failed with `e`: the
+    /// policy decides; a refused call whose claim may have landed takes it
+    /// back, or puts `previous` back where it took that over.
     fn on_claim_error<S: KeyValueStore + Clone, T>(
         &self,
         e: crate::store::StoreError,
+        store: &S,
+        key: Arc<str>,
+        value: Bytes,
+        previous: Option<(Bytes, Duration)>,
     ) -> Result<Claimed<S, T>, Rejected> {
+        let landed = e.may_have_landed();
         on_store_error("once", self.failure, e)
             .map(|()| Claimed::Unguarded)
-            .map_err(Rejected::from)
+            .map_err(|e| {
+                if landed {
+                    claim::take_back(store, key, value, previous);
+                }
+                Rejected::from(e)
+            })
     }
 }
 

@@ -169,9 +169,11 @@ impl<S: Store + Clone> FingerprintGuard<S> {
     /// window, or [`FingerprintGuardError::Unavailable`] when the store fails
     /// and the policy fails closed.
     pub async fn acquire(&self, fp: &Digest) -> Result<Claim<S>, FingerprintGuardError> {
-        let key = self.key_of(fp);
+        let key: Arc<str> = Arc::from(self.key_of(fp));
         let owner = Owner::new(self.window);
-        match claim::Claim::acquire(&self.store, key, owner.0, self.window).await {
+        let taking =
+            claim::Claim::acquire(&self.store, Arc::clone(&key), owner.0.clone(), self.window);
+        match taking.await {
             Ok(claim::Claimed::Owned(claim)) => {
                 self.admitted
                     .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "fingerprint", "outcome" => "admitted"))
@@ -183,9 +185,20 @@ impl<S: Store + Clone> FingerprintGuard<S> {
                 let retry_after = Owner::time_left(&existing).unwrap_or(self.window);
                 Err(FingerprintGuardError::Duplicate { retry_after })
             }
-            Err(e) => on_store_error("fingerprint", self.failure, e)
-                .map(|()| Claim::unheld(self))
-                .map_err(FingerprintGuardError::Unavailable),
+            Err(e) => {
+                let landed = e.may_have_landed();
+                on_store_error("fingerprint", self.failure, e)
+                    .map(|()| Claim::unheld(self))
+                    .map_err(|e| {
+                        // Refused: the request runs nothing, so a claim
+                        // that landed all the same must not hold its
+                        // retries off for the window.
+                        if landed {
+                            claim::take_back(&self.store, key, owner.0, None);
+                        }
+                        FingerprintGuardError::Unavailable(e)
+                    })
+            }
         }
     }
 }

@@ -160,18 +160,7 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                     return Claimed::Owned(c, owner, 1);
                 }
                 Ok(claim::Claimed::Held(existing)) => existing,
-                Err(e) => {
-                    // Only an answer that never came may hide a claim that
-                    // landed: a server's error or an open breaker wrote
-                    // nothing.
-                    let may_have_landed =
-                        matches!(e, StoreError::Timeout(_) | StoreError::Connection(_));
-                    let out = self.on_failure(e);
-                    if may_have_landed && matches!(out, Claimed::Refused(_)) {
-                        self.take_back(key, value);
-                    }
-                    return out;
-                }
+                Err(e) => return self.on_claim_failure(e, key, value, None),
             };
             let rec = match record::decode(&existing) {
                 Ok(r) => r,
@@ -279,7 +268,15 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             attempt,
             self.lease_end(),
         ));
-        match Claim::take_over(&self.store, Arc::clone(key), existing, value, ttl, stamped).await {
+        let taking = Claim::take_over(
+            &self.store,
+            Arc::clone(key),
+            existing,
+            value.clone(),
+            ttl,
+            stamped,
+        );
+        match taking.await {
             Ok(Some(c)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "admitted", "reason" => "take_over").increment(1);
                 tracing::info!(
@@ -289,7 +286,12 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
                 Some(Claimed::Owned(c, owner, attempt))
             }
             Ok(None) => None,
-            Err(e) => Some(self.on_failure(e)),
+            Err(e) => Some(self.on_claim_failure(
+                e,
+                Arc::clone(key),
+                value,
+                Some((existing.clone(), ttl)),
+            )),
         }
     }
 
@@ -341,29 +343,23 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             .saturating_add(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// A claim whose answer never came (a timeout, a connection lost after
-    /// the command left) may have landed all the same; refused, its
-    /// request ran nothing, so the claim is taken back (owner-checked: only
-    /// these very bytes are deleted), or its retry would meet it and be
-    /// answered 409 as if the request had run. Tried in a task of its own,
-    /// now and once more a second later (the store has just failed); a
-    /// claim still there after both stays, as any claim whose owner is
-    /// gone: 409 while its lease lasts, then an unknown outcome.
-    fn take_back(&self, key: Arc<str>, value: Bytes) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = self.store.clone();
-        runtime.spawn(async move {
-            for pause in [Duration::ZERO, Duration::from_secs(1)] {
-                tokio::time::sleep(pause).await;
-                // Not there yet is no answer either: the late write may
-                // still land (a reconnect, another pooled connection).
-                if matches!(store.delete_if_equals(&key, &value).await, Ok(true)) {
-                    return;
-                }
-            }
-        });
+    /// The answer to a claim (`value` on `key`) that failed with `e`:
+    /// the route's policy decides; a refused request whose claim may have
+    /// landed takes it back, or puts `previous` back where it took that
+    /// over (see [`claim::take_back`]).
+    fn on_claim_failure(
+        &self,
+        e: StoreError,
+        key: Arc<str>,
+        value: Bytes,
+        previous: Option<(Bytes, Duration)>,
+    ) -> Claimed<G> {
+        let landed = e.may_have_landed();
+        let out = self.on_failure(e);
+        if landed && matches!(out, Claimed::Refused(_)) {
+            claim::take_back(&self.store, key, value, previous);
+        }
+        out
     }
 
     fn on_failure(&self, e: StoreError) -> Claimed<G> {

@@ -62,13 +62,12 @@
 //! | key empty, over 255 characters, repeated, or not visible ASCII | 400 `invalid_idempotency_key` |
 //! | no caller identity | 401 `unauthenticated` |
 //! | request body over 64 KiB | 413 `payload_too_large` |
-//! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After` |
+//! | store down (default fail-closed) | 503 `guard_unavailable` with `Retry-After`; a claim that may have landed all the same (a timeout, a lost connection, a write its replicas did not acknowledge: [`StoreError::may_have_landed`](crate::store::StoreError::may_have_landed)) is taken back, owner-checked, so the retry runs (`norepeat_claims_taken_back_total`) |
 //! | 5xx or handler error (default policy) | passed on; key released, a retry runs again |
 //! | 401, 403, 404, 408, 409, 413 or 429 (default policy) | passed on, not stored; key released: nothing happened and the answer describes the caller or a moment, and a client sending fresh keys piles up no records |
 //! | stored status (2xx by default) whose body cannot be kept: over the cap (1 MiB), `text/event-stream`, trailers, or a body that breaks half-way | passed on whole; the outcome is stored without its body, and a retry gets the first status, an empty body, `Idempotent-Replayed: true` and `Idempotent-Body: omitted` (the handler does not run again) |
-//!
 //! | storing the response fails (the store's budget runs out, the connection breaks) | the client gets its answer; the completion is tried again with backoff for up to the lease, the key never deleted; a retry gets 409, then the replay |
-//! | the store stays away for the whole lease (a lost completion) | the claim ends with its lease and a retry runs again; counted in `norepeat_idempotency_completion_lost_total` |
+//! | the store stays away for the whole lease (a lost completion) | the claim stays, its lease passed: a retry gets 409 `idempotency_outcome_unknown` (the handler had its effect; it never runs again); counted in `norepeat_idempotency_completion_lost_total` |
 //! | [`max_detached`](IdempotencyLayer::max_detached) handlers (1024) already running | 503 `guard_unavailable` with `Retry-After: 1`, before the claim: the key stays free, the handler does not run |
 //!
 //! Invalid JSON gets the same answer from both layers: the fingerprint

@@ -128,11 +128,40 @@ pub enum StoreError {
     /// The store answered something this crate does not understand.
     #[error("unexpected answer from store: {0}")]
     Protocol(String),
+    /// The write was made on the master, but fewer of its replicas than
+    /// the store asks for (`?replicas=N`) acknowledged it in time: a
+    /// failover now could lose it. A store failure, for the route's
+    /// policy; a guard that refuses its request for it takes its claim
+    /// back.
+    #[error("store write not acknowledged by enough replicas: {0}")]
+    NotReplicated(String),
     /// The store's URL is not one this crate can use: nothing was sent.
     /// The message names the URL (its password replaced by `***`, see
     /// [`redact_url`]) and how a good one looks.
     #[error("invalid store URL: {0}")]
     InvalidUrl(String),
+}
+
+impl StoreError {
+    /// Whether the write this error answers may be in the store all the
+    /// same: no answer came ([`Timeout`](Self::Timeout),
+    /// [`Connection`](Self::Connection): the command may have left), or it
+    /// was made on the master without enough replicas' acknowledgement
+    /// ([`NotReplicated`](Self::NotReplicated)). A server's refusal, an
+    /// open breaker or a bad URL wrote nothing.
+    ///
+    /// ```
+    /// use norepeat::store::StoreError;
+    /// assert!(StoreError::NotReplicated("0 had it".into()).may_have_landed());
+    /// assert!(!StoreError::CircuitOpen.may_have_landed());
+    /// ```
+    #[must_use]
+    pub fn may_have_landed(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout(_) | Self::Connection(_) | Self::NotReplicated(_)
+        )
+    }
 }
 
 /// `url` with its password replaced by `***`, for errors and logs: the

@@ -377,7 +377,9 @@ impl<S: KeyValueStore> Resilient<S> {
                     self.inner.reconnect();
                 }
             }
-            Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
+            Ok(_)
+            | Err(StoreError::Server(_) | StoreError::Protocol(_) | StoreError::NotReplicated(_)) =>
+            {
                 self.silence.answered();
             }
             Err(_) => {}
@@ -393,6 +395,7 @@ fn error_kind(e: &StoreError) -> &'static str {
         StoreError::Connection(_) => "connection",
         StoreError::Server(_) => "server",
         StoreError::Protocol(_) => "protocol",
+        StoreError::NotReplicated(_) => "not_replicated",
         StoreError::InvalidUrl(_) => "invalid_url",
     }
 }

@@ -187,9 +187,19 @@ impl<S: Store + Clone> TokenGuard<S> {
                 Ok(Some(Used { key, marker }))
             }
             Ok(Some(_)) => reject(TokenError::Used),
-            Err(e) => on_store_error("token", self.failure, e)
-                .map(|()| None)
-                .map_err(TokenGuardError::Unavailable),
+            Err(e) => {
+                let landed = e.may_have_landed();
+                on_store_error("token", self.failure, e)
+                    .map(|()| None)
+                    .map_err(|e| {
+                        // Refused: a use recorded all the same would spend
+                        // the token its retry needs.
+                        if landed {
+                            crate::claim::take_back(&self.store, key.into(), marker.into(), None);
+                        }
+                        TokenGuardError::Unavailable(e)
+                    })
+            }
         }
     }
 }

@@ -7,10 +7,21 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{eventually, node};
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use norepeat::attribute::{Guarded, Rejected};
+use norepeat::degrade::FailurePolicy;
+use norepeat::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError};
+use norepeat::idempotency::IdempotencyLayer;
 use norepeat::store::{
     AnyStore, KeyValueStoreExt, RateStoreExt, ReadStoreExt, RedisStore, StoreError,
 };
-use norepeat_testkit::RedisServer;
+use norepeat::token::{TokenGuard, TokenGuardError, TokenSigner};
+use norepeat_testkit::{RedisServer, send};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -25,6 +36,25 @@ async fn holds(port: u16, key: &str) -> bool {
         == 1
 }
 
+/// Makes `replica` a replica of `master`, and waits for the link.
+async fn link(replica: &RedisServer, master: &RedisServer) {
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port())
+        .query_async(&mut node(replica.port()).await)
+        .await
+        .unwrap();
+    eventually("the replica's link to come up", || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut node(replica.port()).await)
+            .await
+            .ok()?;
+        info.contains("master_link_status:up").then_some(())
+    })
+    .await;
+}
+
 /// A master with no replica: a claim runs there, but no replica
 /// acknowledges it, so its caller is told the store failed (the route's
 /// policy decides), naming the shortfall. A completion likewise. Reads,
@@ -36,7 +66,7 @@ async fn a_claim_no_replica_acknowledged_is_a_store_failure() {
     let url = format!("{}?replicas=1&replicas_timeout=20ms", redis.url());
     let store = RedisStore::connect(&url).await.unwrap();
     let e = store.put_if_absent("claim", b"a", TTL).await.unwrap_err();
-    let StoreError::Server(why) = &e else {
+    let StoreError::NotReplicated(why) = &e else {
         panic!("a store failure, not {e:?}")
     };
     assert!(
@@ -52,7 +82,7 @@ async fn a_claim_no_replica_acknowledged_is_a_store_failure() {
         .replace_if_equals("claim", b"a", b"done", TTL)
         .await
         .unwrap_err();
-    assert!(matches!(e, StoreError::Server(_)), "{e:?}");
+    assert!(matches!(e, StoreError::NotReplicated(_)), "{e:?}");
     assert_eq!(
         store.get("claim").await.unwrap().as_deref(),
         Some(&b"done"[..])
@@ -79,21 +109,7 @@ async fn a_claim_no_replica_acknowledged_is_a_store_failure() {
 async fn a_claim_a_replica_acknowledged_is_on_the_replica_when_answered() {
     let master = RedisServer::start().await;
     let replica = RedisServer::start().await;
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(master.port())
-        .query_async(&mut node(replica.port()).await)
-        .await
-        .unwrap();
-    eventually("the replica's link to come up", || async {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut node(replica.port()).await)
-            .await
-            .ok()?;
-        info.contains("master_link_status:up").then_some(())
-    })
-    .await;
+    link(&replica, &master).await;
     let store = RedisStore::connect(&format!("{}?replicas=1&replicas_timeout=1s", master.url()))
         .await
         .unwrap();
@@ -175,4 +191,122 @@ async fn a_cluster_claim_waits_for_its_masters_replica() {
     .unwrap();
     let e = two.put_if_absent("c:two", b"a", TTL).await.unwrap_err();
     assert!(e.to_string().contains("1 had it"), "{e}");
+}
+
+/// A claim that found its key held wrote nothing: it is a repeat, whatever
+/// `WAIT` answered after it (no replica here), and an owner-checked
+/// replacement of a value the key does not hold is a plain `false`.
+/// Before: both were store failures, so a repeat on a fail-open route ran
+/// unguarded and a fail-closed one answered 503 instead of 409.
+#[tokio::test]
+async fn a_claim_that_found_the_key_held_is_a_repeat_whatever_wait_said() {
+    let redis = RedisServer::start().await;
+    let plain = RedisStore::connect(&redis.url()).await.unwrap();
+    assert_eq!(
+        plain.put_if_absent("held", b"first", TTL).await.unwrap(),
+        None
+    );
+    let url = format!("{}?replicas=1&replicas_timeout=20ms", redis.url());
+    let store = RedisStore::connect(&url).await.unwrap();
+    assert_eq!(
+        store
+            .put_if_absent("held", b"second", TTL)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"first"[..])
+    );
+    assert!(
+        !store
+            .replace_if_equals("held", b"other", b"done", TTL)
+            .await
+            .unwrap()
+    );
+}
+
+/// Every guard, fail-closed, on a master whose replica is gone
+/// (`replicas=1`, none acknowledges): the claim is written on the master,
+/// the guard is told the store failed and refuses its request, which runs
+/// nothing. Each takes its claim back (owner-checked), so once a replica is
+/// back, the retries run, each once: the idempotency key's payment, the
+/// fingerprint, the token and the `once` call. Before: the claims stayed,
+/// and each retry was refused as a repeat of a request that never ran
+/// (409 for the fingerprint's window, the token spent, the idempotency
+/// key in progress and then an unknown outcome).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_guard_refused_for_a_short_wait_takes_its_claim_back() {
+    let master = RedisServer::start().await;
+    let url = format!("{}?replicas=1&replicas_timeout=20ms", master.url());
+    let store = RedisStore::connect(&url).await.unwrap();
+    let closed = FailurePolicy::FailClosed;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new().route(
+        "/payments",
+        post(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { StatusCode::CREATED }
+        })
+        .layer(IdempotencyLayer::new(store.clone()).on_store_failure(closed)),
+    );
+    let payment = || {
+        Request::post("/payments")
+            .header("x-user-id", "u1")
+            .header("idempotency-key", "k-short")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let fingerprints = FingerprintGuard::new(store.clone())
+        .window(Duration::from_secs(60))
+        .on_store_failure(closed);
+    let fp = Digest([7; 32]);
+    let tokens = TokenGuard::new(store.clone(), TokenSigner::new([9; 32])).on_store_failure(closed);
+    let token = tokens.issue("u1").token;
+    let once = Guarded::once("tests::short_wait").on_store_failure(closed);
+    let once_runs = Arc::new(AtomicUsize::new(0));
+    let call_once = || {
+        let once_runs = Arc::clone(&once_runs);
+        once.run_once(&store, "order-1", async move {
+            Ok::<_, Rejected>(once_runs.fetch_add(1, Ordering::SeqCst) + 1)
+        })
+    };
+
+    let refused = send(&app, payment()).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        refused.body
+    );
+    assert!(matches!(
+        fingerprints.acquire(&fp).await,
+        Err(FingerprintGuardError::Unavailable(
+            StoreError::NotReplicated(_)
+        ))
+    ));
+    assert!(matches!(
+        tokens.consume("u1", &token).await,
+        Err(TokenGuardError::Unavailable(StoreError::NotReplicated(_)))
+    ));
+    assert!(matches!(call_once().await, Err(Rejected::Unavailable(_))));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(once_runs.load(Ordering::SeqCst), 0);
+    // Each claim was written on the master, and each is taken back.
+    eventually("the four claims to be taken back", || async {
+        master.keys_with_pttl().await.is_empty().then_some(())
+    })
+    .await;
+
+    let replica = RedisServer::start().await;
+    link(&replica, &master).await;
+    assert_eq!(send(&app, payment()).await.status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let again = send(&app, payment()).await;
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "run once");
+    assert!(fingerprints.acquire(&fp).await.is_ok());
+    tokens.consume("u1", &token).await.unwrap();
+    assert_eq!(call_once().await.unwrap(), 1);
+    assert_eq!(once_runs.load(Ordering::SeqCst), 1);
 }

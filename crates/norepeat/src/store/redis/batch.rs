@@ -50,7 +50,7 @@
 use super::url::Replicas;
 use futures_util::FutureExt;
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -413,7 +413,7 @@ async fn send<C: ConnectionLike + Send>(
                         .zip(durable)
                     {
                         let value = match (&shortfall, value.extract_error()) {
-                            (Some(e), Ok(_)) if durable => Err(e.clone()),
+                            (Some(e), Ok(v)) if durable && wrote(&v) => Err(e.clone()),
                             (_, value) => value,
                         };
                         answer(reply, value, cmd);
@@ -440,6 +440,21 @@ pub(super) fn wait(r: Replicas) -> Cmd {
     cmd
 }
 
+/// Whether a durable command's answer says it wrote: a claim's
+/// `SET NX GET` answers nil when it took the key (the value held when it
+/// did not), an owner-checked replacement's script 1 when it replaced (0
+/// when the key held another value). One that wrote nothing needs no
+/// replica's acknowledgement: its answer stands whatever `WAIT` said (a
+/// claim refused as a repeat stays a repeat, not a store failure).
+pub(super) fn wrote(answer: &Value) -> bool {
+    matches!(answer, Value::Nil | Value::Int(1))
+}
+
+/// The code of the error a durable write gets when fewer replicas than
+/// asked acknowledged it; `map_err` makes it a
+/// [`StoreError::NotReplicated`](crate::store::StoreError::NotReplicated).
+pub(super) const NOT_REPLICATED: &str = "NOREPEAT_NOT_REPLICATED";
+
 /// The error of the durable writes of a batch whose `WAIT` answered
 /// `acked`, or `None` when at least `r.count` replicas have them.
 pub(super) fn short_of(r: Replicas, acked: Option<RedisResult<Value>>) -> Option<RedisError> {
@@ -450,13 +465,13 @@ pub(super) fn short_of(r: Replicas, acked: Option<RedisResult<Value>>) -> Option
         Some(Err(e)) => format!("WAIT failed: {e}"),
         None => "WAIT was not answered".to_owned(),
     };
-    Some(RedisError::from((
-        ErrorKind::Server(ServerErrorKind::ResponseError),
-        "a write not acknowledged by enough replicas (a failover could lose it)",
-        format!(
-            "asked {} within {} ms, {got}",
+    Some(redis::make_extension_error(
+        NOT_REPLICATED.to_owned(),
+        Some(format!(
+            "written on the master, but not acknowledged by enough replicas \
+             (a failover could lose it): asked {} within {} ms, {got}",
             r.count,
             r.timeout.as_millis()
-        ),
-    )))
+        )),
+    ))
 }

@@ -517,8 +517,8 @@ fn answered(
         .zip(acked)
         .and_then(|(r, acked)| batch::short_of(r, acked))
     {
-        Some(short) => Err(short),
-        None => Ok(answer),
+        Some(short) if batch::wrote(&answer) => Err(short),
+        _ => Ok(answer),
     }
 }
 

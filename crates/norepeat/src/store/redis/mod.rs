@@ -6,9 +6,11 @@
 //! A store made from a URL with `?replicas=N` (and `replicas_timeout=T`,
 //! 100 ms unless given) ends every batch that carries a claim or a
 //! completion with `WAIT N T`, on the same connection and in the same
-//! pipeline; a claim or completion fewer than `N` replicas acknowledged
-//! within `T` fails (a store failure: the route's policy applies). See
-//! [`batch`] for how, and the crate README for what it guarantees.
+//! pipeline; a claim or completion that wrote, and that fewer than `N`
+//! replicas acknowledged within `T`, fails with
+//! [`StoreError::NotReplicated`] (a store failure: the route's policy
+//! applies; a refused request's claim is taken back). See [`batch`] for
+//! how, and the crate README for what it guarantees.
 
 use crate::store::{KeyOp, KeyReply, RateDecision, RateOp, StoreError, ttl_ms};
 use bytes::Bytes;
@@ -44,7 +46,9 @@ impl Scripts {
 }
 
 fn map_err(e: RedisError) -> StoreError {
-    if e.is_timeout() {
+    if e.code() == Some(batch::NOT_REPLICATED) {
+        StoreError::NotReplicated(e.detail().unwrap_or_default().to_owned())
+    } else if e.is_timeout() {
         StoreError::Timeout(Duration::ZERO)
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         StoreError::Connection(e.to_string())
