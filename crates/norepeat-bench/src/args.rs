@@ -46,6 +46,13 @@ pub struct BenchArgs {
     /// `--redis` is.
     #[arg(long = "cluster", value_name = "URL", value_delimiter = ',')]
     pub cluster: Vec<String>,
+    /// Also measure `fingerprint.acquire.replicas0` and `.replicas1`: the
+    /// same claims on a master with one replica linked to it (two
+    /// `redis-server`s started for it), through `?replicas=0` and
+    /// `?replicas=1` (each claim answered once the replica has it), side
+    /// by side: what the wait costs.
+    #[arg(long)]
+    pub replicas: bool,
     /// Measure only this row (may be given more than once), without the
     /// memory figures and the ceiling: for profiling one path.
     #[arg(long = "only", value_name = "ROW",

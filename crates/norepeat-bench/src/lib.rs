@@ -12,6 +12,7 @@
 //! | `fingerprint.acquire` | a new fingerprint: `SET NX PX GET`, admitted, held |
 //! | `fingerprint.duplicate` | a held fingerprint again: the same command, rejected with its `Retry-After` |
 //! | `fingerprint.acquire.cluster` | with `--cluster URL,URL,...`: `fingerprint.acquire` on a `ClusterStore` of those nodes (its calls batched per master) |
+//! | `fingerprint.acquire.replicas0`, `.replicas1` | with `--replicas`: `fingerprint.acquire` on a master with one replica (two private `redis-server`s), through `?replicas=0` and `?replicas=1` |
 //! | `idempotency.claim` | a new `Idempotency-Key` through the layer, timed until its handler is entered; handlers are held to the row's end (at most 2 s), then released |
 //! | `idempotency.store_cycle` | the yardstick of `cycle`: its claim (`put_if_absent`) and completion (`replace_if_equals`) at the store, no layer |
 //! | `idempotency.cycle` | a new key through the layer: claimed, handled (201, 64-byte body), completed, the response read |
@@ -166,6 +167,15 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
         nginx: named(&args.nginx_bin),
         idempotent_proxy: named(&args.idempotent_proxy_bin),
     };
+    let wants = |row: &str| !only || args.only.iter().any(|o| o == row);
+    let pair = if args.replicas
+        && (wants("fingerprint.acquire.replicas0") || wants("fingerprint.acquire.replicas1"))
+    {
+        bar.set_message("starting a master and its replica");
+        Some(rows::ReplicaPair::start().await?)
+    } else {
+        None
+    };
     let mut rounds = Vec::with_capacity(usize::from(args.rounds));
     for round in 0..args.rounds {
         // Each round writes keys and bodies of its own.
@@ -198,6 +208,7 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
                 run,
                 url,
                 cluster: &args.cluster,
+                replicated: pair.as_ref(),
                 me,
                 programs: &programs,
             };

@@ -170,6 +170,16 @@ impl Report {
                 AtLeast(0.9),
             ),
             Goal::new(
+                "fingerprint.acquire.replicas1 / .replicas0",
+                Some("replicas1_over_replicas0"),
+                over(
+                    rs,
+                    "fingerprint.acquire.replicas1",
+                    "fingerprint.acquire.replicas0",
+                ),
+                Reference,
+            ),
+            Goal::new(
                 "fingerprint.acquire / redis-benchmark ceiling",
                 Some("fingerprint_acquire_over_ceiling"),
                 by(ops("fingerprint.acquire"), ceiling_ops),

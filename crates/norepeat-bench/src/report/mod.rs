@@ -241,12 +241,13 @@ impl Report {
                 .collect();
             out["ratios"] = Value::Object(ratios);
         } else {
-            // The gateway's ratios are measured on any store.
+            // The gateway's ratios, and the replicas' (on a pair of the
+            // bench's own), are measured on any store.
             let ratios: serde_json::Map<String, Value> = self
                 .goals()
                 .into_iter()
                 .filter_map(|g| Some((g.json?.to_owned(), json!(g.value?))))
-                .filter(|(k, _)| k.starts_with("gateway_"))
+                .filter(|(k, _)| k.starts_with("gateway_") || k.starts_with("replicas"))
                 .collect();
             out["ratios"] = Value::Object(ratios);
         }

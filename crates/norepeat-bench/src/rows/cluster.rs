@@ -7,12 +7,8 @@
 //! beside `fingerprint.acquire` on one Redis.
 
 use super::super::BenchError;
-use super::super::harness::{Load, Sample, measure};
-use super::fingerprint;
-use norepeat::fingerprint::FingerprintGuard;
-use norepeat::problem::Problem;
+use super::super::harness::{Load, Sample};
 use norepeat::store::ClusterStore;
-use std::sync::Arc;
 
 const ROW: &str = "fingerprint.acquire.cluster";
 
@@ -24,24 +20,6 @@ pub(crate) async fn fingerprint_acquire_cluster(
     run: u64,
 ) -> Result<Sample, BenchError> {
     let store = ClusterStore::connect(urls).await?;
-    let guard = Arc::new(FingerprintGuard::new(store));
-    measure(load, move |id| {
-        let g = Arc::clone(&guard);
-        // Purpose 5: apart from the other rows' fingerprints of this run.
-        let fp = fingerprint(run, 5, id);
-        async move {
-            let lease = g.acquire(&fp).await.map_err(|p| {
-                BenchError::unexpected(ROW, format!("refused: {}", Problem::from(p).code.as_str()))
-            })?;
-            if !lease.is_held() {
-                return Err(BenchError::unexpected(
-                    ROW,
-                    "the store failed (admitted fail-open)",
-                ));
-            }
-            lease.finish(true).await;
-            Ok(())
-        }
-    })
-    .await
+    // Purpose 5: apart from the other rows' fingerprints of this run.
+    super::fingerprint_acquire_on(store, ROW, 5, load, run).await
 }

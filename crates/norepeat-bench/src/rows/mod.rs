@@ -9,9 +9,11 @@ mod cluster;
 mod gateway;
 mod http;
 pub(crate) mod idempotency;
+mod replicas;
 pub(crate) mod sql;
 
 pub(crate) use gateway::Programs;
+pub(crate) use replicas::ReplicaPair;
 
 use super::BenchError;
 use super::harness::{Load, Sample, measure};
@@ -19,7 +21,7 @@ use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintGuardError};
 use norepeat::problem::Problem;
 use norepeat::ratelimit::{Algorithm, Quota, RateLimiter};
-use norepeat::store::AnyStore;
+use norepeat::store::{AnyStore, Store};
 use norepeat::token::TokenGuard;
 use norepeat::token::TokenSigner;
 use redis::aio::ConnectionManager;
@@ -31,13 +33,15 @@ use std::time::Duration;
 /// Every row, in the order they run. `redis.raw` sits right before the
 /// rows it is the yardstick of, and each gateway row beside its anchor,
 /// so they share a sitting (and, with `--rounds`, alternate).
-pub const RESULT_NAMES: [&str; 31] = [
+pub const RESULT_NAMES: [&str; 33] = [
     "token.issue",
     "redis.raw",
     "token.consume",
     "fingerprint.acquire",
     "fingerprint.duplicate",
     "fingerprint.acquire.cluster",
+    "fingerprint.acquire.replicas0",
+    "fingerprint.acquire.replicas1",
     "idempotency.claim",
     "idempotency.store_cycle",
     "idempotency.cycle",
@@ -76,6 +80,9 @@ pub(crate) struct RowCtx<'a> {
     /// The nodes of a Redis Cluster (`--cluster`), for
     /// `fingerprint.acquire.cluster`.
     pub(crate) cluster: &'a [String],
+    /// A master with one replica linked (`--replicas`), for
+    /// `fingerprint.acquire.replicas0` and `.replicas1`.
+    pub(crate) replicated: Option<&'a ReplicaPair>,
     /// How to start this bench again, as the gateway rows' load generator.
     pub(crate) me: &'a super::SelfCommand,
     /// The programs the gateway rows run.
@@ -99,6 +106,12 @@ pub(crate) async fn row(name: &'static str, cx: &RowCtx<'_>) -> Result<Option<Sa
             cluster::fingerprint_acquire_cluster(cx.cluster, load, run).await?
         }
         "fingerprint.acquire.cluster" => return Ok(None),
+        "fingerprint.acquire.replicas0" | "fingerprint.acquire.replicas1" => {
+            let Some(pair) = cx.replicated else {
+                return Ok(None);
+            };
+            replicas::fingerprint_acquire_replicas(name, pair, load, run).await?
+        }
         "idempotency.claim" => idempotency::claim(store, load, run).await?,
         "idempotency.store_cycle" => idempotency::store_cycle(store, load, run).await?,
         "idempotency.cycle" => idempotency::cycle(store, load, run).await?,
@@ -214,20 +227,30 @@ async fn fingerprint_acquire(
     load: &Load,
     run: u64,
 ) -> Result<Sample, BenchError> {
-    let guard = Arc::new(FingerprintGuard::new(store.clone()));
+    fingerprint_acquire_on(store.clone(), "fingerprint.acquire", 1, load, run).await
+}
+
+/// A fresh fingerprint (of `purpose`, apart from the other rows') acquired
+/// and finished per operation on `store`, as the row `row`: a refusal or
+/// a store failure (admitted fail-open) ends the row with an error.
+pub(crate) async fn fingerprint_acquire_on<S: Store + Clone>(
+    store: S,
+    row: &'static str,
+    purpose: u8,
+    load: &Load,
+    run: u64,
+) -> Result<Sample, BenchError> {
+    let guard = Arc::new(FingerprintGuard::new(store));
     measure(load, move |id| {
         let g = Arc::clone(&guard);
-        let fp = fingerprint(run, 1, id);
+        let fp = fingerprint(run, purpose, id);
         async move {
             let lease = g.acquire(&fp).await.map_err(|p| {
-                BenchError::unexpected(
-                    "fingerprint.acquire",
-                    format!("refused: {}", Problem::from(p).code.as_str()),
-                )
+                BenchError::unexpected(row, format!("refused: {}", Problem::from(p).code.as_str()))
             })?;
             if !lease.is_held() {
                 return Err(BenchError::unexpected(
-                    "fingerprint.acquire",
+                    row,
                     "the store failed (admitted fail-open)",
                 ));
             }

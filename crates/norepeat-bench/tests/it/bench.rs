@@ -252,3 +252,24 @@ async fn bench_cluster_row_on_a_cluster() {
         .unwrap();
     assert_eq!(without["results"], serde_json::json!([]), "{without}");
 }
+
+/// `--replicas` adds `fingerprint.acquire.replicas0` and `.replicas1`,
+/// measured side by side on a master with one replica that the bench
+/// starts, and their ratio; without it both rows are left out.
+#[test]
+fn bench_replicas_rows_on_a_master_and_its_replica() {
+    let rows = [
+        "fingerprint.acquire.replicas0",
+        "fingerprint.acquire.replicas1",
+    ];
+    let mut args = vec!["--replicas"];
+    for row in rows {
+        args.extend(["--only", row]);
+    }
+    let json = bench(&args);
+    check_results(&json, &rows);
+    let ratio = json["ratios"]["replicas1_over_replicas0"].as_f64();
+    assert!(ratio.is_some_and(|r| r > 0.0), "{json}");
+    let without = bench(&["--only", rows[0], "--only", rows[1]]);
+    assert_eq!(without["results"], serde_json::json!([]), "{without}");
+}

@@ -310,3 +310,91 @@ async fn every_guard_refused_for_a_short_wait_takes_its_claim_back() {
     assert_eq!(call_once().await.unwrap(), 1);
     assert_eq!(once_runs.load(Ordering::SeqCst), 1);
 }
+
+/// `calls=` of `cmdstat_<name>` in the server's `INFO commandstats`.
+async fn calls(port: u16, name: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut node(port).await)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Claims that come while a batch waits for its `WAIT` wait with it, and
+/// leave together under the next one. The replica is stopped (SIGSTOP), so
+/// a first claim's `WAIT` blocks its connection; ten claims then come one
+/// after another, 20 ms apart; the replica goes on (SIGCONT) and every
+/// claim is answered, under at most four `WAIT`s (the first, and one
+/// more per connection: the store has two). Before: each claim left at
+/// once, in a batch of its own behind the blocked `WAIT`, with a `WAIT`
+/// of its own: 11 for 11 claims. Under load that was 1.2 claims per
+/// `WAIT`, and a sixth of the claims per second of `replicas=0` (the
+/// bench's `fingerprint.acquire.replicas1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_come_during_a_wait_share_the_next_one() {
+    let master = RedisServer::start().await;
+    let replica = RedisServer::start().await;
+    link(&replica, &master).await;
+    let url = format!("{}?replicas=1&replicas_timeout=1s", master.url());
+    let store = RedisStore::connect(&url).await.unwrap();
+    // Both connections made before the count starts.
+    assert_eq!(
+        store.put_if_absent("warm:1", b"a", TTL).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.put_if_absent("warm:2", b"a", TTL).await.unwrap(),
+        None
+    );
+    let mut admin = node(master.port()).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut node(replica.port()).await)
+        .await
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let claim = |key: String| {
+        let store = store.clone();
+        tokio::spawn(async move { store.put_if_absent(&key, b"a", TTL).await })
+    };
+    let mut claims = vec![claim("first".to_owned())];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..10 {
+        claims.push(claim(format!("later:{i}")));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    signal("-CONT");
+    for answer in futures_util::future::join_all(claims).await {
+        assert_eq!(answer.unwrap().unwrap(), None);
+    }
+    let (sets, waits) = (
+        calls(master.port(), "set").await,
+        calls(master.port(), "wait").await,
+    );
+    assert_eq!(sets, 11);
+    assert!(waits <= 4, "{sets} claims under {waits} WAITs");
+}

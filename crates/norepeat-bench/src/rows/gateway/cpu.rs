@@ -83,7 +83,7 @@ fn busy_ticks(line: &str) -> Option<u64> {
 
 /// User + system CPU time of process `pid` (all its threads) and of its
 /// child processes (nginx's workers), from `/proc/PID/stat`.
-pub(super) fn process_cpu(pid: u32) -> Option<Duration> {
+pub(crate) fn process_cpu(pid: u32) -> Option<Duration> {
     let own = one_process_cpu(pid)?;
     let children = std::fs::read_dir("/proc")
         .into_iter()

@@ -46,6 +46,7 @@
 //! saying how to get it (see [`Programs`]).
 
 mod cpu;
+pub(crate) use cpu::process_cpu;
 mod idempotent_proxy;
 mod inproc;
 mod lua;
