@@ -537,6 +537,20 @@ async fn delete_owned<S: KeyValueStore>(
     Ok(false)
 }
 
+/// The pauses before each try of [`take_back`]: at once, then at about
+/// 0.1, 0.4, 1, 2, 4, 8 and 16 s, and 31 s after the failure.
+const TAKE_BACK_PAUSES: [Duration; 9] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(300),
+    Duration::from_millis(600),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(15),
+];
+
 /// Takes back a claim whose request was refused for a store failure that
 /// may have landed all the same ([`StoreError::may_have_landed`]: an
 /// answer that never came, or a write the replicas did not acknowledge).
@@ -546,11 +560,17 @@ async fn delete_owned<S: KeyValueStore>(
 ///
 /// Owner-checked: only `ours`, these very bytes, is deleted, or, for a
 /// claim that took over `previous` (a released or abandoned record),
-/// replaced by `previous` again (for `ttl`). Tried in a task of its own,
-/// now and once more a second later (the store has just failed): a key
-/// that does not hold `ours` yet is no answer (the late write may still
-/// land, through a reconnect or another pooled connection). A claim still
-/// there after both tries stays, as any claim whose owner is gone.
+/// replaced by `previous` again (for `ttl`); so it is safe however late
+/// (a retry's own claim has other bytes). Tried in a task of its own,
+/// now and then again with backoff for about half a minute
+/// ([`TAKE_BACK_PAUSES`]): the store has just failed, and a failover
+/// (Sentinel's, a cluster's) takes seconds, after which the promoted
+/// replica may hold the claim. A key that does not hold `ours` yet is no
+/// answer for the first second (the late write may still land, through a
+/// reconnect or another pooled connection); after it, the store's first
+/// answer ends the tries, so a store back from an outage gets at most a
+/// few calls per refused request. A claim still there after every try
+/// stays, as any claim whose owner is gone.
 pub(crate) fn take_back<S: KeyValueStore + Clone>(
     store: &S,
     key: Arc<str>,
@@ -562,7 +582,8 @@ pub(crate) fn take_back<S: KeyValueStore + Clone>(
     };
     let store = store.clone();
     runtime.spawn(async move {
-        for pause in [Duration::ZERO, Duration::from_secs(1)] {
+        let failed = Instant::now();
+        for pause in TAKE_BACK_PAUSES {
             tokio::time::sleep(pause).await;
             let undone = match &previous {
                 None => store.delete_if_equals(&key, &ours).await,
@@ -576,6 +597,7 @@ pub(crate) fn take_back<S: KeyValueStore + Clone>(
                 // Put back on the master, though its replicas did not
                 // acknowledge it in time: the key no longer holds ours.
                 Err(StoreError::NotReplicated(_)) => return,
+                Ok(false) if failed.elapsed() >= Duration::from_secs(1) => return,
                 _ => {}
             }
         }

@@ -27,16 +27,15 @@ async fn pay_until_answered(
 ) -> StatusCode {
     let began = Instant::now();
     for attempt in 0.. {
-        let status = pay_on(gateways[(first + attempt) % 2], "/payments", key)
-            .await
-            .status();
+        let answer = pay_on(gateways[(first + attempt) % 2], "/payments", key).await;
+        let status = answer.status();
         if status != StatusCode::SERVICE_UNAVAILABLE && status != StatusCode::CONFLICT {
             return status;
         }
-        assert!(
-            began.elapsed() < Duration::from_secs(90),
-            "{key}: still {status} after 90 s"
-        );
+        if began.elapsed() >= Duration::from_secs(90) {
+            let body = answer.text().await.unwrap_or_default();
+            panic!("{key}: still {status} after 90 s: {body}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     unreachable!()
