@@ -1,11 +1,12 @@
 //! Two gateways on the master three Sentinels name (`store:
 //! redis+sentinel://...?replicas=1`), in front of the order service of
 //! `tests/backend.py`, which counts one effect per request it runs. The
-//! master is killed with SIGKILL while payments go on through both, each
-//! retried on the other gateway until it is answered: no payment runs
-//! twice, and the gateways decide on the new master without a restart.
+//! master is killed with SIGKILL while payments (idempotency keys), token
+//! orders and fingerprinted orders go on through both, each retried on
+//! the other gateway until it is answered: no request runs twice, and
+//! the gateways decide on the new master without a restart.
 
-use crate::common::{StatusCode, backend, effects, file_for, gateway, pay_on};
+use crate::common::{StatusCode, backend, effects, file_for, gateway, pay_on, token_for, url};
 use norepeat_testkit::RedisSentinels;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,89 @@ const ROUTES: &str = "
     guard: idempotency
     retention: 5m
     timeout: 2s
+  - match: POST /orders
+    guard: token
+    on_store_failure: closed
+  - match: POST /orders/quick
+    guard: fingerprint
+    window: 5m
+    on_store_failure: closed
 ";
+
+/// An order guarded by a token (`Some`, the token) or by its body's
+/// fingerprint (`None`), and its first answer.
+struct Order {
+    token: Option<String>,
+    body: String,
+    first: StatusCode,
+}
+
+/// Sends `order` through the gateways in turn, starting with `first`,
+/// until one answers other than 503 (the store failed, so the backend was
+/// not called, and its claim was taken back); its status.
+async fn order_until_answered(
+    gateways: &[&crate::common::Process],
+    first: usize,
+    token: Option<&str>,
+    body: &str,
+) -> StatusCode {
+    let began = Instant::now();
+    let path = if token.is_some() {
+        "/orders"
+    } else {
+        "/orders/quick"
+    };
+    for attempt in 0.. {
+        let mut req = reqwest::Client::new()
+            .post(url(gateways[(first + attempt) % 2], path))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(token) = token {
+            req = req.header("repeat-token", token);
+        }
+        let answer = req.send().await.unwrap();
+        let status = answer.status();
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            return status;
+        }
+        if began.elapsed() >= Duration::from_secs(90) {
+            let why = answer.text().await.unwrap_or_default();
+            panic!("{path} {body}: still {status} after 90 s: {why}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unreachable!()
+}
+
+/// A token order and a fingerprinted order named `name`, each sent until
+/// answered; a 201 ran once, a 409 ran nothing (a try whose answer was
+/// lost may have spent the token or taken the fingerprint).
+async fn two_orders(gateways: &[&crate::common::Process], n: usize, name: &str) -> [Order; 2] {
+    let issued = token_for(gateways[n % 2], "u1").await;
+    let token = issued["repeatToken"].as_str().unwrap().to_owned();
+    let body = format!("{{\"order\": \"{name}\"}}");
+    let by_token = order_until_answered(gateways, n, Some(&token), &body).await;
+    let by_body = order_until_answered(gateways, n + 1, None, &body).await;
+    for status in [by_token, by_body] {
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+            "{name}: {status}"
+        );
+    }
+    [
+        Order {
+            token: Some(token),
+            body: body.clone(),
+            first: by_token,
+        },
+        Order {
+            token: None,
+            body,
+            first: by_body,
+        },
+    ]
+}
 
 /// Sends payment `key` through the gateways in turn, starting with
 /// `first`, until one answers other than 503 (the store failed, so the
@@ -42,7 +125,7 @@ async fn pay_until_answered(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_run_no_payment_twice_across_a_failover() {
+async fn two_gateways_run_no_request_twice_across_a_failover() {
     let mut group = RedisSentinels::start().await;
     let backend = backend(0).await;
     let store = format!("{}?replicas=1&replicas_timeout=500ms", group.url());
@@ -52,9 +135,11 @@ async fn two_gateways_run_no_payment_twice_across_a_failover() {
     );
     let gateways = [&g1, &g2];
     let mut paid = Vec::new();
+    let mut orders = Vec::new();
     for n in 0..20 {
         let key = format!("before-{n}");
         assert!(pay_until_answered(&gateways, n, &key).await.is_success());
+        orders.extend(two_orders(&gateways, n, &key).await);
         paid.push(key);
     }
 
@@ -66,6 +151,7 @@ async fn two_gateways_run_no_payment_twice_across_a_failover() {
     let new = loop {
         let key = format!("during-{n}");
         assert!(pay_until_answered(&gateways, n, &key).await.is_success());
+        orders.extend(two_orders(&gateways, n, &key).await);
         paid.push(key);
         n += 1;
         if n >= 5 && killed.elapsed() > Duration::from_secs(3) {
@@ -76,6 +162,7 @@ async fn two_gateways_run_no_payment_twice_across_a_failover() {
     for n in 0..20 {
         let key = format!("after-{n}");
         assert!(pay_until_answered(&gateways, n, &key).await.is_success());
+        orders.extend(two_orders(&gateways, n, &key).await);
         paid.push(key);
     }
 
@@ -84,11 +171,44 @@ async fn two_gateways_run_no_payment_twice_across_a_failover() {
         let again = pay_until_answered(&gateways, n + 1, key).await;
         assert!(again.is_success(), "{key}: {again}");
     }
-    let ran = effects(&backend).await["/payments"].as_u64().unwrap_or(0);
+    // Every order again, through the other gateway: each refused (its
+    // token spent, its fingerprint held), whatever its first answer.
+    for (n, order) in orders.iter().enumerate() {
+        let again =
+            order_until_answered(&gateways, n + 1, order.token.as_deref(), &order.body).await;
+        assert_eq!(again, StatusCode::CONFLICT, "{}: {again}", order.body);
+    }
+    let ran = effects(&backend).await;
+    let count = |path: &str| ran[path].as_u64().unwrap_or(0);
     assert_eq!(
-        ran,
+        count("/payments"),
         paid.len() as u64,
         "each of {} payments ran once",
         paid.len()
+    );
+    let created = |by_token: bool| {
+        orders
+            .iter()
+            .filter(|o| o.token.is_some() == by_token && o.first == StatusCode::CREATED)
+            .count() as u64
+    };
+    assert_eq!(
+        count("/orders"),
+        created(true),
+        "token orders: one run per 201"
+    );
+    assert_eq!(
+        count("/orders/quick"),
+        created(false),
+        "fingerprinted orders: one run per 201"
+    );
+    // Most orders got through: a 409 first is an order whose try was cut
+    // off by the failover (its answer lost, its claim not taken back yet).
+    let each = orders.len() as u64 / 2;
+    assert!(
+        created(true) * 4 >= each * 3 && created(false) * 4 >= each * 3,
+        "{} and {} of {each} orders each",
+        created(true),
+        created(false)
     );
 }
