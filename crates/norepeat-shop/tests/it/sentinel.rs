@@ -28,11 +28,28 @@ async fn two_shops_follow_the_master_through_a_failover() {
             ("NOREPEAT_STORE_TIMEOUT_MS".to_owned(), "2000".to_owned()),
             // Longer than the failover: the first order is still held after it.
             ("NOREPEAT_FP_WINDOW_MS".to_owned(), "120000".to_owned()),
+            ("NOREPEAT_ADMIN_TOKEN".to_owned(), "adm".to_owned()),
         ]
     };
     let a = ShopProcess::start(BIN, env(&db_a)).await;
     let b = ShopProcess::start(BIN, env(&db_b)).await;
     let bases = [a.base_url(), b.base_url()];
+    // Stock for every order below. While the new master has no replica
+    // yet, each claim's WAIT falls short and each shop decides against
+    // its own local memory (fail-open): a round's copies make an order on
+    // each shop, and the rounds go on. Before, the 100 seeded units ran
+    // out in such rounds (quantities 2, 3, ...), and every later order
+    // was 409 out of stock.
+    for base in &bases {
+        let stocked = reqwest::Client::new()
+            .put(format!("{base}/admin/stock/SKU-1"))
+            .header("x-admin-token", "adm")
+            .json(&json!({"available": 1_000_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stocked.status(), 200);
+    }
     // An order per quantity; `traceId` differs on each copy and is not
     // part of the fingerprint.
     let order =

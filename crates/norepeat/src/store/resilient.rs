@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 /// first reply, does not hold the budget high), kept between a floor
 /// ([`timeout`](Self::timeout), default 50 ms) and a ceiling
 /// ([`max_timeout`](Self::max_timeout), default 300 ms: what a checkout
-/// can wait on one store call).
+/// can wait on one store call). It starts at the ceiling: the first calls,
+/// before the store has answered any (a connection's handshake, a process
+/// starting on a busy machine), are not failed at a fast store's budget.
 /// A call that runs out of its budget records nothing then: silence does
 /// not teach the budget. If its answer still comes (the store's
 /// [`report_late_answers`](KeyValueStore::report_late_answers); the Redis
@@ -59,11 +61,18 @@ use std::time::{Duration, Instant};
 /// use norepeat::store::Resilient;
 /// use norepeat::store::MemoryStore;
 /// use std::time::Duration;
+/// # use norepeat::store::KeyValueStoreExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let store = Resilient::new(MemoryStore::default())
 ///     .timeout(Duration::from_millis(20))
 ///     .max_timeout(Duration::from_millis(500))
 ///     .breaker(3, Duration::from_millis(500));
+/// // The ceiling until the store first answers, then 3 times what it
+/// // showed, at least the floor.
+/// assert_eq!(store.budget(), Duration::from_millis(500));
+/// store.put_if_absent("k", b"v", Duration::from_secs(1)).await.unwrap();
 /// assert_eq!(store.budget(), Duration::from_millis(20));
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct Resilient<S> {
@@ -191,10 +200,14 @@ struct Recent {
 impl Budget {
     fn new(floor: Duration, ceiling: Duration, store: &'static str) -> Self {
         let ceiling = ceiling.max(floor);
+        // The ceiling until the store first answers: the first calls (a
+        // connection's handshake, a process starting on a busy machine)
+        // wait as a slow store's would, rather than fail at a fast one's
+        // budget. The first answer sets it from what the store showed.
         let b = Self {
             floor,
             ceiling,
-            current_us: AtomicU64::new(micros(floor)),
+            current_us: AtomicU64::new(micros(ceiling)),
             recent: Mutex::new(Recent {
                 ring: [0; SAMPLES],
                 len: 0,
@@ -202,7 +215,7 @@ impl Budget {
             }),
             store,
         };
-        b.export(floor);
+        b.export(ceiling);
         b
     }
 
@@ -228,7 +241,9 @@ impl Budget {
             r.ring[at] = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
             r.next = (at + 1) % SAMPLES;
             r.len = (r.len + 1).min(SAMPLES);
-            if !raises && !r.next.is_multiple_of(RECOMPUTE_EVERY) {
+            // The first calls always (the budget leaves the ceiling it
+            // starts at), then only now and then.
+            if !raises && r.len > RECOMPUTE_EVERY && !r.next.is_multiple_of(RECOMPUTE_EVERY) {
                 return;
             }
             let mut sorted = r.ring;
@@ -285,7 +300,8 @@ impl<S: KeyValueStore> Resilient<S> {
     }
 
     /// Sets the floor of the time budget (default 50 ms): the budget of a
-    /// fast store, and where it starts.
+    /// fast store. (It starts at the ceiling, and the store's first answer
+    /// brings it down.)
     #[must_use]
     pub fn timeout(self, floor: Duration) -> Self {
         let budget = Budget::new(floor, self.budget.ceiling, self.inner.kind());

@@ -309,6 +309,39 @@ async fn slow_redis_costs_at_most_the_budget() {
     stalled_redis_costs_at_most_the_budget(ProxyMode::Delay(Duration::from_millis(300))).await;
 }
 
+/// A store slow from its very first call (a cold connection, a process
+/// starting on a busy machine) is waited for, up to the ceiling: the
+/// budget starts there, and the first answers teach it. Eight calls at
+/// once on a Redis 200 ms away each succeed, and the breaker stays
+/// closed. Before: the budget started at the floor (50 ms), every one of
+/// those calls timed out, and the breaker opened (a fresh gateway's first
+/// requests under load answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_slow_from_its_first_call_is_waited_for() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let store = Resilient::new(redis_store(&proxy.url_for_redis()).await)
+        .max_timeout(CEILING)
+        .timeout(BUDGET)
+        .breaker(3, Duration::from_secs(60));
+    assert_eq!(store.budget(), CEILING);
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(100)));
+    let calls = (0..8).map(|i| {
+        let store = store.clone();
+        async move {
+            store
+                .put_if_absent(&format!("cold{i}"), b"v", Duration::from_secs(5))
+                .await
+        }
+    });
+    for answer in futures_util::future::join_all(calls).await {
+        assert_eq!(answer.unwrap(), None);
+    }
+    assert_eq!(store.circuit().state(), BreakerState::Closed);
+    assert!(store.budget() > BUDGET, "{:?}", store.budget());
+    proxy.set_mode(ProxyMode::Pass);
+}
+
 /// A slow Redis that becomes fast again is used again: the late answers of
 /// the timed-out calls are not taken for the answers of later calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,6 +351,12 @@ async fn slow_redis_recovers_with_consistent_answers() {
     let store = fail_open_store(&proxy.url_for_redis(), Duration::from_millis(200)).await;
     let guard = FingerprintGuard::new(store.clone()).window(Duration::from_secs(5));
     let app = fingerprint_app(guard);
+    // A fast store first: the budget, which starts at the ceiling, comes
+    // down to the floor.
+    for n in 200..205 {
+        assert_eq!(post_order(&app, n).await.status, StatusCode::OK);
+    }
+    assert_eq!(store.primary().budget(), BUDGET);
 
     proxy.set_mode(ProxyMode::Delay(Duration::from_millis(300)));
     for n in 0..5 {
