@@ -115,47 +115,22 @@ if [ ! -x "$clippy_driver" ]; then
   exit 1
 fi
 lint=(--config "build.rustc-workspace-wrapper=\"$clippy_driver\"" --config 'build.rustflags=["-D", "warnings"]')
-log "build: the workspace's tests, binaries and examples (clippy's lints, warnings denied)"
-cargo test --workspace --all-features --no-run "${lint[@]}"
-
-# The checks that start no test process run beside the tests: while most
-# tests wait (for a failover, a lease, a browser, a process), the two cores
-# sat half idle (51-76 %, /proc/stat). Their output is kept in a file and
-# shown after the tests; either failing fails the command. They start a
-# few seconds late, so that nextest's own cargo call (which finds the
-# build above up to date) is not queued behind theirs.
-checks_log=target/test-checks.log
-checks() {
-  sleep 10
-  log "benches: built with clippy's lints (not run: see BENCHMARKS.md)"
-  cargo test --workspace --all-features --benches --no-run "${lint[@]}"
-  log "doc tests"
-  cargo test --workspace --all-features --doc "${lint[@]}"
-  # The library under each feature set a user can pick alone builds without
-  # a warning, its tests included (a test that needs a store is gated on its
-  # feature). Every feature together was linted above; these are the others
-  # that change which code is compiled.
-  for features in "" redis postgres sqlite; do
-    log "clippy: the library and its tests with features [${features}] only"
-    cargo clippy -p norepeat --lib --tests --no-default-features ${features:+--features "$features"} -- -D warnings
-  done
-  # What is published builds on its own, from the packaged files alone.
-  log "cargo package: the published crates, verified"
-  cargo package -p norepeat-macros -p norepeat --allow-dirty "${lint[@]}"
-  log "checks done"
-}
-checks >"$checks_log" 2>&1 &
-checks_pid=$!
-
-log "cargo nextest run (the checks run beside it: doc tests, clippy per feature set, cargo package)"
-tests_status=0
-cargo nextest run --workspace --all-features --no-fail-fast "${lint[@]}" "$@" || tests_status=$?
-log "the tests are done; waiting for the checks beside them"
-checks_status=0
-wait "$checks_pid" || checks_status=$?
-cat "$checks_log" >&2
-if [ "$tests_status" -ne 0 ] || [ "$checks_status" -ne 0 ]; then
-  log "failed: tests exit ${tests_status}, checks exit ${checks_status}"
-  exit 1
-fi
+log "cargo nextest run (built with clippy's lints, warnings denied)"
+cargo nextest run --workspace --all-features --no-fail-fast "${lint[@]}" "$@"
+log "benches: built with clippy's lints (not run: see BENCHMARKS.md)"
+cargo test --workspace --all-features --benches --no-run "${lint[@]}"
+log "doc tests"
+cargo test --workspace --all-features --doc "${lint[@]}"
+# The library under each feature set a user can pick alone builds without a
+# warning, its tests included (a test that needs a store is gated on its
+# feature). Every feature
+# together was linted above; these are the others that change which code is
+# compiled.
+for features in "" redis postgres sqlite; do
+  log "clippy: the library and its tests with features [${features}] only"
+  cargo clippy -p norepeat --lib --tests --no-default-features ${features:+--features "$features"} -- -D warnings
+done
+# What is published builds on its own, from the packaged files alone.
+log "cargo package: the published crates, verified"
+cargo package -p norepeat-macros -p norepeat --allow-dirty "${lint[@]}"
 log "done"
