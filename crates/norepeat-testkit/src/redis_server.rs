@@ -197,6 +197,76 @@ impl RedisServer {
             .collect()
     }
 
+    /// Makes this server a replica of `master` (`REPLICAOF`) and waits
+    /// until its link is up (`master_link_status:up`).
+    ///
+    /// # Panics
+    ///
+    /// Panics when the server cannot be reached or the link is not up
+    /// within 30 s.
+    pub async fn replicate(&self, master: &RedisServer) {
+        let mut con = self.connection().await;
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port())
+            .query_async::<()>(&mut con)
+            .await
+            .unwrap_or_else(|e| panic!("norepeat-testkit: REPLICAOF: {e}"));
+        for _ in 0..300 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut con)
+                .await
+                .unwrap_or_else(|e| panic!("norepeat-testkit: INFO replication: {e}"));
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "norepeat-testkit: the replica on {} did not link to {} within 30 s",
+            self.port,
+            master.port()
+        );
+    }
+
+    /// Stops the process where it is (`SIGSTOP`): its connections stay
+    /// open and nothing answers, as a stalled server's. [`resume`](Self::resume)
+    /// goes on; a server left paused is killed as usual when dropped.
+    ///
+    /// # Panics
+    ///
+    /// Panics when it is not running or `kill` cannot be run.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`pause`](Self::pause)d process go on (`SIGCONT`).
+    ///
+    /// # Panics
+    ///
+    /// Panics when it is not running or `kill` cannot be run.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().map(Child::id).unwrap_or_else(|| {
+            panic!(
+                "norepeat-testkit: redis-server on {} is not running",
+                self.port
+            )
+        });
+        let status = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("norepeat-testkit: cannot run kill: {e}"));
+        assert!(
+            status.success(),
+            "norepeat-testkit: kill {which} {pid}: {status}"
+        );
+    }
+
     /// `DBSIZE`: the number of keys in database 0.
     ///
     /// # Panics

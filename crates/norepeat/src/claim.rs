@@ -551,6 +551,37 @@ const TAKE_BACK_PAUSES: [Duration; 9] = [
     Duration::from_secs(15),
 ];
 
+/// At most this many take-backs wait at once, in the whole process. Each
+/// is a task of a few hundred bytes that may live half a minute: a busy
+/// fail-closed route during an outage (5,000 refusals a second) would
+/// otherwise hold some 150,000 of them. One past the bound leaves its
+/// claim, as any claim whose owner is gone, and is counted in
+/// `norepeat_claims_not_taken_back_total`.
+const MAX_PENDING_TAKE_BACKS: usize = 10_000;
+
+/// The take-backs waiting now (see [`MAX_PENDING_TAKE_BACKS`]).
+static PENDING_TAKE_BACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of [`PENDING_TAKE_BACKS`], given back when its task ends (or is
+/// dropped with its runtime).
+struct PendingTakeBack;
+
+impl PendingTakeBack {
+    fn enter() -> Option<Self> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let taken = PENDING_TAKE_BACKS.fetch_update(Relaxed, Relaxed, |n| {
+            (n < MAX_PENDING_TAKE_BACKS).then_some(n + 1)
+        });
+        taken.is_ok().then(|| Self)
+    }
+}
+
+impl Drop for PendingTakeBack {
+    fn drop(&mut self) {
+        PENDING_TAKE_BACKS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Takes back a claim whose request was refused for a store failure that
 /// may have landed all the same ([`StoreError::may_have_landed`]: an
 /// answer that never came, or a write the replicas did not acknowledge).
@@ -570,7 +601,8 @@ const TAKE_BACK_PAUSES: [Duration; 9] = [
 /// reconnect or another pooled connection); after it, the store's first
 /// answer ends the tries, so a store back from an outage gets at most a
 /// few calls per refused request. A claim still there after every try
-/// stays, as any claim whose owner is gone.
+/// stays, as any claim whose owner is gone; so does one past
+/// [`MAX_PENDING_TAKE_BACKS`].
 pub(crate) fn take_back<S: KeyValueStore + Clone>(
     store: &S,
     key: Arc<str>,
@@ -580,8 +612,13 @@ pub(crate) fn take_back<S: KeyValueStore + Clone>(
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    let Some(pending) = PendingTakeBack::enter() else {
+        metrics::counter!("norepeat_claims_not_taken_back_total").increment(1);
+        return;
+    };
     let store = store.clone();
     runtime.spawn(async move {
+        let _pending = pending;
         let failed = Instant::now();
         for pause in TAKE_BACK_PAUSES {
             tokio::time::sleep(pause).await;
@@ -904,6 +941,34 @@ mod tests {
     }
 
     /// A claim of `key` on `store`, which must be free.
+    /// Take-backs are bounded: past [`MAX_PENDING_TAKE_BACKS`] waiting at
+    /// once, one more leaves its claim instead of adding a task; as they
+    /// end, room comes back. (Keys that are not there: each try answers
+    /// "not ours", and the task waits out its first second.) Before: one
+    /// task per refusal, without bound, each for up to 31 s.
+    #[tokio::test]
+    async fn take_backs_waiting_at_once_are_bounded() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let store = MemoryStore::default();
+        for i in 0..MAX_PENDING_TAKE_BACKS + 100 {
+            take_back(
+                &store,
+                Arc::from(format!("k{i}")),
+                Bytes::from_static(b"v"),
+                None,
+            );
+        }
+        assert_eq!(PENDING_TAKE_BACKS.load(Relaxed), MAX_PENDING_TAKE_BACKS);
+        let mut waited = Duration::ZERO;
+        while PENDING_TAKE_BACKS.load(Relaxed) > 0 && waited < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
+        }
+        assert_eq!(PENDING_TAKE_BACKS.load(Relaxed), 0);
+        take_back(&store, Arc::from("again"), Bytes::from_static(b"v"), None);
+        assert_eq!(PENDING_TAKE_BACKS.load(Relaxed), 1);
+    }
+
     async fn owned(store: &MemoryStore, key: &str, ttl: Duration) -> Claim<MemoryStore> {
         match Claim::acquire(store, key, b"a".to_vec(), ttl).await {
             Ok(Claimed::Owned(claim)) => claim,

@@ -53,6 +53,7 @@ mod ratelimit;
 mod ratelimit_algorithms;
 mod redis_batching;
 mod replicas;
+mod replicas_guards;
 mod sentinel;
 mod shadow;
 mod token_clocks;

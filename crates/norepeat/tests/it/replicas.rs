@@ -2,26 +2,16 @@
 //! replicas (`WAIT`), and one they did not acknowledge in time is a store
 //! failure, though it ran on the master. Real `redis-server`s from the test
 //! kit: a master alone, and a master with a replica linked by `REPLICAOF`.
-//! The failover itself is in `sentinel.rs`.
+//! The guards over such a store are in `replicas_guards.rs`, the failover
+//! itself in `sentinel.rs`.
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{eventually, node};
-use axum::Router;
-use axum::body::Body;
-use axum::routing::post;
-use http::{Request, StatusCode};
-use norepeat::attribute::{Guarded, Rejected};
-use norepeat::degrade::FailurePolicy;
-use norepeat::fingerprint::{Digest, FingerprintGuard, FingerprintGuardError};
-use norepeat::idempotency::IdempotencyLayer;
+use crate::common::node;
 use norepeat::store::{
     AnyStore, KeyValueStoreExt, RateStoreExt, ReadStoreExt, RedisStore, StoreError,
 };
-use norepeat::token::{TokenGuard, TokenGuardError, TokenSigner};
-use norepeat_testkit::{RedisServer, send};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use norepeat_testkit::RedisServer;
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -34,25 +24,6 @@ async fn holds(port: u16, key: &str) -> bool {
         .await
         .unwrap()
         == 1
-}
-
-/// Makes `replica` a replica of `master`, and waits for the link.
-async fn link(replica: &RedisServer, master: &RedisServer) {
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(master.port())
-        .query_async(&mut node(replica.port()).await)
-        .await
-        .unwrap();
-    eventually("the replica's link to come up", || async {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut node(replica.port()).await)
-            .await
-            .ok()?;
-        info.contains("master_link_status:up").then_some(())
-    })
-    .await;
 }
 
 /// A master with no replica: a claim runs there, but no replica
@@ -109,7 +80,7 @@ async fn a_claim_no_replica_acknowledged_is_a_store_failure() {
 async fn a_claim_a_replica_acknowledged_is_on_the_replica_when_answered() {
     let master = RedisServer::start().await;
     let replica = RedisServer::start().await;
-    link(&replica, &master).await;
+    replica.replicate(&master).await;
     let store = RedisStore::connect(&format!("{}?replicas=1&replicas_timeout=1s", master.url()))
         .await
         .unwrap();
@@ -222,195 +193,4 @@ async fn a_claim_that_found_the_key_held_is_a_repeat_whatever_wait_said() {
             .await
             .unwrap()
     );
-}
-
-/// Every guard, fail-closed, on a master whose replica is gone
-/// (`replicas=1`, none acknowledges): the claim is written on the master,
-/// the guard is told the store failed and refuses its request, which runs
-/// nothing. Each takes its claim back (owner-checked), so once a replica is
-/// back, the retries run, each once: the idempotency key's payment, the
-/// fingerprint, the token and the `once` call. Before: the claims stayed,
-/// and each retry was refused as a repeat of a request that never ran
-/// (409 for the fingerprint's window, the token spent, the idempotency
-/// key in progress and then an unknown outcome).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_guard_refused_for_a_short_wait_takes_its_claim_back() {
-    let master = RedisServer::start().await;
-    let url = format!("{}?replicas=1&replicas_timeout=200ms", master.url());
-    let store = RedisStore::connect(&url).await.unwrap();
-    let closed = FailurePolicy::FailClosed;
-
-    let runs = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    let app = Router::new().route(
-        "/payments",
-        post(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-            async { StatusCode::CREATED }
-        })
-        .layer(IdempotencyLayer::new(store.clone()).on_store_failure(closed)),
-    );
-    let payment = || {
-        Request::post("/payments")
-            .header("x-user-id", "u1")
-            .header("idempotency-key", "k-short")
-            .body(Body::empty())
-            .unwrap()
-    };
-    let fingerprints = FingerprintGuard::new(store.clone())
-        .window(Duration::from_secs(60))
-        .on_store_failure(closed);
-    let fp = Digest([7; 32]);
-    let tokens = TokenGuard::new(store.clone(), TokenSigner::new([9; 32])).on_store_failure(closed);
-    let token = tokens.issue("u1").token;
-    let once = Guarded::once("tests::short_wait").on_store_failure(closed);
-    let once_runs = Arc::new(AtomicUsize::new(0));
-    let call_once = || {
-        let once_runs = Arc::clone(&once_runs);
-        once.run_once(&store, "order-1", async move {
-            Ok::<_, Rejected>(once_runs.fetch_add(1, Ordering::SeqCst) + 1)
-        })
-    };
-
-    let refused = send(&app, payment()).await;
-    assert_eq!(
-        refused.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{:?}",
-        refused.body
-    );
-    assert!(matches!(
-        fingerprints.acquire(&fp).await,
-        Err(FingerprintGuardError::Unavailable(
-            StoreError::NotReplicated(_)
-        ))
-    ));
-    assert!(matches!(
-        tokens.consume("u1", &token).await,
-        Err(TokenGuardError::Unavailable(StoreError::NotReplicated(_)))
-    ));
-    assert!(matches!(call_once().await, Err(Rejected::Unavailable(_))));
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!(once_runs.load(Ordering::SeqCst), 0);
-    // Each claim was written on the master, and each is taken back.
-    eventually("the four claims to be taken back", || async {
-        master.keys_with_pttl().await.is_empty().then_some(())
-    })
-    .await;
-
-    let replica = RedisServer::start().await;
-    link(&replica, &master).await;
-    // Until the replica's acknowledgements come in time (the first may be
-    // late on a busy machine), a retry is refused again and its claim taken
-    // back again, having run nothing; the retries then go through, once.
-    eventually("the payment's retry to run", || async {
-        (send(&app, payment()).await.status == StatusCode::CREATED).then_some(())
-    })
-    .await;
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let again = send(&app, payment()).await;
-    assert_eq!(again.headers["idempotent-replayed"], "true");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "run once");
-    eventually("the fingerprint's retry to be admitted", || async {
-        fingerprints.acquire(&fp).await.ok()
-    })
-    .await;
-    eventually("the token's retry to be accepted", || async {
-        tokens.consume("u1", &token).await.ok()
-    })
-    .await;
-    let ran = eventually("the once call's retry to run", || async {
-        call_once().await.ok()
-    })
-    .await;
-    assert_eq!(ran, 1);
-    assert_eq!(once_runs.load(Ordering::SeqCst), 1);
-}
-
-/// `calls=` of `cmdstat_<name>` in the server's `INFO commandstats`.
-async fn calls(port: u16, name: &str) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut node(port).await)
-        .await
-        .unwrap();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Claims that come while a batch waits for its `WAIT` wait with it, and
-/// leave together under the next one. The replica is stopped (SIGSTOP), so
-/// a first claim's `WAIT` blocks its connection; ten claims then come one
-/// after another, 20 ms apart; the replica goes on (SIGCONT) and every
-/// claim is answered, under at most four `WAIT`s (the first, and one
-/// more per connection: the store has two). Before: each claim left at
-/// once, in a batch of its own behind the blocked `WAIT`, with a `WAIT`
-/// of its own: 11 for 11 claims. Under load that was 1.2 claims per
-/// `WAIT`, and a sixth of the claims per second of `replicas=0` (the
-/// bench's `fingerprint.acquire.replicas1`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_that_come_during_a_wait_share_the_next_one() {
-    let master = RedisServer::start().await;
-    let replica = RedisServer::start().await;
-    link(&replica, &master).await;
-    let url = format!("{}?replicas=1&replicas_timeout=1s", master.url());
-    let store = RedisStore::connect(&url).await.unwrap();
-    // Both connections made before the count starts.
-    assert_eq!(
-        store.put_if_absent("warm:1", b"a", TTL).await.unwrap(),
-        None
-    );
-    assert_eq!(
-        store.put_if_absent("warm:2", b"a", TTL).await.unwrap(),
-        None
-    );
-    let mut admin = node(master.port()).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut node(replica.port()).await)
-        .await
-        .unwrap();
-    let pid = info
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let signal = |sig: &str| {
-        let status = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {sig} {pid}");
-    };
-    signal("-STOP");
-    let claim = |key: String| {
-        let store = store.clone();
-        tokio::spawn(async move { store.put_if_absent(&key, b"a", TTL).await })
-    };
-    let mut claims = vec![claim("first".to_owned())];
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    for i in 0..10 {
-        claims.push(claim(format!("later:{i}")));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    signal("-CONT");
-    for answer in futures_util::future::join_all(claims).await {
-        assert_eq!(answer.unwrap().unwrap(), None);
-    }
-    let (sets, waits) = (
-        calls(master.port(), "set").await,
-        calls(master.port(), "wait").await,
-    );
-    assert_eq!(sets, 11);
-    assert!(waits <= 4, "{sets} claims under {waits} WAITs");
 }
