@@ -582,6 +582,29 @@ impl Drop for PendingTakeBack {
     }
 }
 
+/// A claim's store failure, as [`on_store_error`](crate::degrade::on_store_error)
+/// answers any: `Ok` admits the request (fail-open), `Err` refuses it.
+/// The claim tried was `ours` on `key` (over `previous`, for a take-over);
+/// a refused request whose claim may have landed takes it back
+/// ([`take_back`]). The one place every guard's claim failure goes
+/// through.
+pub(crate) fn on_claim_error<S: KeyValueStore + Clone>(
+    mode: &'static str,
+    policy: crate::degrade::FailurePolicy,
+    error: StoreError,
+    store: &S,
+    key: Arc<str>,
+    ours: Bytes,
+    previous: Option<(Bytes, Duration)>,
+) -> Result<(), StoreError> {
+    let landed = error.may_have_landed();
+    crate::degrade::on_store_error(mode, policy, error).inspect_err(|_| {
+        if landed {
+            take_back(store, key, ours, previous);
+        }
+    })
+}
+
 /// Takes back a claim whose request was refused for a store failure that
 /// may have landed all the same ([`StoreError::may_have_landed`]: an
 /// answer that never came, or a write the replicas did not acknowledge).
@@ -603,7 +626,7 @@ impl Drop for PendingTakeBack {
 /// few calls per refused request. A claim still there after every try
 /// stays, as any claim whose owner is gone; so does one past
 /// [`MAX_PENDING_TAKE_BACKS`].
-pub(crate) fn take_back<S: KeyValueStore + Clone>(
+fn take_back<S: KeyValueStore + Clone>(
     store: &S,
     key: Arc<str>,
     ours: Bytes,

@@ -308,14 +308,16 @@ pub(crate) async fn attempts(backend: &Process, path: &str) -> Vec<Value> {
 
 /// `POST path` with key `key` on gateway `g`.
 pub(crate) async fn pay_on(g: &Process, path: &str, key: &str) -> Response {
+    payment(g, path, key).send().await.unwrap()
+}
+
+/// The request [`pay_on`] sends, not sent.
+pub(crate) fn payment(g: &Process, path: &str, key: &str) -> reqwest::RequestBuilder {
     Client::new()
         .post(url(g, path))
         .header("x-user-id", "u1")
         .header("idempotency-key", key)
         .body("{}")
-        .send()
-        .await
-        .unwrap()
 }
 
 /// The first line of the access log at `log` that contains `needle`,

@@ -6,7 +6,9 @@
 //! the other gateway until it is answered: no request runs twice, and
 //! the gateways decide on the new master without a restart.
 
-use crate::common::{StatusCode, backend, effects, file_for, gateway, pay_on, token_for, url};
+use crate::common::{
+    Process, StatusCode, backend, effects, file_for, gateway, payment, token_for, url,
+};
 use norepeat_testkit::RedisSentinels;
 use std::time::{Duration, Instant};
 
@@ -32,48 +34,67 @@ struct Order {
     first: StatusCode,
 }
 
-/// Sends `order` through the gateways in turn, starting with `first`,
-/// until one answers other than 503 (the store failed, so the backend was
-/// not called, and its claim was taken back); its status.
-async fn order_until_answered(
-    gateways: &[&crate::common::Process],
+/// Sends the request `build` makes for each gateway in turn, starting
+/// with `first`, until one answers other than 503 (the store failed, so
+/// the backend was not called and the claim was taken back) or, where
+/// `conflict_is_a_try`, 409 (a try whose outcome is unknown holds the
+/// key); its status. `what` names the request in a failure.
+async fn until_answered(
+    gateways: &[&Process],
     first: usize,
-    token: Option<&str>,
-    body: &str,
+    what: &str,
+    conflict_is_a_try: bool,
+    build: impl Fn(&Process) -> reqwest::RequestBuilder,
 ) -> StatusCode {
     let began = Instant::now();
-    let path = if token.is_some() {
-        "/orders"
-    } else {
-        "/orders/quick"
-    };
     for attempt in 0.. {
-        let mut req = reqwest::Client::new()
-            .post(url(gateways[(first + attempt) % 2], path))
-            .header("x-user-id", "u1")
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(token) = token {
-            req = req.header("repeat-token", token);
-        }
-        let answer = req.send().await.unwrap();
+        let answer = build(gateways[(first + attempt) % 2]).send().await.unwrap();
         let status = answer.status();
-        if status != StatusCode::SERVICE_UNAVAILABLE {
+        let a_try = status == StatusCode::SERVICE_UNAVAILABLE
+            || (conflict_is_a_try && status == StatusCode::CONFLICT);
+        if !a_try {
             return status;
         }
         if began.elapsed() >= Duration::from_secs(90) {
             let why = answer.text().await.unwrap_or_default();
-            panic!("{path} {body}: still {status} after 90 s: {why}");
+            panic!("{what}: still {status} after 90 s: {why}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     unreachable!()
 }
 
+/// Order `body`, by its token when it has one, else by its fingerprint,
+/// sent until answered (see [`until_answered`]; a 409 is an answer).
+async fn order_until_answered(
+    gateways: &[&Process],
+    first: usize,
+    token: Option<&str>,
+    body: &str,
+) -> StatusCode {
+    let path = if token.is_some() {
+        "/orders"
+    } else {
+        "/orders/quick"
+    };
+    until_answered(gateways, first, &format!("{path} {body}"), false, |g| {
+        let req = reqwest::Client::new()
+            .post(url(g, path))
+            .header("x-user-id", "u1")
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        match token {
+            Some(token) => req.header("repeat-token", token),
+            None => req,
+        }
+    })
+    .await
+}
+
 /// A token order and a fingerprinted order named `name`, each sent until
 /// answered; a 201 ran once, a 409 ran nothing (a try whose answer was
 /// lost may have spent the token or taken the fingerprint).
-async fn two_orders(gateways: &[&crate::common::Process], n: usize, name: &str) -> [Order; 2] {
+async fn two_orders(gateways: &[&Process], n: usize, name: &str) -> [Order; 2] {
     let issued = token_for(gateways[n % 2], "u1").await;
     let token = issued["repeatToken"].as_str().unwrap().to_owned();
     let body = format!("{{\"order\": \"{name}\"}}");
@@ -99,29 +120,10 @@ async fn two_orders(gateways: &[&crate::common::Process], n: usize, name: &str) 
     ]
 }
 
-/// Sends payment `key` through the gateways in turn, starting with
-/// `first`, until one answers other than 503 (the store failed, so the
-/// backend was not called) or 409 (a try whose outcome is unknown holds
-/// the key); its status.
-async fn pay_until_answered(
-    gateways: &[&crate::common::Process],
-    first: usize,
-    key: &str,
-) -> StatusCode {
-    let began = Instant::now();
-    for attempt in 0.. {
-        let answer = pay_on(gateways[(first + attempt) % 2], "/payments", key).await;
-        let status = answer.status();
-        if status != StatusCode::SERVICE_UNAVAILABLE && status != StatusCode::CONFLICT {
-            return status;
-        }
-        if began.elapsed() >= Duration::from_secs(90) {
-            let body = answer.text().await.unwrap_or_default();
-            panic!("{key}: still {status} after 90 s: {body}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    unreachable!()
+/// Payment `key` sent until answered (see [`until_answered`]; a 409 is
+/// a try: an unknown outcome may hold the key for a while).
+async fn pay_until_answered(gateways: &[&Process], first: usize, key: &str) -> StatusCode {
+    until_answered(gateways, first, key, true, |g| payment(g, "/payments", key)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

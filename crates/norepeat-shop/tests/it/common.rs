@@ -109,6 +109,19 @@ pub async fn quick_orders(
     statuses
 }
 
+/// `PUT /admin/stock/{sku}` on the shop at `base` with admin token
+/// `admin`: `available` units, answered 200.
+pub async fn set_stock(base: &str, admin: &str, sku: &str, available: u64) {
+    let res = reqwest::Client::new()
+        .put(format!("{base}/admin/stock/{sku}"))
+        .header("x-admin-token", admin)
+        .json(&serde_json::json!({ "available": available }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "setting the stock of {sku} at {base}");
+}
+
 /// `pairs` as a shop process's environment.
 pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs

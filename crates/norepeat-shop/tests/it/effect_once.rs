@@ -32,14 +32,7 @@ async fn three_hundred_buyers_for_fifty_units() {
     for db in TestDb::each().await {
         let (a, b) = shops(&db).await;
         let http = reqwest::Client::new();
-        let r = http
-            .put(format!("{}/admin/stock/SKU-2", a.base_url()))
-            .header("x-admin-token", "adm")
-            .json(&json!({"available": 50}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        crate::common::set_stock(&a.base_url(), "adm", "SKU-2", 50).await;
         let bases = [a.base_url(), b.base_url()];
         let tasks: Vec<_> = (0..300)
             .map(|i| {

@@ -82,16 +82,8 @@ async fn fuzz(database: &str, database_url: String) {
     let base = shop.base_url();
     // Enough stock that generated orders are not all out of stock, so the
     // stateful phase reaches payments and callbacks.
-    let http = reqwest::Client::new();
     for sku in ["SKU-1", "SKU-2", "SKU-3"] {
-        let res = http
-            .put(format!("{base}/admin/stock/{sku}"))
-            .header("x-admin-token", &admin)
-            .json(&serde_json::json!({"available": 1_000_000_000}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200, "setting the stock of {sku}");
+        crate::common::set_stock(&base, &admin, sku, 1_000_000_000).await;
     }
 
     let work = std::env::temp_dir().join(format!("nr-schemathesis-{}", rand::random::<u64>()));

@@ -41,14 +41,7 @@ async fn two_shops_follow_the_master_through_a_failover() {
     // out in such rounds (quantities 2, 3, ...), and every later order
     // was 409 out of stock.
     for base in &bases {
-        let stocked = reqwest::Client::new()
-            .put(format!("{base}/admin/stock/SKU-1"))
-            .header("x-admin-token", "adm")
-            .json(&json!({"available": 1_000_000}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(stocked.status(), 200);
+        common::set_stock(base, "adm", "SKU-1", 1_000_000).await;
     }
     // An order per quantity; `traceId` differs on each copy and is not
     // part of the fingerprint.

@@ -3,7 +3,6 @@
 
 use super::{Guarded, Rejected};
 use crate::claim::{self, Claim, Completion, Renewal, Stamped};
-use crate::degrade::on_store_error;
 use crate::idempotency::Abandoned;
 use crate::store::{KeyValueStore, Store};
 use bytes::Bytes;
@@ -207,15 +206,9 @@ impl Guarded {
         value: Bytes,
         previous: Option<(Bytes, Duration)>,
     ) -> Result<Claimed<S, T>, Rejected> {
-        let landed = e.may_have_landed();
-        on_store_error("once", self.failure, e)
+        claim::on_claim_error("once", self.failure, e, store, key, value, previous)
             .map(|()| Claimed::Unguarded)
-            .map_err(|e| {
-                if landed {
-                    claim::take_back(store, key, value, previous);
-                }
-                Rejected::from(e)
-            })
+            .map_err(Rejected::from)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::claim::{self, Renewal, Renewer};
 use crate::clock::now_ms;
-use crate::degrade::{FailurePolicy, on_store_error};
+use crate::degrade::FailurePolicy;
 use crate::fingerprinter::{Digest, Fingerprinter};
 use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{Store, StoreError};
@@ -185,20 +185,19 @@ impl<S: Store + Clone> FingerprintGuard<S> {
                 let retry_after = Owner::time_left(&existing).unwrap_or(self.window);
                 Err(FingerprintGuardError::Duplicate { retry_after })
             }
-            Err(e) => {
-                let landed = e.may_have_landed();
-                on_store_error("fingerprint", self.failure, e)
-                    .map(|()| Claim::unheld(self))
-                    .map_err(|e| {
-                        // Refused: the request runs nothing, so a claim
-                        // that landed all the same must not hold its
-                        // retries off for the window.
-                        if landed {
-                            claim::take_back(&self.store, key, owner.0, None);
-                        }
-                        FingerprintGuardError::Unavailable(e)
-                    })
-            }
+            // Refused, the request runs nothing: a claim that landed all
+            // the same must not hold its retries off for the window.
+            Err(e) => claim::on_claim_error(
+                "fingerprint",
+                self.failure,
+                e,
+                &self.store,
+                key,
+                owner.0,
+                None,
+            )
+            .map(|()| Claim::unheld(self))
+            .map_err(FingerprintGuardError::Unavailable),
         }
     }
 }

@@ -343,10 +343,8 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
             .saturating_add(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// The answer to a claim (`value` on `key`) that failed with `e`:
-    /// the route's policy decides; a refused request whose claim may have
-    /// landed takes it back, or puts `previous` back where it took that
-    /// over (see [`claim::take_back`]).
+    /// The answer to a claim (`value` on `key`, over `previous` for a
+    /// take-over) that failed with `e` (see [`claim::on_claim_error`]).
     fn on_claim_failure(
         &self,
         e: StoreError,
@@ -354,12 +352,11 @@ impl<G: KeyValueStore + Clone> IdempotencyGuard<G> {
         value: Bytes,
         previous: Option<(Bytes, Duration)>,
     ) -> Claimed<G> {
-        let landed = e.may_have_landed();
-        let out = self.on_failure(e);
-        if landed && matches!(out, Claimed::Refused(_)) {
-            claim::take_back(&self.store, key, value, previous);
+        let failure = self.failure;
+        match claim::on_claim_error("idempotency", failure, e, &self.store, key, value, previous) {
+            Ok(()) => Claimed::Unguarded,
+            Err(e) => Claimed::Refused(IdempotencyError::Unavailable(e)),
         }
-        out
     }
 
     fn on_failure(&self, e: StoreError) -> Claimed<G> {

@@ -2,7 +2,7 @@
 //! refused one ([`TokenGuardError`]).
 
 use super::{IssuedToken, TokenError, TokenSigner};
-use crate::degrade::{FailurePolicy, on_store_error};
+use crate::degrade::FailurePolicy;
 use crate::keys::{KeyBuilder, Namespace};
 use crate::store::{KeyValueStoreExt, Store, StoreError};
 use std::time::Duration;
@@ -187,19 +187,19 @@ impl<S: Store + Clone> TokenGuard<S> {
                 Ok(Some(Used { key, marker }))
             }
             Ok(Some(_)) => reject(TokenError::Used),
-            Err(e) => {
-                let landed = e.may_have_landed();
-                on_store_error("token", self.failure, e)
-                    .map(|()| None)
-                    .map_err(|e| {
-                        // Refused: a use recorded all the same would spend
-                        // the token its retry needs.
-                        if landed {
-                            crate::claim::take_back(&self.store, key.into(), marker.into(), None);
-                        }
-                        TokenGuardError::Unavailable(e)
-                    })
-            }
+            // Refused: a use recorded all the same would spend the token
+            // its retry needs.
+            Err(e) => crate::claim::on_claim_error(
+                "token",
+                self.failure,
+                e,
+                &self.store,
+                key.into(),
+                marker.into(),
+                None,
+            )
+            .map(|()| None)
+            .map_err(TokenGuardError::Unavailable),
         }
     }
 }
