@@ -115,22 +115,50 @@ if [ ! -x "$clippy_driver" ]; then
   exit 1
 fi
 lint=(--config "build.rustc-workspace-wrapper=\"$clippy_driver\"" --config 'build.rustflags=["-D", "warnings"]')
-log "cargo nextest run (built with clippy's lints, warnings denied)"
-cargo nextest run --workspace --all-features --no-fail-fast "${lint[@]}" "$@"
+log "build: the workspace's tests, with clippy's lints, warnings denied"
+cargo nextest run --workspace --all-features --no-run "${lint[@]}" "$@"
+
+# The checks that compile (clippy under each feature set, `cargo package`)
+# run beside the tests, in a target directory of their own (so that they
+# never hold the tests' build lock) and at the lowest CPU priority: they
+# fill the cores the tests leave idle (most tests wait on a failover, a
+# lease, a browser or a process) and yield them to any test that wants
+# them. Run beside the tests at the normal priority, they starved the
+# tests that count effects under load.
+checks_log=target/checks.log
+checks() {
+  renice -n 19 -p "$BASHPID" >/dev/null
+  export CARGO_TARGET_DIR=target/checks
+  # The library under each feature set a user can pick alone builds
+  # without a warning, its tests included (a test that needs a store is
+  # gated on its feature). Every feature together is linted by the build
+  # above; these are the others that change which code is compiled.
+  for features in "" redis postgres sqlite; do
+    log "clippy: the library and its tests with features [${features}] only"
+    cargo clippy -p norepeat --lib --tests --no-default-features ${features:+--features "$features"} -- -D warnings
+  done
+  # What is published builds on its own, from the packaged files alone.
+  log "cargo package: the published crates, verified"
+  cargo package -p norepeat-macros -p norepeat --allow-dirty "${lint[@]}"
+  log "checks done"
+}
+mkdir -p target
+log "checks: started beside the tests, at the lowest CPU priority (their output: $checks_log)"
+(checks) >"$checks_log" 2>&1 < /dev/null &
+checks_pid=$!
+
+failed=()
+log "cargo nextest run"
+cargo nextest run --workspace --all-features --no-fail-fast "${lint[@]}" "$@" || failed+=(tests)
 log "benches: built with clippy's lints (not run: see BENCHMARKS.md)"
-cargo test --workspace --all-features --benches --no-run "${lint[@]}"
+cargo test --workspace --all-features --benches --no-run "${lint[@]}" || failed+=(benches)
 log "doc tests"
-cargo test --workspace --all-features --doc "${lint[@]}"
-# The library under each feature set a user can pick alone builds without a
-# warning, its tests included (a test that needs a store is gated on its
-# feature). Every feature
-# together was linted above; these are the others that change which code is
-# compiled.
-for features in "" redis postgres sqlite; do
-  log "clippy: the library and its tests with features [${features}] only"
-  cargo clippy -p norepeat --lib --tests --no-default-features ${features:+--features "$features"} -- -D warnings
-done
-# What is published builds on its own, from the packaged files alone.
-log "cargo package: the published crates, verified"
-cargo package -p norepeat-macros -p norepeat --allow-dirty "${lint[@]}"
+cargo test --workspace --all-features --doc "${lint[@]}" || failed+=("doc tests")
+log "waiting for the checks"
+wait "$checks_pid" || failed+=(checks)
+cat "$checks_log" >&2
+if [ ${#failed[@]} -gt 0 ]; then
+  log "failed: ${failed[*]}"
+  exit 1
+fi
 log "done"
