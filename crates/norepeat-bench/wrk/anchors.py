@@ -4,7 +4,9 @@ but with wrk as the load and NGINX as the backend (see BENCHMARKS.md,
 "Under wrk").
 
 Usage: anchors.py GATEWAY_BIN IDEMPOTENT_PROXY_BIN REDIS_PORT [ROUNDS [DURATION]]
-(ROWS=a,b to run only those rows). Each proxy runs in front of one NGINX
+(ROWS=a,b to run only those rows; GW_BEFORE=OTHER_GATEWAY_BIN runs each
+gateway row again right after it with that binary, as `<row>_before`, and
+pairs the two: an earlier commit against this one, in the same run). Each proxy runs in front of one NGINX
 backend (`return 200`/`201` from memory, one worker) and the Redis on
 REDIS_PORT: the gateway (its default workers, one a core), NGINX
 `proxy_pass` and NGINX with the fingerprint guard in Lua (as many workers
@@ -125,13 +127,13 @@ ROUTES = {
     "idempotency": ("/orders", "guard: idempotency\n    required: true\n    retention: 60s"),
 }
 
-def proxy_gateway(bport, route):
+def proxy_gateway(bport, route, binary=GW):
     path, guard = ROUTES[route]
     d = tempfile.mkdtemp(prefix="wrkb-gw-")
     port = free_port()
     open(f"{d}/gw.yaml", "w").write(
         f"upstream: http://127.0.0.1:{bport}\nstore: redis://127.0.0.1:{REDIS_PORT}\nidentity:\n  header: X-User-Id\nroutes:\n  - match: POST {path}\n    {guard}\n")
-    proc = subprocess.Popen([GW, "--config", f"{d}/gw.yaml", "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([binary, "--config", f"{d}/gw.yaml", "--listen", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=open(f"{d}/err", "w"), env={**os.environ, "RUST_LOG": "warn"})
     wait_port(port, proc, "gateway")
     return proc, d, port
@@ -160,6 +162,11 @@ ROWS = [  # name, proxy, mode, path
 
 if os.environ.get("ROWS"):
     ROWS = [r for r in ROWS if r[0] in os.environ["ROWS"].split(",")]
+
+BEFORE = os.environ.get("GW_BEFORE")
+if BEFORE:
+    ROWS = [x for r in ROWS for x in ([r, (r[0] + "_before", "before:" + r[1][3:], r[2], r[3])]
+                                      if r[1].startswith("gw:") else [r])]
 
 def wrk(port, mode, base, path, dur):
     out = subprocess.Popen(["wrk", "-t2", "-c64", f"-d{dur}", "-s", LUA, f"http://127.0.0.1:{port}{path}", "--", mode, base, path],
@@ -194,6 +201,7 @@ def main():
             if proxy == "nginx": proc, d, port = proxy_nginx(bport, False)
             elif proxy == "nginx_lua": proc, d, port = proxy_nginx(bport, True)
             elif proxy == "ip": proc, d, port = proxy_ip(bport)
+            elif proxy.startswith("before:"): proc, d, port = proxy_gateway(bport, proxy.split(":")[1], BEFORE)
             else: proc, d, port = proxy_gateway(bport, proxy.split(":")[1])
             base = f"{run}-{rnd}-{name}"
             if mode == "replay": prewarm(port, base, path)
@@ -221,6 +229,8 @@ def main():
 
 PAIRS = [("passthrough", "nginx"), ("guarded", "nginx_lua"), ("idempotency", "idempotent_proxy"),
          ("replay", "idempotent_proxy_replay"), ("idempotency", "nginx_post"), ("guarded", "nginx_post")]
+if BEFORE:
+    PAIRS += [(r[0][:-len("_before")], r[0]) for r in ROWS if r[0].endswith("_before")]
 
 def summary(results):
     """Each row's medians; each pair's ratio taken within each round, then

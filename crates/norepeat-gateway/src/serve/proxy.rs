@@ -26,8 +26,8 @@ use crate::serve::gateway::Gateway;
 use crate::serve::head::{FORWARDING, drop_nominated, not_forwarded, only_allowed_upgrades};
 use crate::serve::identify::caller::with_peer;
 use crate::serve::identify::identify;
-use crate::serve::log::access;
 use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_code};
+use crate::serve::log::{access, request_id};
 use crate::serve::reply::ForClient;
 use crate::serve::route::table::Routes;
 use crate::serve::route::{Choice, choose_request};
@@ -63,7 +63,7 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // One load of the routes per request: the match and the caller read it.
     let live = gw.live.load_full();
     let trusted = live.caller.peer_is_trusted(req.extensions());
-    let id = access::request_id(req.headers_mut(), trusted);
+    let id = request_id::request_id(req.headers_mut(), trusted);
     // While draining, an HTTP/1 client is told to leave its keep-alive
     // connection (as Envoy's drain does): its next request goes to another
     // instance instead of meeting the listener's close.
@@ -107,7 +107,7 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
             res
         }
     };
-    res.headers_mut().insert(access::REQUEST_ID, id);
+    res.headers_mut().insert(request_id::REQUEST_ID, id);
     if leave {
         res.headers_mut().insert(
             http::header::CONNECTION,

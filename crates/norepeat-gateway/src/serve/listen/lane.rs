@@ -37,7 +37,8 @@ use crate::serve::http1::{
     content_length, header, now_as_http_date, unless_client_leaves, write_answer,
 };
 use crate::serve::listen::timed::{InFlight, Stop, Watch};
-use crate::serve::log::access::{self, Owed};
+use crate::serve::log::access::Owed;
+use crate::serve::log::request_id;
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
 use crate::serve::route::{Choice, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
@@ -372,10 +373,10 @@ impl Lane {
             ));
         }
         let trusted = live.caller.is_trusted(peer);
-        let kept_id = given_id.filter(|v| access::keeps_given_id(v, ids, trusted));
+        let kept_id = given_id.filter(|v| request_id::keeps_given_id(v, ids, trusted));
         let id = match kept_id {
             Some(v) => HeaderValue::from_bytes(v),
-            None => HeaderValue::from_bytes(&access::fresh_id()),
+            None => HeaderValue::from_bytes(&request_id::fresh_id()),
         };
         let Ok(id) = id else {
             return Prepared::ToHyper;
@@ -480,7 +481,7 @@ impl Lane {
                 };
                 let status = res.status().as_u16();
                 res.headers_mut()
-                    .insert(access::REQUEST_ID, request.id.clone());
+                    .insert(request_id::REQUEST_ID, request.id.clone());
                 let closing = request.close || stop.stopped();
                 let kept = write_answer((io, buf), &mut self.out, res, request.head, closing).await;
                 if let Some(owed) = owed {

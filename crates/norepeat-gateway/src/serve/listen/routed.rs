@@ -20,7 +20,7 @@
 use crate::serve::gateway::Gateway;
 use crate::serve::http1::{unless_client_leaves, write_answer};
 use crate::serve::listen::timed::Stop;
-use crate::serve::log::access;
+use crate::serve::log::request_id;
 use crate::serve::proxy::dispatch;
 use crate::serve::upstream::BodyInHand;
 use axum::body::Body;
@@ -126,7 +126,7 @@ where
             "The request's head could not be read as HTTP (its method, target or a header).",
         );
         res.headers_mut()
-            .insert(access::REQUEST_ID, access::fresh_id_value());
+            .insert(request_id::REQUEST_ID, request_id::fresh_id_value());
         write_answer((io, buf), out, res, false, true).await;
         return false;
     };

@@ -1,5 +1,7 @@
-//! The log phase: one access-log line per request ([`access`]) and the
-//! Prometheus series ([`metrics`]).
+//! The log phase: one access-log line per request ([`access`]), the id
+//! that names the request ([`request_id`]) and the Prometheus series
+//! ([`metrics`]).
 
 pub(crate) mod access;
 pub(crate) mod metrics;
+pub(crate) mod request_id;
