@@ -64,10 +64,7 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     let live = gw.live.load_full();
     let trusted = live.caller.peer_is_trusted(req.extensions());
     let id = request_id::request_id(req.headers_mut(), trusted);
-    // While draining, an HTTP/1 client is told to leave its keep-alive
-    // connection (as Envoy's drain does): its next request goes to another
-    // instance instead of meeting the listener's close.
-    let leave = gw.draining.started() && req.version() < http::Version::HTTP_2;
+    let http1 = req.version() < http::Version::HTTP_2;
     // The route, once one takes the request: the line of a client that
     // leaves before its answer names it.
     let chosen = OnceLock::new();
@@ -108,7 +105,12 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         }
     };
     res.headers_mut().insert(request_id::REQUEST_ID, id);
-    if leave {
+    // While draining, an HTTP/1 client is told to leave its keep-alive
+    // connection (as Envoy's drain does): its next request goes to another
+    // instance instead of meeting the listener's close. Read once the
+    // answer is made, so that a drain that began while the request was
+    // served reaches its answer too.
+    if http1 && gw.draining.started() {
         res.headers_mut().insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),

@@ -496,23 +496,40 @@ async fn sigterm_drains_readiness_first_while_still_accepting() {
             .status(),
         200
     );
+    // Sixteen probes, each on a fresh connection after the other, from
+    // before the signal until each sees the drain: one of them is likely
+    // in flight as the drain begins. Every 503 tells its HTTP/1 client to
+    // leave its connection, as the traffic's answers do (issue 52, item
+    // 9); one that read the drain only inside readiness once lacked it.
+    let probes: Vec<_> = (0..16)
+        .map(|_| {
+            let ready = url(&g, "/.norepeat/readyz");
+            tokio::spawn(async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                loop {
+                    let res = fresh().get(&ready).send().await.unwrap();
+                    if res.status() != StatusCode::OK || tokio::time::Instant::now() > deadline {
+                        break res;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
     g.signal("-TERM").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let draining = loop {
-        let res = fresh()
-            .get(url(&g, "/.norepeat/readyz"))
-            .send()
-            .await
-            .unwrap();
-        if res.status() != StatusCode::OK || tokio::time::Instant::now() > deadline {
-            break res;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(draining.status(), 503);
-    // The gateway's own answers tell an HTTP/1 client to leave its
-    // connection too, as the traffic's do (issue 52, item 9).
-    assert_eq!(draining.headers()["connection"], "close");
+    let mut draining = Vec::new();
+    for probe in probes {
+        draining.push(probe.await.unwrap());
+    }
+    for res in &draining {
+        assert_eq!(res.status(), 503);
+        assert_eq!(
+            res.headers().get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..]),
+            "a draining answer tells its client to leave"
+        );
+    }
+    let draining = draining.pop().unwrap();
     assert_eq!(
         draining.json::<Value>().await.unwrap()["status"],
         "draining"
