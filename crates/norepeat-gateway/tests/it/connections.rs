@@ -203,3 +203,35 @@ async fn a_slow_upload_is_not_the_backends_time_and_a_broken_chunk_is_400() {
         .unwrap();
     assert_eq!(again.status(), 201, "the broken request used up the token");
 }
+
+/// A client that pauses mid-upload longer than the route's `timeout`
+/// (well within `body_timeout`) is the client's time: its request reaches
+/// the backend whole and is answered, once. Before, the upstream's
+/// `timeout` counted the pause: 504 `upstream_timeout` after 1 s, an
+/// unknown outcome, and the backend saw the request cut half-way (a full
+/// test run under load, with pauses of 500 ms stretched past 1 s, failed
+/// on it).
+#[tokio::test]
+async fn a_pause_mid_upload_past_the_routes_timeout_is_the_clients_time() {
+    use tokio::io::AsyncWriteExt;
+    let b = backend(0).await;
+    let routes = "
+  - match: POST /upload
+    rate_limit: {rate: 1000/s}
+    timeout: 1s
+";
+    let g = gateway(&file(&b, "memory", routes)).await;
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
+        .await
+        .unwrap();
+    slow.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: x\r\nx-user-id: u1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\nslow\r\n",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    slow.write_all(b"4\r\nslow\r\n0\r\n\r\n").await.unwrap();
+    let (_, text) = closed_within(&mut slow, Duration::from_secs(15)).await;
+    assert!(text.starts_with("HTTP/1.1 201"), "{text}");
+    assert_eq!(effects(&b).await["/upload"], 1);
+}

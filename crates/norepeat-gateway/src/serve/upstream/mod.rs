@@ -62,6 +62,10 @@ struct Sent {
     /// `timeout` counts from here, so a slow upload is the client's time,
     /// not the backend's.
     last: std::sync::Mutex<tokio::time::Instant>,
+    /// The body waits on the client: its last poll found no piece yet.
+    /// That pause is the client's time (bounded by `body_timeout`), not
+    /// the backend's: it does not count toward the upstream's `timeout`.
+    waiting: std::sync::atomic::AtomicBool,
     /// The client's body failed while it was read.
     broke: std::sync::atomic::AtomicBool,
 }
@@ -70,6 +74,7 @@ impl Sent {
     fn new() -> Self {
         Self {
             last: std::sync::Mutex::new(tokio::time::Instant::now()),
+            waiting: std::sync::atomic::AtomicBool::new(false),
             broke: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -88,11 +93,21 @@ impl Sent {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Resolves once `timeout` has passed since the body last moved.
+    /// Resolves once `timeout` has passed since the body last moved,
+    /// not counting the time it waits on the client: a client that
+    /// pauses mid-upload longer than the route's `timeout` (but within
+    /// `body_timeout`) is not the backend's timeout. Before, a pause of
+    /// 1.6 s on a route of `timeout: 1s` was a 504 and an unknown outcome,
+    /// and the backend saw its request cut half-way.
     async fn quiet_for(&self, timeout: Duration) {
         loop {
             let until = self.last() + timeout;
             tokio::time::sleep_until(until).await;
+            if self.waiting.load(std::sync::atomic::Ordering::Acquire) {
+                // The client's turn: look again a `timeout` from now.
+                tokio::time::sleep(timeout).await;
+                continue;
+            }
             if self.last() + timeout <= tokio::time::Instant::now() {
                 return;
             }
@@ -115,6 +130,7 @@ impl http_body::Body for Watched {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let waiting = polled.is_pending();
         match &polled {
             Poll::Ready(Some(Err(_))) => {
                 self.sent
@@ -124,6 +140,9 @@ impl http_body::Body for Watched {
             Poll::Ready(_) => self.sent.progress(),
             Poll::Pending => {}
         }
+        self.sent
+            .waiting
+            .store(waiting, std::sync::atomic::Ordering::Release);
         polled
     }
 
