@@ -146,6 +146,14 @@ async fn past_max_connections_a_new_one_waits_for_a_free_slot() {
     assert_eq!(&head, b"HTTP/1.1 200");
 }
 
+/// A streamed upload's route: no guard reads its body whole, so the body
+/// goes upstream as it comes, and the route's `timeout` is 1 s.
+const UPLOAD_ROUTE: &str = "
+  - match: POST /upload
+    rate_limit: {rate: 1000/s}
+    timeout: 1s
+";
+
 /// Issue 37, item 1: a route's upstream `timeout` counts from the
 /// request's last body byte (a slow upload is not the backend's fault:
 /// before, a 2.5 s upload on a 1 s route was 504), and a client body that
@@ -155,14 +163,8 @@ async fn past_max_connections_a_new_one_waits_for_a_free_slot() {
 async fn a_slow_upload_is_not_the_backends_time_and_a_broken_chunk_is_400() {
     use tokio::io::AsyncWriteExt;
     let b = backend(0).await;
-    let routes = "
-  - match: POST /upload
-    rate_limit: {rate: 1000/s}
-    timeout: 1s
-  - match: POST /orders
-    guard: token
-";
-    let g = gateway(&file(&b, "memory", routes)).await;
+    let routes = format!("{UPLOAD_ROUTE}  - match: POST /orders\n    guard: token\n");
+    let g = gateway(&file(&b, "memory", &routes)).await;
     let connect = || tokio::net::TcpStream::connect(("127.0.0.1", g.port));
     let mut slow = connect().await.unwrap();
     slow.write_all(
@@ -215,12 +217,7 @@ async fn a_slow_upload_is_not_the_backends_time_and_a_broken_chunk_is_400() {
 async fn a_pause_mid_upload_past_the_routes_timeout_is_the_clients_time() {
     use tokio::io::AsyncWriteExt;
     let b = backend(0).await;
-    let routes = "
-  - match: POST /upload
-    rate_limit: {rate: 1000/s}
-    timeout: 1s
-";
-    let g = gateway(&file(&b, "memory", routes)).await;
+    let g = gateway(&file(&b, "memory", UPLOAD_ROUTE)).await;
     let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", g.port))
         .await
         .unwrap();
