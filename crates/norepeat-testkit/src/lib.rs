@@ -7,7 +7,7 @@
 //! * [`RedisSentinels`]: a master, two replicas and three Sentinels, with failover helpers.
 //! * [`PgDatabase`]: a freshly created PostgreSQL database, dropped on drop.
 //! * [`TestDb`]: a fresh SQLite file or PostgreSQL database ([`TestDb::each`]: one of each).
-//! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, swallow, refuse).
+//! * [`TcpProxy`]: a fault-injecting TCP proxy (pass, delay, slow handshakes, swallow, refuse).
 //! * [`ShopProcess`]: a built `serve` binary started on a free port.
 //! * [`GatewayProcess`]: a `norepeat-gateway` on a file of its own ([`gateway_binary`] finds it).
 //! * [`send`]: one request through a tower service (an axum `Router`), its [`Answer`] read whole;

@@ -19,6 +19,10 @@ pub enum ProxyMode {
     /// Forward each chunk read from either side only after this delay
     /// (a request/reply round trip therefore takes at least twice the delay).
     Delay(Duration),
+    /// Reach the upstream for a connection accepted now only after this
+    /// delay (a slow handshake: a client's first command waits that long);
+    /// connections already made forward as in `Pass`.
+    DelayNew(Duration),
     /// Accept connections and read from them, but never forward anything or
     /// answer: a hanging server. Data read while swallowing is discarded.
     Swallow,
@@ -230,6 +234,14 @@ async fn connection(
     mut shutdown: watch::Receiver<bool>,
     to_upstream: Arc<AtomicUsize>,
 ) {
+    let mode_at_accept = *mode.borrow();
+    if let ProxyMode::DelayNew(delay) = mode_at_accept {
+        tokio::select! {
+            () = wait_shutdown(&mut shutdown) => return,
+            () = wait_refuse(&mut mode) => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
     let upstream = tokio::select! {
         () = wait_shutdown(&mut shutdown) => return,
         () = wait_refuse(&mut mode) => return,
@@ -305,7 +317,7 @@ async fn pump(
         };
         let current = *mode.borrow();
         match current {
-            ProxyMode::Pass => {}
+            ProxyMode::Pass | ProxyMode::DelayNew(_) => {}
             ProxyMode::Swallow => continue,
             ProxyMode::Refuse => return PumpEnd::Abort,
             ProxyMode::Delay(delay) => {
@@ -318,7 +330,7 @@ async fn pump(
                 match *mode.borrow() {
                     ProxyMode::Swallow => continue,
                     ProxyMode::Refuse => return PumpEnd::Abort,
-                    ProxyMode::Pass | ProxyMode::Delay(_) => {}
+                    ProxyMode::Pass | ProxyMode::Delay(_) | ProxyMode::DelayNew(_) => {}
                 }
             }
         }

@@ -137,6 +137,27 @@ async fn proxy_pass_and_delay() {
 }
 
 #[tokio::test]
+async fn proxy_delay_new_slows_only_the_connections_made_then() {
+    let redis = RedisServer::start().await;
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let mut old = connect(&proxy.url_for_redis()).await.expect("connect");
+    proxy.set_mode(ProxyMode::DelayNew(Duration::from_millis(500)));
+    let started = Instant::now();
+    let mut new = connect(&proxy.url_for_redis()).await.expect("connect");
+    assert_eq!(ping(&mut new).await.expect("ping"), "PONG");
+    let handshake = started.elapsed();
+    assert!(handshake >= Duration::from_millis(500), "{handshake:?}");
+    let started = Instant::now();
+    assert_eq!(ping(&mut old).await.expect("ping"), "PONG");
+    assert_eq!(ping(&mut new).await.expect("ping"), "PONG");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "made connections pass: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn proxy_swallow_hangs_existing_and_new_connections() {
     let redis = RedisServer::start().await;
     let proxy = TcpProxy::start(redis.addr()).await;

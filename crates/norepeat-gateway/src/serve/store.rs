@@ -12,6 +12,7 @@ use norepeat::store::{
     RateDecision, RateOp, RateStore, Resilient, StoreError,
 };
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -105,7 +106,7 @@ impl Connecting {
     fn get(&self) -> Result<&AnyStore, StoreError> {
         self.store
             .get()
-            .map(|s| s.mine(&self.late))
+            .map(|s| s.mine(&self.store, &self.late))
             .ok_or_else(|| StoreError::Connection("not connected yet".to_owned()))
     }
 }
@@ -113,20 +114,34 @@ impl Connecting {
 /// The connected store: one for the process, or, for one Redis server
 /// served by per-core workers, one per worker: worker 0's is the store
 /// connected at start (its connection tasks on the main thread), each
-/// other worker's a connection of its own made on its first call, on its
-/// thread, so a call and its answer stay on one thread (on two cores, one
-/// worker spent 14-16 % less CPU per guarded request than two sharing the
-/// main thread's connections: BENCHMARKS.md, issue 39). Commands on one
-/// key from two workers may then leave on two connections, as from two
-/// instances: every same-key pair the guards send is owner-checked.
+/// other worker's a connection of its own, made on its thread once it is
+/// first called, so a call and its answer stay on one thread (on two
+/// cores, one worker spent 14-16 % less CPU per guarded request than two
+/// sharing the main thread's connections: BENCHMARKS.md, issue 39).
+/// Commands on one key from two workers may then leave on two
+/// connections, as from two instances: every same-key pair the guards
+/// send is owner-checked.
 #[derive(Debug)]
 enum Stores {
     One(AnyStore),
     PerWorker {
         first: AnyStore,
         url: String,
-        others: crate::serve::workers::PerWorker<OnceLock<AnyStore>>,
+        others: crate::serve::workers::PerWorker<Own>,
     },
+}
+
+/// A worker's own store, connected in the background: until it is, the
+/// worker's calls go over worker 0's connections. Before, the first call
+/// made it, and the connection's handshake counted in that call's time
+/// budget: on a loaded machine a payment's first call on a worker ran
+/// past the 50 ms a fast store is given, and a fail-closed route refused
+/// it with 503.
+#[derive(Debug, Default)]
+struct Own {
+    store: OnceLock<AnyStore>,
+    /// A connection is being made, or failed less than [`RETRY`] ago.
+    connecting: AtomicBool,
 }
 
 impl Stores {
@@ -143,16 +158,18 @@ impl Stores {
                 Self::PerWorker {
                     first: store,
                     url: url.to_owned(),
-                    others: crate::serve::workers::PerWorker::new(OnceLock::new),
+                    others: crate::serve::workers::PerWorker::new(Own::default),
                 }
             }
             _ => Self::One(store),
         }
     }
 
-    /// The calling worker's store (made on its first call, told where to
-    /// report late answers).
-    fn mine(&self, late: &Mutex<Late>) -> &AnyStore {
+    /// The calling worker's store: its own once connected (told where to
+    /// report late answers), worker 0's until then. The first call starts
+    /// the connection, in a task on the worker's runtime (`this` is where
+    /// `self` lives, for that task).
+    fn mine<'a>(&'a self, this: &Arc<OnceLock<Stores>>, late: &Arc<Mutex<Late>>) -> &'a AnyStore {
         let (first, url, others) = match self {
             Self::One(store) => return store,
             Self::PerWorker { first, url, others } => (first, url, others),
@@ -160,26 +177,43 @@ impl Stores {
         if crate::serve::workers::index() == 0 {
             return first;
         }
-        let mine = others.get();
-        if let Some(store) = mine.get() {
+        let own = others.get();
+        if let Some(store) = own.store.get() {
             return store;
         }
-        // Made and told under the lock `pass_late` takes: told once.
-        let late = late.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(store) = mine.get() {
-            return store;
-        }
-        // The URL was connected to already: it parses.
-        let Ok(made) = norepeat::store::RedisStore::connect_lazy_with(url, 1) else {
-            return first;
-        };
-        let store = mine.get_or_init(|| AnyStore::Redis(made));
-        if late.passed
-            && let Some(to) = late.to.clone()
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && !own.connecting.swap(true, Ordering::AcqRel)
         {
-            store.report_late_answers(to);
+            let (this, late, url) = (Arc::clone(this), Arc::clone(late), url.clone());
+            // On this worker's single-threaded runtime: the connection's
+            // tasks run on its thread, and `others.get()` is its own.
+            runtime.spawn(async move {
+                let made = norepeat::store::RedisStore::connect_with(&url, 1).await;
+                let Some(Self::PerWorker { others, .. }) = this.get() else {
+                    return;
+                };
+                let own = others.get();
+                match made {
+                    Ok(made) => {
+                        // Made and told under the lock `pass_late` takes:
+                        // told once.
+                        let late = late.lock().unwrap_or_else(|p| p.into_inner());
+                        let store = own.store.get_or_init(|| AnyStore::Redis(made));
+                        if late.passed
+                            && let Some(to) = late.to.clone()
+                        {
+                            store.report_late_answers(to);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a worker's own store connection failed: its calls stay on the first worker's");
+                        tokio::time::sleep(RETRY).await;
+                        own.connecting.store(false, Ordering::Release);
+                    }
+                }
+            });
         }
-        store
+        first
     }
 
     /// Every store made so far.
@@ -191,7 +225,7 @@ impl Stores {
         std::iter::once(first).chain(
             others
                 .into_iter()
-                .flat_map(|o| o.all().filter_map(OnceLock::get)),
+                .flat_map(|o| o.all().filter_map(|own| own.store.get())),
         )
     }
 }
