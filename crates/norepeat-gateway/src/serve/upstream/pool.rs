@@ -380,8 +380,13 @@ impl Client {
     }
 }
 
-/// An answer's body that holds its request's [`Lease`] until it is
-/// dropped (the answer read, or given up).
+/// An answer's body that holds its request's [`Lease`] until the server's
+/// answer is read to its end (or given up), not until the client has it:
+/// the server is done with the request then. Before, the lease went when
+/// the body was dropped, after its last bytes were written to the client,
+/// and a client that sent its next request at once could find the server
+/// it had just left still counted busy (a fresh-clone run under load
+/// failed `backends::a_busy_server_gets_no_more_until_it_answers` so).
 struct Leased {
     body: Body,
     #[allow(dead_code)] // Held for its `Drop`: one request fewer outstanding.
@@ -396,7 +401,11 @@ impl http_body::Body for Leased {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None)) || self.body.is_end_stream() {
+            self.lease = None;
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
