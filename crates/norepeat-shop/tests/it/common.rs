@@ -82,6 +82,17 @@ pub async fn scrape(
     sample(&text, name, labels)
 }
 
+/// `GET /healthz` on the shop at `base`: its JSON.
+pub async fn healthz(http: &reqwest::Client, base: &str) -> Value {
+    http.get(format!("{base}/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `n` `POST /orders/quick` at once as `user`, the `i`th to
 /// `bases[i % bases.len()]` with the body `body(i)`: their statuses, in
 /// that order.

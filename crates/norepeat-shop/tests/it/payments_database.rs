@@ -84,14 +84,7 @@ async fn the_replay_survives_flushall_and_payments_go_on_without_redis() {
         let shop = shop(&db, Some(&redis), &[]).await;
         let base = shop.base_url();
         let http = reqwest::Client::new();
-        let health: Value = http
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let health = common::healthz(&http, &base).await;
         assert_eq!(health["idempotencyStore"], "database", "{health}");
 
         let order1 = order(&http, &base).await;

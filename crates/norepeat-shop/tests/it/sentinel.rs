@@ -97,15 +97,7 @@ async fn two_shops_follow_the_master_through_a_failover() {
 async fn breakers_closed(bases: &[String]) -> bool {
     let http = reqwest::Client::new();
     for base in bases {
-        let health: serde_json::Value = http
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if health["breaker"] != "Closed" {
+        if common::healthz(&http, base).await["breaker"] != "Closed" {
             return false;
         }
     }
