@@ -5,7 +5,7 @@
 mod records;
 
 use crate::serve::gateway::Gateway;
-use crate::serve::proxy::dispatch;
+use crate::serve::proxy::{dispatch, leave_if_draining};
 use crate::serve::route::table::Routes;
 use axum::Router;
 use axum::body::Body;
@@ -83,15 +83,7 @@ impl Front {
                 Ok(res) => res,
                 Err(never) => match never {},
             };
-            // While draining, an HTTP/1 client is told to leave its
-            // connection, as `dispatch` tells the traffic's. Read after
-            // the answer: readiness read the drain in between, and a 503
-            // `draining` without `Connection: close` kept its client on
-            // this instance (seen once in a full test run).
-            if http1 && self.gw.draining.started() {
-                res.headers_mut()
-                    .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-            }
+            leave_if_draining(&self.gw, http1, &mut res);
             res
         } else {
             dispatch(self.gw, req).await
