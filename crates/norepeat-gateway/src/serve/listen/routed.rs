@@ -132,7 +132,11 @@ where
     };
     drop(bytes);
     let is_head = req.method() == Method::HEAD;
-    let Some(res) = unless_client_leaves(io, buf, dispatch(Arc::clone(gw), req)).await else {
+    // Pinned here, where it is made: handed on by value, the request's
+    // future (kilobytes: the guard, the store, the upstream) would be
+    // copied whole into the waiting's own.
+    let work = std::pin::pin!(dispatch(Arc::clone(gw), req));
+    let Some(res) = unless_client_leaves(io, buf, work).await else {
         return false;
     };
     let closing = head.close || stop.stopped();
