@@ -18,6 +18,9 @@ pub enum BreakerState {
 struct Inner {
     state: BreakerState,
     failures: u32,
+    /// When the last failure counted was recorded: a call that started
+    /// before it was in flight with it, and its failure is the same one.
+    last_failure: Option<Instant>,
     opened_at: Instant,
     /// When the current probe was let through.
     probe_started: Instant,
@@ -26,9 +29,21 @@ struct Inner {
     probe: u64,
 }
 
-/// Opens after `threshold` consecutive failures; after `cool_down` lets a
+/// Opens after `threshold` failures in a row; after `cool_down` lets a
 /// single probe through; closes when a probe succeeds, opens again when it
 /// fails. Logs one error line when it opens and one when it closes.
+///
+/// Calls that were in flight together and fail together count as one
+/// failure: a failure counts only if its call started after the last
+/// counted failure was recorded. A pause of this process or of the store
+/// (a VM descheduled, a container's CPU quota spent, a page-fault storm)
+/// times out every call in flight at once; counted one by one, 64 calls
+/// in flight opened the breaker at once, and a fail-closed route refused
+/// everything for the whole cool-down after a 100 ms pause, the store
+/// healthy throughout. A store that is down fails the calls made after
+/// each failure too, and still opens the breaker, after `threshold` of
+/// them in turn. [`record`](Self::record) takes its call as started when
+/// it reports; a [`Permit`] knows when its call started.
 ///
 /// No state outlives its deadline: a probe that never reports (its future
 /// was dropped, or it ran past the [probe deadline](Self::probe_deadline))
@@ -40,9 +55,13 @@ struct Inner {
 /// use norepeat::store::{Breaker, BreakerState};
 /// use std::time::Duration;
 /// let b = Breaker::new(2, Duration::from_secs(60));
-/// assert!(b.allow());
-/// b.record(false);
-/// b.record(false);
+/// // Two calls in flight together, failing together: one failure.
+/// let (first, second) = (b.permit().unwrap(), b.permit().unwrap());
+/// first.record(false);
+/// second.record(false);
+/// assert_eq!(b.state(), BreakerState::Closed);
+/// // A call made after that failure fails too: two in a row.
+/// b.permit().unwrap().record(false);
 /// assert_eq!(b.state(), BreakerState::Open);
 /// assert!(!b.allow());
 /// ```
@@ -77,6 +96,8 @@ pub struct Permit<'a> {
     breaker: &'a Breaker,
     /// The probe's number, if this call is the half-open probe.
     probe: Option<u64>,
+    /// When the call was let through.
+    started: Instant,
     reported: bool,
 }
 
@@ -84,14 +105,14 @@ impl Permit<'_> {
     /// Reports the outcome of the call.
     pub fn record(mut self, ok: bool) {
         self.reported = true;
-        self.breaker.report(self.probe, ok);
+        self.breaker.report(self.probe, ok, self.started);
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if !self.reported && self.probe.is_some() {
-            self.breaker.report(self.probe, false);
+            self.breaker.report(self.probe, false, self.started);
         }
     }
 }
@@ -104,6 +125,7 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: BreakerState::Closed,
                 failures: 0,
+                last_failure: None,
                 opened_at: Instant::now(),
                 probe_started: Instant::now(),
                 probe: 0,
@@ -123,7 +145,8 @@ impl Breaker {
         self
     }
 
-    /// Consecutive failures that open the breaker.
+    /// Failures in a row that open the breaker (calls in flight together
+    /// failing as one).
     #[must_use]
     pub fn threshold(&self) -> u32 {
         self.threshold
@@ -185,6 +208,7 @@ impl Breaker {
         self.admit().map(|probe| Permit {
             breaker: self,
             probe,
+            started: Instant::now(),
             reported: false,
         })
     }
@@ -206,7 +230,7 @@ impl Breaker {
         }
     }
 
-    fn report(&self, probe: Option<u64>, ok: bool) {
+    fn report(&self, probe: Option<u64>, ok: bool, started: Instant) {
         let mut g = self.lock();
         if let Some(n) = probe
             && (g.state != BreakerState::HalfOpen || g.probe != n)
@@ -214,13 +238,14 @@ impl Breaker {
             // A probe already counted as failed (past its deadline).
             return;
         }
-        self.apply(&mut g, ok);
+        self.apply(&mut g, ok, started);
     }
 
-    /// Records the outcome of a call that [`allow`](Self::allow) let through.
+    /// Records the outcome of a call that [`allow`](Self::allow) let
+    /// through, as a call that started now (a [`Permit`] knows better).
     pub fn record(&self, ok: bool) {
         let mut g = self.lock();
-        self.apply(&mut g, ok);
+        self.apply(&mut g, ok, Instant::now());
     }
 
     /// The store answered a call that had already been counted as failed
@@ -260,11 +285,14 @@ impl Breaker {
         metrics::gauge!("norepeat_breaker_open", "breaker" => self.name).set(0.0);
     }
 
-    fn apply(&self, g: &mut Inner, ok: bool) {
+    fn apply(&self, g: &mut Inner, ok: bool, started: Instant) {
         match (g.state, ok) {
             (BreakerState::Closed, true) => g.failures = 0,
+            // In flight with the last failure counted: the same failure.
+            (BreakerState::Closed, false) if g.last_failure.is_some_and(|at| started < at) => {}
             (BreakerState::Closed, false) => {
                 g.failures += 1;
+                g.last_failure = Some(Instant::now());
                 if g.failures >= self.threshold {
                     self.open(g);
                 }
@@ -344,6 +372,47 @@ mod tests {
         b.record(true);
         assert_eq!(b.state(), BreakerState::Closed);
         drop(late);
+    }
+
+    /// The finding: a 100 ms pause of the gateway (SIGSTOP, as a VM
+    /// descheduled) timed out the 64 store calls in flight at once; counted
+    /// one by one they opened the breaker, and a fail-closed route refused
+    /// about 60,000 requests in the cool-down's second, the store healthy.
+    #[test]
+    fn calls_in_flight_together_fail_as_one() {
+        let b = Breaker::new(5, Duration::from_secs(3600));
+        let in_flight: Vec<_> = (0..64).map(|_| b.permit().expect("closed")).collect();
+        for call in in_flight {
+            call.record(false);
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "one pause, one failure");
+        // A store that stays down fails the calls made after it, each in
+        // turn: the breaker opens after the threshold of them.
+        for n in 2..5 {
+            b.permit().expect("closed").record(false);
+            assert_eq!(b.state(), BreakerState::Closed, "{n} failures");
+        }
+        b.permit().expect("closed").record(false);
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    /// A success between two failures ends the run, and a call in flight
+    /// with a failure already counted does not start a new one.
+    #[test]
+    fn a_success_ends_the_run_and_old_calls_stay_counted() {
+        let b = Breaker::new(2, Duration::from_secs(3600));
+        let old = b.permit().expect("closed");
+        b.permit().expect("closed").record(false);
+        b.permit().expect("closed").record(true);
+        b.permit().expect("closed").record(false);
+        old.record(false);
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "the old call failed with the first"
+        );
+        b.permit().expect("closed").record(false);
+        assert_eq!(b.state(), BreakerState::Open);
     }
 
     #[test]

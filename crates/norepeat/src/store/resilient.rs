@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Wraps a store: every call gets a time budget and goes through a
-/// [`Breaker`] (default: opens after 5 consecutive failures, probes after
+/// [`Breaker`] (default: opens after 5 failures in a row, probes after
 /// 1 s). An error answer (`OOM`, `READONLY`, ...) counts as a failure,
 /// exactly like a timeout; it is never taken for a decision.
 ///
@@ -320,7 +320,7 @@ impl<S: KeyValueStore> Resilient<S> {
         this.breaker(threshold, cool_down)
     }
 
-    /// Replaces the breaker: opens after `threshold` consecutive failures,
+    /// Replaces the breaker: opens after `threshold` failures in a row,
     /// probes after `cool_down`.
     #[must_use]
     pub fn breaker(mut self, threshold: u32, cool_down: Duration) -> Self {

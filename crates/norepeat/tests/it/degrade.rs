@@ -1028,7 +1028,7 @@ async fn shop_like_store(url: &str) -> FailOpenStore {
 /// answer comes `delay` late each way. A burst of different orders times
 /// out at the 50 ms floor (a slow store looks silent until its first
 /// answer comes) and may open the breakers; the late answers then raise
-/// the budget and close them (the cool-down is a minute: no probe does),
+/// the budget and close any that opened (the cool-down is a minute: no probe does),
 /// no connection is replaced while answers come, and identical requests
 /// sent to both instances at once are admitted once.
 ///
@@ -1061,21 +1061,23 @@ async fn a_slow_store_closes_its_breaker_and_keeps_its_connections(delay: Durati
     for t in burst {
         assert_eq!(t.await.expect("no panic"), StatusCode::OK);
     }
-    let closed = eventually(Duration::from_secs(10), || async {
-        one.primary().circuit().state() == BreakerState::Closed
-            && two.primary().circuit().state() == BreakerState::Closed
+    // The burst's calls, in flight together, fail as one: the breakers
+    // may not even open. Either way the late answers raise the budgets.
+    let learned = eventually(Duration::from_secs(10), || async {
+        [&one, &two].iter().all(|s| {
+            s.primary().circuit().state() == BreakerState::Closed
+                && s.primary().budget() > delay * 2
+        })
     })
     .await;
     assert!(
-        closed,
-        "the breakers stayed {:?} / {:?} while the store answered {delay:?} late each way",
+        learned,
+        "the breakers stayed {:?} / {:?}, the budgets {:?} / {:?}, while the store answered {delay:?} late each way",
         one.primary().circuit().state(),
-        two.primary().circuit().state()
+        two.primary().circuit().state(),
+        one.primary().budget(),
+        two.primary().budget()
     );
-    for store in [&one, &two] {
-        let budget = store.primary().budget();
-        assert!(budget > delay * 2, "the budget did not rise: {budget:?}");
-    }
 
     for n in 300..305 {
         let (a, b) = tokio::join!(post_order(&app_one, n), post_order(&app_two, n));
