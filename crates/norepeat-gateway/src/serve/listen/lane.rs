@@ -506,7 +506,7 @@ impl Lane {
             self.out.truncate(self.out.len() - 2);
             self.out.extend_from_slice(b"connection: close\r\n\r\n");
         }
-        let streamed = self.body(io, buf, &mut up, head.framing).await;
+        let streamed = self.body(io, buf, (&mut up, &mut pick), head.framing).await;
         if streamed == Passed::Whole && head.reusable && self.answer.is_empty() {
             pick.put_raw(up);
         }
@@ -655,12 +655,13 @@ impl Lane {
     /// Writes the head in `self.out` and the body after it: the bytes in
     /// `self.answer` first (in the head's write), then what `up` sends,
     /// until `framing` says the body has ended. A body that ends with the
-    /// connection is chunked for the client.
+    /// connection is chunked for the client. The pick's lease ends once
+    /// the answer is read whole, before its last bytes are written.
     async fn body<S>(
         &mut self,
         io: &mut S,
         buf: &mut BytesMut,
-        up: &mut TcpStream,
+        (up, pick): (&mut TcpStream, &mut Pick<'_>),
         framing: Framing,
     ) -> Passed
     where
@@ -690,6 +691,10 @@ impl Lane {
                 },
                 Framing::UntilClose => (self.answer.len(), false),
             };
+            if done {
+                // Read whole: the server is done before the client has it.
+                pick.answered();
+            }
             let written = if framing == Framing::UntilClose {
                 if !first {
                     self.out.clear();
@@ -720,6 +725,7 @@ impl Lane {
             };
             match read {
                 Ok(0) if framing == Framing::UntilClose => {
+                    pick.answered();
                     if io.write_all(b"0\r\n\r\n").await.is_err() {
                         return Passed::ClientGone;
                     }

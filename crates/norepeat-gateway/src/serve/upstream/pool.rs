@@ -469,6 +469,16 @@ impl Pick<'_> {
         }
     }
 
+    /// The server's answer is read to its end: the request is no longer
+    /// outstanding there, before its last bytes are written to the client
+    /// (as [`Leased`] does on hyper's path). Held until the pick was
+    /// dropped, after that write, the lease outlived the answer by a
+    /// moment in which the client's next request, taken by another
+    /// worker, found the server it had just left still counted busy.
+    pub(crate) fn answered(&mut self) {
+        self.lease = None;
+    }
+
     /// Keeps `stream`, of the server picked, for a next request.
     pub(crate) fn put_raw(&self, stream: tokio::net::TcpStream) {
         self.client.servers[self.at].put_raw(stream);
