@@ -12,7 +12,7 @@
 
 // Test code: a failure is a panic with its place.
 
-use crate::common::{Process, backend, effects, gateway_env, temp_file, url};
+use crate::common::{Process, backend, effects, gateway_env, temp_file, token_for, url};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::{Client, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
@@ -414,18 +414,6 @@ routes:
     assert_outcome(quick(Some("u1")), CREATED, "the file's header").await;
 }
 
-async fn token_of(g: &Process, user: &str) -> Value {
-    Client::new()
-        .get(url(g, "/.norepeat/token"))
-        .header("x-user-id", user)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// A plain HTML form sends its token as a field: taken, and the body
 /// reaches the backend byte for byte; the same form again is a duplicate,
 /// one without a token is `missing_token`, one over `max_request_body` 413.
@@ -445,7 +433,7 @@ routes:
         &[],
     )
     .await;
-    let issued = token_of(&g, "u1").await;
+    let issued = token_for(&g, "u1").await;
     assert_eq!(issued["expiresIn"], 300, "token_ttl: 5m");
     let token = issued["repeatToken"].as_str().unwrap();
     let form = format!("sku=a1&repeatToken={token}&note=gift+wrap%21&qty=%C3%A92");
@@ -477,7 +465,7 @@ routes:
         "no token",
     )
     .await;
-    let big = token_of(&g, "u1").await["repeatToken"]
+    let big = token_for(&g, "u1").await["repeatToken"]
         .as_str()
         .unwrap()
         .to_owned();
