@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: one breaker, its permit and its states read best together; its last 100 lines are unit tests.
 //! A circuit breaker: closed, open, half-open.
 
 use std::sync::Mutex;
