@@ -38,7 +38,8 @@ pub(crate) use fence::{Fence, Restamp, passed, stamp};
 pub(crate) use renewer::Renewer;
 
 use crate::store::KeyValueStoreExt;
-use crate::store::{KeyValueStore, StoreError};
+use crate::store::put_if_absent_decided;
+use crate::store::{DecidedBy, KeyValueStore, StoreError};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -129,6 +130,9 @@ pub(crate) struct Claim<S: KeyValueStore + Clone> {
     /// the deadline in its value (renewal runs every third of it).
     lease: Duration,
     settled: bool,
+    /// Taken from the local memory of a store that failed
+    /// ([`DecidedBy::LocalMemory`]), not from the store.
+    local: bool,
 }
 
 /// How a claim's value carries its lease (see [`Claim::acquire_stamped`]).
@@ -152,8 +156,12 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         ttl: Duration,
     ) -> Result<Claimed<S>, StoreError> {
         let (key, value) = (key.into(), value.into());
-        Ok(match store.put_if_absent(&key, &value, ttl).await? {
-            None => Claimed::Owned(Self::owned(store, key, Fence::fixed(value, ttl), ttl, ttl)),
+        let (held, by) = put_if_absent_decided(store, &key, &value, ttl).await?;
+        Ok(match held {
+            None => {
+                let fence = Fence::fixed(value, ttl);
+                Claimed::Owned(Self::owned(store, key, fence, ttl, ttl).decided_by(by))
+            }
             Some(existing) => Claimed::Held(existing),
         })
     }
@@ -170,8 +178,9 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         ttl: Duration,
         stamped: Stamped,
     ) -> Result<Claimed<S>, StoreError> {
-        Ok(match store.put_if_absent(&key, &value, ttl).await? {
-            None => Claimed::Owned(Self::stamped(store, key, value, ttl, stamped)),
+        let (held, by) = put_if_absent_decided(store, &key, &value, ttl).await?;
+        Ok(match held {
+            None => Claimed::Owned(Self::stamped(store, key, value, ttl, stamped).decided_by(by)),
             Some(existing) => Claimed::Held(existing),
         })
     }
@@ -207,7 +216,19 @@ impl<S: KeyValueStore + Clone> Claim<S> {
             ttl,
             lease,
             settled: false,
+            local: false,
         }
+    }
+
+    fn decided_by(mut self, by: DecidedBy) -> Self {
+        self.local = by == DecidedBy::LocalMemory;
+        self
+    }
+
+    /// Whether the claim was taken from the local memory of a store that
+    /// failed (see [`DecidedLocally`](crate::degrade::DecidedLocally)).
+    pub(crate) fn decided_locally(&self) -> bool {
+        self.local
     }
 
     /// The store key.

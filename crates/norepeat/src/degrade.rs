@@ -100,6 +100,59 @@ impl FailedOpen {
     }
 }
 
+/// The guards that let a request through on a decision of the local
+/// memory, their store having failed: their store is a
+/// [`Fallback`](crate::store::Fallback), whose memory catches the repeats
+/// this instance sees while the store is down, not those another instance
+/// sees. Put in the response's extensions by the fingerprint, token,
+/// Idempotency-Key and rate-limit layers, beside [`FailedOpen`] (admitted
+/// with no decision at all), so a gateway or a test can count such a
+/// request apart from one the store admitted. The names are the layers'
+/// `guard` labels, innermost first.
+///
+/// ```
+/// use axum::{Router, body::Body, routing::post};
+/// use norepeat::degrade::DecidedLocally;
+/// use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
+/// use norepeat::store::{Fallback, MemoryStore, Resilient};
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A primary whose breaker is open, with a local memory behind it.
+/// let primary = Resilient::new(MemoryStore::default()).breaker(1, Duration::from_secs(60));
+/// primary.circuit().record(false);
+/// let store = Fallback::new(primary, MemoryStore::default());
+/// let app = Router::new()
+///     .route("/orders", post(|| async { "ok" }))
+///     .layer(FingerprintLayer::new(FingerprintGuard::new(store)));
+/// let order = || {
+///     http::Request::post("/orders")
+///         .header("x-user-id", "u1")
+///         .body(Body::from("{}"))
+///         .unwrap()
+/// };
+/// let res = app.clone().oneshot(order()).await.unwrap();
+/// assert_eq!(res.status(), 200);
+/// assert_eq!(res.extensions().get::<DecidedLocally>(), Some(&DecidedLocally(vec!["fingerprint"])));
+/// // The local memory caught the repeat.
+/// assert_eq!(app.oneshot(order()).await.unwrap().status(), 409);
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DecidedLocally(pub Vec<&'static str>);
+
+impl DecidedLocally {
+    /// Adds `guard` to the list in `extensions`, creating it if there is none.
+    pub(crate) fn add(extensions: &mut http::Extensions, guard: &'static str) {
+        match extensions.get_mut::<Self>() {
+            Some(by) => by.0.push(guard),
+            None => {
+                extensions.insert(Self(vec![guard]));
+            }
+        }
+    }
+}
+
 /// What a store failure means for one request under `policy`: the one place
 /// this is decided, for every guard, limiter and idempotency layer.
 ///

@@ -17,7 +17,7 @@
 //! one `Arc` clone of the layer and one boxed future.
 
 use crate::body::BodyError;
-use crate::degrade::FailedOpen;
+use crate::degrade::{DecidedLocally, FailedOpen};
 use crate::identity::Identify;
 use crate::json::InvalidJson;
 use crate::problem::{Code, Problem};
@@ -84,6 +84,13 @@ pub(crate) fn shadowed(
 /// reads it as a value, as it reads [`ShadowedBy`].
 pub(crate) fn failed_open<B>(mut res: Response<B>, guard: &'static str) -> Response<B> {
     FailedOpen::add(res.extensions_mut(), guard);
+    res
+}
+
+/// Adds `guard` to the [`DecidedLocally`] in `res`'s extensions: the
+/// layer's store failed and its local memory admitted the request.
+pub(crate) fn decided_locally<B>(mut res: Response<B>, guard: &'static str) -> Response<B> {
+    DecidedLocally::add(res.extensions_mut(), guard);
     res
 }
 

@@ -31,16 +31,14 @@ use crate::serve::log::{access, request_id};
 use crate::serve::reply::ForClient;
 use crate::serve::route::table::Routes;
 use crate::serve::route::{Choice, choose_request};
-use crate::serve::store::STORE_FAILED;
 use crate::serve::upstream::{Failure, forward};
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
-use norepeat::degrade::FailedOpen;
+use norepeat::degrade::{DecidedLocally, FailedOpen};
 use norepeat::idempotency::IDEMPOTENT_REPLAYED;
 use norepeat::problem::Problem;
-use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tower::ServiceExt;
@@ -236,26 +234,17 @@ async fn route_phases(
             "records_lost",
         );
     }
-    let (res, decided_locally) = STORE_FAILED
-        .scope(Cell::new(false), async {
-            // identify: a caller the backend names (`introspect`) is asked.
-            let req = match identify(&route.caller, req).await {
-                Ok(req) => req,
-                Err(refused) => return (refused, false),
-            };
-            let res = match route.service.clone().oneshot(req).await {
-                Ok(res) => res,
-                Err(never) => match never {},
-            };
-            (res, STORE_FAILED.with(Cell::get))
-        })
-        .await;
+    // identify: a caller the backend names (`introspect`) is asked.
+    let res = match identify(&route.caller, req).await {
+        Ok(req) => match route.service.clone().oneshot(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        },
+        Err(refused) => refused,
+    };
     // Before `finish`, which may answer with a response of its own.
     let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
-    // Let through by the local memory, the store down: failed open.
-    // A replay is a replay, whatever decided it (the local memory too).
-    let replayed = res.headers().contains_key(IDEMPOTENT_REPLAYED);
-    let counted = finish(&res, store_failed || (decided_locally && !replayed));
+    let counted = finish(&res, store_failed);
     route.metrics.count(counted);
     route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
@@ -297,15 +286,17 @@ fn set_path(req: &mut Request<Body>, forwarded: Option<&str>, key: &str) {
 #[derive(Debug, Clone, Copy)]
 struct HoldSince(u64);
 
-/// Names the outcome of a routed request's answer. `store_failed`: the
-/// store failed the request's decision and it went through anyway (a
-/// shadowed guard would have refused it, or the local memory of a
-/// fail-open route admitted it).
+/// Names the outcome of a routed request's answer. It failed open when
+/// the store failed its decision and it went through anyway: admitted
+/// undecided ([`FailedOpen`]) or by the local memory of a fail-open route
+/// ([`DecidedLocally`]), or `store_failed`, a shadowed guard's store failed.
 pub(crate) fn finish(res: &Response<Body>, store_failed: bool) -> Counted {
     if let Some(p) = res.extensions().get::<Problem>() {
         return of_code(p.code.as_str());
     }
-    let outcome = if res.extensions().get::<FailedOpen>().is_some() || store_failed {
+    let ext = res.extensions();
+    let failed_open = ext.get::<FailedOpen>().is_some() || ext.get::<DecidedLocally>().is_some();
+    let outcome = if failed_open || store_failed {
         Outcome::FailOpen
     } else if res.headers().contains_key(IDEMPOTENT_REPLAYED) {
         Outcome::Replayed

@@ -8,10 +8,9 @@
 
 use crate::config::OnStoreFailure;
 use norepeat::store::{
-    AnyStore, Breaker, Fallback, KeyOp, KeyReply, KeyValueStore, LateAnswers, MemoryStore,
-    RateDecision, RateOp, RateStore, Resilient, StoreError,
+    AnyStore, Breaker, DecidedBy, Fallback, KeyOp, KeyReply, KeyValueStore, LateAnswers,
+    MemoryStore, RateDecision, RateOp, RateStore, Resilient, StoreError,
 };
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -287,38 +286,20 @@ impl RateStore for Connecting {
 /// assert_eq!(open.kind(), "memory");
 /// ```
 #[derive(Debug, Clone)]
-pub struct SharedStore(Fallback<Noted<Resilient<Connecting>>>);
+pub struct SharedStore(Fallback<Boxed<Resilient<Connecting>>>);
 
-tokio::task_local! {
-    /// Set while a request is dispatched when the store failed one of its
-    /// decisions (a claim, a rate): a fail-open route then decided against
-    /// the local memory, and a request it let through is counted as failed
-    /// open, not as passed (see `request::dispatch`).
-    pub(crate) static STORE_FAILED: Cell<bool>;
-}
-
-/// The file's store as the local memory's [`Fallback`] sees it: a decision
-/// it fails is noted for the request being dispatched ([`STORE_FAILED`]).
+/// The file's store as the local memory's [`Fallback`] sees it: each call
+/// boxed.
 #[derive(Debug, Clone)]
-struct Noted<S>(S);
+struct Boxed<S>(S);
 
-pub(crate) fn note_failure() {
-    // Outside a dispatch (a task of its own): nothing to count.
-    let _ = STORE_FAILED.try_with(|failed| failed.set(true));
-}
-
-impl<S: KeyValueStore> KeyValueStore for Noted<S> {
+impl<S: KeyValueStore> KeyValueStore for Boxed<S> {
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
-        let decision = matches!(op, KeyOp::PutIfAbsent { .. });
         // Boxed: the store's chain of futures (breaker, local memory,
         // Redis batch) is kilobytes, moved whole at every level of every
         // guard that awaits it; a box is one move and a pointer
         // (BENCHMARKS.md, issue 39).
-        let answer = Box::pin(self.0.execute(op)).await;
-        if decision && answer.is_err() {
-            note_failure();
-        }
-        answer
+        Box::pin(self.0.execute(op)).await
     }
     fn kind(&self) -> &'static str {
         self.0.kind()
@@ -331,13 +312,9 @@ impl<S: KeyValueStore> KeyValueStore for Noted<S> {
     }
 }
 
-impl<S: RateStore> RateStore for Noted<S> {
+impl<S: RateStore> RateStore for Boxed<S> {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
-        let answer = Box::pin(self.0.rate(op)).await;
-        if answer.is_err() {
-            note_failure();
-        }
-        answer
+        Box::pin(self.0.rate(op)).await
     }
 }
 
@@ -351,7 +328,7 @@ impl SharedStore {
 
     pub(crate) fn over(store: Connecting) -> Self {
         let memory = store.kind() == "memory";
-        let primary = Noted(Resilient::new(store));
+        let primary = Boxed(Resilient::new(store));
         Self(if memory {
             Fallback::disabled(primary)
         } else {
@@ -401,6 +378,14 @@ impl KeyValueStore for SharedStore {
     fn report_late_answers(&self, to: LateAnswers) {
         self.0.report_late_answers(to);
     }
+    // Passed on: a guard learns from it that the local memory admitted a
+    // request, and the response says so (`DecidedLocally`).
+    fn execute_decided(
+        &self,
+        op: KeyOp<'_>,
+    ) -> impl Future<Output = Result<(KeyReply, DecidedBy), StoreError>> + Send {
+        self.0.execute_decided(op)
+    }
 }
 
 impl RateStore for SharedStore {
@@ -409,6 +394,12 @@ impl RateStore for SharedStore {
         op: RateOp<'_>,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
         self.0.rate(op)
+    }
+    fn rate_decided(
+        &self,
+        op: RateOp<'_>,
+    ) -> impl Future<Output = Result<(RateDecision, DecidedBy), StoreError>> + Send {
+        self.0.rate_decided(op)
     }
 }
 

@@ -2,7 +2,8 @@
 
 use super::Rejected;
 use crate::store::{
-    KeyOp, KeyReply, KeyValueStore, LateAnswers, RateDecision, RateOp, RateStore, Store, StoreError,
+    DecidedBy, KeyOp, KeyReply, KeyValueStore, LateAnswers, RateDecision, RateOp, RateStore, Store,
+    StoreError,
 };
 
 use futures_util::future::BoxFuture;
@@ -81,10 +82,15 @@ pub fn default_store() -> Result<DefaultStore, Rejected> {
     DEFAULT_STORE.get().cloned().ok_or(Rejected::NoDefaultStore)
 }
 
+/// An answer and who decided it.
+type Decided<T> = Result<(T, DecidedBy), StoreError>;
+
 /// [`Store`] as an object: each method returns a boxed future.
 trait ErasedStore: Send + Sync + 'static {
     fn execute<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Result<KeyReply, StoreError>>;
     fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>>;
+    fn execute_decided<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Decided<KeyReply>>;
+    fn rate_decided<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Decided<RateDecision>>;
     fn kind(&self) -> &'static str;
     fn reconnect(&self);
     fn report_late_answers(&self, to: LateAnswers);
@@ -96,6 +102,12 @@ impl<S: Store> ErasedStore for S {
     }
     fn rate<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Result<RateDecision, StoreError>> {
         Box::pin(RateStore::rate(self, op))
+    }
+    fn execute_decided<'a>(&'a self, op: KeyOp<'a>) -> BoxFuture<'a, Decided<KeyReply>> {
+        Box::pin(KeyValueStore::execute_decided(self, op))
+    }
+    fn rate_decided<'a>(&'a self, op: RateOp<'a>) -> BoxFuture<'a, Decided<RateDecision>> {
+        Box::pin(RateStore::rate_decided(self, op))
     }
     fn kind(&self) -> &'static str {
         KeyValueStore::kind(self)
@@ -121,11 +133,17 @@ impl KeyValueStore for DefaultStore {
     fn report_late_answers(&self, to: LateAnswers) {
         self.0.report_late_answers(to);
     }
+    async fn execute_decided(&self, op: KeyOp<'_>) -> Decided<KeyReply> {
+        self.0.execute_decided(op).await
+    }
 }
 
 impl RateStore for DefaultStore {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
         self.0.rate(op).await
+    }
+    async fn rate_decided(&self, op: RateOp<'_>) -> Decided<RateDecision> {
+        self.0.rate_decided(op).await
     }
 }
 

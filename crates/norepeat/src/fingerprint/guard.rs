@@ -275,6 +275,15 @@ impl<S: Store + Clone> Claim<S> {
         self.claim.is_some()
     }
 
+    /// Whether the key was taken from the local memory of a store that
+    /// failed (a [`Fallback`](crate::store::Fallback)), not from the store.
+    #[must_use]
+    pub fn is_decided_locally(&self) -> bool {
+        self.claim
+            .as_ref()
+            .is_some_and(claim::Claim::decided_locally)
+    }
+
     /// Extends the key to a full window from now, if this claim still owns
     /// it. Returns whether it did.
     ///

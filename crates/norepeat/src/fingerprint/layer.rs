@@ -5,8 +5,8 @@ use super::{Claim, FingerprintGuard, FingerprintGuardError};
 use crate::body;
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
-    unauthenticated, would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, decided_locally, failed_open, mark,
+    reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -265,13 +265,13 @@ where
     let result = claim.run(inner.call(req)).await;
     match result {
         Ok(res) => {
-            let held = claim.is_held();
+            let (held, local) = (claim.is_held(), claim.is_decided_locally());
             claim.finish(res.status().as_u16() < 400).await;
             let res = res.map(Either::Left);
-            Ok(if held {
-                res
-            } else {
-                failed_open(res, "fingerprint")
+            Ok(match (held, local) {
+                (false, _) => failed_open(res, "fingerprint"),
+                (true, true) => decided_locally(res, "fingerprint"),
+                (true, false) => res,
             })
         }
         Err(e) => {

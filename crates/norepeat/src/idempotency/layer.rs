@@ -917,12 +917,16 @@ where
     let mut req = Request::from_parts(parts, ReqBody::from(bytes));
     req.extensions_mut().insert(Attempt(attempt));
     let tracker = cfg.detached.tracker().clone();
+    let local = claim.decided_locally();
     claim::detach_tracked(
         &tracker,
         Box::pin(async move {
             let out = run_claimed(cfg, inner, req, claim, (owner, attempt), fingerprint).await;
             drop(slot);
-            out
+            match out {
+                Ok(res) if local => Ok(middleware::decided_locally(res, "idempotency")),
+                out => out,
+            }
         }),
     )
     .await

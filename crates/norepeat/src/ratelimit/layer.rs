@@ -6,7 +6,7 @@ use super::key::{ExtractKey, MissingKey};
 use super::limiter::{RateLimitError, RateLimiter, check_all};
 use super::verdict::{Verdict, whole_secs};
 use crate::middleware::{
-    Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed, would,
+    Handle, Middleware, ResponseBody, decided_locally, failed_open, mark, reject, shadowed, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -241,6 +241,8 @@ where
             // decided: the request got through without it.
             if verdict.checked.iter().any(|c| c.decision.is_none()) {
                 res = failed_open(res, "rate_limit");
+            } else if verdict.checked.iter().any(|c| c.decided_locally) {
+                res = decided_locally(res, "rate_limit");
             }
             if self.headers_on_allowed {
                 for (k, v) in verdict.headers() {

@@ -6,7 +6,7 @@ use super::verdict::{Checked, Verdict};
 use super::{Algorithm, Quota};
 use crate::degrade::{FailurePolicy, on_store_error};
 use crate::keys::{KeyBuilder, Namespace};
-use crate::store::RateStoreExt;
+use crate::store::{DecidedBy, RateOp};
 use crate::store::{RateDecision, Store, StoreError};
 use std::borrow::Cow;
 
@@ -182,25 +182,32 @@ impl<S: Store> RateLimiter<S> {
     /// # Errors
     /// When the store fails; no failure policy is applied here.
     pub async fn check(&self, key: &str) -> Result<RateDecision, StoreError> {
-        let k = self.store_key(key);
+        Ok(self.check_decided(key).await?.0)
+    }
+
+    /// [`check`](Self::check), saying who decided: the store, or the local
+    /// memory of one that failed.
+    async fn check_decided(&self, key: &str) -> Result<(RateDecision, DecidedBy), StoreError> {
+        let key = &self.store_key(key);
         let q = self.quota;
-        match self.algorithm {
-            Algorithm::FixedWindow => {
-                self.store
-                    .fixed_window(&k, u64::from(q.max().get()), q.period())
-                    .await
-            }
-            Algorithm::SlidingWindow => {
-                self.store
-                    .sliding_window(&k, u64::from(q.max().get()), q.period())
-                    .await
-            }
-            Algorithm::Gcra => {
-                self.store
-                    .gcra(&k, q.emission(), u64::from(q.burst().get()))
-                    .await
-            }
-        }
+        let op = match self.algorithm {
+            Algorithm::FixedWindow => RateOp::FixedWindow {
+                key,
+                limit: u64::from(q.max().get()),
+                window: q.period(),
+            },
+            Algorithm::SlidingWindow => RateOp::SlidingWindow {
+                key,
+                limit: u64::from(q.max().get()),
+                window: q.period(),
+            },
+            Algorithm::Gcra => RateOp::Gcra {
+                key,
+                emission: q.emission(),
+                burst: u64::from(q.burst().get()),
+            },
+        };
+        self.store.rate_decided(op).await
     }
 }
 
@@ -260,8 +267,8 @@ pub async fn check_all<S: Store>(
             .collect(),
     };
     for (limiter, key) in checks {
-        let decision = match limiter.check(key).await {
-            Ok(d) => Some(d),
+        let (decision, decided_locally) = match limiter.check_decided(key).await {
+            Ok((d, by)) => (Some(d), by == DecidedBy::LocalMemory),
             Err(error) => {
                 on_store_error("ratelimit", limiter.failure, error).map_err(|error| {
                     RateLimitError::Unavailable {
@@ -269,13 +276,14 @@ pub async fn check_all<S: Store>(
                         error,
                     }
                 })?;
-                None
+                (None, false)
             }
         };
         verdict.checked.push(Checked {
             policy: limiter.name.clone(),
             quota: limiter.quota,
             decision,
+            decided_locally,
         });
         if decision.is_some_and(|d| !d.allowed) {
             metrics::counter!("norepeat_decisions_total", "mode" => "ratelimit", "outcome" => "rejected", "reason" => "rate").increment(1);

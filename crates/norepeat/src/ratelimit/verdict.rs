@@ -23,6 +23,9 @@ pub struct Checked {
     /// The store's decision; `None` when the store failed and the policy
     /// let the request through (fail-open).
     pub decision: Option<RateDecision>,
+    /// Whether the decision was the local memory's, the store having
+    /// failed (a [`Fallback`](crate::store::Fallback)).
+    pub decided_locally: bool,
 }
 
 /// The outcome of one request against every quota of a route.

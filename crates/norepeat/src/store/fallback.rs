@@ -2,7 +2,8 @@
 
 use super::recent::{Change, Recent};
 use super::{
-    KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore, StoreError,
+    DecidedBy, KeyOp, KeyReply, KeyValueStore, MemoryStore, RateDecision, RateOp, RateStore,
+    StoreError,
 };
 use bytes::Bytes;
 use std::sync::Arc;
@@ -129,9 +130,17 @@ impl<S: KeyValueStore> Fallback<S> {
 
 impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
     async fn execute(&self, op: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+        Ok(self.execute_decided(op).await?.0)
+    }
+
+    /// A claim (`PutIfAbsent`) the primary failed, and a change it failed
+    /// that the local memory made, are the local memory's decisions
+    /// ([`DecidedBy::LocalMemory`]); every other answer is the primary's.
+    async fn execute_decided(&self, op: KeyOp<'_>) -> Result<(KeyReply, DecidedBy), StoreError> {
+        let by_store = |reply: Result<KeyReply, StoreError>| Ok((reply?, DecidedBy::Store));
         let Some(recent) = self.recent.as_deref() else {
             // Disabled: the primary's answer, or its failure.
-            return self.primary.execute(op).await;
+            return by_store(self.primary.execute(op).await);
         };
         // Entries the primary's answer creates are counted from before it
         // was asked: they end no later than the primary's own copies.
@@ -142,34 +151,35 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
             } => match self.primary.execute(op).await {
                 Err(e) => {
                     self.degraded(&e);
+                    let local = DecidedBy::LocalMemory;
                     if let Some(held) = recent.get(key, self.now_ms()) {
                         // Taken through the primary before it failed.
                         metrics::counter!("norepeat_fallback_hits_total").increment(1);
-                        return Ok(KeyReply::Held(Some(held)));
+                        return Ok((KeyReply::Held(Some(held)), local));
                     }
                     self.hold_locally(ttl);
-                    let local = self.local.execute(op).await;
-                    if let Ok(KeyReply::Held(Some(_))) = &local {
+                    let reply = self.local.execute(op).await?;
+                    if let KeyReply::Held(Some(_)) = &reply {
                         // A repeat caught by the local memory during an outage.
                         metrics::counter!("norepeat_fallback_hits_total").increment(1);
                     }
-                    local
+                    Ok((reply, local))
                 }
                 Ok(KeyReply::Held(None)) => {
                     let held = self.reconcile(key);
                     if held.is_none() {
                         recent.put(key, value, after(asked_ms, ttl));
                     }
-                    Ok(KeyReply::Held(held))
+                    Ok((KeyReply::Held(held), DecidedBy::Store))
                 }
-                held => held,
+                held => by_store(held),
             },
             // Releases, renewals and completions go to both stores: the key
             // may live in either. A renewal or a completion that took hold
             // locally keeps the local store consulted for its new TTL.
             // A read is the file's store's answer, or its failure: the
             // local memory decides, it is not asked about what it may miss.
-            KeyOp::Get { .. } => self.primary.execute(op).await,
+            KeyOp::Get { .. } => by_store(self.primary.execute(op).await),
             KeyOp::DeleteIfEquals { .. }
             | KeyOp::ExpireIfEquals { .. }
             | KeyOp::ReplaceIfEquals { .. } => {
@@ -187,10 +197,9 @@ impl<S: KeyValueStore> KeyValueStore for Fallback<S> {
                 let primary = self.primary.execute(op).await;
                 remember_change(recent, op, &primary, asked_ms, self.now_ms());
                 match primary {
-                    Ok(KeyReply::Changed(p)) => Ok(KeyReply::Changed(p || local)),
-                    Ok(other) => Ok(other),
-                    Err(_) if local => Ok(KeyReply::Changed(true)),
-                    Err(e) => Err(e),
+                    Ok(KeyReply::Changed(p)) => by_store(Ok(KeyReply::Changed(p || local))),
+                    Err(_) if local => Ok((KeyReply::Changed(true), DecidedBy::LocalMemory)),
+                    other => by_store(other),
                 }
             }
         }
@@ -249,13 +258,17 @@ fn remember_change(
 
 impl<S: RateStore> RateStore for Fallback<S> {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
+        Ok(self.rate_decided(op).await?.0)
+    }
+
+    async fn rate_decided(&self, op: RateOp<'_>) -> Result<(RateDecision, DecidedBy), StoreError> {
         match self.primary.rate(op).await {
             Err(e) if self.recent.is_none() => Err(e),
             Err(e) => {
                 self.degraded(&e);
-                self.local.rate(op).await
+                Ok((self.local.rate(op).await?, DecidedBy::LocalMemory))
             }
-            ok => ok,
+            Ok(decision) => Ok((decision, DecidedBy::Store)),
         }
     }
 }

@@ -160,6 +160,44 @@ pub trait KeyValueStore: Send + Sync + 'static {
     fn report_late_answers(&self, to: LateAnswers) {
         let _ = to;
     }
+
+    /// Runs one operation, as [`execute`](Self::execute), and says who
+    /// decided it: the store, or a local memory standing in for a store
+    /// that failed ([`Fallback`](super::Fallback)). The guards claim through
+    /// this, so a response can say it was admitted by the local memory
+    /// ([`DecidedLocally`](crate::degrade::DecidedLocally)). The default is
+    /// the store's own answer; a wrapper that may hold a `Fallback` must
+    /// pass it on (one that did not made every local decision look like
+    /// the store's).
+    fn execute_decided(
+        &self,
+        op: KeyOp<'_>,
+    ) -> impl Future<Output = Result<(KeyReply, DecidedBy), StoreError>> + Send {
+        async move { Ok((self.execute(op).await?, DecidedBy::Store)) }
+    }
+}
+
+/// Who decided a store operation (see [`KeyValueStore::execute_decided`]).
+///
+/// ```
+/// use norepeat::store::{DecidedBy, Fallback, KeyOp, KeyValueStore, MemoryStore, Resilient};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A primary whose breaker is open: every call fails at once.
+/// let primary = Resilient::new(MemoryStore::default()).breaker(1, Duration::from_secs(60));
+/// primary.circuit().record(false);
+/// let store = Fallback::new(primary, MemoryStore::default());
+/// let op = KeyOp::PutIfAbsent { key: "k", value: b"v", ttl: Duration::from_secs(5) };
+/// let (_, by) = store.execute_decided(op).await.unwrap();
+/// assert_eq!(by, DecidedBy::LocalMemory);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// The store answered.
+    Store,
+    /// The store failed, and a local memory answered in its place.
+    LocalMemory,
 }
 
 /// Where a store reports the latency of answers that came after their
@@ -230,6 +268,12 @@ impl<S: KeyValueStore> KeyValueStore for std::sync::Arc<S> {
     }
     fn report_late_answers(&self, to: LateAnswers) {
         (**self).report_late_answers(to);
+    }
+    fn execute_decided(
+        &self,
+        op: KeyOp<'_>,
+    ) -> impl Future<Output = Result<(KeyReply, DecidedBy), StoreError>> + Send {
+        (**self).execute_decided(op)
     }
 }
 
@@ -328,6 +372,23 @@ pub trait ReadStoreExt: KeyValueStore {
 }
 
 impl<S: KeyValueStore + ?Sized> ReadStoreExt for S {}
+
+/// [`KeyValueStoreExt::put_if_absent`], saying who decided it: what the
+/// guards claim with.
+pub(crate) async fn put_if_absent_decided<S: KeyValueStore + ?Sized>(
+    store: &S,
+    key: &str,
+    value: &[u8],
+    ttl: Duration,
+) -> Result<(Option<Bytes>, DecidedBy), StoreError> {
+    match store
+        .execute_decided(KeyOp::PutIfAbsent { key, value, ttl })
+        .await?
+    {
+        (KeyReply::Held(held), by) => Ok((held, by)),
+        (other, _) => Err(unexpected("put_if_absent", &other)),
+    }
+}
 
 async fn changed(
     reply: impl Future<Output = Result<KeyReply, StoreError>>,

@@ -3,7 +3,7 @@
 
 pub mod arithmetic;
 
-use super::{KeyValueStore, StoreError};
+use super::{DecidedBy, KeyValueStore, StoreError};
 use std::future::Future;
 use std::time::Duration;
 
@@ -79,6 +79,18 @@ pub trait RateStore: KeyValueStore {
     /// Counts one request and decides it, atomically.
     fn rate(&self, op: RateOp<'_>)
     -> impl Future<Output = Result<RateDecision, StoreError>> + Send;
+
+    /// Counts one request and decides it, as [`rate`](Self::rate), and says
+    /// who decided: the store, or a local memory standing in for a store
+    /// that failed. A wrapper that may hold a
+    /// [`Fallback`](super::Fallback) must pass it on, as for
+    /// [`KeyValueStore::execute_decided`].
+    fn rate_decided(
+        &self,
+        op: RateOp<'_>,
+    ) -> impl Future<Output = Result<(RateDecision, DecidedBy), StoreError>> + Send {
+        async move { Ok((self.rate(op).await?, DecidedBy::Store)) }
+    }
 }
 
 impl<S: RateStore> RateStore for std::sync::Arc<S> {
@@ -87,6 +99,12 @@ impl<S: RateStore> RateStore for std::sync::Arc<S> {
         op: RateOp<'_>,
     ) -> impl Future<Output = Result<RateDecision, StoreError>> + Send {
         (**self).rate(op)
+    }
+    fn rate_decided(
+        &self,
+        op: RateOp<'_>,
+    ) -> impl Future<Output = Result<(RateDecision, DecidedBy), StoreError>> + Send {
+        (**self).rate_decided(op)
     }
 }
 

@@ -429,6 +429,12 @@ impl<S: KeyValueStore> KeyValueStore for Resilient<S> {
     fn report_late_answers(&self, to: super::LateAnswers) {
         self.inner.report_late_answers(to);
     }
+    async fn execute_decided(
+        &self,
+        op: KeyOp<'_>,
+    ) -> Result<(KeyReply, super::DecidedBy), StoreError> {
+        self.call(self.inner.execute_decided(op)).await
+    }
 }
 
 /// Asks `inner` to report its late answers: each is recorded in `budget`
@@ -461,6 +467,12 @@ fn late_to<S: KeyValueStore>(
 impl<S: RateStore> RateStore for Resilient<S> {
     async fn rate(&self, op: RateOp<'_>) -> Result<RateDecision, StoreError> {
         self.call(self.inner.rate(op)).await
+    }
+    async fn rate_decided(
+        &self,
+        op: RateOp<'_>,
+    ) -> Result<(RateDecision, super::DecidedBy), StoreError> {
+        self.call(self.inner.rate_decided(op)).await
     }
 }
 

@@ -4,7 +4,7 @@
 use super::{IssuedToken, TokenError, TokenSigner};
 use crate::degrade::FailurePolicy;
 use crate::keys::{KeyBuilder, Namespace};
-use crate::store::{KeyValueStoreExt, Store, StoreError};
+use crate::store::{DecidedBy, KeyValueStoreExt, Store, StoreError, put_if_absent_decided};
 use std::time::Duration;
 
 /// Why [`TokenGuard::consume`] refused a token. The layer answers it as a
@@ -181,12 +181,13 @@ impl<S: Store + Clone> TokenGuard<S> {
             .format(rand::random_range(1_000_000_000u64..u64::MAX / 2))
             .as_bytes()
             .to_vec();
-        match self.store.put_if_absent(&key, &marker, marker_life).await {
-            Ok(None) => {
+        match put_if_absent_decided(&self.store, &key, &marker, marker_life).await {
+            Ok((None, by)) => {
                 metrics::counter!("norepeat_decisions_total", "mode" => "token", "outcome" => "admitted").increment(1);
-                Ok(Some(Used { key, marker }))
+                let local = by == DecidedBy::LocalMemory;
+                Ok(Some(Used { key, marker, local }))
             }
-            Ok(Some(_)) => reject(TokenError::Used),
+            Ok((Some(_), _)) => reject(TokenError::Used),
             // Refused: a use recorded all the same would spend the token
             // its retry needs.
             Err(e) => crate::claim::on_claim_error(
@@ -209,6 +210,8 @@ impl<S: Store + Clone> TokenGuard<S> {
 pub(crate) struct Used {
     key: String,
     marker: Vec<u8>,
+    /// Recorded in the local memory of a store that failed.
+    pub(crate) local: bool,
 }
 
 fn reason(e: &TokenGuardError) -> &'static str {

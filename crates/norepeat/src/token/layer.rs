@@ -7,8 +7,8 @@ use super::{TokenGuard, TokenGuardError};
 use crate::body::{self, BodyError};
 use crate::identity::{Identify, UserHeader};
 use crate::middleware::{
-    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, failed_open, mark, reject, shadowed,
-    unauthenticated, would,
+    GUARD_UNAVAILABLE, Handle, Middleware, ResponseBody, decided_locally, failed_open, mark,
+    reject, shadowed, unauthenticated, would,
 };
 use crate::problem::{Code, Problem};
 use crate::store::Store;
@@ -312,6 +312,7 @@ where
             Decided::Recorded(used) if res.extensions().get::<NotReached>().is_some() => {
                 self.guard.give_back(&used).await;
             }
+            Decided::Recorded(used) if used.local => res = decided_locally(res, "token"),
             Decided::Recorded(_) | Decided::Refused => {}
             Decided::Open => res = failed_open(res, "token"),
         }

@@ -4,6 +4,10 @@
 //! open, and only then: not on a decided request, not when it fails closed
 //! (503), not in a stack whose other layer decided.
 //!
+//! Its sibling [`DecidedLocally`]: over a [`Fallback`], whose local
+//! memory decides when the store fails, each layer names itself there
+//! instead, on the requests that memory admitted.
+//!
 //! The store is a memory store behind a breaker opened by hand, so every
 //! store call fails at once (a killed Redis behaves the same through the
 //! gateway's tests).
@@ -15,11 +19,11 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, Response, StatusCode};
-use norepeat::degrade::{FailedOpen, FailurePolicy};
+use norepeat::degrade::{DecidedLocally, FailedOpen, FailurePolicy};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer};
 use norepeat::idempotency::IdempotencyLayer;
 use norepeat::ratelimit::{ByUser, Quota, RateLimitLayer, RateLimiter};
-use norepeat::store::{MemoryStore, Resilient};
+use norepeat::store::{Fallback, MemoryStore, Resilient};
 use norepeat::token::{TokenGuard, TokenLayer, TokenSigner};
 use std::time::Duration;
 use tower::ServiceExt;
@@ -169,4 +173,71 @@ async fn stacked_layers_each_add_their_name() {
         .layer(RateLimitLayer::new(limiter, ByUser::default()));
     let res = call(&app, order(None)).await;
     assert_eq!(marker(&res), Some(vec!["fingerprint", "rate_limit"]));
+}
+
+/// `store(down)` with a local memory behind it.
+fn with_memory(down: bool) -> Fallback<Resilient<MemoryStore>> {
+    Fallback::new(store(down), MemoryStore::default())
+}
+
+fn decided_locally(res: &Response<Body>) -> Option<Vec<&'static str>> {
+    res.extensions()
+        .get::<DecidedLocally>()
+        .map(|d| d.0.clone())
+}
+
+/// Over a failed store with a local memory, each layer admits the first
+/// request on the memory's decision and says so (not `FailedOpen`: it was
+/// decided), and the memory catches the repeat (a replay for the
+/// Idempotency-Key, which carries no marker: nothing was admitted). With
+/// the store up, no marker.
+#[tokio::test]
+async fn each_layer_whose_local_memory_decided_says_so() {
+    let both = |res: &Response<Body>| (res.status(), decided_locally(res), marker(res));
+    let mine = |name| (StatusCode::CREATED, Some(vec![name]), None);
+    for down in [true, false] {
+        let fingerprint = app!(FingerprintLayer::new(FingerprintGuard::new(with_memory(
+            down
+        ))));
+        let idempotency = app!(IdempotencyLayer::new(with_memory(down)));
+        let limiter = RateLimiter::new(with_memory(down), Quota::parse("100/s").unwrap());
+        let rate_limit = app!(RateLimitLayer::new(limiter, ByUser::default()));
+        let guard = TokenGuard::new(with_memory(down), TokenSigner::random());
+        let token = guard.issue("u1").token;
+        let tokens = app!(TokenLayer::new(guard));
+        let first = [
+            (&fingerprint, None, "fingerprint"),
+            (&idempotency, None, "idempotency"),
+            (&rate_limit, None, "rate_limit"),
+            (&tokens, Some(token.as_str()), "token"),
+        ];
+        for (app, token, name) in first {
+            let res = call(app, order(token)).await;
+            let want = if down {
+                mine(name)
+            } else {
+                (StatusCode::CREATED, None, None)
+            };
+            assert_eq!(both(&res), want, "{name}, store down: {down}");
+        }
+        let again = |app, token| async move { both(&call(app, order(token)).await) };
+        assert_eq!(
+            again(&fingerprint, None).await,
+            (StatusCode::CONFLICT, None, None)
+        );
+        assert_eq!(
+            again(&idempotency, None).await,
+            (StatusCode::CREATED, None, None)
+        );
+        assert_eq!(
+            again(&tokens, Some(&token)).await,
+            (StatusCode::CONFLICT, None, None)
+        );
+        let want = if down {
+            mine("rate_limit")
+        } else {
+            (StatusCode::CREATED, None, None)
+        };
+        assert_eq!(again(&rate_limit, None).await, want);
+    }
 }

@@ -9,7 +9,7 @@ use crate::serve::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
 use crate::serve::log::metrics::RouteMetrics;
-use crate::serve::store::{SharedStore, note_failure};
+use crate::serve::store::SharedStore;
 use crate::serve::upstream::lookup::Lookups;
 use crate::serve::upstream::pool::{Pool, client, connect_timeout};
 use crate::serve::upstream::{Broken, Failure, forward, read_ahead};
@@ -17,7 +17,7 @@ use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use norepeat::body::declares_over;
-use norepeat::degrade::FailurePolicy;
+use norepeat::degrade::{FailedOpen, FailurePolicy};
 use norepeat::fingerprint::{FingerprintGuard, FingerprintLayer, Fingerprinter};
 use norepeat::idempotency::{
     Abandoned, Attempt, DetachedTasks, IdempotencyLayer, OutcomeUnknown, StoredHeaders,
@@ -107,8 +107,9 @@ pub(crate) fn stack(
                 let base = base.clone();
                 async move {
                     if open {
-                        note_failure();
-                        return base.oneshot(req).await;
+                        let mut res = base.oneshot(req).await?;
+                        res.extensions_mut().insert(FailedOpen(vec!["token"]));
+                        return Ok(res);
                     }
                     let p = Problem::new(Code::GuardUnavailable)
                         .detail("The store that keeps the token secret does not answer yet; retry shortly.")
