@@ -152,9 +152,13 @@ async fn an_idle_gateway_serves_its_first_requests_after_a_redis_restart() {
 /// request for the breaker's cool-down (a second), Redis healthy
 /// throughout: 3,800 to 4,600 `503`s here (3 runs), about 60,000 at full
 /// speed under `wrk`. Now the calls in flight together count as one
-/// failure: only the requests the pause caught get `503` (6 to 32 here).
+/// failure, and then only the requests the pause caught got `503` (6 to
+/// 32 here): their deadlines passed while the gateway was stopped, and
+/// each call noticed its own before the answer in its socket was read. A
+/// deadline noticed that late now gives the call one more budget: none
+/// (3 runs of 3; 30 with the extra budget taken out).
 #[tokio::test]
-async fn a_pause_of_the_gateway_does_not_open_its_breaker() {
+async fn a_pause_of_the_gateway_opens_no_breaker_and_refuses_no_answered_call() {
     const CLIENTS: usize = 32;
     let redis = RedisServer::start().await;
     // A store 10 ms away: the clients' requests wait on their store
@@ -208,11 +212,12 @@ async fn a_pause_of_the_gateway_does_not_open_its_breaker() {
         unavailable += u;
     }
     assert!(refused > 0, "the repeats were refused");
-    // The calls the pause caught, with room for the debug build's own
-    // stalls on a loaded machine (each one wave at most).
+    // None: the calls the pause caught read their answers. The room is
+    // for a store call of the debug build that runs past its budget on a
+    // loaded machine, rarely and one at a time.
     assert!(
-        unavailable <= 3 * u32::try_from(CLIENTS).unwrap(),
-        "{unavailable} answers 503 ({refused} 409): the breaker opened for a pause of the gateway"
+        unavailable <= u32::try_from(CLIENTS / 8).unwrap(),
+        "{unavailable} answers 503 ({refused} 409): a pause of the gateway refused calls Redis answered"
     );
     assert_eq!(effects(&backend).await["/orders/strict"], 1);
 }

@@ -244,6 +244,7 @@ impl<G: Clone> IdempotencyLayer<G> {
                 abandoned: Abandoned::OutcomeUnknown,
                 reconciling: false,
                 admitted: Arc::default(),
+                replayed: Arc::default(),
             },
             keys: KeyBuilder::default(),
             // The whole request: two bodies under one key that differ in
@@ -731,7 +732,9 @@ where
     if let Refusal::Replay(_) = refusal {
         // The decision as taken, shadowed or not (refusals are counted
         // where the guard decides them).
-        metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "replayed")
+        cfg.guard
+            .replayed
+            .get_or_init(|| metrics::counter!("norepeat_decisions_total", "mode" => "idempotency", "outcome" => "replayed"))
             .increment(1);
     }
     if !cfg.shadow {

@@ -34,6 +34,11 @@ use std::time::{Duration, Instant};
 /// closes it again ([`Breaker::record_late_answer`]) if it took no longer
 /// than the ceiling: the budget now waits for such answers.
 ///
+/// A call that notices its deadline more than a budget late was held up by
+/// this process, not by the store (stopped, a VM descheduled, a CPU quota
+/// spent): it gets one more budget, so the answer that reached its socket
+/// meanwhile is read instead of timed out.
+///
 /// A store that hangs (accepts, never answers) costs each request at most
 /// the budget it had before the hang, and opens the breaker after as many
 /// calls as any failure; a store that is down answers errors at once. After
@@ -361,10 +366,7 @@ impl<S: KeyValueStore> Resilient<S> {
         };
         let budget = self.budget.current();
         let started = Instant::now();
-        let result = match tokio::time::timeout(budget, f).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(budget)),
-        };
+        let result = within_budget(budget, f).await;
         let took = started.elapsed();
         // A timed-out call records nothing now: its answer, if it comes,
         // is recorded then (see `late`); a silent store teaches nothing.
@@ -401,6 +403,38 @@ impl<S: KeyValueStore> Resilient<S> {
             Err(_) => {}
         }
         result
+    }
+}
+
+/// `f`'s answer if it comes within `budget`, else `Timeout(budget)`.
+///
+/// A deadline noticed more than a budget late was not the store's doing:
+/// this process did not run (stopped, a VM descheduled, a container's CPU
+/// quota spent). The answer may well be in the socket by then, unread,
+/// and every call in flight times out at once when the process runs
+/// again: on a fail-closed route, each of those requests was refused
+/// though Redis had answered in time. Such a call gets one more budget,
+/// counted from when the process noticed: a store that answered is then
+/// read; a silent one still times out.
+async fn within_budget<T>(
+    budget: Duration,
+    f: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let mut f = std::pin::pin!(f);
+    let mut deadline = tokio::time::Instant::now() + budget;
+    let mut extended = false;
+    loop {
+        match tokio::time::timeout_at(deadline, f.as_mut()).await {
+            Ok(answer) => return answer,
+            Err(_) => {
+                let now = tokio::time::Instant::now();
+                if extended || now.saturating_duration_since(deadline) <= budget {
+                    return Err(StoreError::Timeout(budget));
+                }
+                extended = true;
+                deadline = now + budget;
+            }
+        }
     }
 }
 
@@ -481,6 +515,47 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// A deadline noticed more than a budget late (the process did not
+    /// run) gives the call one more budget, and the answer that came
+    /// meanwhile is read. The thread is held for 100 ms right after the
+    /// call is made (as a stopped process is); the answer's reader (a
+    /// connection's task, here woken 10 ms after the call's deadline) runs
+    /// after the call notices its deadline. Before, the call timed out, and
+    /// a fail-closed route refused a request the store had answered.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deadline_noticed_late_reads_the_answer_that_came() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(30 * MS).await;
+            let _ = tx.send(Ok::<u8, StoreError>(7));
+        });
+        let held = tokio::spawn(async { std::thread::sleep(100 * MS) });
+        let answer = within_budget(20 * MS, async {
+            rx.await.unwrap_or(Err(StoreError::CircuitOpen))
+        })
+        .await;
+        assert!(matches!(answer, Ok(7)), "{answer:?}");
+        let _ = (reader.await, held.await);
+    }
+
+    /// The extra budget is given once, and only for a deadline noticed
+    /// late: a store that does not answer times out after its budget, or
+    /// after two when the process was held.
+    #[tokio::test]
+    async fn a_silent_store_still_times_out() {
+        let silent = || std::future::pending::<Result<u8, StoreError>>();
+        let started = Instant::now();
+        let answer = within_budget(20 * MS, silent()).await;
+        assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+        assert!(started.elapsed() < 1000 * MS, "{:?}", started.elapsed());
+        let held_then_silent = async {
+            std::thread::sleep(100 * MS);
+            silent().await
+        };
+        let answer = within_budget(20 * MS, held_then_silent).await;
+        assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+    }
 
     /// A ceiling of `Duration::MAX` (no cap) does not overflow the
     /// breaker's probe deadline (before: a panic in `breaker`).
