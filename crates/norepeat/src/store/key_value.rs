@@ -167,7 +167,7 @@ pub trait KeyValueStore: Send + Sync + 'static {
     /// this, so a response can say it was admitted by the local memory
     /// ([`DecidedLocally`](crate::degrade::DecidedLocally)). The default is
     /// the store's own answer; a wrapper that may hold a `Fallback` must
-    /// pass it on (one that did not made every local decision look like
+    /// pass it on (one that did not would make every local decision look like
     /// the store's).
     fn execute_decided(
         &self,

@@ -37,7 +37,10 @@ use std::time::{Duration, Instant};
 /// A call that notices its deadline more than a budget late was held up by
 /// this process, not by the store (stopped, a VM descheduled, a CPU quota
 /// spent): it gets one more budget, so the answer that reached its socket
-/// meanwhile is read instead of timed out.
+/// meanwhile is read instead of timed out. Such a call, and any call that
+/// took more than twice its budget (which only a process that did not run
+/// lets happen), timed the pause, not the store: it teaches the budget
+/// nothing.
 ///
 /// A store that hangs (accepts, never answers) costs each request at most
 /// the budget it had before the hang, and opens the breaker after as many
@@ -366,11 +369,15 @@ impl<S: KeyValueStore> Resilient<S> {
         };
         let budget = self.budget.current();
         let started = Instant::now();
-        let result = within_budget(budget, f).await;
+        let (result, held) = within_budget(budget, f).await;
         let took = started.elapsed();
         // A timed-out call records nothing now: its answer, if it comes,
         // is recorded then (see `late`); a silent store teaches nothing.
-        if !matches!(result, Err(StoreError::Timeout(_))) {
+        // Nor does a call this process held up: it timed the pause. One
+        // that took over twice its budget was held up too, its answer
+        // read first when the process ran again.
+        let held = held || took > budget.saturating_mul(2);
+        if !held && !matches!(result, Err(StoreError::Timeout(_))) {
             self.budget.observe(took);
         }
         self.seconds
@@ -406,7 +413,8 @@ impl<S: KeyValueStore> Resilient<S> {
     }
 }
 
-/// `f`'s answer if it comes within `budget`, else `Timeout(budget)`.
+/// `f`'s answer if it comes within `budget`, else `Timeout(budget)`; and
+/// whether this process held the call up (below).
 ///
 /// A deadline noticed more than a budget late was not the store's doing:
 /// this process did not run (stopped, a VM descheduled, a container's CPU
@@ -419,17 +427,17 @@ impl<S: KeyValueStore> Resilient<S> {
 async fn within_budget<T>(
     budget: Duration,
     f: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+) -> (Result<T, StoreError>, bool) {
     let mut f = std::pin::pin!(f);
     let mut deadline = tokio::time::Instant::now() + budget;
     let mut extended = false;
     loop {
         match tokio::time::timeout_at(deadline, f.as_mut()).await {
-            Ok(answer) => return answer,
+            Ok(answer) => return (answer, extended),
             Err(_) => {
                 let now = tokio::time::Instant::now();
                 if extended || now.saturating_duration_since(deadline) <= budget {
-                    return Err(StoreError::Timeout(budget));
+                    return (Err(StoreError::Timeout(budget)), extended);
                 }
                 extended = true;
                 deadline = now + budget;
@@ -535,8 +543,42 @@ mod tests {
             rx.await.unwrap_or(Err(StoreError::CircuitOpen))
         })
         .await;
-        assert!(matches!(answer, Ok(7)), "{answer:?}");
+        assert!(matches!(answer, (Ok(7), true)), "{answer:?}");
         let _ = (reader.await, held.await);
+    }
+
+    /// A store that answers 1 ms after it is asked.
+    struct OneMs;
+
+    impl KeyValueStore for OneMs {
+        async fn execute(&self, _: KeyOp<'_>) -> Result<KeyReply, StoreError> {
+            tokio::time::sleep(MS).await;
+            Ok(KeyReply::Changed(true))
+        }
+        fn kind(&self) -> &'static str {
+            "one_ms"
+        }
+    }
+
+    /// Calls this process held up answer, and their time (the pause's)
+    /// does not raise the budget: before, the three below (their answers
+    /// read as the process ran again) raised it from its 20 ms floor to
+    /// the 300 ms ceiling.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_held_up_by_the_process_teach_the_budget_nothing() {
+        let store = Resilient::new(OneMs).timeout(20 * MS);
+        let op = KeyOp::Get { key: "k" };
+        for _ in 0..10 {
+            store.execute(op).await.unwrap();
+        }
+        assert_eq!(store.budget(), 20 * MS, "the floor, after quick answers");
+        let held = tokio::spawn(async { std::thread::sleep(100 * MS) });
+        let calls =
+            futures_util::future::join3(store.execute(op), store.execute(op), store.execute(op));
+        let (a, b, c) = calls.await;
+        assert!(a.is_ok() && b.is_ok() && c.is_ok(), "{a:?} {b:?} {c:?}");
+        assert_eq!(store.budget(), 20 * MS);
+        let _ = held.await;
     }
 
     /// The extra budget is given once, and only for a deadline noticed
@@ -547,14 +589,20 @@ mod tests {
         let silent = || std::future::pending::<Result<u8, StoreError>>();
         let started = Instant::now();
         let answer = within_budget(20 * MS, silent()).await;
-        assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+        assert!(
+            matches!(answer, (Err(StoreError::Timeout(_)), false)),
+            "{answer:?}"
+        );
         assert!(started.elapsed() < 1000 * MS, "{:?}", started.elapsed());
         let held_then_silent = async {
             std::thread::sleep(100 * MS);
             silent().await
         };
         let answer = within_budget(20 * MS, held_then_silent).await;
-        assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+        assert!(
+            matches!(answer, (Err(StoreError::Timeout(_)), true)),
+            "{answer:?}"
+        );
     }
 
     /// A ceiling of `Duration::MAX` (no cap) does not overflow the
