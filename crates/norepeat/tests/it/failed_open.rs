@@ -241,3 +241,34 @@ async fn each_layer_whose_local_memory_decided_says_so() {
         assert_eq!(again(&rate_limit, None).await, want);
     }
 }
+
+/// A key the local memory released (the handler answered 500) is taken
+/// over by its retry from that memory too, and the retry says so: before,
+/// the take-over was counted as the store's decision.
+#[tokio::test]
+async fn a_retry_that_takes_over_a_locally_released_key_says_so() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let failed = std::sync::Arc::new(AtomicBool::new(false));
+    let handler = move || {
+        let first = !failed.swap(true, Ordering::SeqCst);
+        async move {
+            if first {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::CREATED
+            }
+        }
+    };
+    let app = Router::new().route(
+        "/orders",
+        post(handler).layer(IdempotencyLayer::new(with_memory(true))),
+    );
+    let res = call(&app, order(None)).await;
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(decided_locally(&res), Some(vec!["idempotency"]));
+    let res = call(&app, order(None)).await;
+    assert_eq!(
+        (res.status(), decided_locally(&res), marker(&res)),
+        (StatusCode::CREATED, Some(vec!["idempotency"]), None)
+    );
+}
