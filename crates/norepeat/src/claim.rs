@@ -38,8 +38,8 @@ pub(crate) use fence::{Fence, Restamp, passed, stamp};
 pub(crate) use renewer::Renewer;
 
 use crate::store::KeyValueStoreExt;
-use crate::store::put_if_absent_decided;
-use crate::store::{DecidedBy, KeyOp, KeyReply, KeyValueStore, StoreError};
+use crate::store::{DecidedBy, KeyValueStore, StoreError};
+use crate::store::{put_if_absent_decided, replace_if_equals_decided};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -197,22 +197,8 @@ impl<S: KeyValueStore + Clone> Claim<S> {
         ttl: Duration,
         stamped: Stamped,
     ) -> Result<Option<Self>, StoreError> {
-        let op = KeyOp::ReplaceIfEquals {
-            key: &key,
-            expected: held,
-            value: &value,
-            ttl,
-        };
-        Ok(match store.execute_decided(op).await? {
-            (KeyReply::Changed(true), by) => {
-                Some(Self::stamped(store, key, value, ttl, stamped).decided_by(by))
-            }
-            (KeyReply::Changed(false), _) => None,
-            (other, _) => {
-                let e = format!("replace_if_equals answered {other:?}");
-                return Err(StoreError::Protocol(e));
-            }
-        })
+        let (done, by) = replace_if_equals_decided(store, &key, held, &value, ttl).await?;
+        Ok(done.then(|| Self::stamped(store, key, value, ttl, stamped).decided_by(by)))
     }
 
     fn stamped(store: &S, key: Arc<str>, value: Bytes, ttl: Duration, s: Stamped) -> Self {

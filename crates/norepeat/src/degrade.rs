@@ -91,11 +91,23 @@ pub struct FailedOpen(pub Vec<&'static str>);
 impl FailedOpen {
     /// Adds `guard` to the list in `extensions`, creating it if there is none.
     pub(crate) fn add(extensions: &mut http::Extensions, guard: &'static str) {
-        match extensions.get_mut::<Self>() {
-            Some(by) => by.0.push(guard),
-            None => {
-                extensions.insert(Self(vec![guard]));
-            }
+        add_name(extensions, guard, |f: &mut Self| &mut f.0, Self);
+    }
+}
+
+/// Adds `guard` to the list of names `T` in `extensions` (read with
+/// `names`), creating it with `new` if there is none: the one way the
+/// layers' marks grow.
+fn add_name<T: Clone + Send + Sync + 'static>(
+    extensions: &mut http::Extensions,
+    guard: &'static str,
+    names: fn(&mut T) -> &mut Vec<&'static str>,
+    new: fn(Vec<&'static str>) -> T,
+) {
+    match extensions.get_mut::<T>() {
+        Some(marks) => names(marks).push(guard),
+        None => {
+            extensions.insert(new(vec![guard]));
         }
     }
 }
@@ -144,12 +156,7 @@ pub struct DecidedLocally(pub Vec<&'static str>);
 impl DecidedLocally {
     /// Adds `guard` to the list in `extensions`, creating it if there is none.
     pub(crate) fn add(extensions: &mut http::Extensions, guard: &'static str) {
-        match extensions.get_mut::<Self>() {
-            Some(by) => by.0.push(guard),
-            None => {
-                extensions.insert(Self(vec![guard]));
-            }
-        }
+        add_name(extensions, guard, |d: &mut Self| &mut d.0, Self);
     }
 }
 

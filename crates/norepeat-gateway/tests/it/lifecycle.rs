@@ -415,6 +415,16 @@ async fn the_gateway_starts_with_its_store_down_and_connects_when_it_answers() {
         201,
         "the token route fails open"
     );
+    let fail_open = r#"route="POST /orders",outcome="fail_open""#;
+    assert_eq!(
+        value(
+            &scrape(&g).await,
+            "norepeat_gateway_requests_total",
+            fail_open
+        ),
+        1,
+        "counted as failed open, not passed"
+    );
     let token = c
         .get(url(&g, "/.norepeat/token"))
         .header("x-user-id", "u1")

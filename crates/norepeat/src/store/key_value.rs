@@ -390,6 +390,27 @@ pub(crate) async fn put_if_absent_decided<S: KeyValueStore + ?Sized>(
     }
 }
 
+/// [`KeyValueStoreExt::replace_if_equals`], saying who decided it: what a
+/// claim is taken over with.
+pub(crate) async fn replace_if_equals_decided<S: KeyValueStore + ?Sized>(
+    store: &S,
+    key: &str,
+    expected: &[u8],
+    value: &[u8],
+    ttl: Duration,
+) -> Result<(bool, DecidedBy), StoreError> {
+    let op = KeyOp::ReplaceIfEquals {
+        key,
+        expected,
+        value,
+        ttl,
+    };
+    match store.execute_decided(op).await? {
+        (KeyReply::Changed(done), by) => Ok((done, by)),
+        (other, _) => Err(unexpected("replace_if_equals", &other)),
+    }
+}
+
 async fn changed(
     reply: impl Future<Output = Result<KeyReply, StoreError>>,
 ) -> Result<bool, StoreError> {

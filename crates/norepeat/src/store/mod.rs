@@ -83,10 +83,10 @@ mod resilient;
 
 pub use breaker::{Breaker, BreakerState, Permit};
 pub use fallback::Fallback;
-pub(crate) use key_value::put_if_absent_decided;
 pub use key_value::{
     DecidedBy, KeyOp, KeyReply, KeyValueStore, KeyValueStoreExt, LateAnswers, ReadStoreExt,
 };
+pub(crate) use key_value::{put_if_absent_decided, replace_if_equals_decided};
 pub use rate::{RateDecision, RateOp, RateStore, RateStoreExt};
 pub use resilient::Resilient;
 
