@@ -140,34 +140,18 @@ fn hold_signals() {
 /// Logs on stderr (`RUST_LOG`, default `info`; one JSON object a line
 /// with `NOREPEAT_LOG_FORMAT=json`).
 fn logs() {
-    use tracing_subscriber::filter::FilterExt;
-    use tracing_subscriber::prelude::*;
-    let filter = || {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-    };
+    use tracing_subscriber::util::SubscriberInitExt;
     let json = std::env::var("NOREPEAT_LOG_FORMAT").is_ok_and(|f| f == "json");
     // Colours only for a person at a terminal: a log file or a
     // collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let directives = std::env::var("RUST_LOG").unwrap_or_default();
     // A warning repeated per request (a store that is down) is written
     // once a place per 10 s, the rest counted.
     let throttle = norepeat_gateway::throttle::Throttle::default();
     throttle.report_every_interval();
-    let text = (!json).then(|| {
-        tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(ansi)
-            .with_filter(filter().and(throttle.clone()))
-    });
-    let json = json.then(|| {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-            .with_filter(filter().and(throttle.clone()))
-    });
-    tracing_subscriber::registry().with(text).with(json).init();
+    norepeat_gateway::throttle::subscriber(&directives, json, ansi, throttle).init();
 }
 
 /// How the process serves.

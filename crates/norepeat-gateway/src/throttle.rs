@@ -2,13 +2,59 @@
 //! interval: a store that is down must not write a warning per request
 //! (4,821 lines in 7 s, issue 54). The lines left out are counted, and
 //! said once per interval, with their count and where they come from.
+//! [`subscriber`] is the process's log: the level filter, then this.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::callsite::Identifier;
-use tracing::{Event, Level, Metadata};
-use tracing_subscriber::layer::{Context, Filter};
+use tracing::level_filters::LevelFilter;
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::{EnvFilter, FilterExt};
+use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
+
+/// The gateway's log on stderr: `directives` as `RUST_LOG` reads (`info`
+/// when empty or not understood), one JSON object a line with `json`,
+/// colours with `ansi`, and warnings repeated per place held back by
+/// `throttle`.
+///
+/// A line below the level costs nothing: the level is known before a
+/// span or an event is built.
+///
+/// ```
+/// use norepeat_gateway::throttle::{Throttle, subscriber};
+///
+/// let log = subscriber("", false, false, Throttle::default());
+/// tracing::subscriber::with_default(log, || {
+///     assert!(tracing::debug_span!("decide").is_disabled());
+///     assert!(!tracing::info_span!("serve").is_disabled());
+/// });
+/// ```
+pub fn subscriber(
+    directives: &str,
+    json: bool,
+    ansi: bool,
+    throttle: Throttle,
+) -> impl Subscriber + Send + Sync + 'static {
+    let filter = || match directives.trim() {
+        "" => EnvFilter::new("info"),
+        d => EnvFilter::try_new(d).unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let text = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .with_filter(filter().and(throttle.clone()))
+    });
+    let json = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(filter().and(throttle.clone()))
+    });
+    tracing_subscriber::registry().with(text).with(json)
+}
 
 /// How often one place in the code may warn.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -100,6 +146,13 @@ impl<S> Filter<S> for Throttle {
         }
         self.lets_through(meta.callsite(), meta.name(), Instant::now())
     }
+
+    /// Every level passes (only repeats are held back). Said, so that the
+    /// level filter beside it keeps its own: with no hint, every `debug`
+    /// span of the guards was built on every request, and thrown away.
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
+    }
 }
 
 #[cfg(test)]
@@ -115,6 +168,22 @@ mod tests {
     }
     static A: Here = Here;
     static B: Here = Here;
+
+    #[test]
+    fn a_line_below_the_level_is_never_built() {
+        for json in [false, true] {
+            let log = subscriber("", json, false, Throttle::default());
+            assert_eq!(log.max_level_hint(), Some(LevelFilter::INFO), "json {json}");
+            tracing::subscriber::with_default(log, || {
+                assert!(tracing::debug_span!("norepeat.decide").is_disabled());
+                assert!(!tracing::info_span!("serve").is_disabled());
+            });
+        }
+        let log = subscriber("warn,norepeat=debug", false, false, Throttle::default());
+        assert_eq!(log.max_level_hint(), Some(LevelFilter::DEBUG));
+        let log = subscriber("not a directive ===", false, false, Throttle::default());
+        assert_eq!(log.max_level_hint(), Some(LevelFilter::INFO), "the default");
+    }
 
     #[test]
     fn one_line_a_place_an_interval_and_the_rest_counted() {

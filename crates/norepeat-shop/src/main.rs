@@ -93,8 +93,24 @@ impl LogFormat {
 /// With `faults` (the storm), the lines of the outages it injects are
 /// counted there instead of printed.
 fn init_logging(format: LogFormat, faults: Option<&InjectedFaults>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "warn,norepeat=info".into());
+    let directives = std::env::var("RUST_LOG").ok();
+    subscriber(directives.as_deref(), format, faults).init();
+}
+
+/// The subscriber [`init_logging`] installs. Every filter in it states its
+/// level, so a line below the level is never built: a filter with no hint
+/// (an `Option` of one that is `None`) would have every `debug` span of the
+/// library's layers built on every request.
+fn subscriber(
+    directives: Option<&str>,
+    format: LogFormat,
+    faults: Option<&InjectedFaults>,
+) -> impl tracing::Subscriber + Send + Sync + 'static {
+    let filter = || {
+        directives
+            .and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok())
+            .unwrap_or_else(|| "warn,norepeat=info".into())
+    };
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format {
         LogFormat::Json => fmt.json().with_ansi(false).boxed(),
@@ -104,10 +120,13 @@ fn init_logging(format: LogFormat, faults: Option<&InjectedFaults>) {
                 .boxed()
         }
     };
+    let fmt = match faults {
+        Some(faults) => fmt.with_filter(filter().and(faults.hidden())).boxed(),
+        None => fmt.with_filter(filter()).boxed(),
+    };
     tracing_subscriber::registry()
-        .with(fmt.with_filter(filter.and(faults.map(InjectedFaults::hidden))))
+        .with(fmt)
         .with(faults.map(InjectedFaults::counter))
-        .init();
 }
 
 fn main() -> ExitCode {
@@ -196,5 +215,32 @@ fn main() -> ExitCode {
             eprintln!("norepeat: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Subscriber as _;
+    use tracing::level_filters::LevelFilter;
+
+    #[test]
+    fn a_line_below_the_level_is_never_built() {
+        let faults = InjectedFaults::default();
+        for faults in [None, Some(&faults)] {
+            for format in [LogFormat::Text, LogFormat::Json] {
+                let log = subscriber(None, format, faults);
+                let what = format!("{format:?}, faults {}", faults.is_some());
+                assert_eq!(log.max_level_hint(), Some(LevelFilter::INFO), "{what}");
+                tracing::subscriber::with_default(log, || {
+                    assert!(
+                        tracing::debug_span!("norepeat.decide").is_disabled(),
+                        "{what}"
+                    );
+                });
+            }
+        }
+        let log = subscriber(Some("debug"), LogFormat::Text, None);
+        assert_eq!(log.max_level_hint(), Some(LevelFilter::DEBUG));
     }
 }

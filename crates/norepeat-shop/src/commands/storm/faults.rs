@@ -185,6 +185,12 @@ impl<S> Filter<S> for Hidden {
     fn enabled(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
         !self.0.owns(meta)
     }
+
+    /// Every level passes: said, so that the level filter beside it keeps
+    /// its own (with no hint, every `debug` span would be built).
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
+    }
 }
 
 /// Selects the lines of an injected outage, for [`Counter`].
