@@ -34,6 +34,7 @@
 
 use super::timed::{Deadline, HEAD, InFlight, Stop, Timed, Tracked, UPGRADED, Watch};
 use crate::config::Limits;
+use crate::serve::upstream::pause::PauseLimited;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
@@ -141,7 +142,7 @@ pub(crate) async fn serve(
             };
             let in_flight = InFlight::start(&service_watch);
             let mut req = req.map(|b| {
-                let paused = tower_http::timeout::TimeoutBody::new(limits.body_timeout, b);
+                let paused = PauseLimited::new(b, limits.body_timeout);
                 if http_body::Body::is_end_stream(&paused) {
                     Body::new(paused)
                 } else {

@@ -12,6 +12,7 @@ pub(crate) mod balance;
 pub(crate) mod exchange;
 pub(crate) mod headers;
 pub(crate) mod lookup;
+pub(crate) mod pause;
 pub(crate) mod pool;
 
 use crate::serve::http1::protocol_name;
@@ -269,7 +270,7 @@ pub(crate) async fn forward(
     let (mut parts, body) = res.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = match idle {
-        Some(idle) => Body::new(tower_http::timeout::TimeoutBody::new(idle, body)),
+        Some(idle) => Body::new(pause::PauseLimited::new(body, idle)),
         None => body,
     };
     Ok(Response::from_parts(parts, body))
