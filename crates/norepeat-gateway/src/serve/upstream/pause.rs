@@ -4,9 +4,10 @@
 //! By hand rather than tower-http's `TimeoutBody`, which arms its timer
 //! and polls it before every frame: a frame already read (an answer whose
 //! body came with its head) then costs a timer put into tokio's wheel and
-//! taken out again, twice an answer (its data, then its end). That was
-//! 2.7k instructions of the fingerprint route's 62.5k (callgrind). This
-//! one asks the body first, and arms the timer only when it has to wait.
+//! taken out again, twice an answer (its data, then its end). Asking the
+//! body first, and arming the timer only when it has to wait, took the
+//! fingerprint route from 62.6k to 61.3k instructions a request
+//! (callgrind).
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
