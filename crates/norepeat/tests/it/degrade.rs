@@ -573,6 +573,49 @@ async fn lease_is_renewed_while_the_handler_runs() {
     assert_every_key_expires(&redis).await;
 }
 
+/// Redis down while two instances serve: a repeat that reaches the other
+/// instance gets through (each has its own local memory, as the README
+/// says), and each admission says it was the local memory's
+/// (`DecidedLocally`), so the service can count what went through without
+/// the store; a repeat on the same instance is still caught, unmarked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_redis_down_each_mark_what_their_memory_admitted() {
+    use norepeat::degrade::{DecidedLocally, FailedOpen};
+    let mut redis = RedisServer::start().await;
+    let instance = || async {
+        let store = fail_open_store(&redis.url(), Duration::from_secs(60)).await;
+        fingerprint_app(FingerprintGuard::new(store).window(Duration::from_secs(30)))
+    };
+    let (a, b) = (instance().await, instance().await);
+    let marks = |res: &axum::http::Response<Body>| {
+        (
+            res.status(),
+            res.extensions().get::<DecidedLocally>().cloned(),
+            res.extensions().get::<FailedOpen>().is_some(),
+        )
+    };
+    let once = |app: &Router, body: &'static str| {
+        let app = app.clone();
+        async move { marks(&app.oneshot(request(body, 0, 200)).await.unwrap()) }
+    };
+    // Redis up: decided there, the repeat on the other instance caught.
+    let up = r#"{"up":1}"#;
+    assert_eq!(once(&a, up).await, (StatusCode::OK, None, false));
+    assert_eq!(once(&b, up).await, (StatusCode::CONFLICT, None, false));
+
+    redis.kill();
+    let (two, local) = (r#"{"two":1}"#, Some(DecidedLocally(vec!["fingerprint"])));
+    assert_eq!(once(&a, two).await, (StatusCode::OK, local.clone(), false));
+    assert_eq!(
+        once(&b, two).await,
+        (StatusCode::OK, local, false),
+        "the other instance's memory never saw it: admitted, and marked"
+    );
+    for app in [&a, &b] {
+        assert_eq!(once(app, two).await, (StatusCode::CONFLICT, None, false));
+    }
+}
+
 /// A dropped request future counts as done: its key is held for the rest of
 /// its window (whatever the policy, never past the window), a retry within
 /// it is a duplicate, and no task is left behind.
