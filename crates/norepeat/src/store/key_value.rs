@@ -1,3 +1,4 @@
+// Over 400 lines on purpose: the operations, their replies, the trait and its typed calls (the public ones and the two that say who decided), which read as one contract.
 //! The key-value half of a store: four conditional operations on one key.
 
 use super::StoreError;
