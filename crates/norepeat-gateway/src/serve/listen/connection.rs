@@ -146,10 +146,7 @@ pub(crate) async fn serve(
                 if http_body::Body::is_end_stream(&paused) {
                     Body::new(paused)
                 } else {
-                    Body::new(Deadline::new(
-                        Body::new(paused),
-                        began + limits.request_timeout,
-                    ))
+                    Body::new(Deadline::new(paused, began + limits.request_timeout))
                 }
             });
             req.extensions_mut().insert(ConnectInfo(peer));
