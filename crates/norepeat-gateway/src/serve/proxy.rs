@@ -30,7 +30,7 @@ use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_cod
 use crate::serve::log::{access, request_id};
 use crate::serve::reply::ForClient;
 use crate::serve::route::table::Routes;
-use crate::serve::route::{Choice, choose_request};
+use crate::serve::route::{Choice, Chosen, choose_request};
 use crate::serve::upstream::{Failure, forward};
 use axum::body::Body;
 use axum::extract::OriginalUri;
@@ -49,8 +49,13 @@ pub(crate) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Any request not for the gateway's own routes. Routes are matched on
 /// the normalized path ([`normalize_path`]); a matched request goes on
 /// with that path (its guard's key and the backend see it), an unmatched
-/// one is forwarded untouched.
-pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Response<Body> {
+/// one is forwarded untouched. `chosen`: the route the lane chose, with
+/// the routes it chose it in (`None`: chosen here).
+pub(crate) async fn dispatch(
+    gw: Arc<Gateway>,
+    mut req: Request<Body>,
+    chosen: Option<Chosen>,
+) -> Response<Body> {
     with_peer(req.extensions_mut());
     // Before the gateway adds a header of its own (the request id here,
     // `Idempotency-Attempt` in the layer): a client's `Connection` may
@@ -59,13 +64,21 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
     // A request id from outside `trusted_proxies` is the client's to
     // choose: replaced, as Envoy does at the edge.
     // One load of the routes per request: the match and the caller read it.
-    let live = gw.live.load_full();
+    let (live, chosen) = match chosen {
+        Some(Chosen {
+            live,
+            normalized,
+            site,
+            choice,
+        }) => (live, Some((normalized, site, choice))),
+        None => (gw.live.load_full(), None),
+    };
     let trusted = live.caller.peer_is_trusted(req.extensions());
     let id = request_id::request_id(req.headers_mut(), trusted);
     let http1 = req.version() < http::Version::HTTP_2;
     // The route, once one takes the request: the line of a client that
     // leaves before its answer names it.
-    let chosen = OnceLock::new();
+    let named = OnceLock::new();
     // `on_data_loss.hold`: the idempotency routes whose records the store
     // kept wait, after a loss, for this long (read only once a loss was
     // seen: an atomic load otherwise).
@@ -76,7 +89,7 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
         req.extensions_mut().insert(HoldSince(lost_at));
     }
     let mut res = match &gw.access {
-        None => route_request(live, trusted, req, None).await.0,
+        None => route_request((live, chosen), trusted, req, None).await.0,
         Some(sink) => {
             // Owed from here: a client that leaves before its answer gets
             // its line too (499 `client_closed`).
@@ -88,11 +101,12 @@ pub(crate) async fn dispatch(gw: Arc<Gateway>, mut req: Request<Body>) -> Respon
             let bytes_in = http_body::Body::size_hint(req.body()).exact();
             let host = req.headers().get(http::header::HOST).map(|h| h.as_bytes());
             let mut owed = access::Owed::new(sink, &id, req.method(), req.uri().path())
-                .routed_by(&chosen)
+                .routed_by(&named)
                 .from(client, host, bytes_in);
             let told = Arc::new(access::UpstreamTime::default());
             req.extensions_mut().insert(Arc::clone(&told));
-            let (res, route, outcome) = route_request(live, trusted, req, Some(&chosen)).await;
+            let (res, route, outcome) =
+                route_request((live, chosen), trusted, req, Some(&named)).await;
             let route = route.as_deref().map(RouteMetrics::label);
             owed.with_answer(
                 told.status(),
@@ -127,22 +141,26 @@ pub(crate) fn leave_if_draining<B>(gw: &Gateway, http1: bool, res: &mut Response
 /// client asked for it (`reply.rs`: CORS, a browser's refusal page), the
 /// route that took it, and its outcome as the access log names it.
 pub(crate) async fn route_request(
-    live: Arc<Routes>,
+    (live, chosen): (Arc<Routes>, Option<Settled>),
     trusted: bool,
     req: Request<Body>,
-    chosen: Option<&OnceLock<Arc<RouteMetrics>>>,
+    named: Option<&OnceLock<Arc<RouteMetrics>>>,
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     let client = ForClient::of(&live, &req);
-    let (res, route, outcome) = route_phases(live, trusted, req, chosen).await;
+    let (res, route, outcome) = route_phases((live, chosen), trusted, req, named).await;
     let routed = route.is_some();
     (client.shape(res, routed), route, outcome)
 }
 
+/// A choice the lane made ([`Chosen`] without its routes): the path
+/// normalized, the site, the choice.
+type Settled = (Option<String>, Option<String>, Choice);
+
 async fn route_phases(
-    live: Arc<Routes>,
+    (live, chosen): (Arc<Routes>, Option<Settled>),
     trusted: bool,
     mut req: Request<Body>,
-    chosen: Option<&OnceLock<Arc<RouteMetrics>>>,
+    named: Option<&OnceLock<Arc<RouteMetrics>>>,
 ) -> (Response<Body>, Option<Arc<RouteMetrics>>, &'static str) {
     // The asterisk form (`OPTIONS *`) names no resource: there is no route
     // to match, and no upstream URL to make of it. The client's request,
@@ -162,13 +180,20 @@ async fn route_phases(
             }
         }
     }
-    let normalized = match normalize_path(req.uri().path()) {
-        std::borrow::Cow::Borrowed(_) => None,
-        std::borrow::Cow::Owned(p) => Some(p),
+    // The lane's choice, or the head read now.
+    let (normalized, site, choice) = match chosen {
+        Some((normalized, site, choice)) => (normalized, site, Some(choice)),
+        None => {
+            let normalized = match normalize_path(req.uri().path()) {
+                std::borrow::Cow::Borrowed(_) => None,
+                std::borrow::Cow::Owned(p) => Some(p),
+            };
+            let site = (live.by_host || !live.hosts.is_empty())
+                .then(|| crate::serve::identify::scope::site(req.headers(), req.uri()))
+                .flatten();
+            (normalized, site, None)
+        }
     };
-    let site = (live.by_host || !live.hosts.is_empty())
-        .then(|| crate::serve::identify::scope::site(req.headers(), req.uri()))
-        .flatten();
     // `hosts`: the site's names; any other is another site's request,
     // which no route of this file was written for.
     if !live.hosts.is_empty() && site.as_ref().is_none_or(|s| !live.hosts.contains(s)) {
@@ -180,13 +205,15 @@ async fn route_phases(
     let path = normalized.as_deref().unwrap_or(req.uri().path());
     let sent = req.uri().path();
     let method = req.method().as_str();
-    let (found_at, keyed) =
-        match choose_request(&live, (method, path, sent), site.as_ref(), req.headers()) {
-            Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
-            Choice::Preflight => return (route_preflight(req.headers()), None, "preflight"),
-            Choice::Passthrough => (None, None),
-            Choice::Route { at, keyed } => (Some(at), keyed),
-        };
+    let choice = choice.unwrap_or_else(|| {
+        choose_request(&live, (method, path, sent), site.as_ref(), req.headers())
+    });
+    let (found_at, keyed) = match choice {
+        Choice::Refused(why) => return (invalid_request(why), None, "invalid_request"),
+        Choice::Preflight => return (route_preflight(req.headers()), None, "preflight"),
+        Choice::Passthrough => (None, None),
+        Choice::Route { at, keyed } => (Some(at), keyed),
+    };
     let found = found_at.map(|i| &live.list[i]);
     // A guarded route decides on one request and its one answer: a
     // connection that switches protocols is neither.
@@ -219,8 +246,8 @@ async fn route_phases(
             Err(Failure::Switched) => (upstream_switched(), None, "upstream_switched_protocols"),
         };
     };
-    if let Some(chosen) = chosen {
-        let _ = chosen.set(Arc::clone(&route.metrics));
+    if let Some(named) = named {
+        let _ = named.set(Arc::clone(&route.metrics));
     }
     if let Some(HoldSince(at)) = req.extensions().get::<HoldSince>().copied()
         && route.records.is_some()

@@ -10,7 +10,8 @@
 //! visible ASCII, a `Connection` of `keep-alive` or `close` at most, an
 //! `http://` upstream, the gateway not draining. Its head is parsed once (`httparse`, the parser hyper uses),
 //! the route chosen as [`crate::serve::proxy::route_request`] chooses it
-//! ([`choose`]), and the upstream's request written from the client's bytes
+//! ([`choose`]; a choice the headers cannot change is handed to
+//! `dispatch` with the request, [`Chosen`]), and the upstream's request written from the client's bytes
 //! with the hop-by-hop headers dropped and the forwarding headers and
 //! request id added as `upstream` adds them. The answer's head is parsed
 //! and written on the same way, its body streamed through (a chunked one
@@ -40,11 +41,12 @@ use crate::serve::listen::timed::{InFlight, Stop, Watch};
 use crate::serve::log::access::Owed;
 use crate::serve::log::request_id;
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
-use crate::serve::route::{Choice, choose};
+use crate::serve::route::{Choice, Chosen, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
 use crate::serve::upstream::pool::Pick;
 use bytes::{Buf, BytesMut};
 use http::HeaderValue;
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -86,6 +88,7 @@ where
     let mut lane = Lane {
         out: Vec::with_capacity(1024),
         answer: BytesMut::with_capacity(READ),
+        chosen: None,
     };
     // Whether a request was answered on this connection.
     let mut served = false;
@@ -147,7 +150,8 @@ where
                 lane.exchange(io, buf, &request, stop, owed).await
             }
             Next::Routed(head) => {
-                routed::serve(io, buf, head, (gw, peer, stop), &mut lane.out).await
+                let chosen = lane.chosen.take();
+                routed::serve(io, buf, (head, chosen), (gw, peer, stop), &mut lane.out).await
             }
         };
         drop(in_flight);
@@ -246,6 +250,9 @@ struct Lane {
     out: Vec<u8>,
     /// The upstream's bytes.
     answer: BytesMut,
+    /// The route of the request handed to `dispatch`, when the lane's
+    /// choice is its ([`Chosen`]).
+    chosen: Option<Chosen>,
 }
 
 impl Lane {
@@ -363,6 +370,17 @@ impl Lane {
             if length > IN_HAND.min(max_body) || !here {
                 return Prepared::ToHyper;
             }
+            // Chosen here, once, when the headers could not change it.
+            // Kept beside the head, not in it: the head is moved on.
+            self.chosen = choice.settled(&live).then(|| Chosen {
+                normalized: match normalized {
+                    Cow::Borrowed(_) => None,
+                    Cow::Owned(p) => Some(p),
+                },
+                site,
+                choice,
+                live,
+            });
             return Prepared::Routed(routed::Head::new(
                 len,
                 length,

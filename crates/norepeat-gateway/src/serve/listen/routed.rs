@@ -22,6 +22,7 @@ use crate::serve::http1::{unless_client_leaves, write_answer};
 use crate::serve::listen::timed::Stop;
 use crate::serve::log::request_id;
 use crate::serve::proxy::dispatch;
+use crate::serve::route::Chosen;
 use crate::serve::upstream::BodyInHand;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -109,7 +110,7 @@ impl Head {
 pub(crate) async fn serve<S>(
     io: &mut S,
     buf: &mut BytesMut,
-    head: Head,
+    (head, chosen): (Head, Option<Chosen>),
     (gw, peer, stop): (&Arc<Gateway>, SocketAddr, &Stop),
     out: &mut Vec<u8>,
 ) -> bool
@@ -135,7 +136,7 @@ where
     // Pinned here, where it is made: handed on by value, the request's
     // future (kilobytes: the guard, the store, the upstream) would be
     // copied whole into the waiting's own.
-    let work = std::pin::pin!(dispatch(Arc::clone(gw), req));
+    let work = std::pin::pin!(dispatch(Arc::clone(gw), req, chosen));
     let Some(res) = unless_client_leaves(io, buf, work).await else {
         return false;
     };

@@ -86,7 +86,7 @@ impl Front {
             leave_if_draining(&self.gw, http1, &mut res);
             res
         } else {
-            dispatch(self.gw, req).await
+            dispatch(self.gw, req, None).await
         }
     }
 }
@@ -133,7 +133,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
             .to_response()
             .map(Body::new)
         })
-        .fallback(|State(gw): State<Arc<Gateway>>, req: Request| dispatch(gw, req))
+        .fallback(|State(gw): State<Arc<Gateway>>, req: Request| dispatch(gw, req, None))
         .with_state(gw)
 }
 

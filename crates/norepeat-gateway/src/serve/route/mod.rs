@@ -11,6 +11,7 @@ use crate::config::{with_slashes_decoded, without_format_suffix};
 use crate::serve::cors;
 use crate::serve::route::table::{Compiled, Routes};
 use http::{HeaderMap, header};
+use std::sync::Arc;
 
 /// Which way a request goes, from its method, its normalized path and
 /// its site: what [`route_request`] and the pass-through's lane
@@ -29,6 +30,30 @@ pub(crate) enum Choice {
     /// read the headers: an `OPTIONS` on a route's path, which may be one
     /// (`dispatch` reads them and decides).
     Preflight,
+}
+
+impl Choice {
+    /// Whether the request's headers cannot change this choice made
+    /// without them ([`choose`]): no route of `live` names a
+    /// `content_type`, and it is not a preflight (which the headers say).
+    pub(crate) fn settled(&self, live: &Routes) -> bool {
+        !live.by_type && !matches!(self, Self::Preflight)
+    }
+}
+
+/// A choice the lane made from the head ([`choose`]) that the headers
+/// cannot change ([`Choice::settled`]), with what it was made on: handed
+/// to `dispatch`, which then does not choose again. The route is chosen
+/// once, on one load of the routes.
+pub(crate) struct Chosen {
+    /// The routes it was made in: they serve the request, whatever a
+    /// reload swapped in meanwhile (`at` indexes their list).
+    pub(crate) live: Arc<Routes>,
+    /// The path normalized, when that changed it.
+    pub(crate) normalized: Option<String>,
+    /// The site, when the routes read it (`host`, `hosts`).
+    pub(crate) site: Option<String>,
+    pub(crate) choice: Choice,
 }
 
 /// What the route phase has of the request's headers.

@@ -36,6 +36,9 @@ pub(crate) struct Routes {
     pub(crate) closed_tokens: Option<TokenGuard<SharedStore>>,
     /// Whether any route names a `host` (the request's site is read then).
     pub(crate) by_host: bool,
+    /// Whether any route names a `content_type` (a route is then chosen
+    /// with the headers: [`crate::serve::route::Choice::settled`]).
+    pub(crate) by_type: bool,
     /// Token routes wait for the secret the store keeps (it was down when
     /// they were built): they follow their failure policy meanwhile.
     pub(crate) tokens_pending: bool,
@@ -189,6 +192,7 @@ impl Routes {
             tokens,
             closed_tokens,
             by_host: config.routes.iter().any(|r| r.host.is_some()),
+            by_type: config.routes.iter().any(|r| r.content_type.is_some()),
             tokens_pending,
             hosts: config.hosts.clone().into(),
             upgrades: config.upgrades.clone().into(),
