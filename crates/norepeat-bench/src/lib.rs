@@ -62,6 +62,7 @@ mod args;
 mod error;
 mod harness;
 mod load;
+mod private_redis;
 mod probe;
 mod redis_info;
 mod report;
@@ -277,7 +278,7 @@ async fn memory(
     let private = if args.memory_on_target {
         None
     } else {
-        match probe::PrivateRedis::start().await {
+        match private_redis::PrivateRedis::start().await {
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::warn!(error = %e, "measuring memory on the --redis server instead");

@@ -1,4 +1,4 @@
-// Over 400 lines: the two probes share one private redis-server set-up and its measurements; apart they would repeat it.
+// Over 400 lines: three probes of one Redis server (the settling between rows, memory per key, the ceiling) share its readers (INFO, DBSIZE, UNLINK); 65 lines are their tests.
 //! Probes of the Redis server itself: memory per key (`INFO memory`
 //! around many keys written through the guards, on a private
 //! `redis-server` where one can be started) and the store's ceiling
@@ -20,81 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tower::Layer;
-
-/// A `redis-server` of the bench's own on a free loopback port, stopped
-/// when dropped. Nothing else writes to it, nothing of other runs is in
-/// it, and it holds no keys to rehash: the cleanest place to count bytes.
-pub(crate) struct PrivateRedis {
-    child: tokio::process::Child,
-    pub(crate) url: String,
-    /// Its working directory (a replica writes the master's snapshot
-    /// there), removed with it: never the user's.
-    dir: std::path::PathBuf,
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl PrivateRedis {
-    /// Its process id (`None` once it has been waited for).
-    pub(crate) fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// Starts one, or says why not (no `redis-server` on the `PATH`).
-    pub(crate) async fn start() -> Result<Self, BenchError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let dir = std::env::temp_dir().join(format!(
-            "norepeat-bench-redis-{}-{port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir)?;
-        let child = tokio::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(BenchError::Probe(format!("redis-server not started: {e}")));
-            }
-        };
-        // From here on, dropped (an error below), it is stopped and its
-        // directory removed.
-        let this = Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-            dir,
-        };
-        let client = redis::Client::open(this.url.as_str())?;
-        for _ in 0..100 {
-            if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                let pong: redis::RedisResult<String> =
-                    redis::cmd("PING").query_async(&mut con).await;
-                if pong.is_ok() {
-                    return Ok(this);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(BenchError::Probe(format!(
-            "redis-server on {port} did not answer"
-        )))
-    }
-}
 
 /// Waits, before a row, until the keys the earlier rows left behind have
 /// expired and the server has reclaimed them.

@@ -10,7 +10,7 @@
 
 use super::super::BenchError;
 use super::super::harness::{Load, Sample};
-use super::super::probe::PrivateRedis;
+use super::super::private_redis::PrivateRedis;
 use norepeat::store::AnyStore;
 use std::time::Duration;
 
