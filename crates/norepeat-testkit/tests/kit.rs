@@ -1,3 +1,4 @@
+// Over 400 lines: each process the kit starts, tested once, sharing its waits.
 //! Tests of the test kit itself, against real processes and databases.
 
 use std::time::{Duration, Instant};

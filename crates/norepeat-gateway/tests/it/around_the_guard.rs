@@ -1,3 +1,4 @@
+// Over 400 lines: each way around the guard a probe found, one test each, sharing the processes and the raw client.
 //! Issue 52: the ways around the guard an attacker's probe found, and the
 //! ways to hold the gateway, each through the real binary in front of
 //! `tests/backend.py`: an `Upgrade: h2c` and a backend's 101, a client's

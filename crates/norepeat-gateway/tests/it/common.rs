@@ -1,3 +1,4 @@
+// Over 400 lines: what every gateway test shares; split, each test file would import from several.
 //! What every gateway test shares: the kit's processes (the gateway binary,
 //! `tests/backend.py`), their files, and small readers of their answers.
 

@@ -1,3 +1,4 @@
+// Over 400 lines: every identity source through the binary, sharing its files and the backend that echoes who called.
 //! Who the caller is, served (issue 38, "An identity that survives a
 //! retry"): one named cookie, a verified bearer JWT's claim, the first of
 //! several sources, a route's own identity; and the tokens a page uses (a

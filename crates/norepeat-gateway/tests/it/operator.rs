@@ -1,3 +1,4 @@
+// Over 400 lines: what an operator reads (metrics, logs, the admin), each through the binary, sharing its readers.
 //! What an operator looks at: metrics by the contract's outcomes, logs,
 //! the access log and request ids, the admin listener and its records.
 

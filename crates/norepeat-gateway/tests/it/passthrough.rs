@@ -1,6 +1,7 @@
+// Over 400 lines: every framing a backend may answer with, spoken by hand over one raw backend the tests share.
 //! HTTP/1.1 spoken by hand (issue 39): the pass-through's lane
-//! (`serve/passthrough.rs`) and a route's upstream exchange of a request
-//! whose body is in hand (`serve/h1.rs`). The lane takes unguarded
+//! (`serve/listen/lane.rs`) and a route's upstream exchange of a request
+//! whose body is in hand (`serve/upstream/exchange.rs`). The lane takes unguarded
 //! HTTP/1.1 requests without a body, read and written by the gateway
 //! itself. Every answer framing a backend may use comes through whole and
 //! leaves the client's connection usable; pipelined requests, and requests

@@ -1,3 +1,4 @@
+// Over 400 lines: every spelling of a path and what it reaches, through the binary, sharing one backend that echoes.
 //! What a route takes and what passes through: spellings of a path,
 //! methods, forwarding headers, bodies streamed and capped, routes that
 //! only route.

@@ -1,3 +1,4 @@
+// Over 400 lines: TLS, HTTP/2 and their reloads through the binary, sharing the certificates made here.
 //! The gateway's transport, against the real binary and the Python
 //! backend (`tests/backend.py`): TLS termination from certificate files
 //! made here (rcgen), re-read when they change; HTTP/2 by ALPN and in

@@ -1,3 +1,4 @@
+// Over 400 lines: each of the attribute's modes and failure policies on both stores, sharing the annotated functions.
 //! `#[norepeat::guard]` on async fns and methods, against the memory store
 //! and a real Redis: once per key with the stored result, release on
 //! failure, windows, the self-call case, failure policies, compile errors.

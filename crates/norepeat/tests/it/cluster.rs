@@ -1,3 +1,4 @@
+// Over 400 lines: every guard on one Redis Cluster and its failover, sharing one cluster set-up that costs seconds to start.
 //! Every guard on a real Redis Cluster from the test kit (3 masters, 3
 //! replicas): tokens, fingerprints, `Idempotency-Key` replay and the three
 //! rate-limit algorithms behave as on one Redis; keys spread over every

@@ -1,3 +1,4 @@
+// Over 400 lines: one cluster's pipelines per master, each rule of redis_batching.rs again where a batch spans masters, sharing one cluster set-up.
 //! The cluster store sends the claims that arrive together as one pipeline
 //! per master, on a real Redis Cluster from the test kit (3 masters, 3
 //! replicas). As on one Redis (`redis_batching.rs`): each claim gets its

@@ -1,3 +1,4 @@
+// Over 400 lines: every store fault (killed, hanging, slow, full) against one killable Redis set-up and its helpers.
 //! Surviving store faults (issue 3), against a real `redis-server` from the
 //! test kit: killed, hanging, slow, out of memory; fail-open and fail-closed
 //! routes; tokens through an outage; lease renewal; dropped requests.

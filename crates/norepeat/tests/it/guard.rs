@@ -1,3 +1,4 @@
+// Over 400 lines: the token and the fingerprint guard held to one contract on Redis and in memory, sharing its checks.
 //! The entry guard against real Redis and the memory store: exactly one
 //! handler run per submission, owner-checked release, contract answers.
 //!

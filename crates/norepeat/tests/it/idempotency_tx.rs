@@ -1,3 +1,4 @@
+// Over 400 lines: each crash point of one transaction, on PostgreSQL and SQLite, sharing one handler and its checks.
 //! Transactional completion on a real PostgreSQL database and a SQLite
 //! file: the handler's write and the completed idempotency record commit in
 //! one transaction, so no crash, dropped future or lost lease can leave the

@@ -1,3 +1,4 @@
+// Over 400 lines: one behaviour table run on four stores; apart, each store would repeat the table.
 //! One behaviour table for every key-value store: memory, Redis (a private
 //! redis-server), PostgreSQL (a fresh database) and SQLite (a temporary
 //! file). Each case runs once per backend, through [`KeyValueStore`] only.

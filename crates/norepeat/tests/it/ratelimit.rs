@@ -1,3 +1,4 @@
+// Over 400 lines: the three algorithms on Redis, in memory and as a layer, held to one table of expectations.
 //! Rate limiting against real Redis, in memory, and as a tower layer over
 //! axum.
 //!

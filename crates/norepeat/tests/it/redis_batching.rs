@@ -1,3 +1,4 @@
+// Over 400 lines: each rule of a pipelined claim (its answer, its cancellation, a dead connection) on one private Redis.
 //! The Redis store sends the claims that arrive together as one pipeline.
 //! Each claim must still get its own answer (its own value, its own server
 //! error), a claim given up before its batch leaves must not be sent, and a
