@@ -271,7 +271,7 @@ async fn route_phases(
     };
     // Before `finish`, which may answer with a response of its own.
     let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
-    let counted = finish(&res, store_failed);
+    let counted = finish(&res, store_failed, route.records.is_some());
     route.metrics.count(counted);
     route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
@@ -317,7 +317,9 @@ struct HoldSince(u64);
 /// the store failed its decision and it went through anyway: admitted
 /// undecided ([`FailedOpen`]) or by the local memory of a fail-open route
 /// ([`DecidedLocally`]), or `store_failed`, a shadowed guard's store failed.
-pub(crate) fn finish(res: &Response<Body>, store_failed: bool) -> Counted {
+/// It was replayed when the route's idempotency layer (`replays`) says so:
+/// on any other route, an `Idempotent-Replayed` is the backend's own.
+pub(crate) fn finish(res: &Response<Body>, store_failed: bool, replays: bool) -> Counted {
     if let Some(p) = res.extensions().get::<Problem>() {
         return of_code(p.code.as_str());
     }
@@ -325,10 +327,33 @@ pub(crate) fn finish(res: &Response<Body>, store_failed: bool) -> Counted {
     let failed_open = ext.get::<FailedOpen>().is_some() || ext.get::<DecidedLocally>().is_some();
     let outcome = if failed_open || store_failed {
         Outcome::FailOpen
-    } else if res.headers().contains_key(IDEMPOTENT_REPLAYED) {
+    } else if replays && res.headers().contains_key(IDEMPOTENT_REPLAYED) {
         Outcome::Replayed
     } else {
         Outcome::Passed
     };
     Counted::Request(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only an idempotency route replays: a backend's own
+    /// `Idempotent-Replayed` on another route is a request that passed.
+    #[test]
+    fn a_replay_is_counted_only_where_the_gateway_replays() {
+        let answer = || {
+            Response::builder()
+                .header(IDEMPOTENT_REPLAYED, "true")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let outcome = |replays| match finish(&answer(), false, replays) {
+            Counted::Request(o) => o.as_str(),
+            Counted::Invalid(_) => "invalid",
+        };
+        assert_eq!(outcome(true), Outcome::Replayed.as_str());
+        assert_eq!(outcome(false), Outcome::Passed.as_str());
+    }
 }
