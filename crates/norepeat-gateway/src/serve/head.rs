@@ -130,8 +130,10 @@ pub(crate) static FORWARDING: [HeaderName; 4] = [
 /// `Host` is forwarded (the upstream's host is sent): a request built in
 /// process, as tests and embedders make them, has none.
 pub(crate) fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
-    let headers = req.headers();
-    let hosts = headers.get_all(http::header::HOST).iter().count();
+    // The Host looked up once: the first, and how many there are.
+    let mut all_hosts = req.headers().get_all(http::header::HOST).iter();
+    let host = all_hosts.next();
+    let hosts = usize::from(host.is_some()) + all_hosts.count();
     if !req.uri().path().starts_with('/') {
         Some(
             "The gateway forwards requests for a path (a target starting with /); `*` and other forms are not forwarded.",
@@ -149,13 +151,13 @@ pub(crate) fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some("The method must be in upper case (`POST`, not `post`).")
     } else if hosts > 1 {
         Some("The request carries more than one Host header.")
-    } else if let Some(host) = headers.get(http::header::HOST)
+    } else if let Some(host) = host
         && !host.as_bytes().iter().all(u8::is_ascii_graphic)
     {
         // The site keys and routes are chosen by; a byte a backend reads
         // its own way has no place in it.
         Some("The Host header must be visible ASCII.")
-    } else if let Some(host) = headers.get(http::header::HOST)
+    } else if let Some(host) = host
         && (host.as_bytes().contains(&b'@') || host.as_bytes().windows(2).any(|w| w == b".."))
     {
         // `x@pay.example` (userinfo, which RFC 9110 §4.2.4 forbids here)
@@ -169,8 +171,7 @@ pub(crate) fn not_forwarded(req: &Request<Body>) -> Option<&'static str> {
         Some(
             "The request target's authority must name a host: no userinfo (@) and no empty label (..).",
         )
-    } else if let (Some(authority), Some(host)) =
-        (req.uri().authority(), headers.get(http::header::HOST))
+    } else if let (Some(authority), Some(host)) = (req.uri().authority(), host)
         && req.version() >= http::Version::HTTP_2
         && host.to_str().ok().and_then(normalize_host) != normalize_host(authority.as_str())
     {

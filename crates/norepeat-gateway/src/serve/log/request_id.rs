@@ -2,6 +2,7 @@
 //! proxy's, or one the gateway makes; forwarded to the backend, given back
 //! to the client and named in the access log.
 
+use http::header::Entry;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header that names a request, forwarded to the backend and given
@@ -13,16 +14,20 @@ pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id"
 /// proxy (`trusted`) and is 1 to 200 visible ASCII characters, else a
 /// fresh one ([`fresh_id`]), put in `headers` so the backend sees it.
 pub(crate) fn request_id(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
-    let given = headers.get_all(&REQUEST_ID);
-    let count = given.iter().count();
-    if let Some(v) = given.iter().next()
-        && keeps_given_id(v.as_bytes(), count, trusted)
-    {
-        return v.clone();
+    // One lookup of the name, for the read and the write.
+    match headers.entry(REQUEST_ID) {
+        Entry::Occupied(mut given) => {
+            let count = given.iter().count();
+            if keeps_given_id(given.get().as_bytes(), count, trusted) {
+                return given.get().clone();
+            }
+            let id = fresh_id_value();
+            // Every value the client sent goes: the first is replaced.
+            given.insert(id.clone());
+            id
+        }
+        Entry::Vacant(none) => none.insert(fresh_id_value()).clone(),
     }
-    let id = fresh_id_value();
-    headers.insert(REQUEST_ID, id.clone());
-    id
 }
 
 /// A [`fresh_id`] as a header value.
