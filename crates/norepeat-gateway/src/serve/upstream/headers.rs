@@ -158,13 +158,19 @@ impl Forwarding {
             strip_hop_by_hop(headers);
         }
         let forwarded = self.peer.is_some();
+        // Whether the request carries an `X-Forwarded-For` (a trusted
+        // proxy's), seen on the way: the common request has none, and a
+        // lookup hashes the name even when it finds nothing.
+        let mut earlier = false;
         for (name, value) in headers.iter() {
-            let replaced = name == header::CONTENT_LENGTH
+            let for_ = forwarded && name == X_FORWARDED_FOR;
+            earlier |= for_;
+            let replaced = for_
+                || name == header::CONTENT_LENGTH
                 || name == header::HOST
                 || hop_by_hop_index(name.as_str()).is_some()
                 || (forwarded
-                    && (name == X_FORWARDED_FOR
-                        || name == X_FORWARDED_PROTO
+                    && (name == X_FORWARDED_PROTO
                         || (self.host.is_some() && name == X_FORWARDED_HOST)));
             if !replaced {
                 crate::serve::http1::header(out, name.as_str().as_bytes(), value.as_bytes());
@@ -179,9 +185,11 @@ impl Forwarding {
         let mut ip = [0u8; 64];
         let ip = ip_text(peer, &mut ip);
         out.extend_from_slice(b"x-forwarded-for: ");
-        for earlier in headers.get_all(X_FORWARDED_FOR) {
-            out.extend_from_slice(earlier.as_bytes());
-            out.extend_from_slice(b", ");
+        if earlier {
+            for earlier in headers.get_all(X_FORWARDED_FOR) {
+                out.extend_from_slice(earlier.as_bytes());
+                out.extend_from_slice(b", ");
+            }
         }
         out.extend_from_slice(ip);
         out.extend_from_slice(b"\r\n");
