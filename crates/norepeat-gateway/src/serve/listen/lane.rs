@@ -8,12 +8,13 @@
 //! body (no `Transfer-Encoding`, a `Content-Length` of 0 at most), no
 //! `Upgrade` or `Expect`, a target without a fragment, one `Host` in
 //! visible ASCII, a `Connection` of `keep-alive` or `close` at most, an
-//! `http://` upstream, the gateway not draining. Its head is parsed once (`httparse`, the parser hyper uses),
-//! the route chosen as [`crate::serve::proxy::route_request`] chooses it
-//! ([`choose`]; a choice the headers cannot change is handed to
-//! `dispatch` with the request, [`Chosen`]), and the upstream's request written from the client's bytes
-//! with the hop-by-hop headers dropped and the forwarding headers and
-//! request id added as `upstream` adds them. The answer's head is parsed
+//! `http://` upstream, the gateway not draining. Its head is parsed once
+//! (`httparse`, the parser hyper uses), the route chosen as
+//! [`crate::serve::proxy::route_request`] chooses it ([`choose`]; a
+//! choice the headers cannot change is handed to `dispatch` with the
+//! request, [`Chosen`]), and the upstream's request written from the
+//! client's bytes with the hop-by-hop headers dropped and the forwarding
+//! headers and request id added as `upstream` adds them. The answer's head is parsed
 //! and written on the same way, its body streamed through (a chunked one
 //! as it came, one with no length chunked by the lane); the upstream
 //! connection goes back to its pool ([`crate::serve::upstream::pool::Pick::put_raw`])
