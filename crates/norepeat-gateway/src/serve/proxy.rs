@@ -271,7 +271,7 @@ async fn route_phases(
     };
     // Before `finish`, which may answer with a response of its own.
     let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
-    let counted = finish(&res, store_failed, route.records.is_some());
+    let counted = finish(&res, store_failed, route.replays);
     route.metrics.count(counted);
     route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
@@ -317,8 +317,9 @@ struct HoldSince(u64);
 /// the store failed its decision and it went through anyway: admitted
 /// undecided ([`FailedOpen`]) or by the local memory of a fail-open route
 /// ([`DecidedLocally`]), or `store_failed`, a shadowed guard's store failed.
-/// It was replayed when the route's idempotency layer (`replays`) says so:
-/// on any other route, an `Idempotent-Replayed` is the backend's own.
+/// It was replayed when a route whose stack replays (`replays`: an
+/// idempotency route, or `on_repeat: replay`) says so: on any other
+/// route, an `Idempotent-Replayed` is the backend's own.
 pub(crate) fn finish(res: &Response<Body>, store_failed: bool, replays: bool) -> Counted {
     if let Some(p) = res.extensions().get::<Problem>() {
         return of_code(p.code.as_str());

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, Guard, OnStoreFailure};
 use crate::serve::log::metrics::RouteMetrics;
-use crate::serve::route::stack::stack;
+use crate::serve::route::stack::{replays, stack};
 use crate::serve::store::SharedStore;
 use crate::serve::upstream::pool::{MAX_CONNECT, Pool, client};
 use crate::serve::{Caller, HostScoped, RouteService};
@@ -70,6 +70,8 @@ pub(crate) struct Compiled {
     /// An idempotency route's layer: the admin routes read and clear its
     /// records.
     pub(crate) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
+    /// The route's stack replays kept answers ([`replays`]).
+    pub(crate) replays: bool,
     /// The route's caller (its own `identity`, else the file's).
     pub(crate) caller: Caller,
     pub(crate) metrics: Arc<RouteMetrics>,
@@ -178,6 +180,7 @@ impl Routes {
                         && !r.shadow,
                     service,
                     records,
+                    replays: replays(r),
                     caller,
                     metrics,
                 }
