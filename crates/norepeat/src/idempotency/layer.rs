@@ -1063,8 +1063,9 @@ fn fingerprint_of<G>(
     // The keyed hash of the fingerprint and the media type in lower case.
     // A common media type fits beside the fingerprint on the stack and is
     // hashed at once; a derive-key hasher hashed its context string at
-    // every call, and its streaming hasher is set up for a few bytes
-    // (1.47k -> 0.7k instructions a request, by callgrind).
+    // every call, and its streaming hasher is set up for a few bytes (a
+    // replay through the gateway: 46.9k -> 45.9k instructions, by
+    // callgrind).
     let mut joined = [0u8; 32 + 96];
     let digest = match joined.get_mut(32..32 + media.len()) {
         Some(room) => {

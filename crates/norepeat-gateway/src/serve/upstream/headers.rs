@@ -163,9 +163,9 @@ impl Forwarding {
         // lookup hashes the name even when it finds nothing.
         let mut earlier = false;
         for (name, value) in headers.iter() {
-            let for_ = forwarded && name == X_FORWARDED_FOR;
-            earlier |= for_;
-            let replaced = for_
+            let forwarded_for = forwarded && name == X_FORWARDED_FOR;
+            earlier |= forwarded_for;
+            let replaced = forwarded_for
                 || name == header::CONTENT_LENGTH
                 || name == header::HOST
                 || hop_by_hop_index(name.as_str()).is_some()
