@@ -57,11 +57,3 @@ pub use identify::scope::HostScoped;
 pub use listen::{Workers, arm_stop_signal, serve, serve_workers};
 pub use store::SharedStore;
 pub use upstream::headers::strip_hop_by_hop;
-
-use axum::body::Body;
-use http::{Request, Response};
-use std::convert::Infallible;
-use tower::util::BoxCloneSyncService;
-
-/// A route's whole stack.
-pub(crate) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;

@@ -416,7 +416,7 @@ const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// condition never holds (it writes nothing; the store trait has no
 /// `PING`), through the same budget and breaker as every guard.
 pub(crate) async fn probe_store(
-    store: crate::serve::SharedStore,
+    store: SharedStore,
     answers: std::sync::Weak<std::sync::atomic::AtomicBool>,
 ) {
     use norepeat::store::KeyValueStoreExt;

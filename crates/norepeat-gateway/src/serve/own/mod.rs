@@ -266,7 +266,7 @@ fn health(gw: &Gateway, detailed: bool) -> Response<Body> {
             "status": "ok",
             "routes": live.list.len(),
             "store": gw.store.kind(),
-            "records": gw.records.as_ref().map(crate::serve::SharedStore::kind),
+            "records": gw.records.as_ref().map(crate::serve::store::SharedStore::kind),
             "store_persistent": match gw.store_persistent.load(std::sync::atomic::Ordering::Acquire) {
                 crate::serve::gateway::PERSISTENT => true.into(),
                 crate::serve::gateway::FORGETS => false.into(),

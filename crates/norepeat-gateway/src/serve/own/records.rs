@@ -4,8 +4,8 @@
 
 use super::json;
 use crate::config::{normalize_host, normalize_path, route_spelling};
-use crate::serve::HostScoped;
 use crate::serve::gateway::Gateway;
+use crate::serve::identify::scope::HostScoped;
 use axum::body::Body;
 use axum::extract::Query;
 use axum::extract::{Request, State};

@@ -3,11 +3,10 @@
 //! gateway's own problems.
 
 use crate::config::{Ambiguous, Guard, LimitBy, OnStoreFailure, Route};
-use crate::serve::HostScoped;
-use crate::serve::RouteService;
 use crate::serve::answers::{
     client_body_broke, payload_too_large, upstream_timeout, upstream_unavailable,
 };
+use crate::serve::identify::scope::HostScoped;
 use crate::serve::log::metrics::RouteMetrics;
 use crate::serve::store::SharedStore;
 use crate::serve::upstream::lookup::Lookups;
@@ -39,6 +38,9 @@ fn policy(p: OnStoreFailure) -> FailurePolicy {
         OnStoreFailure::Closed => FailurePolicy::FailClosed,
     }
 }
+
+/// A route's whole stack.
+pub(crate) type RouteService = BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
 
 fn boxed<S, B>(service: S) -> RouteService
 where

@@ -3,11 +3,12 @@
 //! token guards sign with.
 
 use crate::config::{Config, Guard, OnStoreFailure};
+use crate::serve::identify::caller::Caller;
+use crate::serve::identify::scope::HostScoped;
 use crate::serve::log::metrics::RouteMetrics;
-use crate::serve::route::stack::{replays, stack};
+use crate::serve::route::stack::{RouteService, replays, stack};
 use crate::serve::store::SharedStore;
 use crate::serve::upstream::pool::{MAX_CONNECT, Pool, client};
-use crate::serve::{Caller, HostScoped, RouteService};
 use norepeat::idempotency::DetachedTasks;
 use norepeat::store::{KeyValueStoreExt, StoreError};
 use norepeat::token::{TokenGuard, TokenSigner};
