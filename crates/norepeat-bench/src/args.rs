@@ -56,7 +56,7 @@ pub struct BenchArgs {
     /// Measure only this row (may be given more than once), without the
     /// memory figures and the ceiling: for profiling one path.
     #[arg(long = "only", value_name = "ROW",
-          value_parser = clap::builder::PossibleValuesParser::new(super::RESULT_NAMES))]
+          value_parser = clap::builder::PossibleValuesParser::new(super::rows::RESULT_NAMES))]
     pub only: Vec<String>,
     /// Run every row this many times, each round all rows in turn (a row
     /// beside its anchor), and report each figure's median over the

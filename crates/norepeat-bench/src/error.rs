@@ -63,3 +63,11 @@ impl From<BenchError> for String {
         e.to_string()
     }
 }
+
+/// The URL without its password.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}

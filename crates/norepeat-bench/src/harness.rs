@@ -1,7 +1,7 @@
 //! The load generator: many tasks, a warm-up, a measured window, every
 //! latency recorded, percentiles, and the process's CPU time per operation.
 
-use super::BenchError;
+use super::error::BenchError;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -259,7 +259,12 @@ pub async fn measure_all(args: &BenchArgs, me: &SelfCommand) -> Result<Report, B
         *first = results;
     }
     Ok(Report::of_rounds(
-        (store.kind(), url.map(redact), load.concurrency, duration),
+        (
+            store.kind(),
+            url.map(error::redact),
+            load.concurrency,
+            duration,
+        ),
         rounds,
         memory,
         ceiling,
@@ -298,13 +303,5 @@ fn fresh(store: &AnyStore) -> AnyStore {
     match store {
         AnyStore::Memory(_) => AnyStore::Memory(MemoryStore::default()),
         other => other.clone(),
-    }
-}
-
-/// The URL without its password.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
     }
 }

@@ -9,7 +9,7 @@
 //! `Idempotency-Key` never sent before. The proxy and the backend do not
 //! share a scheduler, an allocator or a CPU budget with the load.
 
-use super::BenchError;
+use super::error::BenchError;
 use super::harness::{PerRequest, Sample, cpu_time, percentile};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};

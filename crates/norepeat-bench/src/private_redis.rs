@@ -2,7 +2,7 @@
 //! (`probe.rs`) and where the replicas row keeps its master and replica
 //! (`rows/replicas.rs`). Beneath both, so neither imports the other.
 
-use super::BenchError;
+use super::error::BenchError;
 use std::time::Duration;
 
 /// A `redis-server` of the bench's own on a free loopback port, stopped

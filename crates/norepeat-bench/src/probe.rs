@@ -4,7 +4,7 @@
 //! `redis-server` where one can be started) and the store's ceiling
 //! (a `redis-benchmark` subprocess).
 
-use super::BenchError;
+use super::error::BenchError;
 use super::harness::Load;
 use super::redis_info::{info, info_field};
 use super::report::{Ceiling, MemoryResult};
@@ -378,7 +378,7 @@ async fn run_redis_benchmark(
 
 #[cfg(test)]
 mod tests {
-    use super::{Settle, expiring_keys, sum_expires};
+    use super::{Settle, expiring_keys, redis_benchmark, sum_expires};
     use norepeat_testkit::RedisServer;
 
     /// A row waits for the keys of the rows before it: the wait cannot end
@@ -413,7 +413,7 @@ mod tests {
     #[tokio::test]
     async fn the_ceiling_creates_a_key_per_command() {
         let redis = RedisServer::start().await;
-        let ceiling = super::redis_benchmark(&redis.url(), 20_000).await.unwrap();
+        let ceiling = redis_benchmark(&redis.url(), 20_000).await.unwrap();
         assert!(ceiling.ops_per_s > 0.0 && ceiling.one_key_ops_per_s > 0.0);
         // 20,000 random picks among 10^8 keys: a few collide at most.
         assert!(

@@ -2,7 +2,7 @@
 //! this machine: read by the memory probe (`probe.rs`) and by the gateway
 //! rows, for the server's CPU time.
 
-use super::BenchError;
+use super::error::BenchError;
 use redis::aio::MultiplexedConnection;
 
 /// The process id of the Redis server at `url` when it runs on this

@@ -116,7 +116,7 @@ impl RedisCluster {
         let mut failures = Vec::new();
         for _ in 0..5 {
             let port = loop {
-                let p = crate::free_port();
+                let p = crate::util::free_port();
                 if !self.nodes.iter().any(|n| n.port == p) {
                     break p;
                 }

@@ -90,7 +90,7 @@ impl PgDatabase {
     }
 
     /// The `host:port` of the server this database lives on, from the admin
-    /// URL (`127.0.0.1:5432` by default): where a [`crate::TcpProxy`] in
+    /// URL (`127.0.0.1:5432` by default): where a [`crate::proxy::TcpProxy`] in
     /// front of it forwards.
     ///
     /// # Panics

@@ -50,7 +50,7 @@ impl RedisServer {
         let dir = TempDir::new("norepeat-redis");
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
-            let port = crate::free_port();
+            let port = crate::util::free_port();
             match spawn_redis(port, dir.path()).await {
                 Ok(child) => {
                     return RedisServer {
@@ -81,7 +81,7 @@ impl RedisServer {
         self.port
     }
 
-    /// The socket address `127.0.0.1:<port>` (handy for [`TcpProxy::start`](crate::TcpProxy::start)).
+    /// The socket address `127.0.0.1:<port>` (handy for [`TcpProxy::start`](crate::proxy::TcpProxy::start)).
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }

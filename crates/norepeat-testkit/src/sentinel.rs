@@ -281,7 +281,7 @@ impl RedisSentinels {
     async fn spawn(&self, role: Role) -> Process {
         let mut failures = Vec::new();
         for _ in 0..5 {
-            let port = crate::free_port();
+            let port = crate::util::free_port();
             match spawn_server(port, role, self.dir.path()).await {
                 Ok(child) => {
                     return Process {

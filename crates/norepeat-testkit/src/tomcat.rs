@@ -80,7 +80,7 @@ impl Tomcat {
         write_webapp(dir.path(), &home).await;
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
-            let (default_port, lenient_port) = (crate::free_port(), crate::free_port());
+            let (default_port, lenient_port) = (crate::util::free_port(), crate::util::free_port());
             match spawn(dir.path(), &home, default_port, lenient_port).await {
                 Ok(child) => {
                     return Tomcat {

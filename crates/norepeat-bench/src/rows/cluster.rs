@@ -6,7 +6,7 @@
 //! master (see the `ClusterStore` docs); this row shows what that buys
 //! beside `fingerprint.acquire` on one Redis.
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample};
 use norepeat::store::ClusterStore;
 

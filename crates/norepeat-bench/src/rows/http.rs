@@ -15,7 +15,7 @@
 //! metrics: `http.guarded / http.handrolled` is what the layer costs over
 //! writing it yourself.
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample, measure};
 use axum::Router;
 use axum::extract::State;

@@ -20,7 +20,7 @@
 //! `cycle` and `replay` also run on a SQL store (see `sql`), as
 //! `idempotency.cycle.postgres` and so on.
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample, measure};
 use bytes::Bytes;
 use futures_util::StreamExt;

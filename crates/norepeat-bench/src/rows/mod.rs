@@ -15,7 +15,7 @@ pub(crate) mod sql;
 pub(crate) use gateway::Programs;
 pub(crate) use replicas::ReplicaPair;
 
-use super::BenchError;
+use super::error::BenchError;
 use super::harness::{Load, Sample, measure};
 use norepeat::fingerprint::Digest;
 use norepeat::fingerprint::{FingerprintGuard, FingerprintGuardError};

@@ -8,7 +8,7 @@
 //! side by side on one pair, are what that costs: claims per second and
 //! each claim's time.
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample};
 use super::super::private_redis::PrivateRedis;
 use norepeat::store::AnyStore;

@@ -13,7 +13,7 @@
 //! (see `norepeat::store::sql`), so the replays of one key queue on that
 //! row's lock (on SQLite, on the database's write lock).
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample};
 use super::idempotency::{cycle_on, replay_on};
 use norepeat::store::{PgStore, SqliteStore};
@@ -54,7 +54,7 @@ impl Target {
             } else if url.starts_with("sqlite:") && !url.contains(":memory:") {
                 out.push(Self::Sqlite(url.clone()));
             } else {
-                return Err(BenchError::DatabaseUrl(super::super::redact(url)));
+                return Err(BenchError::DatabaseUrl(super::super::error::redact(url)));
             }
         }
         if sql_rows && !out.iter().any(|t| !matches!(t, Self::Postgres(_))) {

@@ -11,7 +11,7 @@
 //! directory of its own. Its log is `warn`: like the gateway's access log
 //! and NGINX's here, no line a request.
 
-use super::super::super::BenchError;
+use super::super::super::error::BenchError;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};

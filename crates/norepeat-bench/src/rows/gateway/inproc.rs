@@ -2,7 +2,7 @@
 //! as the `http.*` rows drive their server (the earlier measure, kept to
 //! compare).
 
-use super::super::super::BenchError;
+use super::super::super::error::BenchError;
 use super::super::super::harness::{Load, Sample, measure};
 use super::ANSWER;
 use std::sync::Arc;

@@ -52,7 +52,7 @@ mod inproc;
 mod lua;
 mod nginx;
 
-use super::super::BenchError;
+use super::super::error::BenchError;
 use super::super::harness::{Load, Sample};
 use super::RowCtx;
 use crate::load::{self, Fresh, Spec};

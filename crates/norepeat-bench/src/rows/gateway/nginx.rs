@@ -9,7 +9,7 @@
 //! processes as the gateway has workers: one a core) on a file and a
 //! prefix of its own, and is stopped when dropped.
 
-use super::super::super::BenchError;
+use super::super::super::error::BenchError;
 use super::lua::{self, LuaGuard};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
