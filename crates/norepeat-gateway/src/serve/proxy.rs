@@ -37,7 +37,7 @@ use axum::extract::OriginalUri;
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use norepeat::degrade::{DecidedLocally, FailedOpen};
-use norepeat::idempotency::IDEMPOTENT_REPLAYED;
+use norepeat::idempotency::Replayed;
 use norepeat::problem::Problem;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -271,7 +271,7 @@ async fn route_phases(
     };
     // Before `finish`, which may answer with a response of its own.
     let store_failed = crate::serve::log::metrics::count_shadowed(&route.metrics, &res);
-    let counted = finish(&res, store_failed, route.replays);
+    let counted = finish(&res, store_failed);
     route.metrics.count(counted);
     route.metrics.answered(res.status().as_u16());
     let outcome = match counted {
@@ -317,10 +317,9 @@ struct HoldSince(u64);
 /// the store failed its decision and it went through anyway: admitted
 /// undecided ([`FailedOpen`]) or by the local memory of a fail-open route
 /// ([`DecidedLocally`]), or `store_failed`, a shadowed guard's store failed.
-/// It was replayed when a route whose stack replays (`replays`: an
-/// idempotency route, or `on_repeat: replay`) says so: on any other
-/// route, an `Idempotent-Replayed` is the backend's own.
-pub(crate) fn finish(res: &Response<Body>, store_failed: bool, replays: bool) -> Counted {
+/// It was replayed when the library's layer replayed it ([`Replayed`]):
+/// an `Idempotent-Replayed` header alone may be the backend's own.
+pub(crate) fn finish(res: &Response<Body>, store_failed: bool) -> Counted {
     if let Some(p) = res.extensions().get::<Problem>() {
         return of_code(p.code.as_str());
     }
@@ -328,7 +327,7 @@ pub(crate) fn finish(res: &Response<Body>, store_failed: bool, replays: bool) ->
     let failed_open = ext.get::<FailedOpen>().is_some() || ext.get::<DecidedLocally>().is_some();
     let outcome = if failed_open || store_failed {
         Outcome::FailOpen
-    } else if replays && res.headers().contains_key(IDEMPOTENT_REPLAYED) {
+    } else if ext.get::<Replayed>().is_some() {
         Outcome::Replayed
     } else {
         Outcome::Passed
@@ -340,17 +339,22 @@ pub(crate) fn finish(res: &Response<Body>, store_failed: bool, replays: bool) ->
 mod tests {
     use super::*;
 
-    /// Only an idempotency route replays: a backend's own
-    /// `Idempotent-Replayed` on another route is a request that passed.
+    /// Only the layer's replay is counted as one: a backend's own
+    /// `Idempotent-Replayed` on an answer the layer passed on is a request
+    /// that passed.
     #[test]
     fn a_replay_is_counted_only_where_the_gateway_replays() {
-        let answer = || {
-            Response::builder()
-                .header(IDEMPOTENT_REPLAYED, "true")
+        let answer = |replayed: bool| {
+            let mut res = Response::builder()
+                .header(norepeat::idempotency::IDEMPOTENT_REPLAYED, "true")
                 .body(Body::empty())
-                .unwrap()
+                .unwrap();
+            if replayed {
+                res.extensions_mut().insert(Replayed);
+            }
+            res
         };
-        let outcome = |replays| match finish(&answer(), false, replays) {
+        let outcome = |replayed| match finish(&answer(replayed), false) {
             Counted::Request(o) => o.as_str(),
             Counted::Invalid(_) => "invalid",
         };

@@ -49,6 +49,38 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The response header that marks a replay.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// A response extension: this answer is a stored one, replayed by the
+/// layer. Unlike the [`IDEMPOTENT_REPLAYED`] header, which a handler may
+/// send on an answer of its own, only the layer puts it there: what a
+/// proxy or a metric in front of the layer reads to tell a replay.
+///
+/// ```
+/// use axum::{Router, body::Body, routing::post};
+/// use http::Request;
+/// use norepeat::idempotency::{IDEMPOTENT_REPLAYED, IdempotencyLayer, Replayed};
+/// use norepeat::store::MemoryStore;
+/// use tower::ServiceExt;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A handler that claims, wrongly, to replay.
+/// let pay = || async { ([(IDEMPOTENT_REPLAYED, "true")], "paid") };
+/// let app: Router = Router::new()
+///     .route("/payments", post(pay).layer(IdempotencyLayer::new(MemoryStore::default())));
+/// let req = || {
+///     Request::post("/payments")
+///         .header("x-user-id", "u1")
+///         .header("idempotency-key", "k1")
+///         .body(Body::empty())
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(req()).await.unwrap();
+/// assert!(first.extensions().get::<Replayed>().is_none());
+/// let again = app.oneshot(req()).await.unwrap();
+/// assert!(again.extensions().get::<Replayed>().is_some());
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed;
+
 /// Which attempt at its key a claimed request is: 1 for the first, one more
 /// for each take-over of an abandoned claim ([`Abandoned::Retry`]). The
 /// layer puts it into the request's extensions for the handler, so a

@@ -157,7 +157,7 @@ pub(crate) use guard::CLOCK_SKEW_MS;
 pub use guard::{Abandoned, IdempotencyError};
 pub use layer::{
     Attempt, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency,
-    IdempotencyLayer, Inspected, OutcomeUnknown, RecordState, ResponseBody,
+    IdempotencyLayer, Inspected, OutcomeUnknown, RecordState, Replayed, ResponseBody,
 };
 pub use policy::{DEFAULT_REPLAYED_HEADERS, StorePolicy, StoredHeaders};
 pub use reconcile::{IDEMPOTENCY_RECONCILED, Reconcile, ReconcileFuture, Reconciled};

@@ -249,18 +249,6 @@ pub(crate) fn stack(
     )
 }
 
-/// Whether the route's stack replays a kept answer: an idempotency
-/// route's, or a token or fingerprint route's with `on_repeat: replay`
-/// (the wrapper [`stack`] puts on it). Only on these is an
-/// `Idempotent-Replayed` answer the gateway's replay.
-pub(crate) fn replays(route: &Route) -> bool {
-    match &route.guard {
-        Some(g) if g.keeps_answers() => true,
-        Some(Guard::Token | Guard::Fingerprint { .. }) => route.on_repeat.is_some(),
-        _ => false,
-    }
-}
-
 /// The layer that keeps a token or fingerprint route's first answer for
 /// `life` and replays it to a repeat (`on_repeat: replay`), a repeat that
 /// comes while the first is at the backend waiting up to `wait`. No key of

@@ -6,7 +6,7 @@ use crate::config::{Config, Guard, OnStoreFailure};
 use crate::serve::identify::caller::Caller;
 use crate::serve::identify::scope::HostScoped;
 use crate::serve::log::metrics::RouteMetrics;
-use crate::serve::route::stack::{RouteService, replays, stack};
+use crate::serve::route::stack::{RouteService, stack};
 use crate::serve::store::SharedStore;
 use crate::serve::upstream::pool::{MAX_CONNECT, Pool, client};
 use norepeat::idempotency::DetachedTasks;
@@ -71,8 +71,6 @@ pub(crate) struct Compiled {
     /// An idempotency route's layer: the admin routes read and clear its
     /// records.
     pub(crate) records: Option<norepeat::idempotency::IdempotencyLayer<SharedStore>>,
-    /// The route's stack replays kept answers ([`replays`]).
-    pub(crate) replays: bool,
     /// The route's caller (its own `identity`, else the file's).
     pub(crate) caller: Caller,
     pub(crate) metrics: Arc<RouteMetrics>,
@@ -181,7 +179,6 @@ impl Routes {
                         && !r.shadow,
                     service,
                     records,
-                    replays: replays(r),
                     caller,
                     metrics,
                 }

@@ -2,7 +2,7 @@
 //! held claim, then store its response (complete) or free the key
 //! (release); and the replay of a stored response.
 
-use super::{IDEMPOTENT_REPLAYED, IdempotencyLayer, OutcomeUnknown, ResponseBody, pass};
+use super::{IDEMPOTENT_REPLAYED, IdempotencyLayer, OutcomeUnknown, Replayed, ResponseBody, pass};
 use crate::claim::{Claim, Completion, Renewal};
 use crate::idempotency::body::{Collected, collect_capped};
 use crate::idempotency::record::{self, Completed, Digest, Owner};
@@ -179,5 +179,6 @@ pub(super) fn replay<B: Body>(done: Completed) -> Response<ResponseBody<B>> {
         h.append(name, value);
     }
     h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res.extensions_mut().insert(Replayed);
     res
 }
