@@ -30,7 +30,7 @@ use crate::serve::log::metrics::{Counted, INVALID, Outcome, RouteMetrics, of_cod
 use crate::serve::log::{access, request_id};
 use crate::serve::reply::ForClient;
 use crate::serve::route::table::Routes;
-use crate::serve::route::{Choice, Chosen, choose_request};
+use crate::serve::route::{Choice, Chosen, ChosenIn, choose_request};
 use crate::serve::upstream::{Failure, forward};
 use axum::body::Body;
 use axum::extract::OriginalUri;
@@ -54,7 +54,7 @@ pub(crate) const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) async fn dispatch(
     gw: Arc<Gateway>,
     mut req: Request<Body>,
-    chosen: Option<Chosen>,
+    chosen: Option<ChosenIn>,
 ) -> Response<Body> {
     with_peer(req.extensions_mut());
     // Before the gateway adds a header of its own (the request id here,
@@ -65,12 +65,7 @@ pub(crate) async fn dispatch(
     // choose: replaced, as Envoy does at the edge.
     // One load of the routes per request: the match and the caller read it.
     let (live, chosen) = match chosen {
-        Some(Chosen {
-            live,
-            normalized,
-            site,
-            choice,
-        }) => (live, Some((normalized, site, choice))),
+        Some((live, chosen)) => (live, Some(chosen)),
         None => (gw.live.load_full(), None),
     };
     let trusted = live.caller.peer_is_trusted(req.extensions());
@@ -141,7 +136,7 @@ pub(crate) fn leave_if_draining<B>(gw: &Gateway, http1: bool, res: &mut Response
 /// client asked for it (`reply.rs`: CORS, a browser's refusal page), the
 /// route that took it, and its outcome as the access log names it.
 pub(crate) async fn route_request(
-    (live, chosen): (Arc<Routes>, Option<Settled>),
+    (live, chosen): (Arc<Routes>, Option<Chosen>),
     trusted: bool,
     req: Request<Body>,
     named: Option<&OnceLock<Arc<RouteMetrics>>>,
@@ -152,12 +147,8 @@ pub(crate) async fn route_request(
     (client.shape(res, routed), route, outcome)
 }
 
-/// A choice the lane made ([`Chosen`] without its routes): the path
-/// normalized, the site, the choice.
-type Settled = (Option<String>, Option<String>, Choice);
-
 async fn route_phases(
-    (live, chosen): (Arc<Routes>, Option<Settled>),
+    (live, chosen): (Arc<Routes>, Option<Chosen>),
     trusted: bool,
     mut req: Request<Body>,
     named: Option<&OnceLock<Arc<RouteMetrics>>>,
@@ -182,7 +173,11 @@ async fn route_phases(
     }
     // The lane's choice, or the head read now.
     let (normalized, site, choice) = match chosen {
-        Some((normalized, site, choice)) => (normalized, site, Some(choice)),
+        Some(Chosen {
+            normalized,
+            site,
+            choice,
+        }) => (normalized, site, Some(choice)),
         None => {
             let normalized = match normalize_path(req.uri().path()) {
                 std::borrow::Cow::Borrowed(_) => None,

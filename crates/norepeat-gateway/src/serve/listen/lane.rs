@@ -42,7 +42,7 @@ use crate::serve::listen::timed::{InFlight, Stop, Watch};
 use crate::serve::log::access::Owed;
 use crate::serve::log::request_id;
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
-use crate::serve::route::{Choice, Chosen, choose};
+use crate::serve::route::{Choice, Chosen, ChosenIn, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
 use crate::serve::upstream::pool::Pick;
 use bytes::{Buf, BytesMut};
@@ -252,8 +252,8 @@ struct Lane {
     /// The upstream's bytes.
     answer: BytesMut,
     /// The route of the request handed to `dispatch`, when the lane's
-    /// choice is its ([`Chosen`]).
-    chosen: Option<Chosen>,
+    /// choice is its ([`Chosen`], with the routes it was made in).
+    chosen: Option<ChosenIn>,
 }
 
 impl Lane {
@@ -373,14 +373,19 @@ impl Lane {
             }
             // Chosen here, once, when the headers could not change it.
             // Kept beside the head, not in it: the head is moved on.
-            self.chosen = choice.settled(&live).then(|| Chosen {
-                normalized: match normalized {
+            self.chosen = choice.settled(&live).then(|| {
+                let normalized = match normalized {
                     Cow::Borrowed(_) => None,
                     Cow::Owned(p) => Some(p),
-                },
-                site,
-                choice,
-                live,
+                };
+                (
+                    live,
+                    Chosen {
+                        normalized,
+                        site,
+                        choice,
+                    },
+                )
             });
             return Prepared::Routed(routed::Head::new(
                 len,

@@ -22,7 +22,7 @@ use crate::serve::http1::{unless_client_leaves, write_answer};
 use crate::serve::listen::timed::Stop;
 use crate::serve::log::request_id;
 use crate::serve::proxy::dispatch;
-use crate::serve::route::Chosen;
+use crate::serve::route::ChosenIn;
 use crate::serve::upstream::BodyInHand;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -110,7 +110,7 @@ impl Head {
 pub(crate) async fn serve<S>(
     io: &mut S,
     buf: &mut BytesMut,
-    (head, chosen): (Head, Option<Chosen>),
+    (head, chosen): (Head, Option<ChosenIn>),
     (gw, peer, stop): (&Arc<Gateway>, SocketAddr, &Stop),
     out: &mut Vec<u8>,
 ) -> bool

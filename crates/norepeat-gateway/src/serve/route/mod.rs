@@ -43,18 +43,20 @@ impl Choice {
 
 /// A choice the lane made from the head ([`choose`]) that the headers
 /// cannot change ([`Choice::settled`]), with what it was made on: handed
-/// to `dispatch`, which then does not choose again. The route is chosen
-/// once, on one load of the routes.
+/// to `dispatch` with the routes it was made in ([`ChosenIn`]), and
+/// `dispatch` does not choose again. The route is chosen once, on one
+/// load of the routes.
 pub(crate) struct Chosen {
-    /// The routes it was made in: they serve the request, whatever a
-    /// reload swapped in meanwhile (`at` indexes their list).
-    pub(crate) live: Arc<Routes>,
     /// The path normalized, when that changed it.
     pub(crate) normalized: Option<String>,
     /// The site, when the routes read it (`host`, `hosts`).
     pub(crate) site: Option<String>,
     pub(crate) choice: Choice,
 }
+
+/// A [`Chosen`] with the routes it was made in: they serve the request,
+/// whatever a reload swapped in meanwhile (its `at` indexes their list).
+pub(crate) type ChosenIn = (Arc<Routes>, Chosen);
 
 /// What the route phase has of the request's headers.
 #[derive(Clone, Copy)]
