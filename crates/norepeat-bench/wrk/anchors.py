@@ -6,16 +6,21 @@ but with wrk as the load and NGINX as the backend (see BENCHMARKS.md,
 Usage: anchors.py GATEWAY_BIN IDEMPOTENT_PROXY_BIN REDIS_PORT [ROUNDS [DURATION]]
 (ROWS=a,b to run only those rows; GW_BEFORE=OTHER_GATEWAY_BIN runs each
 gateway row again right after it with that binary, as `<row>_before`, and
-pairs the two: an earlier commit against this one, in the same run). Each proxy runs in front of one NGINX
-backend (`return 200`/`201` from memory, one worker) and the Redis on
-REDIS_PORT: the gateway (its default workers, one a core), NGINX
-`proxy_pass` and NGINX with the fingerprint guard in Lua (as many workers
-as cores), idempotent-proxy-server. wrk -t2 -c64 runs in its own process
-with fresh.lua (a new body or key each request, or one of 64 completed
-keys); a 1 s run warms each proxy first. Beside each figure, the CPU per
-request of the proxy (with its children), the backend, Redis, wrk and the
-machine, from /proc. Rows alternate within a round. Prints one line of
-JSON a row on stderr, then the rows and their medians on stdout."""
+pairs the two: an earlier commit against this one, in the same run). Each
+proxy runs in front of one NGINX backend (`return 200`/`201` from memory,
+one worker) and the Redis on REDIS_PORT: the gateway (its default
+workers, one a core), NGINX `proxy_pass` and NGINX with the fingerprint
+guard in Lua (as many workers as cores), idempotent-proxy-server. wrk
+-t2 -c64 runs in its own process with fresh.lua (a new body or key each
+request, or one of 64 completed keys); a 1 s run warms each proxy first.
+Two rows are floors, not peers: `passthrough_post` (the gateway
+forwarding the POST with no guard) and `nginx_direct` (wrk straight at the
+backend: no proxy, no Redis). Beside each figure, the CPU per request of
+the proxy (with its children), the backend, Redis, wrk and the machine,
+from /proc. Rows alternate within a round. Prints one line of JSON a row
+on stderr, then the rows, their medians, the pairs' ratios and `goals`
+(each of issue 53's ratios as the CPU a request the proxy, and its guard
+above the floor, may spend) on stdout."""
 import json, os, re, socket, subprocess, sys, tempfile, time, shutil, statistics
 
 GW = sys.argv[1]          # norepeat-gateway
@@ -152,12 +157,14 @@ ROWS = [  # name, proxy, mode, path
     ("nginx", "nginx", "get", "/orders"),
     ("passthrough", "gw:elsewhere", "get", "/orders"),
     ("nginx_post", "nginx", "body", "/orders"),
+    ("passthrough_post", "gw:elsewhere", "body", "/orders"),
     ("nginx_lua", "nginx_lua", "body", "/orders"),
     ("guarded", "gw:fingerprint", "body", "/orders"),
     ("idempotent_proxy", "ip", "key", "/URL_BE"),
     ("idempotency", "gw:idempotency", "key", "/orders"),
     ("idempotent_proxy_replay", "ip", "replay", "/URL_BE"),
     ("replay", "gw:idempotency", "replay", "/orders"),
+    ("nginx_direct", "direct", "replay", "/orders"),
 ]
 
 if os.environ.get("ROWS"):
@@ -198,13 +205,14 @@ def main():
     run = os.urandom(4).hex()
     for rnd in range(ROUNDS):
         for name, proxy, mode, path in ROWS:
-            if proxy == "nginx": proc, d, port = proxy_nginx(bport, False)
+            if proxy == "direct": proc, d, port = bproc, None, bport
+            elif proxy == "nginx": proc, d, port = proxy_nginx(bport, False)
             elif proxy == "nginx_lua": proc, d, port = proxy_nginx(bport, True)
             elif proxy == "ip": proc, d, port = proxy_ip(bport)
             elif proxy.startswith("before:"): proc, d, port = proxy_gateway(bport, proxy.split(":")[1], BEFORE)
             else: proc, d, port = proxy_gateway(bport, proxy.split(":")[1])
             base = f"{run}-{rnd}-{name}"
-            if mode == "replay": prewarm(port, base, path)
+            if mode == "replay" and proxy != "direct": prewarm(port, base, path)
             wrk(port, mode, base + "w", path, "1s") if mode != "replay" else wrk(port, mode, base, path, "1s")
             before = (tree_ticks(proc.pid), tree_ticks(bproc.pid), ticks(rpid), busy())
             req, rps, bad, errs, loader = wrk(port, mode, base, path, DUR)
@@ -213,6 +221,8 @@ def main():
             # Only the backend's answers count (as the bench's rows count
             # them): a 503 of a guard that could not decide is not served.
             ok = rps * (req - bad) / max(req, 1)
+            if proxy == "direct":  # the backend is the server: its CPU once, as the proxy's
+                after = (after[0], before[1]) + after[2:]
             row = {"round": rnd, "name": name, "requests": req, "rps": rps, "ok_rps": ok, "non2xx": bad, "socket_errors": errs,
                    "proxy_us": us(after[0] - before[0]), "backend_us": us(after[1] - before[1]),
                    "redis_us": us(after[2] - before[2]), "loader_us": loader * 1e6 / max(req, 1),
@@ -220,6 +230,7 @@ def main():
                    "load": open("/proc/loadavg").read().split()[0]}
             results.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+            if proxy == "direct": continue
             proc.terminate()
             try: proc.wait(5)
             except subprocess.TimeoutExpired: proc.kill(); proc.wait()
@@ -228,7 +239,8 @@ def main():
     print(json.dumps({"rows": results, "summary": summary(results)}))
 
 PAIRS = [("passthrough", "nginx"), ("guarded", "nginx_lua"), ("idempotency", "idempotent_proxy"),
-         ("replay", "idempotent_proxy_replay"), ("idempotency", "nginx_post"), ("guarded", "nginx_post")]
+         ("replay", "idempotent_proxy_replay"), ("idempotency", "nginx_post"), ("guarded", "nginx_post"),
+         ("passthrough_post", "nginx_post")]
 if BEFORE:
     PAIRS += [(r[0][:-len("_before")], r[0]) for r in ROWS if r[0].endswith("_before")]
 
@@ -250,6 +262,35 @@ def summary(results):
         if rate:
             out["ratios"][f"{a}/{b}"] = {"rate": statistics.median(rate), "rate_range": [min(rate), max(rate)],
                                          "cpu": statistics.median(cpu), "cpu_range": [min(cpu), max(cpu)]}
+    out["goals"] = goals(rounds, by)
+    return out
+
+# Issue 53's goals: (ours, anchor, rate ratio asked, the row that is ours
+# without the guard's work). On two saturated cores a row's rate is about
+# the inverse of the machine's CPU a request, so a goal is a budget: the
+# anchor's machine CPU over the ratio asked. Of ours, what the proxy does
+# not spend (wrk, the backend, Redis) is taken from it; what is left is
+# what the proxy may spend, and the floor row says how much of that the
+# same request costs it without a guard (the gateway forwarding the POST, or
+# for a replay NGINX answering from memory, no proxy, no Redis).
+GOALS = [("guarded", "nginx_lua", 1.5, "passthrough_post"), ("idempotency", "idempotent_proxy", 3.0, "passthrough_post"),
+         ("replay", "idempotent_proxy_replay", 6.0, "nginx_direct"), ("idempotency", "nginx_post", 0.5, "passthrough_post")]
+
+def goals(rounds, by):
+    out = {}
+    for a, b, goal, floor in GOALS:
+        rs = [(by[(k, a)], by[(k, b)], by[(k, floor)]) for k in rounds if all((k, x) in by for x in (a, b, floor))]
+        if not rs:
+            continue
+        med = lambda f: statistics.median(f(o, n, fl) for o, n, fl in rs)
+        budget = lambda o, n, fl: n["machine_us"] / goal
+        others = lambda o, n, fl: o["loader_us"] + o["backend_us"] + o["redis_us"]
+        out[f"{a}/{b}"] = {
+            "goal": goal, "budget_machine_us": med(budget), "machine_us": med(lambda o, n, fl: o["machine_us"]),
+            "others_us": med(others), "proxy_may_spend_us": med(lambda o, n, fl: budget(o, n, fl) - others(o, n, fl)),
+            "proxy_us": med(lambda o, n, fl: o["proxy_us"]), "floor": floor, "floor_proxy_us": med(lambda o, n, fl: fl["proxy_us"]),
+            "guard_may_spend_us": med(lambda o, n, fl: budget(o, n, fl) - others(o, n, fl) - fl["proxy_us"]),
+            "guard_spends_us": med(lambda o, n, fl: o["proxy_us"] - fl["proxy_us"])}
     return out
 
 if __name__ == "__main__":
