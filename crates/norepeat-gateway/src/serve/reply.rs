@@ -56,11 +56,7 @@ impl ForClient {
         // one scan, and its `q`-values are never read.
         let html = h
             .get(header::ACCEPT)
-            .filter(|a| {
-                a.as_bytes()
-                    .windows(5)
-                    .any(|w| w.eq_ignore_ascii_case(b"text/"))
-            })
+            .filter(|a| names_text(a.as_bytes()))
             .and_then(|a| a.to_str().ok())
             .is_some_and(prefers_html);
         let page = html.then(|| Page {
@@ -127,4 +123,14 @@ impl ForClient {
         }
         res
     }
+}
+
+/// Whether an `Accept` value names a text type (`text/html`, `text/*`):
+/// the only kind a page may be for. With an `Origin` under `cors`, what
+/// tells, from the head, that an answer may be shaped here: a reader that
+/// answers its own refusals without this phase (the lane's pass-through)
+/// leaves such a request to `dispatch`, so a browser gets one answer on
+/// every way in.
+pub(crate) fn names_text(accept: &[u8]) -> bool {
+    accept.windows(5).any(|w| w.eq_ignore_ascii_case(b"text/"))
 }

@@ -273,3 +273,44 @@ async fn a_listed_page_pays_across_origins_in_a_real_browser() {
     crate::browser::run_browser_script("gateway_cors.test.mjs", &urls).await;
     assert_eq!(effects(&b).await["/payments"], 1);
 }
+
+/// The gateway's own refusal on a path no route takes (its upstream down:
+/// 502) carries the CORS headers for a listed origin whichever way the
+/// request came in: a `GET` without a body over a cleartext keep-alive
+/// connection is the lane's to forward, which does not shape its answers,
+/// so the lane leaves a request with an `Origin` to `dispatch`. Without
+/// them a page of the listed origin could not read why its fetch failed.
+#[tokio::test]
+async fn a_refusal_on_a_path_no_route_takes_carries_the_cors_headers() {
+    let yaml = format!(
+        "cors: {{ allow_origins: [{SHOP}] }}\nupstream: http://127.0.0.1:{}\nstore: memory\n",
+        free_port()
+    );
+    let g = gateway(&yaml).await;
+    let client = Client::new();
+    for (method, body) in [("GET", ""), ("DELETE", ""), ("POST", "{}")] {
+        let res = client
+            .request(method.parse().unwrap(), url(&g, "/api/cart"))
+            .header("origin", SHOP)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_GATEWAY, "{method}");
+        assert_cors(&res, method);
+        assert_eq!(
+            code(res).await,
+            (StatusCode::BAD_GATEWAY, "upstream_unavailable".into())
+        );
+    }
+    // Another origin: told apart, never allowed.
+    let res = client
+        .get(url(&g, "/api/cart"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_no_cors(&res, "another origin");
+    assert_eq!(all(&res, "vary"), ["Origin"]);
+}

@@ -190,3 +190,56 @@ fn a_missing_error_page_fails_check() {
         "{err}"
     );
 }
+
+/// A browser's navigation to a page no route takes, while the backend is
+/// down, gets the gateway's 502 as a page, as a route's refusal does: a
+/// `GET` without a body over a cleartext keep-alive connection (the
+/// lane's pass-through, which does not shape its answers) is left to
+/// `dispatch` when its `Accept` names a text type. An API client keeps
+/// problem+json, and the lane.
+#[tokio::test]
+async fn a_navigation_to_a_page_no_route_takes_gets_the_page_when_the_backend_is_down() {
+    let yaml = format!(
+        "upstream: http://127.0.0.1:{}\nstore: memory\n",
+        free_port()
+    );
+    let g = gateway(&yaml).await;
+    let client = Client::new();
+    for (method, body) in [("GET", ""), ("POST", "sku=a1")] {
+        let res = client
+            .request(method.parse().unwrap(), url(&g, "/shop/cart"))
+            .header("accept", NAVIGATION)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_GATEWAY, "{method}");
+        assert_eq!(
+            res.headers()["content-type"],
+            "text/html; charset=utf-8",
+            "{method}"
+        );
+        assert!(res.headers().contains_key("x-request-id"), "{method}");
+        let html = res.text().await.unwrap();
+        assert!(
+            html.contains("<title>502 Upstream unavailable</title>"),
+            "{method}: {html}"
+        );
+    }
+    for accept in [Some("application/json"), Some("*/*"), None] {
+        let mut req = client.get(url(&g, "/shop/cart"));
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(
+            res.headers()["content-type"],
+            "application/problem+json",
+            "{accept:?}"
+        );
+        assert_eq!(
+            code(res).await,
+            (StatusCode::BAD_GATEWAY, "upstream_unavailable".into())
+        );
+    }
+}

@@ -42,6 +42,7 @@ use crate::serve::listen::timed::{InFlight, Stop, Watch};
 use crate::serve::log::access::Owed;
 use crate::serve::log::request_id;
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
+use crate::serve::reply::names_text;
 use crate::serve::route::{Choice, Chosen, ChosenIn, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
 use crate::serve::upstream::pool::Pick;
@@ -210,6 +211,10 @@ enum Kind {
     XForwardedOwn,
     Forwarded,
     RequestId,
+    /// `Accept`, `Origin`: whether the answer is the answer phase's to
+    /// shape (`reply.rs`).
+    Accept,
+    Origin,
     Other,
 }
 
@@ -219,6 +224,8 @@ fn kind(name: &str) -> Kind {
         2 if is("te") => Kind::HopByHop,
         4 if is("host") => Kind::Host,
         6 if is("expect") => Kind::Expect,
+        6 if is("accept") => Kind::Accept,
+        6 if is("origin") => Kind::Origin,
         7 if is("upgrade") => Kind::Upgrade,
         7 if is("trailer") => Kind::HopByHop,
         9 if is("forwarded") => Kind::Forwarded,
@@ -294,6 +301,8 @@ impl Lane {
         let mut close = false;
         let mut ids = 0;
         let mut given_id = None;
+        let mut origin = false;
+        let mut accept_text = false;
         // Each header's kind, told once for the passes below.
         let mut kinds = [Kind::Other; REQUEST_HEADERS];
         for (h, k) in req.headers.iter().zip(kinds.iter_mut()) {
@@ -328,6 +337,8 @@ impl Lane {
                     ids += 1;
                     given_id = Some(h.value);
                 }
+                Kind::Origin => origin = true,
+                Kind::Accept => accept_text |= names_text(h.value),
                 _ => {}
             }
         }
@@ -355,9 +366,14 @@ impl Lane {
         let choice = choose(&live, method, &normalized, path, site.as_ref());
         let passthrough = matches!(choice, Choice::Passthrough);
         let client = live.passthrough.get();
-        if !passthrough || length > 0 || !client.is_plain() {
-            // A route's request, or one with a body: `dispatch`'s, served
-            // on the lane when its body, small, came whole with its head.
+        // A refusal of the gateway's own (the upstream down: 502) is shaped
+        // for a browser (a page, CORS headers) by the answer phase, which
+        // the lane's pass-through does not run.
+        let shaped = (origin && !live.cors.is_empty()) || accept_text;
+        if !passthrough || length > 0 || shaped || !client.is_plain() {
+            // A route's request, one with a body, or one whose refusal a
+            // browser would read: `dispatch`'s, served on the lane when its
+            // body, small, came whole with its head.
             // Any other body streams through hyper, read as the route asks:
             // after what it refuses from the head (its rate limit, its
             // guard's identity), and over the route's `max_request_body`
@@ -820,6 +836,9 @@ mod tests {
         assert!(kind("TE") == Kind::HopByHop);
         assert!(kind("Host") == Kind::Host);
         assert!(kind("x-request-id") == Kind::RequestId);
+        assert!(kind("ACCEPT") == Kind::Accept);
+        assert!(kind("Origin") == Kind::Origin);
+        assert!(kind("Expect") == Kind::Expect);
         assert!(kind("x-forwarded-fox") == Kind::Other);
         assert!(kind("hostx") == Kind::Other);
     }
