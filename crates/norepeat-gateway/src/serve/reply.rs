@@ -43,7 +43,7 @@ struct Page {
 
 impl ForClient {
     /// Reads `req`, before it is routed.
-    pub(crate) fn of(live: &Routes, req: &Request<Body>) -> Self {
+    pub(crate) fn of<B>(live: &Routes, req: &Request<B>) -> Self {
         let h = req.headers();
         let origin = (!live.cors.is_empty())
             .then(|| h.get(header::ORIGIN))
@@ -80,7 +80,7 @@ impl ForClient {
     /// `routed`: a route took the request (its answers are the gateway's
     /// to give CORS headers; an unmatched request's are the backend's), as
     /// the route phase chose it: not chosen again here.
-    pub(crate) fn shape(self, mut res: Response<Body>, routed: bool) -> Response<Body> {
+    pub(crate) fn shape(&self, mut res: Response<Body>, routed: bool) -> Response<Body> {
         if self.cors.is_none() && self.page.is_none() {
             return res;
         }
@@ -128,9 +128,9 @@ impl ForClient {
 /// Whether an `Accept` value names a text type (`text/html`, `text/*`):
 /// the only kind a page may be for. With an `Origin` under `cors`, what
 /// tells, from the head, that an answer may be shaped here: a reader that
-/// answers its own refusals without this phase (the lane's pass-through)
-/// leaves such a request to `dispatch`, so a browser gets one answer on
-/// every way in.
+/// writes its own refusals (the lane's pass-through: its 502 and 504)
+/// reads such a request's [`ForClient`] too, so that a browser gets one
+/// answer on every way in.
 pub(crate) fn names_text(accept: &[u8]) -> bool {
     accept.windows(5).any(|w| w.eq_ignore_ascii_case(b"text/"))
 }

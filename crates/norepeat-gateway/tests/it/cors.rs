@@ -277,9 +277,9 @@ async fn a_listed_page_pays_across_origins_in_a_real_browser() {
 /// The gateway's own refusal on a path no route takes (its upstream down:
 /// 502) carries the CORS headers for a listed origin whichever way the
 /// request came in: a `GET` without a body over a cleartext keep-alive
-/// connection is the lane's to forward, which does not shape its answers,
-/// so the lane leaves a request with an `Origin` to `dispatch`. Without
-/// them a page of the listed origin could not read why its fetch failed.
+/// connection is forwarded by the lane, which writes its own 502 (and
+/// wrote it without them); one with a body is `dispatch`'s. Without them
+/// a page of the listed origin could not read why its fetch failed.
 #[tokio::test]
 async fn a_refusal_on_a_path_no_route_takes_carries_the_cors_headers() {
     let yaml = format!(

@@ -193,10 +193,10 @@ fn a_missing_error_page_fails_check() {
 
 /// A browser's navigation to a page no route takes, while the backend is
 /// down, gets the gateway's 502 as a page, as a route's refusal does: a
-/// `GET` without a body over a cleartext keep-alive connection (the
-/// lane's pass-through, which does not shape its answers) is left to
-/// `dispatch` when its `Accept` names a text type. An API client keeps
-/// problem+json, and the lane.
+/// `GET` without a body over a cleartext keep-alive connection is
+/// forwarded by the lane, which writes its own 502 (and wrote it as
+/// problem+json); a `POST` with a body is `dispatch`'s. An API client
+/// keeps problem+json.
 #[tokio::test]
 async fn a_navigation_to_a_page_no_route_takes_gets_the_page_when_the_backend_is_down() {
     let yaml = format!(

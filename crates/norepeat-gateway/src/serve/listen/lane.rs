@@ -42,12 +42,14 @@ use crate::serve::listen::timed::{InFlight, Stop, Watch};
 use crate::serve::log::access::Owed;
 use crate::serve::log::request_id;
 use crate::serve::proxy::PASSTHROUGH_TIMEOUT;
-use crate::serve::reply::names_text;
+use crate::serve::reply::{ForClient, names_text};
+use crate::serve::route::table::Routes;
 use crate::serve::route::{Choice, Chosen, ChosenIn, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
 use crate::serve::upstream::pool::Pick;
-use bytes::{Buf, BytesMut};
-use http::HeaderValue;
+use axum::body::Body;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderValue, Response};
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -176,7 +178,12 @@ struct Request {
     id: HeaderValue,
     /// Its method and path, for the access log (when there is one).
     logged: Option<(http::Method, String, Vec<u8>)>,
-    live: Arc<crate::serve::route::table::Routes>,
+    /// A browser's request (by its `Accept`, or its `Origin` under
+    /// `cors`): its head, kept to shape a refusal of the lane's own as
+    /// `dispatch` shapes one (a page, CORS headers), read again only then
+    /// ([`shaped_for_browser`]). None for any other client.
+    browser_head: Option<Bytes>,
+    live: Arc<Routes>,
 }
 
 /// The next request on a connection.
@@ -211,10 +218,11 @@ enum Kind {
     XForwardedOwn,
     Forwarded,
     RequestId,
-    /// `Accept`, `Origin`: whether the answer is the answer phase's to
-    /// shape (`reply.rs`).
+    /// `Accept`, `Origin`, `Referer`: what a refusal of the lane's own is
+    /// shaped by for a browser ([`shaped_for_browser`]).
     Accept,
     Origin,
+    Referer,
     Other,
 }
 
@@ -227,6 +235,7 @@ fn kind(name: &str) -> Kind {
         6 if is("accept") => Kind::Accept,
         6 if is("origin") => Kind::Origin,
         7 if is("upgrade") => Kind::Upgrade,
+        7 if is("referer") => Kind::Referer,
         7 if is("trailer") => Kind::HopByHop,
         9 if is("forwarded") => Kind::Forwarded,
         10 if is("connection") => Kind::Connection,
@@ -239,6 +248,31 @@ fn kind(name: &str) -> Kind {
         17 if is("transfer-encoding") => Kind::TransferEncoding,
         17 if is("x-forwarded-proto") => Kind::XForwardedOwn,
         _ => Kind::Other,
+    }
+}
+
+/// `res`, a refusal of the lane's own, as `dispatch` gives a refusal to
+/// the client whose head is `head` (`reply::ForClient`: a page for a
+/// navigation, the CORS headers for a listed `Origin`). Its headers as a
+/// `HeaderMap` gives them: the first of each.
+fn shaped_for_browser(live: &Routes, head: &[u8], res: Response<Body>) -> Response<Body> {
+    let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let (Ok(httparse::Status::Complete(_)), Some(target)) = (req.parse(head), req.path) else {
+        return res;
+    };
+    let mut shaping = http::Request::builder().uri(target);
+    for h in req.headers.iter() {
+        if matches!(
+            kind(h.name),
+            Kind::Host | Kind::Origin | Kind::Accept | Kind::Referer
+        ) {
+            shaping = shaping.header(h.name, h.value);
+        }
+    }
+    match shaping.body(()) {
+        Ok(r) => ForClient::of(live, &r).shape(res, false),
+        Err(_) => res,
     }
 }
 
@@ -301,6 +335,7 @@ impl Lane {
         let mut close = false;
         let mut ids = 0;
         let mut given_id = None;
+        // Whether a refusal of the lane's own is shaped for a browser.
         let mut origin = false;
         let mut accept_text = false;
         // Each header's kind, told once for the passes below.
@@ -366,14 +401,9 @@ impl Lane {
         let choice = choose(&live, method, &normalized, path, site.as_ref());
         let passthrough = matches!(choice, Choice::Passthrough);
         let client = live.passthrough.get();
-        // A refusal of the gateway's own (the upstream down: 502) is shaped
-        // for a browser (a page, CORS headers) by the answer phase, which
-        // the lane's pass-through does not run.
-        let shaped = (origin && !live.cors.is_empty()) || accept_text;
-        if !passthrough || length > 0 || shaped || !client.is_plain() {
-            // A route's request, one with a body, or one whose refusal a
-            // browser would read: `dispatch`'s, served on the lane when its
-            // body, small, came whole with its head.
+        if !passthrough || length > 0 || !client.is_plain() {
+            // A route's request, or one with a body: `dispatch`'s, served
+            // on the lane when its body, small, came whole with its head.
             // Any other body streams through hyper, read as the route asks:
             // after what it refuses from the head (its rate limit, its
             // guard's identity), and over the route's `max_request_body`
@@ -466,6 +496,9 @@ impl Lane {
         forwarded_element(out, peer, ip, "http", Some(host));
         out.extend_from_slice(b"\r\n\r\n");
 
+        let browser_head = (accept_text || (origin && !live.cors.is_empty()))
+            .then(|| Bytes::copy_from_slice(&buf[..len]));
+
         let logged = match gw.access {
             Some(_) => match http::Method::from_bytes(method.as_bytes()) {
                 Ok(m) => Some((m, path.to_owned(), host.to_vec())),
@@ -479,6 +512,7 @@ impl Lane {
             close,
             id,
             logged,
+            browser_head,
             live,
         })
     }
@@ -519,6 +553,9 @@ impl Lane {
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
                     Failed::Switched => (upstream_switched(), "upstream_switched_protocols"),
                 };
+                if let Some(head) = &request.browser_head {
+                    res = shaped_for_browser(&request.live, head, res);
+                }
                 let status = res.status().as_u16();
                 res.headers_mut()
                     .insert(request_id::REQUEST_ID, request.id.clone());
@@ -838,6 +875,7 @@ mod tests {
         assert!(kind("x-request-id") == Kind::RequestId);
         assert!(kind("ACCEPT") == Kind::Accept);
         assert!(kind("Origin") == Kind::Origin);
+        assert!(kind("Referer") == Kind::Referer);
         assert!(kind("Expect") == Kind::Expect);
         assert!(kind("x-forwarded-fox") == Kind::Other);
         assert!(kind("hostx") == Kind::Other);
