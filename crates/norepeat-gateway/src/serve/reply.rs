@@ -80,7 +80,7 @@ impl ForClient {
     /// `routed`: a route took the request (its answers are the gateway's
     /// to give CORS headers; an unmatched request's are the backend's), as
     /// the route phase chose it: not chosen again here.
-    pub(crate) fn shape(&self, mut res: Response<Body>, routed: bool) -> Response<Body> {
+    pub(crate) fn shape(self, mut res: Response<Body>, routed: bool) -> Response<Body> {
         if self.cors.is_none() && self.page.is_none() {
             return res;
         }
