@@ -226,6 +226,17 @@ async fn a_navigation_to_a_page_no_route_takes_gets_the_page_when_the_backend_is
             "{method}: {html}"
         );
     }
+    // The link back to the page it came from, as on a route's refusal.
+    let form = url(&g, "/shop?step=2");
+    let res = client
+        .get(url(&g, "/shop/cart"))
+        .header("accept", NAVIGATION)
+        .header("referer", &form)
+        .send()
+        .await
+        .unwrap();
+    let html = res.text().await.unwrap();
+    assert!(html.contains(&format!(r#"<a href="{form}">"#)), "{html}");
     for accept in [Some("application/json"), Some("*/*"), None] {
         let mut req = client.get(url(&g, "/shop/cart"));
         if let Some(a) = accept {

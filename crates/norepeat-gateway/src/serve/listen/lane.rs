@@ -47,9 +47,8 @@ use crate::serve::route::table::Routes;
 use crate::serve::route::{Choice, Chosen, ChosenIn, choose};
 use crate::serve::upstream::headers::{forwarded_element, ip_text};
 use crate::serve::upstream::pool::Pick;
-use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderValue, Response};
+use http::HeaderValue;
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -179,10 +178,11 @@ struct Request {
     /// Its method and path, for the access log (when there is one).
     logged: Option<(http::Method, String, Vec<u8>)>,
     /// A browser's request (by its `Accept`, or its `Origin` under
-    /// `cors`): its head, kept to shape a refusal of the lane's own as
-    /// `dispatch` shapes one (a page, CORS headers), read again only then
-    /// ([`shaped_for_browser`]). None for any other client.
-    browser_head: Option<Bytes>,
+    /// `cors`): its head and a copy of its bytes, kept to shape a refusal
+    /// of the lane's own as `dispatch` shapes one (a page, CORS headers);
+    /// built into a request only then. None for any other client (boxed:
+    /// the API client's request stays small).
+    browser: Option<Box<(routed::Head, Bytes)>>,
     live: Arc<Routes>,
 }
 
@@ -218,11 +218,10 @@ enum Kind {
     XForwardedOwn,
     Forwarded,
     RequestId,
-    /// `Accept`, `Origin`, `Referer`: what a refusal of the lane's own is
-    /// shaped by for a browser ([`shaped_for_browser`]).
+    /// `Accept`, `Origin`: whether a refusal of the lane's own is shaped
+    /// for a browser (`reply.rs`).
     Accept,
     Origin,
-    Referer,
     Other,
 }
 
@@ -235,7 +234,6 @@ fn kind(name: &str) -> Kind {
         6 if is("accept") => Kind::Accept,
         6 if is("origin") => Kind::Origin,
         7 if is("upgrade") => Kind::Upgrade,
-        7 if is("referer") => Kind::Referer,
         7 if is("trailer") => Kind::HopByHop,
         9 if is("forwarded") => Kind::Forwarded,
         10 if is("connection") => Kind::Connection,
@@ -248,31 +246,6 @@ fn kind(name: &str) -> Kind {
         17 if is("transfer-encoding") => Kind::TransferEncoding,
         17 if is("x-forwarded-proto") => Kind::XForwardedOwn,
         _ => Kind::Other,
-    }
-}
-
-/// `res`, a refusal of the lane's own, as `dispatch` gives a refusal to
-/// the client whose head is `head` (`reply::ForClient`: a page for a
-/// navigation, the CORS headers for a listed `Origin`). Its headers as a
-/// `HeaderMap` gives them: the first of each.
-fn shaped_for_browser(live: &Routes, head: &[u8], res: Response<Body>) -> Response<Body> {
-    let mut headers = [httparse::EMPTY_HEADER; REQUEST_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let (Ok(httparse::Status::Complete(_)), Some(target)) = (req.parse(head), req.path) else {
-        return res;
-    };
-    let mut shaping = http::Request::builder().uri(target);
-    for h in req.headers.iter() {
-        if matches!(
-            kind(h.name),
-            Kind::Host | Kind::Origin | Kind::Accept | Kind::Referer
-        ) {
-            shaping = shaping.header(h.name, h.value);
-        }
-    }
-    match shaping.body(()) {
-        Ok(r) => ForClient::of(live, &r).shape(res, false),
-        Err(_) => res,
     }
 }
 
@@ -496,8 +469,10 @@ impl Lane {
         forwarded_element(out, peer, ip, "http", Some(host));
         out.extend_from_slice(b"\r\n\r\n");
 
-        let browser_head = (accept_text || (origin && !live.cors.is_empty()))
-            .then(|| Bytes::copy_from_slice(&buf[..len]));
+        let browser = (accept_text || (origin && !live.cors.is_empty())).then(|| {
+            let head = routed::Head::new(len, 0, (method, target), req.headers, close, buf);
+            Box::new((head, Bytes::copy_from_slice(&buf[..len])))
+        });
 
         let logged = match gw.access {
             Some(_) => match http::Method::from_bytes(method.as_bytes()) {
@@ -512,7 +487,7 @@ impl Lane {
             close,
             id,
             logged,
-            browser_head,
+            browser,
             live,
         })
     }
@@ -553,8 +528,11 @@ impl Lane {
                     Failed::Unknown => (upstream_timeout(), "upstream_timeout"),
                     Failed::Switched => (upstream_switched(), "upstream_switched_protocols"),
                 };
-                if let Some(head) = &request.browser_head {
-                    res = shaped_for_browser(&request.live, head, res);
+                // As `dispatch` shapes a refusal for its client.
+                if let Some((head, bytes)) = request.browser.as_deref()
+                    && let Some(req) = head.request(bytes, None)
+                {
+                    res = ForClient::of(&request.live, &req).shape(res, false);
                 }
                 let status = res.status().as_u16();
                 res.headers_mut()
@@ -875,7 +853,6 @@ mod tests {
         assert!(kind("x-request-id") == Kind::RequestId);
         assert!(kind("ACCEPT") == Kind::Accept);
         assert!(kind("Origin") == Kind::Origin);
-        assert!(kind("Referer") == Kind::Referer);
         assert!(kind("Expect") == Kind::Expect);
         assert!(kind("x-forwarded-fox") == Kind::Other);
         assert!(kind("hostx") == Kind::Other);

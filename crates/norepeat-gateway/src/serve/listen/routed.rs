@@ -76,8 +76,8 @@ impl Head {
 
     /// The request from `bytes`, the head and its body: as hyper's server
     /// builds it (origin-form URI, HTTP/1.1, the headers as sent), with
-    /// the peer's address.
-    fn request(&self, bytes: &Bytes, peer: SocketAddr) -> Option<Request<Body>> {
+    /// the peer's address when there is one.
+    pub(crate) fn request(&self, bytes: &Bytes, peer: Option<SocketAddr>) -> Option<Request<Body>> {
         let method = Method::from_bytes(&bytes[self.method.clone()]).ok()?;
         let uri = Uri::from_maybe_shared(bytes.slice(self.target.clone())).ok()?;
         let mut headers = HeaderMap::with_capacity(self.headers.len());
@@ -94,7 +94,9 @@ impl Head {
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        req.extensions_mut().insert(ConnectInfo(peer));
+        if let Some(peer) = peer {
+            req.extensions_mut().insert(ConnectInfo(peer));
+        }
         if self.length > 0 {
             req.extensions_mut().insert(BodyInHand);
         }
@@ -120,7 +122,7 @@ where
     // The lane hands over only a request that is here whole.
     let whole = head.len.saturating_add(head.length).min(buf.len());
     let bytes = buf.split_to(whole).freeze();
-    let Some(req) = head.request(&bytes, peer) else {
+    let Some(req) = head.request(&bytes, Some(peer)) else {
         // httparse took it and the `http` crate did not: not expected,
         // and not the backend's to see.
         let mut res = crate::serve::answers::invalid_request(
